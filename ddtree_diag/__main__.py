@@ -1,0 +1,3 @@
+from ddtree_diag.cli import main
+
+main()

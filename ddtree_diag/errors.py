@@ -1,0 +1,27 @@
+"""Exit codes and the exceptions that carry them to the CLI.
+
+The CLI turns a DiagError into one line on stderr and its exit code; only ``--debug`` shows a
+traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1  # a gate or check failed (garbage, lossless mismatch, threshold)
+EXIT_USAGE = 2  # bad flags, bad TOML, bad URL, missing model files
+EXIT_TRANSPORT = 3  # the target could not be reached
+EXIT_INTERRUPTED = 130  # Ctrl-C; the partial report was still written
+
+
+class DiagError(Exception):
+    """An error the user can act on; its message is one line."""
+
+    exit_code = EXIT_USAGE
+
+
+class UsageError(DiagError):
+    exit_code = EXIT_USAGE
+
+
+class TransportError(DiagError):
+    exit_code = EXIT_TRANSPORT
