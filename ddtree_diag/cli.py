@@ -1,0 +1,138 @@
+"""Command-line interface (typer). Thin: parse flags, call the module that does the work.
+
+Heavy modules (httpx, torch, transformers) are imported inside commands, so ``--help`` and the
+remote path start fast. Errors become one line on stderr and a documented exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import typer
+
+from ddtree_diag import __version__
+from ddtree_diag.errors import EXIT_INTERRUPTED, EXIT_USAGE, DiagError
+
+app = typer.Typer(
+    name="ddtree-diag",
+    help="Is this speculative-decoding deployment healthy? Probe it, check its text, gate on it.\n\n"
+    "Exit codes: 0 ok · 1 a check failed · 2 usage/config error · 3 target unreachable · "
+    "130 interrupted.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_DEBUG_HELP = "Show tracebacks instead of one-line errors."
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddtree-diag {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """ddtree-diag"""
+
+
+# Options shared by the commands that run a matrix (probe, gate).
+_URL = typer.Option(None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True,
+                    help="Base URL of the OpenAI-compatible server (with or without /v1).")  # fmt: skip
+_API_KEY = typer.Option(None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENAI_API_KEY"],
+                        show_default=False, show_envvar=True,
+                        help="Bearer token (never printed or saved).")  # fmt: skip
+
+
+@app.command()
+def probe(
+    url: str | None = _URL,
+    model: str | None = typer.Option(None, "--model", help="Model id (default: first from /v1/models)."),
+    prompt: list[str] | None = typer.Option(
+        None, "--prompt", "-p",
+        help="Prompt: literal text, @file (text or JSON messages), or a prompt id from --matrix. Repeatable.",
+    ),
+    thinking: str | None = typer.Option(None, "--thinking",
+                                           help="enable_thinking values, e.g. off,on (default off,on)."),
+    budget: str | None = typer.Option(None, "--budget",
+                                         help="Tree budgets, e.g. 16,64 ('default' = server's own)."),
+    temperature: str | None = typer.Option(None, "--temperature", help="Temperature(s), e.g. 0 or 0,0.7."),
+    max_tokens: str | None = typer.Option(None, "--max-tokens", help="max_tokens value(s), e.g. 48."),
+    repeat: int | None = typer.Option(None, "--repeat", help="Run every case N times."),
+    matrix: str | None = typer.Option(None, "--matrix", "-m",
+                                         help="Matrix TOML file, or a built-in name (smoke, gate)."),
+    dialect: str = typer.Option("auto", "--dialect",
+                                help="auto|ddtree|ddtree-mlx|vllm|sglang|llamacpp|openai"),
+    api_key: str | None = _API_KEY,
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds per request."),
+    stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT."),
+    concurrency: int = typer.Option(1, "--concurrency",
+                                    help="Parallel requests (default 1: clean per-request numbers)."),
+    json_path: str | None = typer.Option(None, "--json",
+                                            help="Write the JSON report to PATH ('-' = stdout only)."),
+    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
+    engine: bool = typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft)."),
+    target: str | None = typer.Option(None, "--target", help="Engine: target HF model dir."),
+    gguf: str | None = typer.Option(None, "--gguf", help="Engine: target GGUF file."),
+    draft: str | None = typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format)."),
+    device: str | None = typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Run a probe matrix against a server (--url) or the in-process engine (--engine)."""
+    from ddtree_diag.probe import ProbeOptions, run_probe
+
+    options = ProbeOptions(
+        url=url, model=model, prompts=list(prompt or []), thinking=thinking, budget=budget,
+        temperature=temperature, max_tokens=max_tokens, repeat=repeat, matrix=matrix,
+        dialect=dialect, api_key=api_key, timeout=timeout, stream=stream, concurrency=concurrency,
+        json_path=json_path, no_color=no_color, engine=engine, target=target, gguf=gguf,
+        draft=draft, device=device, dtype=dtype,
+    )  # fmt: skip
+    raise typer.Exit(run_probe(options))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app and map every failure to one line and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    command = typer.main.get_command(app)
+    try:
+        # Without standalone mode click returns the code of a typer.Exit instead of raising it.
+        returned = command.main(args=args, prog_name="ddtree-diag", standalone_mode=False)
+        code = returned if isinstance(returned, int) else 0
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        code = EXIT_USAGE
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        sys.stderr.write("ddtree-diag: interrupted\n")
+        code = EXIT_INTERRUPTED
+    except DiagError as exc:
+        if debug:
+            traceback.print_exc()
+        sys.stderr.write(f"ddtree-diag: error: {exc}\n")
+        code = exc.exit_code
+    except Exception as exc:  # a bug of ours: one line, the traceback only on request
+        if debug:
+            traceback.print_exc()
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        sys.stderr.write(
+            f"ddtree-diag: internal error: {type(exc).__name__}: {first} (rerun with --debug)\n"
+        )
+        code = EXIT_USAGE
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

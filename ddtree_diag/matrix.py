@@ -1,0 +1,308 @@
+"""Probe matrices: TOML files plus command-line overrides, expanded into ProbeCases.
+
+A matrix file (all sections optional)::
+
+    [defaults]                 # scalars for every case
+    max_tokens = 48
+    temperature = 0.0
+    repeat = 1
+
+    [axes]                     # lists; the matrix is their cartesian product
+    enable_thinking = [false, true]
+    tree_budget = [16, 64]     # "default" = let the server choose
+    temperature = [0.0]
+    max_tokens = [48]
+
+    [prompts.hello]            # named prompts: text = "..." or messages = [{role, content}, ...]
+    text = "Say hello in one short sentence."
+
+    [extra]                    # extra request fields, sent verbatim with every case
+    [gate]                     # thresholds, read by `ddtree-diag gate`
+
+Cases come out in a stable order: prompt, thinking, budget, temperature, max_tokens, repeat.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddtree_diag.errors import UsageError
+from ddtree_diag.records import ProbeCase
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+_TOP_KEYS = {"name", "description", "defaults", "axes", "prompts", "extra", "gate", "baseline"}
+_DEFAULT_KEYS = {"max_tokens", "temperature", "repeat", "enable_thinking", "tree_budget", "system"}
+_AXIS_KEYS = {"enable_thinking", "tree_budget", "temperature", "max_tokens"}
+_PROMPT_KEYS = {"text", "messages", "system"}
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
+
+
+@dataclass
+class Matrix:
+    """A parsed matrix: prompts and axis values, before expansion."""
+
+    prompts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    enable_thinking: list[bool | None] = field(default_factory=lambda: [False, True])
+    tree_budget: list[int | None] = field(default_factory=lambda: [None])
+    temperature: list[float] = field(default_factory=lambda: [0.0])
+    max_tokens: list[int] = field(default_factory=lambda: [48])
+    repeat: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # the file it came from
+
+    def cases(self) -> list[ProbeCase]:
+        if not self.prompts:
+            raise UsageError("no prompt to probe: give --prompt TEXT or a --matrix with [prompts]")
+        cases = []
+        for (prompt_id, messages), thinking, budget, temperature, max_tokens, repeat in (
+            itertools.product(
+                self.prompts.items(),
+                self.enable_thinking,
+                self.tree_budget,
+                self.temperature,
+                self.max_tokens,
+                range(self.repeat),
+            )
+        ):
+            cases.append(
+                ProbeCase(
+                    prompt_id=prompt_id,
+                    messages=messages,
+                    enable_thinking=thinking,
+                    tree_budget=budget,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                    repeat=repeat,
+                    extra=dict(self.extra),
+                )
+            )
+        return cases
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read a matrix TOML file. UsageError names the file, and the key or line at fault."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"matrix file not found: {path}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read matrix file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: invalid TOML: {exc}") from None
+    return matrix_from_dict(data, source=str(path))
+
+
+def matrix_from_dict(data: dict[str, Any], source: str = "<matrix>") -> Matrix:
+    _no_unknown(data, _TOP_KEYS, source, "")
+    matrix = Matrix(source=source)
+    defaults = _table(data, "defaults", source)
+    _no_unknown(defaults, _DEFAULT_KEYS, source, "defaults.")
+    axes = _table(data, "axes", source)
+    _no_unknown(axes, _AXIS_KEYS, source, "axes.")
+    for key in _AXIS_KEYS:
+        if key in axes:
+            values = axes[key]
+            if not isinstance(values, list) or not values:
+                raise UsageError(f"{source}: axes.{key} must be a non-empty list")
+        elif key in defaults:
+            values = [defaults[key]]
+        else:
+            continue
+        setattr(matrix, key, [_axis_value(key, v, f"{source}: axes.{key}") for v in values])
+    if "repeat" in defaults:
+        matrix.repeat = _positive_int(defaults["repeat"], f"{source}: defaults.repeat")
+    system = defaults.get("system")
+    if system is not None and not isinstance(system, str):
+        raise UsageError(f"{source}: defaults.system must be a string")
+    for prompt_id, spec in _table(data, "prompts", source).items():
+        matrix.prompts[prompt_id] = _prompt_messages(prompt_id, spec, system, source)
+    matrix.extra = _table(data, "extra", source)
+    matrix.gate = _table(data, "gate", source)
+    matrix.baseline = _table(data, "baseline", source)
+    return matrix
+
+
+def _table(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise UsageError(f"{source}: [{key}] must be a table")
+    return value
+
+
+def _no_unknown(table: dict[str, Any], allowed: set[str], source: str, prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            hint = ", ".join(sorted(allowed))
+            raise UsageError(f"{source}: unknown key {prefix}{key!r} (known: {hint})")
+
+
+def _prompt_messages(
+    prompt_id: str, spec: Any, system: str | None, source: str
+) -> list[dict[str, Any]]:
+    where = f"{source}: prompts.{prompt_id}"
+    if isinstance(spec, str):
+        spec = {"text": spec}
+    if not isinstance(spec, dict):
+        raise UsageError(f"{where} must be a string or a table with text or messages")
+    _no_unknown(spec, _PROMPT_KEYS, source, f"prompts.{prompt_id}.")
+    system = spec.get("system", system)
+    if "messages" in spec:
+        messages = check_messages(spec["messages"], where)
+    elif isinstance(spec.get("text"), str) and spec["text"]:
+        messages = [{"role": "user", "content": spec["text"]}]
+    else:
+        raise UsageError(f"{where} needs text = \"...\" or messages = [...]")
+    if system and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    """Validate an OpenAI-style message list (roles and string content)."""
+    if not isinstance(messages, list) or not messages:
+        raise UsageError(f"{where}: messages must be a non-empty list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise UsageError(f"{where}: messages[{index}] needs a role in {sorted(_ROLES)}")
+        if not isinstance(message.get("content"), str):
+            raise UsageError(f"{where}: messages[{index}].content must be a string")
+    return [dict(m) for m in messages]
+
+
+def _axis_value(key: str, value: Any, where: str) -> Any:
+    if key == "enable_thinking":
+        return parse_thinking(value, where)
+    if key == "tree_budget":
+        return parse_budget(value, where)
+    if key == "temperature":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UsageError(f"{where}: temperature must be a number >= 0, got {value!r}")
+        return float(value)
+    return _positive_int(value, where)
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{where}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def parse_thinking(value: Any, where: str = "--thinking") -> bool | None:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "1"):
+        return True
+    if text in ("off", "false", "no", "0"):
+        return False
+    if text in ("default", "unset", "none"):
+        return None
+    raise UsageError(f"{where}: expected on/off/default, got {value!r}")
+
+
+def parse_budget(value: Any, where: str = "--budget") -> int | None:
+    if isinstance(value, str) and value.strip().lower() in ("default", "none", "server"):
+        return None
+    try:
+        budget = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: expected an integer >= 0 or 'default', got {value!r}") from None
+    if isinstance(value, bool) or budget < 0 or str(budget) != str(value).strip():
+        raise UsageError(f"{where}: expected an integer >= 0 or 'default', got {value!r}")
+    return budget
+
+
+def split_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def apply_overrides(
+    matrix: Matrix,
+    *,
+    prompts: list[str] | None = None,
+    thinking: str | None = None,
+    budget: str | None = None,
+    temperature: str | None = None,
+    max_tokens: str | None = None,
+    repeat: int | None = None,
+) -> Matrix:
+    """Command-line values replace the matrix's (each flag takes a comma list)."""
+    if prompts:
+        chosen: dict[str, list[dict[str, Any]]] = {}
+        for index, prompt in enumerate(prompts):
+            prompt_id, messages = _resolve_prompt(prompt, matrix, index, len(prompts))
+            chosen[prompt_id] = messages
+        matrix.prompts = chosen
+    if thinking is not None:
+        matrix.enable_thinking = [parse_thinking(v) for v in split_list(thinking)] or [None]
+    if budget is not None:
+        matrix.tree_budget = [parse_budget(v) for v in split_list(budget)] or [None]
+    if temperature is not None:
+        matrix.temperature = [
+            _axis_value("temperature", _to_float(v), "--temperature") for v in split_list(temperature)
+        ]
+    if max_tokens is not None:
+        matrix.max_tokens = [_axis_value("max_tokens", _to_int(v), "--max-tokens")
+                             for v in split_list(max_tokens)]  # fmt: skip
+    if repeat is not None:
+        matrix.repeat = _positive_int(repeat, "--repeat")
+    return matrix
+
+
+def _to_float(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # rejected by the caller with the flag named
+
+
+def _to_int(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _resolve_prompt(
+    prompt: str, matrix: Matrix, index: int, count: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """--prompt is a matrix prompt id, @file (text, or JSON messages), or literal text."""
+    if prompt in matrix.prompts:
+        return prompt, matrix.prompts[prompt]
+    if prompt.startswith("@"):
+        path = Path(prompt[1:])
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--prompt {prompt}: cannot read file ({exc.strerror})") from None
+        prompt_id = path.stem or f"p{index}"
+        if path.suffix == ".json":
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise UsageError(f"--prompt {prompt}: invalid JSON ({exc})") from None
+            if isinstance(data, dict):
+                data = data.get("messages")
+            return prompt_id, check_messages(data, f"--prompt {prompt}")
+        text = text.strip()
+        if not text:
+            raise UsageError(f"--prompt {prompt}: file is empty")
+        return prompt_id, [{"role": "user", "content": text}]
+    if not prompt.strip():
+        raise UsageError("--prompt: empty prompt")
+    prompt_id = "prompt" if count == 1 else f"prompt{index + 1}"
+    return prompt_id, [{"role": "user", "content": prompt}]

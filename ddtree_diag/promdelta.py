@@ -1,0 +1,94 @@
+"""Server-wide speculative-decoding counters from a Prometheus ``/metrics`` page.
+
+vLLM (``vllm:spec_decode_*``), llama.cpp started with ``--metrics`` (``llamacpp:spec_decode_*``)
+and our own reference server (``ddtree_spec_decode_*``) expose the same four counters. A case's
+numbers are the difference between a scrape before and after it. They count every request the
+server handled in between, so the source is marked server-wide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddtree_diag.records import SpecMetrics
+
+_DRAFTS = "spec_decode_num_drafts"
+_DRAFT_TOKENS = "spec_decode_num_draft_tokens"
+_ACCEPTED = "spec_decode_num_accepted_tokens"
+_PER_POS = "spec_decode_num_accepted_tokens_per_pos"
+
+
+@dataclass
+class SpecCounters:
+    """One scrape: totals summed over every label set (one series per engine)."""
+
+    prefix: str  # e.g. "vllm:", "llamacpp:", "ddtree_"
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+    accepted_per_position: dict[int, float] = field(default_factory=dict)
+
+    def delta(self, before: SpecCounters) -> SpecMetrics:
+        rounds = self.drafts - before.drafts
+        accepted = self.accepted_tokens - before.accepted_tokens
+        metrics = SpecMetrics(
+            decode_rounds=round(rounds),
+            draft_tokens=round(self.draft_tokens - before.draft_tokens),
+            accepted_tokens=round(accepted),
+            source=f"prometheus /metrics delta ({self.prefix}{_DRAFTS}; server-wide)",
+            server_wide=True,
+        )
+        if rounds > 0:
+            # Each draft (verify round) commits its accepted tokens plus one of the target's own.
+            metrics.mean_acceptance_length = 1 + accepted / rounds
+        return metrics
+
+
+def _base_name(name: str) -> str:
+    """Strip the suffixes the exposition format adds to counters."""
+    for suffix in ("_total", "_created"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def parse_spec_counters(text: str) -> SpecCounters | None:
+    """Read spec-decode counters out of an exposition page; None when it has none.
+
+    Raises ValueError on a page the Prometheus parser cannot read.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: SpecCounters | None = None
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises bare ValueError/IndexError on bad pages
+        raise ValueError(f"unreadable /metrics page: {exc}") from None
+    for family in families:
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue  # creation timestamps, not counts
+            name = _base_name(sample.name)
+            for kind in (_PER_POS, _DRAFT_TOKENS, _ACCEPTED, _DRAFTS):
+                if name.endswith(kind):
+                    break
+            else:
+                continue
+            prefix = name[: -len(kind)]
+            if found is None:
+                found = SpecCounters(prefix=prefix)
+            elif found.prefix != prefix:
+                continue  # a second exporter on the same page; keep the first
+            value = float(sample.value)
+            if kind == _DRAFTS:
+                found.drafts += value
+            elif kind == _DRAFT_TOKENS:
+                found.draft_tokens += value
+            elif kind == _ACCEPTED:
+                found.accepted_tokens += value
+            else:
+                position = int(sample.labels.get("position", -1))
+                found.accepted_per_position[position] = (
+                    found.accepted_per_position.get(position, 0.0) + value
+                )
+    return found

@@ -1,0 +1,256 @@
+"""STAND-IN server for parser tests — not a real vLLM/SGLang/llama.cpp.
+
+It replays the response shapes each server documents (see shared/DESIGN.md, "Server dialects")
+so the probe's request shaping, streaming and parsing can be tested over real HTTP on loopback
+for servers we cannot run here. Behaviour is chosen per process (``--dialect``) and per request
+(a prompt containing ``FAIL:<mode>`` triggers an error path).
+
+Run: python tests/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ANSWER = "Hello! It is nice to meet you."
+REASONING = "The user wants a greeting."
+
+
+class State:
+    dialect = "openai"
+    per_request_metrics = True  # vLLM: --per-request-spec-decode-metrics
+    metrics_endpoint = True
+    strict = False  # reject unknown fields with 400, like the real OpenAI API
+    drafts = 0
+    draft_tokens = 0
+    accepted = 0
+    requests: list[dict] = []  # noqa: RUF012 - process-wide log, by design
+    lock = threading.Lock()
+
+
+def tokens_of(text: str) -> list[str]:
+    """Whitespace-ish 'tokens' so usage counts are consistent with the text."""
+    words = text.split(" ")
+    return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
+
+
+def spec_numbers(completion_tokens: int) -> dict:
+    # A plausible speculative run: rounds of up to 3 committed tokens (accepted drafts + bonus).
+    rounds = max(1, -(-completion_tokens // 3))
+    accepted = completion_tokens - rounds
+    drafts = rounds * 4
+    with State.lock:
+        State.drafts += rounds
+        State.draft_tokens += drafts
+        State.accepted += accepted
+    return {"rounds": rounds, "accepted": accepted, "drafts": drafts, "mean": completion_tokens / rounds}
+
+
+def extras_for(dialect: str, n: int, body: dict) -> dict:
+    spec = spec_numbers(n)
+    if dialect == "ddtree":
+        return {"ddtree": {"decode_rounds": spec["rounds"], "mean_acceptance_length": spec["mean"],
+                           "tokens_per_second": 42.5, "tree_budget": body.get("tree_budget", 64)}}
+    if dialect == "ddtree-mlx":
+        return {"ddtree_stats": {"tree_budget": body.get("tree_budget", 64), "cycles": spec["rounds"],
+                                 "avg_acceptance": spec["mean"], "tok_per_sec": 30.1}}
+    if dialect == "vllm":
+        if not State.per_request_metrics:
+            return {"metrics": None}
+        return {"metrics": {"speculative_decoding": {
+            "mean_acceptance_length": spec["mean"], "num_spec_steps": spec["rounds"],
+            "num_draft_tokens": spec["drafts"], "num_accepted_draft_tokens": spec["accepted"],
+            "acceptance_histogram": [0, 1, 2]}}}
+    if dialect == "sglang":
+        if not body.get("return_spec_tokens_details"):
+            return {}
+        return {"sglext": {"spec_tokens_details": {
+            "spec_accept_length": spec["mean"], "spec_accept_rate": 0.5,
+            "spec_verify_ct": spec["rounds"], "spec_num_correct_drafts": spec["accepted"],
+            "spec_num_proposed_drafts": spec["drafts"]}}}
+    if dialect == "llamacpp":
+        return {"timings": {"prompt_n": 12, "prompt_ms": 5.0, "predicted_n": n, "predicted_ms": 100.0,
+                            "predicted_per_second": n * 10.0, "draft_n": spec["drafts"],
+                            "draft_n_accepted": spec["accepted"]}}
+    return {}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # no 40 ms delayed-ACK stalls on small writes
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def _json(self, status: int, payload) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            owner = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp"}.get(State.dialect, "standin")
+            self._json(200, {"object": "list",
+                             "data": [{"id": "standin-model", "object": "model", "owned_by": owner}]})
+        elif self.path == "/_requests":  # test hook: what the probe sent
+            with State.lock:
+                self._json(200, State.requests)
+        elif self.path == "/metrics" and State.metrics_endpoint and State.dialect in ("vllm", "llamacpp"):
+            prefix = "vllm:" if State.dialect == "vllm" else "llamacpp:"
+            lines = []
+            for name, value in (("spec_decode_num_drafts", State.drafts),
+                                ("spec_decode_num_draft_tokens", State.draft_tokens),
+                                ("spec_decode_num_accepted_tokens", State.accepted)):
+                lines.append(f"# HELP {prefix}{name} stand-in counter")
+                lines.append(f"# TYPE {prefix}{name} counter")
+                # two engines, as vLLM exposes one series per engine: the probe must sum them
+                half = value // 2
+                lines.append(f'{prefix}{name}_total{{engine="0",model_name="m"}} {half}')
+                lines.append(f'{prefix}{name}_total{{engine="1",model_name="m"}} {value - half}')
+                lines.append(f'{prefix}{name}_created{{engine="0",model_name="m"}} 1.7e9')
+            data = ("\n".join(lines) + "\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self._json(404, {"error": {"message": "not found", "type": "not_found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._json(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
+            return
+        if self.path != "/v1/chat/completions":
+            self._json(404, {"error": {"message": "not found"}})
+            return
+        with State.lock:
+            State.requests.append(body)
+        if State.strict:
+            known = {"model", "messages", "max_tokens", "temperature", "stream"}
+            unknown = sorted(set(body) - known)
+            if unknown:
+                self._json(400, {"error": {"message": f"Unrecognized request argument supplied: {unknown[0]}",
+                                           "type": "invalid_request_error"}})
+                return
+        prompt = " ".join(m.get("content", "") for m in body.get("messages", []))
+        if "FAIL:500" in prompt:
+            self._json(500, {"error": {"message": "CUDA error: an illegal memory access", "type": "server_error"}})
+            return
+        if "FAIL:nonjson" in prompt:
+            data = b"<html>Bad Gateway</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        if "FAIL:nochoices" in prompt:
+            self._json(200, {"id": "x", "object": "chat.completion", "choices": []})
+            return
+        if "FAIL:slow" in prompt:
+            time.sleep(3)
+        thinking = body.get("enable_thinking")
+        if thinking is None:
+            kwargs = body.get("chat_template_kwargs") or body.get("chat_template_args") or {}
+            thinking = kwargs.get("enable_thinking")
+        reasoning = REASONING if thinking and State.dialect in ("vllm", "sglang") else None
+        max_tokens = int(body.get("max_tokens") or 16)
+        toks = tokens_of(ANSWER)
+        finish = "stop"
+        if len(toks) > max_tokens:
+            toks = toks[:max_tokens]
+            finish = "length"
+        if State.dialect == "ddtree-mlx":
+            finish = "stop"  # it always says stop
+        n = len(toks)
+        extras = extras_for(State.dialect, n, body)
+        usage = {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n}
+        stream = body.get("stream") and State.dialect != "ddtree-mlx"  # ddtree-mlx ignores stream
+        if not stream:
+            message = {"role": "assistant", "content": "".join(toks)}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            payload = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "standin-model",
+                       "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
+            payload.update(extras)
+            self._json(200, payload)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        close = State.dialect == "llamacpp"  # llama.cpp closes the connection after a stream
+        self.send_header("Connection", "close" if close else "keep-alive")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(obj) -> None:
+            data = ("data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n").encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "standin-model"}
+        send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        if reasoning:
+            send({**base, "choices": [{"index": 0, "delta": {"reasoning_content": reasoning}}]})
+        for i, tok in enumerate(toks):
+            send({**base, "choices": [{"index": 0, "delta": {"content": tok}}]})
+            time.sleep(0.002)
+            if "FAIL:truncate" in prompt and i == 2:
+                self.wfile.write(b"0\r\n\r\n")  # end the body without [DONE] or a finish chunk
+                self.wfile.flush()
+                self.close_connection = True
+                return
+        final = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+        include_usage = (body.get("stream_options") or {}).get("include_usage")
+        if State.dialect == "llamacpp":
+            final.update(extras)  # timings ride the last chunk
+        send(final)
+        if State.dialect == "sglang" and extras:
+            send({**base, "choices": [], **extras})  # its own chunk after the finish chunk
+        if include_usage:
+            usage_chunk = {**base, "choices": [], "usage": usage}
+            if State.dialect in ("vllm", "ddtree"):
+                usage_chunk.update(extras)  # vLLM: metrics only in the final usage chunk
+            send(usage_chunk)
+        elif State.dialect == "ddtree":
+            send({**base, "choices": [], **extras})
+        send("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        if close:
+            self.close_connection = True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dialect", default="openai")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--no-per-request-metrics", action="store_true")
+    parser.add_argument("--no-metrics-endpoint", action="store_true")
+    parser.add_argument("--strict", action="store_true")
+    args = parser.parse_args()
+    State.dialect = args.dialect
+    State.per_request_metrics = not args.no_per_request_metrics
+    State.metrics_endpoint = not args.no_metrics_endpoint
+    State.strict = args.strict
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    print(f"PORT {server.server_address[1]}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Matrix TOML parsing, flag overrides and case expansion."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_diag.errors import UsageError
+from ddtree_diag.matrix import Matrix, apply_overrides, load_matrix, matrix_from_dict
+from ddtree_diag.probe import ProbeOptions, resolve_matrix
+
+
+def test_smoke_matrix_is_the_story_probe():
+    cases = resolve_matrix(ProbeOptions(matrix="smoke")).cases()
+    assert [(c.enable_thinking, c.tree_budget) for c in cases] == [
+        (False, 16), (False, 64), (True, 16), (True, 64)]  # fmt: skip
+    assert {c.max_tokens for c in cases} == {48} and {c.temperature for c in cases} == {0.0}
+    assert cases[0].messages == [{"role": "user", "content": "Say hello in one short sentence."}]
+
+
+def test_default_without_matrix_or_prompt_is_smoke():
+    assert len(resolve_matrix(ProbeOptions()).cases()) == 4
+
+
+def test_order_is_stable_prompt_thinking_budget_temperature_max_repeat():
+    matrix = matrix_from_dict({
+        "defaults": {"repeat": 2},
+        "axes": {"enable_thinking": [False, True], "tree_budget": [8, "default"], "temperature": [0, 0.7]},
+        "prompts": {"a": "first", "b": {"messages": [{"role": "user", "content": "second"}]}},
+    })  # fmt: skip
+    cases = matrix.cases()
+    assert len(cases) == 2 * 2 * 2 * 2 * 2
+    keys = [(c.prompt_id, c.enable_thinking, c.tree_budget is None, c.temperature, c.repeat) for c in cases]
+    assert keys == sorted(keys, key=lambda k: (k[0], k[1], k[2], k[3], k[4]))
+    assert len({c.case_id for c in cases}) == len(cases)
+
+
+def test_system_prompt_and_extra_fields():
+    matrix = matrix_from_dict({"defaults": {"system": "Be brief."}, "prompts": {"p": "hi"},
+                               "extra": {"seed": 1}})  # fmt: skip
+    case = matrix.cases()[0]
+    assert case.messages[0] == {"role": "system", "content": "Be brief."}
+    assert case.extra == {"seed": 1} and case.prompt_text == "hi"
+
+
+@pytest.mark.parametrize(
+    "data, needle",
+    [({"axis": {}}, "unknown key 'axis'"),
+     ({"axes": {"tree_budget": []}}, "non-empty list"),
+     ({"axes": {"tree_budget": [-1]}}, "integer >= 0"),
+     ({"axes": {"temperature": ["hot"]}}, "temperature"),
+     ({"axes": {"max_tokens": [0]}}, "integer >= 1"),
+     ({"prompts": {"p": {"txt": "x"}}}, "prompts.p.'txt'"),
+     ({"prompts": {"p": {"messages": [{"role": "bot", "content": "x"}]}}}, "role"),
+     ({"defaults": {"repeat": 0}}, "defaults.repeat")],
+)
+def test_bad_matrices_name_the_key(data, needle):
+    with pytest.raises(UsageError) as info:
+        matrix_from_dict(data, source="m.toml")
+    assert needle in str(info.value) and "m.toml" in str(info.value)
+
+
+def test_overrides_replace_axes(tmp_path):
+    prompt_file = tmp_path / "ask.txt"
+    prompt_file.write_text("What is 2+2?\n")
+    messages = tmp_path / "conv.json"
+    messages.write_text('[{"role": "user", "content": "Hi"}]')
+    matrix = apply_overrides(
+        Matrix(prompts={"named": [{"role": "user", "content": "n"}]}),
+        prompts=["named", f"@{prompt_file}", f"@{messages}", "literal text"],
+        thinking="on", budget="0,default", temperature="0.5", max_tokens="16,32", repeat=1,
+    )  # fmt: skip
+    assert list(matrix.prompts) == ["named", "ask", "conv", "prompt4"]
+    assert matrix.prompts["ask"][0]["content"] == "What is 2+2?"
+    assert matrix.enable_thinking == [True] and matrix.tree_budget == [0, None]
+    assert matrix.temperature == [0.5] and matrix.max_tokens == [16, 32]
+
+
+def test_missing_prompt_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="cannot read file"):
+        apply_overrides(Matrix(), prompts=[f"@{tmp_path / 'none.txt'}"])
+
+
+def test_load_matrix_reports_toml_line(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text('[prompts]\nhello = "unterminated\n')
+    with pytest.raises(UsageError, match=r"invalid TOML.*line 2"):
+        load_matrix(path)
