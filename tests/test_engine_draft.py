@@ -53,9 +53,15 @@ def test_save_load_round_trip_is_exact_and_in_zlab_format(tmp_path):
     from safetensors.torch import load_file
 
     keys = set(load_file(str(tmp_path / "model.safetensors")))
-    for key in ("fc.weight", "hidden_norm.weight", "norm.weight", "layers.1.self_attn.q_proj.weight",
-                "layers.0.self_attn.k_norm.weight", "layers.0.mlp.gate_proj.weight",
-                "layers.0.post_attention_layernorm.weight"):
+    for key in (
+        "fc.weight",
+        "hidden_norm.weight",
+        "norm.weight",
+        "layers.1.self_attn.q_proj.weight",
+        "layers.0.self_attn.k_norm.weight",
+        "layers.0.mlp.gate_proj.weight",
+        "layers.0.post_attention_layernorm.weight",
+    ):
         assert key in keys
     assert not any("embed" in k or "lm_head" in k for k in keys)
 
