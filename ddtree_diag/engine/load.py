@@ -4,7 +4,7 @@ Public API (others build on it)::
 
     from ddtree_diag.engine import load_engine
     engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None)
-    engine.info() -> dict                 # layers, hidden, draft target_layer_ids / mask / block, dtype, device, memory
+    engine.info() -> dict                 # layers, hidden, draft ids/mask/block, dtype, device, memory
     engine.tokenizer                      # HF tokenizer of the target
     engine.render_prompt(messages, enable_thinking) -> list[int]
     gen = engine.generate(messages=..., enable_thinking=None, tree_budget=None, temperature=0.0,
@@ -138,7 +138,6 @@ def load_engine(
     dtype: str | None = None,
 ):
     """Load target (+ draft) into an ``Engine``; see the module docstring."""
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from ddtree_diag.engine.draft import load_draft
