@@ -216,8 +216,7 @@ def test_disconnect_mid_stream_cancels_and_frees_the_worker(server):
 
 
 def test_sigterm_shuts_down_cleanly(models):
-    target, draft = models
-    process, url = start_server(target, None)
+    process, url = start_server(models[0], None)
     assert httpx.get(f"{url}/health").json()["draft"] is None
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
