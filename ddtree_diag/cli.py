@@ -123,6 +123,23 @@ def serve(
               host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget)  # fmt: skip
 
 
+@app.command()
+def demo(
+    matrix: str = typer.Option("smoke", "--matrix", "-m", help="Matrix file or built-in name."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the JSON report to PATH ('-' = stdout)."),
+    target: str | None = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2)."),
+    draft: str | None = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu."),
+    no_color: bool = typer.Option(False, "--no-color", help="No colour."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Start the reference server with the embedded model, probe it over HTTP, stop it."""
+    from ddtree_diag.demo import run_demo
+
+    raise typer.Exit(run_demo(matrix=matrix, json_path=json_path, target=target, draft=draft, device=device,
+                              no_color=no_color))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and map every failure to one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv

@@ -1,0 +1,72 @@
+"""The ``demo`` command: start the reference server on a free loopback port with the embedded
+default model, probe it over HTTP with the smoke matrix, render, stop the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from ddtree_diag.errors import TransportError, UsageError
+from ddtree_diag.probe import ProbeOptions, run_probe
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(process: subprocess.Popen, url: str, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            message = (process.stderr.read() if process.stderr else "").strip().splitlines()
+            last = message[-1] if message else f"exit code {process.returncode}"
+            raise UsageError(f"the reference server did not start: {last}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TransportError(f"the reference server was not healthy after {timeout:.0f} s")
+
+
+def run_demo(
+    *,
+    matrix: str = "smoke",
+    json_path: str | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+    device: str | None = None,
+    no_color: bool = False,
+    startup_timeout: float = 600.0,
+) -> int:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "ddtree_diag", "serve", "--port", str(port)]
+    for flag, value in (("--target", target), ("--draft", draft), ("--device", device)):
+        if value:
+            command += [flag, value]
+    which = "embedded default model" if target is None else target
+    sys.stderr.write(f"ddtree-diag demo: starting the reference server on {url} ({which})\n")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        started = time.monotonic()
+        _wait_healthy(process, url, startup_timeout)
+        sys.stderr.write(f"ddtree-diag demo: server ready in {time.monotonic() - started:.1f} s; probing\n")
+        return run_probe(ProbeOptions(url=url, matrix=matrix, json_path=json_path, no_color=no_color))
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
