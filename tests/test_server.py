@@ -239,3 +239,15 @@ def test_port_in_use_is_exit_2(cli, models):
         port = sock.getsockname()[1]
         result = cli("serve", "--target", str(models[0]), "--port", str(port))
     assert result.code == 2 and "cannot listen" in result.stderr
+
+
+def test_demo_probes_a_started_server_and_stops_it(models, cli):
+    target, draft = models
+    result = cli("demo", "--target", str(target), "--draft", str(draft), "--device", "cpu", "--json", "-")
+    assert result.code in (0, 1), result.stderr  # random weights: garbage may be flagged
+    report = json.loads(result.stdout)
+    assert report["target"]["dialect"] == "ddtree" and len(report["results"]) == 4
+    assert all(r["status"] == "ok" and r["spec"]["decode_rounds"] for r in report["results"])
+    url = report["target"]["url"]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=1)  # the demo stopped its server
