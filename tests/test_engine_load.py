@@ -102,7 +102,7 @@ def test_generate_from_messages_stops_and_cancels(engine):
 
 def test_llama_family_with_bias_is_lossless(tmp_path):
     target = fx.make_target(tmp_path / "llama", model_type="llama", seed=3)
-    engine = load_engine(target, fx.make_draft(tmp_path / "draft", block_size=4))
+    engine = load_engine(target, fx.make_draft(tmp_path / "draft", block_size=4), device="cpu")
     prompt = [3, 14, 15, 92, 65]
     reference = engine.greedy_reference(prompt, 16, stop_ids=[])
     for budget in (0, 4, 16):
