@@ -154,14 +154,14 @@ def load_engine(
         kwargs["gguf_file"] = gguf_name
     try:
         config = AutoConfig.from_pretrained(directory, **kwargs)
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+    except Exception as exc:  # transformers raises many types for unknown/broken files
         what = f"GGUF file {gguf_name}" if gguf_name else f"config in {directory}"
         raise UsageError(f"transformers cannot load the {what}: {_first_line(exc)}") from exc
     check_supported(config)
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+    except Exception as exc:
         raise UsageError(f"cannot load the target from {directory}: {_first_line(exc)}") from exc
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
     draft_model = None
