@@ -123,6 +123,25 @@ def serve(
               host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget)  # fmt: skip
 
 
+@app.command("engine-info")
+def engine_info(
+    target: str | None = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2)."),
+    gguf: str | None = typer.Option(None, "--gguf", help="Target GGUF file."),
+    draft: str | None = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if present)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="bf16, fp16 or fp32."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Load a target (+ draft) and print what was loaded: layers, target layer ids, mask token, memory."""
+    from ddtree_diag.engine_info import run_engine_info
+    from ddtree_diag.models import choose_models
+
+    choice = choose_models(target, draft, gguf)
+    raise typer.Exit(run_engine_info(choice.target, draft=choice.draft, gguf_file=choice.gguf_file,
+                                     device=device, dtype=dtype, as_json=as_json))
+
+
 @app.command()
 def demo(
     matrix: str = typer.Option("smoke", "--matrix", "-m", help="Matrix file or built-in name."),

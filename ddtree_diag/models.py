@@ -26,9 +26,8 @@ def choose_models(
 
         chosen_draft = draft if draft is not None else (str(default_draft_dir()) if use_draft else None)
         return ModelChoice(str(ensure_target_dir()), chosen_draft, None, EMBEDDED_MODEL_NAME, True)
-    if target is None:  # a bare GGUF file: its folder holds it
-        gguf_path = Path(gguf)
-        return ModelChoice(str(gguf_path.parent), draft, gguf_path.name, gguf_path.stem, False)
+    if target is None:  # a bare GGUF file: the engine loads it from its folder
+        return ModelChoice(str(gguf), draft, None, Path(gguf).stem, False)
     return ModelChoice(target, draft, gguf, Path(target).name or target, False)
 
 

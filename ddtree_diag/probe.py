@@ -96,11 +96,13 @@ def make_backend(options: ProbeOptions) -> Any:
         if options.url:
             raise UsageError("give either --url or --engine, not both")
         from ddtree_diag.backends.engine import EngineBackend
+        from ddtree_diag.models import choose_models
 
+        choice = choose_models(options.target, options.draft, options.gguf)
         return EngineBackend(
-            target=options.target,
-            draft=options.draft,
-            gguf_file=options.gguf,
+            target=choice.target,
+            draft=choice.draft,
+            gguf_file=choice.gguf_file,
             device=options.device,
             dtype=options.dtype,
         )

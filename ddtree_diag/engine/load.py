@@ -139,8 +139,12 @@ def load_engine(
 ):
     """Load target (+ draft) into an ``Engine``; see the module docstring."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from ddtree_diag.engine.draft import load_draft
+
+    hf_logging.disable_progress_bar()  # our own output stays readable; errors still surface
+    hf_logging.set_verbosity_error()
     from ddtree_diag.engine.generate import Engine
     from ddtree_diag.engine.target import TargetModel, check_supported
 
