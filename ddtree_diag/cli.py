@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import traceback
 
-import click
 import typer
 
 from ddtree_diag import __version__
@@ -159,6 +158,21 @@ def demo(
                               no_color=no_color))
 
 
+def _click_exit_code(exc: Exception) -> int | None:
+    """Exit code for click's own exceptions, or None for anything else. typer >= 0.26 bundles its
+    own copy of click, so these are matched by shape rather than by class."""
+    name = type(exc).__name__
+    if name == "Abort":
+        sys.stderr.write("ddtree-diag: interrupted\n")
+        return EXIT_INTERRUPTED
+    if name == "Exit" and isinstance(getattr(exc, "exit_code", None), int):
+        return exc.exit_code
+    if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+        exc.show()  # click's usage errors: "Usage: ... Error: ..." on stderr
+        return EXIT_USAGE
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and map every failure to one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv
@@ -168,12 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         # Without standalone mode click returns the code of a typer.Exit instead of raising it.
         returned = command.main(args=args, prog_name="ddtree-diag", standalone_mode=False)
         code = returned if isinstance(returned, int) else 0
-    except click.exceptions.Exit as exc:
-        code = exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        code = EXIT_USAGE
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
         sys.stderr.write("ddtree-diag: interrupted\n")
         code = EXIT_INTERRUPTED
     except DiagError as exc:
@@ -181,14 +190,14 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         sys.stderr.write(f"ddtree-diag: error: {exc}\n")
         code = exc.exit_code
-    except Exception as exc:  # a bug of ours: one line, the traceback only on request
-        if debug:
-            traceback.print_exc()
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        sys.stderr.write(
-            f"ddtree-diag: internal error: {type(exc).__name__}: {first} (rerun with --debug)\n"
-        )
-        code = EXIT_USAGE
+    except Exception as exc:
+        code = _click_exit_code(exc)
+        if code is None:  # a bug of ours: one line, the traceback only on request
+            if debug:
+                traceback.print_exc()
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            sys.stderr.write(f"ddtree-diag: internal error: {type(exc).__name__}: {first} (rerun with --debug)\n")
+            code = EXIT_USAGE
     sys.stdout.flush()
     sys.exit(code)
 
