@@ -43,5 +43,9 @@ bench-default: install
 demo: install
 	$(BIN)/ddtree-diag demo
 
+# dist/ddtree-diag.pyz: one file for remote probing, runs with any python3 >= 3.10, nothing installed.
+pyz: install
+	$(PYTHON) scripts/build_pyz.py --out dist/ddtree-diag.pyz
+
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache
