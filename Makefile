@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast lint bench-cli bench-quality bench-engine bench-default demo pyz clean
+.PHONY: install test test-fast lint bench-cli bench-quality bench-engine bench-default bench-via demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -39,6 +39,9 @@ bench-engine: install
 
 bench-default: install
 	$(PYTHON) bench/bench_default.py
+
+bench-via: install
+	$(PYTHON) bench/bench_via.py
 
 demo: install
 	$(BIN)/ddtree-diag demo

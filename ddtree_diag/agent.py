@@ -12,12 +12,13 @@ Protocol: JSON lines. Requests arrive on stdin:
     {"op": "cancel", "id": 1}          (the local side stopped reading that response)
 Answers go to stdout, interleaved between requests but in order within one request:
     {"event": "hello", "python": "3.11.7", "pid": 123, "t": ...}   once, at start
-    {"id": 1, "event": "head", "status": 200, "reason": "OK", "headers": [[k, v], ...], "t": ...}
+    {"id": 1, "event": "head", "status": 200, "reason": "OK", "headers": [[k, v], ...], "t0": ..., "t": ...}
     {"id": 1, "event": "chunk", "data": "<b64>", "t": ...}          as the body arrives
     {"id": 1, "event": "end", "t": ...}
     {"id": 1, "event": "error", "kind": "refused|dns|connect|connect_timeout|read_timeout|protocol|other",
      "message": "..."}
-``t`` is the agent's monotonic clock in seconds. The agent exits at EOF on stdin.
+``t`` is the agent's monotonic clock in seconds when the event was sent; ``t0`` when the request
+started (so far-side TTFT = t of the chunk holding the first token - t0). The agent exits at EOF on stdin.
 """
 
 import base64
@@ -64,6 +65,7 @@ def classify(exc, connecting):
 def fetch(request):
     """Run one request; every outcome becomes events, never an exception."""
     request_id = request["id"]
+    started = time.monotonic()  # far-side clock: the local side measures TTFT from here too
     timeout = request.get("timeout") or {}
     connect_timeout = timeout.get("connect")
     read_timeout = timeout.get("read")
@@ -96,6 +98,7 @@ def fetch(request):
                 "id": request_id,
                 "event": "head",
                 "status": response.status,
+                "t0": started,
                 "reason": response.reason,
                 "headers": [[k, v] for k, v in response.getheaders()],
             }

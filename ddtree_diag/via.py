@@ -22,7 +22,8 @@ How the agent gets there (the robust way, and why):
 - Terminals break the byte stream (echo, CR/LF), so ``-t``/``-it`` in the prefix is refused.
 
 Wire protocol: see agent.py. Client timings include the pipe; the pipe's round trip is measured at
-start and reported, so a TTFT over ssh can be judged against it.
+start and reported. The agent stamps its events with its own clock, so streamed cases also get the
+far side's TTFT and e2e without the pipe (result.extras["via_far_side"]).
 """
 
 from __future__ import annotations
@@ -228,11 +229,16 @@ class AgentTransport(httpx.BaseTransport):
         if head["event"] != "head":
             self._forget(request_id)
             raise httpx.RemoteProtocolError(f"--via agent sent {head['event']!r} before the head", request=request)
+        stream = _AgentStream(self, request_id, events, wait, request, started=head.get("t0"), now=head.get("t"))
         return httpx.Response(
             head["status"],
             headers=[(k, v) for k, v in head.get("headers", [])],
-            stream=_AgentStream(self, request_id, events, wait, request),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": str(head.get("reason", "")).encode()},
+            stream=stream,
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": str(head.get("reason", "")).encode(),
+                "via_stream": stream,  # HttpBackend reads far-side times from it (elapsed())
+            },
         )
 
     def _next_event(self, request_id: int, events: queue.Queue, wait: float | None, request) -> dict:
@@ -345,8 +351,10 @@ class AgentTransport(httpx.BaseTransport):
 class _AgentStream(httpx.SyncByteStream):
     """A response body that yields chunks as the agent relays them (SSE stays incremental)."""
 
-    def __init__(self, transport: AgentTransport, request_id: int, events: queue.Queue,
-                 wait: float | None, request: httpx.Request) -> None:  # fmt: skip
+    def __init__(self, transport: AgentTransport, request_id: int, events: queue.Queue, wait: float | None,
+                 request: httpx.Request, started: float | None = None, now: float | None = None) -> None:  # fmt: skip
+        self.far_started = started  # agent clock when it began the request
+        self.far_now = now  # agent clock of the latest event handed out
         self.transport = transport
         self.request_id = request_id
         self.events = events
@@ -357,11 +365,19 @@ class _AgentStream(httpx.SyncByteStream):
     def __iter__(self):
         while not self.finished:
             event = self.transport._next_event(self.request_id, self.events, self.wait, self.request)
+            self.far_now = event.get("t", self.far_now)
             if event["event"] == "chunk":
                 yield base64.b64decode(event["data"])
             elif event["event"] == "end":
                 self.finished = True
                 self.transport._forget(self.request_id)
+
+    def elapsed(self) -> float | None:
+        """Far-side seconds from the request's start to the chunk being parsed now: the pipe's
+        latency is not in it."""
+        if self.far_started is None or self.far_now is None:
+            return None
+        return self.far_now - self.far_started
 
     def close(self) -> None:
         if not self.finished:

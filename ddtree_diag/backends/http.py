@@ -331,6 +331,8 @@ class HttpBackend:
                 return
             accumulator = dialects.StreamAccumulator()
             first_token_at = last_token_at = None
+            far = response.extensions.get("via_stream")  # --via: the agent's clock, no pipe latency
+            far_ttft = None
             for event in EventSource(response).iter_sse():
                 data = event.data
                 if data == "[DONE]":
@@ -352,6 +354,9 @@ class HttpBackend:
                     last_token_at = time.perf_counter()
                     if first_token_at is None:
                         first_token_at = last_token_at
+                        far_ttft = far.elapsed() if far is not None else None
+            if far is not None:
+                result.extras["via_far_side"] = {"ttft_s": far_ttft, "e2e_s": far.elapsed()}
         ended = time.perf_counter()
         parsed = accumulator.result(self.dialect, case)
         self._fill(result, parsed)
