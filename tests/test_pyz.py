@@ -27,9 +27,8 @@ def pyz(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def target(standin) -> str:
-    """URL of the server the zipapp probes. (Reference server: return its URL here instead.)"""
-    return standin("--dialect", "ddtree").url
+def target(probe_target) -> str:
+    return probe_target  # tests/conftest.py picks the server
 
 
 def run_pyz(pyz: Path, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess:

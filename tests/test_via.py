@@ -2,8 +2,8 @@
 
 Every test spawns real processes: the CLI, the prefix (sh, env, a stand-in ``ssh`` that re-parses
 its command line with a shell as sshd does), the agent, and a real HTTP server on loopback.
-The server is the ``target`` fixture below; tests that need a server-side failure mode (a slow
-answer) use the STAND-IN server explicitly, since only it can be told to misbehave.
+The server comes from conftest's ``probe_target`` fixture; tests that need a server-side failure
+mode (a slow answer) use the STAND-IN server explicitly, since only it can be told to misbehave.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ SH_HOP = "sh -c 'exec \"$@\"' sh"  # a plain local shell: passes the words on un
 
 
 @pytest.fixture
-def target(standin) -> str:
-    """URL of the server the --via tests probe. (Reference server: return its URL here instead.)"""
-    return standin("--dialect", "ddtree").url
+def target(probe_target) -> str:
+    return probe_target  # tests/conftest.py picks the server
 
 
 @pytest.fixture
