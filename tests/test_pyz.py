@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+SMALL = ("--thinking", "off", "--max-tokens", "16")  # few, short cases (the smoke matrix's budgets)
+
 
 @pytest.fixture(scope="session")
 def pyz(tmp_path_factory) -> Path:
@@ -52,8 +54,8 @@ def test_pyz_vendors_no_compiled_module_and_no_engine_dependency(pyz):
 
 
 def test_pyz_probes_like_the_installed_tool(pyz, target, cli):
-    direct = cli("probe", "--url", target, "--json", "-")
-    result = run_pyz(pyz, "probe", "--url", target, "--json", "-")
+    direct = cli("probe", "--url", target, "--json", "-", *SMALL)
+    result = run_pyz(pyz, "probe", "--url", target, "--json", "-", *SMALL)
     assert result.returncode == 0, result.stderr
     report, expected = json.loads(result.stdout), direct.json()
     assert report["target"]["matrix"] == "smoke (built-in)"
@@ -61,8 +63,7 @@ def test_pyz_probes_like_the_installed_tool(pyz, target, cli):
 
 
 def test_pyz_probes_via_a_prefix(pyz, target):
-    result = run_pyz(pyz, "probe", "--url", target, "--via", "sh -c 'exec \"$@\"' sh", "--thinking", "off",
-                     "--json", "-")  # fmt: skip
+    result = run_pyz(pyz, "probe", "--url", target, "--via", "sh -c 'exec \"$@\"' sh", "--json", "-", *SMALL)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["target"]["via"]["agent_python"]
@@ -86,6 +87,6 @@ def test_pyz_on_the_oldest_supported_python(pyz, target):
     oldest = sorted(Path.home().glob(".pyenv/versions/3.10.*/bin/python3.10"))
     if not oldest:
         pytest.skip("no Python 3.10 on this machine")
-    result = run_pyz(pyz, "probe", "--url", target, "--thinking", "off", "--json", "-", python=str(oldest[0]))
+    result = run_pyz(pyz, "probe", "--url", target, "--json", "-", *SMALL, python=str(oldest[0]))
     assert result.returncode == 0, result.stderr
     assert all(r["status"] == "ok" for r in json.loads(result.stdout)["results"])
