@@ -181,6 +181,11 @@ class AgentTransport(httpx.BaseTransport):
                 process.kill()
                 process.wait()
 
+    def shared(self) -> httpx.BaseTransport:
+        """The same agent for a second client (e.g. the lossless baseline's HttpBackend); closing
+        that client leaves the agent running for its owner."""
+        return _SharedAgentTransport(self)
+
     def describe(self) -> dict[str, Any]:
         """For the report's target: how requests travelled."""
         rtt = self.pipe_round_trip_s
@@ -346,6 +351,17 @@ class AgentTransport(httpx.BaseTransport):
             except subprocess.TimeoutExpired:
                 return
             self._ready.wait(5)
+
+
+class _SharedAgentTransport(httpx.BaseTransport):
+    def __init__(self, owner: AgentTransport) -> None:
+        self.owner = owner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.owner.handle_request(request)
+
+    def close(self) -> None:
+        pass  # the owner closes the agent
 
 
 class _AgentStream(httpx.SyncByteStream):

@@ -160,6 +160,27 @@ def test_agent_is_stdlib_only_python_3_8_code(target):
     assert agent.stderr.read() == b""
 
 
+def test_shared_transport_serves_a_second_client_and_leaves_the_agent_running(target):
+    from ddtree_diag.backends.http import HttpBackend
+    from ddtree_diag.records import ProbeCase
+
+    transport = via.AgentTransport(SH_HOP)
+    transport.start()
+    main = HttpBackend(target, transport=transport)
+    second = HttpBackend(target, stream=False, transport=transport.shared())  # e.g. the baseline
+    case = ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "Say hi."}], max_tokens=16)
+    try:
+        main.prepare([case])
+        second.prepare([case])
+        assert second.run(case).ok
+        second.close()
+        assert transport._process.poll() is None, "closing the second client kept the agent"
+        assert main.run(case).ok
+    finally:
+        main.close()
+    assert transport._process.poll() is not None, "closing the owner ended the agent"
+
+
 # -- what the prefix becomes -------------------------------------------------------------------
 
 
