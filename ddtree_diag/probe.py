@@ -128,7 +128,8 @@ def make_backend(options: ProbeOptions) -> Any:
     if options.via is not None:
         from ddtree_diag.via import AgentTransport
 
-        transport = AgentTransport(options.via)
+        # The far side's interpreter: python3 unless told (e.g. /opt/conda/bin/python).
+        transport = AgentTransport(options.via, python=os.environ.get("DDTREE_DIAG_VIA_PYTHON") or "python3")
     backend = HttpBackend(
         options.url,
         model=options.model,

@@ -237,6 +237,16 @@ def test_prefix_failures_are_exit_3_with_one_line(cli, target, prefix, needle):
     assert needle in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
 
 
+def test_far_side_interpreter_can_be_named(cli, target):
+    result = cli("probe", "--url", target, "--via", "env", "--json", "-", *SMALL,
+                 env={"DDTREE_DIAG_VIA_PYTHON": sys.executable})  # fmt: skip
+    assert result.code == 0, result.stderr
+    version = ".".join(map(str, sys.version_info[:3]))
+    assert result.json()["target"]["via"]["agent_python"] == version
+    missing = cli("probe", "--url", target, "--via", "env", env={"DDTREE_DIAG_VIA_PYTHON": "/nonexistent/python"})
+    assert missing.code == 3 and "/nonexistent/python missing on the far side" in missing.stderr
+
+
 def test_old_python_on_the_far_side_is_named(cli, target, tmp_path):
     folder = python_named(tmp_path, "3.6") or python_named(tmp_path, "3.7")
     if folder is None:
