@@ -151,10 +151,8 @@ def make_backend(options: ProbeOptions) -> Any:
 
 def engine_extra_missing(exc: ImportError) -> UsageError:
     """The one line for an engine command run where torch & co. are absent (e.g. the zipapp)."""
-    missing = exc.name or str(exc)
-    return UsageError(
-        f"this command needs the engine extra (pip install 'ddtree-diag[engine]'): no module {missing!r}"
-    )
+    why = f"no module {exc.name!r}" if isinstance(exc, ModuleNotFoundError) and exc.name else str(exc)
+    return UsageError(f"this command needs the engine extra (pip install 'ddtree-diag[engine]'): {why}")
 
 
 def exit_code_for(report: RunReport) -> int:
