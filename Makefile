@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast lint bench-cli bench-quality bench-engine bench-default demo pyz clean
+.PHONY: install test test-fast lint bench-cli bench-quality bench-engine bench-default bench-via demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -40,8 +40,15 @@ bench-engine: install
 bench-default: install
 	$(PYTHON) bench/bench_default.py
 
+bench-via: install
+	$(PYTHON) bench/bench_via.py
+
 demo: install
 	$(BIN)/ddtree-diag demo
+
+# dist/ddtree-diag.pyz: one file for remote probing, runs with any python3 >= 3.10, nothing installed.
+pyz: install
+	$(PYTHON) scripts/build_pyz.py --out dist/ddtree-diag.pyz
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .ruff_cache

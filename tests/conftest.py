@@ -89,3 +89,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def probe_target(standin) -> str:
+    """URL of a healthy server for end-to-end tests that need nothing special from it (--via, the
+    zipapp). Switch to the reference server here, in one line, once it exists."""
+    return standin("--dialect", "ddtree").url

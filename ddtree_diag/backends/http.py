@@ -109,6 +109,7 @@ class HttpBackend:
         timeout: float = 120.0,
         stream: bool = True,
         concurrency: int = 1,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         if dialect != "auto" and dialect not in dialects.DIALECTS:
             raise UsageError(
@@ -122,6 +123,7 @@ class HttpBackend:
         self.stream = stream
         self.timeout = timeout
         self.concurrency = concurrency
+        self.transport = transport  # None = httpx's own; via.AgentTransport for --via
         headers = {"Accept": "application/json, text/event-stream"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -129,6 +131,7 @@ class HttpBackend:
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             trust_env=False,  # a loopback probe must not go through a proxy from the environment
+            transport=transport,
         )
         self.detection_note: str | None = None
         self.metrics_prefix: str | None = None  # set when /metrics exposes spec counters
@@ -139,6 +142,8 @@ class HttpBackend:
 
     def prepare(self, cases: list[ProbeCase]) -> list[str]:
         notes: list[str] = []
+        if hasattr(self.transport, "note"):
+            notes.append(self.transport.note())
         owned_by = None
         if self.model is None or self.dialect == "auto":
             models = self._list_models()
@@ -326,6 +331,8 @@ class HttpBackend:
                 return
             accumulator = dialects.StreamAccumulator()
             first_token_at = last_token_at = None
+            far = response.extensions.get("via_stream")  # --via: the agent's clock, no pipe latency
+            far_ttft = None
             for event in EventSource(response).iter_sse():
                 data = event.data
                 if data == "[DONE]":
@@ -347,6 +354,9 @@ class HttpBackend:
                     last_token_at = time.perf_counter()
                     if first_token_at is None:
                         first_token_at = last_token_at
+                        far_ttft = far.elapsed() if far is not None else None
+            if far is not None:
+                result.extras["via_far_side"] = {"ttft_s": far_ttft, "e2e_s": far.elapsed()}
         ended = time.perf_counter()
         parsed = accumulator.result(self.dialect, case)
         self._fill(result, parsed)
@@ -394,8 +404,10 @@ class HttpBackend:
             return None
 
     def target_info(self) -> dict[str, Any]:
+        via = self.transport.describe() if hasattr(self.transport, "describe") else None
         return {
             "backend": "http",
+            **({"via": via} if via else {}),
             "url": self.base_url,
             "model": self.model,
             "dialect": self.dialect,
@@ -405,7 +417,7 @@ class HttpBackend:
         }
 
     def close(self) -> None:
-        self.client.close()
+        self.client.close()  # closes a given transport too
 
 
 def _stream_error(chunk: dict[str, Any]) -> str:

@@ -1,0 +1,134 @@
+"""Build dist/ddtree-diag.pyz: the remote-probing tool as one file (``python3 ddtree-diag.pyz probe ...``).
+
+The zipapp holds the ddtree_diag package, the built-in matrices and the pure-Python runtime
+dependencies, installed with ``pip install --target`` for Python 3.10 as pure wheels only. Compiled
+modules cannot be imported from a zip (and would tie the file to one platform), so:
+- ``regex`` (a core dependency, compiled) is left out: the quality module must fall back to the
+  standard library when it is missing;
+- typer is pinned below 0.26: later releases vendor click (cli.py imports click itself) and from
+  0.29 need pydantic, whose core is compiled;
+- any other extension module that sneaks in fails the build, naming it.
+The engine extra (torch, transformers) is never included: engine commands say they need it.
+After building, the file is smoke-tested with ``python -I -S`` (no site-packages at all): it must
+print its version and import every module of the remote path.
+
+Usage: python scripts/build_pyz.py [--out dist/ddtree-diag.pyz] [--keep-staging DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipapp
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPILED = {"regex"}  # core dependencies that are extension modules: not vendored
+PINS = ["typer>=0.12,<0.26", "click>=8.1"]  # see the module docstring
+TARGET_PYTHON = "3.10"  # the oldest Python the tool supports: pulls tomli, exceptiongroup...
+EXTENSION_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
+# Modules the remote path imports at run time; the smoke test imports each from the zip.
+REMOTE_MODULES = [
+    "ddtree_diag.cli", "ddtree_diag.probe", "ddtree_diag.matrix", "ddtree_diag.runner",
+    "ddtree_diag.render", "ddtree_diag.report", "ddtree_diag.backends.http", "ddtree_diag.via",
+    "ddtree_diag.quality", "httpx", "httpx_sse", "rich.table", "prometheus_client.parser", "ftfy",
+]  # fmt: skip
+MAIN = """import sys
+
+if sys.version_info < (3, 10):
+    sys.exit("ddtree-diag needs Python >= 3.10 (this is %d.%d)" % sys.version_info[:2])
+from ddtree_diag.cli import main
+
+main()
+"""
+
+
+def requirements() -> list[str]:
+    """pyproject's core dependencies, markers dropped (ship for 3.10 too), compiled ones out."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    wanted = []
+    for spec in data["project"]["dependencies"]:
+        requirement = spec.split(";")[0].strip()
+        name = re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower()
+        if name in COMPILED or name == "typer":
+            continue
+        wanted.append(requirement)
+    return wanted + PINS
+
+
+def install(staging: Path) -> None:
+    command = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+        "--target", str(staging), "--no-compile", "--only-binary=:all:",
+        "--python-version", TARGET_PYTHON, "--implementation", "py", "--abi", "none", "--platform", "any",
+        *requirements(),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"build_pyz: pip install failed:\n{done.stderr.strip()}")
+    extensions = [p.relative_to(staging) for p in staging.rglob("*") if p.suffix in EXTENSION_SUFFIXES]
+    if extensions:
+        sys.exit(f"build_pyz: compiled modules cannot run from a zipapp: {', '.join(map(str, extensions))}")
+    shutil.rmtree(staging / "bin", ignore_errors=True)
+
+
+def copy_package(staging: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "ddtree_diag", staging / "ddtree_diag", ignore=ignore)
+    probes = staging / "ddtree_diag" / "probes"  # the repo's probes/ is ddtree_diag.probes when installed
+    probes.mkdir(exist_ok=True)
+    for path in sorted((ROOT / "probes").glob("*")):
+        if path.suffix in (".toml", ".py"):
+            shutil.copy2(path, probes / path.name)
+    (staging / "__main__.py").write_text(MAIN, encoding="utf-8")
+
+
+def smoke_test(archive: Path) -> None:
+    """Run the file with no site-packages: --version, and import the whole remote path."""
+    isolated = [sys.executable, "-I", "-S"]
+    version = subprocess.run([*isolated, str(archive), "--version"], capture_output=True, text=True)
+    if version.returncode != 0 or "ddtree-diag" not in version.stdout:
+        sys.exit(f"build_pyz: {archive} --version failed: {(version.stderr or version.stdout).strip()}")
+    code = f"import sys; sys.path.insert(0, {str(archive)!r})\nfor m in {REMOTE_MODULES!r}: __import__(m)"
+    imports = subprocess.run([*isolated, "-c", code], capture_output=True, text=True)
+    if imports.returncode != 0:
+        last = imports.stderr.strip().splitlines()[-1] if imports.stderr.strip() else "?"
+        sys.exit(f"build_pyz: the remote path does not import from the zipapp: {last}")
+
+
+def build(out: Path, keep_staging: Path | None = None) -> Path:
+    with tempfile.TemporaryDirectory(prefix="ddtree-pyz-") as temp:
+        staging = keep_staging or Path(temp) / "app"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        install(staging)
+        copy_package(staging)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_name(out.name + ".partial")
+        zipapp.create_archive(staging, partial, interpreter="/usr/bin/env python3", compressed=True)
+        partial.replace(out)  # never leave a half-written file under the real name
+    smoke_test(out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "dist" / "ddtree-diag.pyz")
+    parser.add_argument("--keep-staging", type=Path, default=None, help="Build in DIR and keep it.")
+    args = parser.parse_args()
+    out = build(args.out.resolve(), args.keep_staging)
+    print(f"{out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()

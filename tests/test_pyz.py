@@ -1,0 +1,92 @@
+"""The single-file build (scripts/build_pyz.py, ``make pyz``): built once per session, then run
+with no site-packages at all (``-I -S``) against a real server on loopback.
+
+The build needs PyPI (pip keeps its own cache, so repeated sessions are quick).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+SMALL = ("--thinking", "off", "--max-tokens", "16")  # few, short cases (the smoke matrix's budgets)
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pyz") / "ddtree-diag.pyz"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pyz.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture
+def target(probe_target) -> str:
+    return probe_target  # tests/conftest.py picks the server
+
+
+def run_pyz(pyz: Path, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess:
+    # -I: no PYTHONPATH, no user site; -S: no site-packages. Only the zip and the stdlib remain.
+    return subprocess.run([python, "-I", "-S", str(pyz), *args], capture_output=True, text=True,
+                          timeout=120, cwd=pyz.parent)  # fmt: skip
+
+
+def essentials(report: dict) -> list[tuple]:
+    return [(r["case"]["case_id"], r["status"], r["output"], r["spec"]["decode_rounds"]) for r in report["results"]]
+
+
+def test_pyz_vendors_no_compiled_module_and_no_engine_dependency(pyz):
+    names = zipfile.ZipFile(pyz).namelist()
+    assert "__main__.py" in names and "ddtree_diag/agent.py" in names
+    assert "ddtree_diag/probes/smoke.toml" in names, "built-in matrices travel with the tool"
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]
+    tops = {n.split("/")[0] for n in names}
+    assert not tops & {"torch", "transformers", "regex", "pydantic_core"}
+    assert {"httpx", "rich", "typer", "click"} <= tops
+
+
+def test_pyz_probes_like_the_installed_tool(pyz, target, cli):
+    direct = cli("probe", "--url", target, "--json", "-", *SMALL)
+    result = run_pyz(pyz, "probe", "--url", target, "--json", "-", *SMALL)
+    assert result.returncode == 0, result.stderr
+    report, expected = json.loads(result.stdout), direct.json()
+    assert report["target"]["matrix"] == "smoke (built-in)"
+    assert essentials(report) == essentials(expected)
+
+
+def test_pyz_probes_via_a_prefix(pyz, target):
+    result = run_pyz(pyz, "probe", "--url", target, "--via", "sh -c 'exec \"$@\"' sh", "--json", "-", *SMALL)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["target"]["via"]["agent_python"]
+    assert all(r["status"] == "ok" and r["output"] for r in report["results"])
+
+
+def test_pyz_engine_commands_say_they_need_the_engine_extra(pyz):
+    result = run_pyz(pyz, "probe", "--engine", "--target", "some/model")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "needs the engine extra" in result.stderr
+
+
+def test_pyz_usage_errors_stay_one_line(pyz):
+    version = run_pyz(pyz, "--version")
+    assert version.returncode == 0 and version.stdout.startswith("ddtree-diag ")
+    bad = run_pyz(pyz, "probe", "--url", "ftp://x")
+    assert bad.returncode == 2 and "bad --url" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_pyz_on_the_oldest_supported_python(pyz, target):
+    oldest = sorted(Path.home().glob(".pyenv/versions/3.10.*/bin/python3.10"))
+    if not oldest:
+        pytest.skip("no Python 3.10 on this machine")
+    result = run_pyz(pyz, "probe", "--url", target, "--json", "-", *SMALL, python=str(oldest[0]))
+    assert result.returncode == 0, result.stderr
+    assert all(r["status"] == "ok" for r in json.loads(result.stdout)["results"])
