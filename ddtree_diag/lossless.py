@@ -383,7 +383,9 @@ def run_baseline(report: RunReport, backend: Any, spec: BaselineSpec, options: A
             if spec.mode != "budget0":  # same server: its model and dialect are already noted
                 notes.extend(f"baseline {n}" for n in prepared)
         for result in to_compare:
-            key = result.case.group_key  # repeats share one baseline: greedy is deterministic
+            # Repeats, and budgets the baseline does not use, share one baseline request:
+            # greedy decoding without speculation is deterministic.
+            key = baseline_case(result.case, spec, logprobs=False).group_key
             if key not in cache:
                 cache[key] = _run_one(base_backend, result.case, spec, ask_logprobs)
             result.baseline = compare_result(result, cache[key], spec)

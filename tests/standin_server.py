@@ -5,6 +5,11 @@ so the probe's request shaping, streaming and parsing can be tested over real HT
 for servers we cannot run here. Behaviour is chosen per process (``--dialect``) and per request
 (a prompt containing ``FAIL:<mode>`` triggers an error path).
 
+Fault flags (``--lossy``, ``--flaky-text``, ``--tie-gap``, ``--rounds-mismatch``, ``--acceptance-decay``,
+``--thinking-garbage``, ``--thinking-low-acceptance``, ``--early-stop``, ``--loop``, ``--inverse-budget``,
+``--server-tps``, ``--seconds-per-token``) each make one kind of problem real, so the gate, the
+lossless check and the findings are tested against a server that really has it.
+
 Run: python tests/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
 """
 
@@ -50,7 +55,8 @@ class State:
     loop = False  # a token loop to max_tokens with very high acceptance
     inverse_budget = False  # acceptance falls as the tree budget grows
     server_tps: float | None = None  # report this tok/s instead of the measured one
-    spec_requests = 0
+    seconds_per_token = SECONDS_PER_TOKEN  # a slow server: decode takes this long per token
+    seen: dict[str, int] = {}  # noqa: RUF012 - times each request body was seen
 
 
 def tokens_of(text: str) -> list[str]:
@@ -86,10 +92,12 @@ def rounds_for(n: int, body: dict, thinking) -> int | None:
     if thinking and State.thinking_low_acceptance:
         return n
     if State.acceptance_decay:
+        # State leaking between requests: each time the same request comes back, acceptance is
+        # lower (as if a stale draft context were reused).
+        key = json.dumps([body.get("messages"), thinking, budget], sort_keys=True)
         with State.lock:
-            State.spec_requests += 1
-            count = State.spec_requests
-        return min(n, count + 1)
+            seen = State.seen[key] = State.seen.get(key, -1) + 1
+        return min(n, max(1, -(-n // 3)) + 2 * seen)
     if State.inverse_budget and isinstance(budget, int):
         return min(n, max(1, budget // 8))
     return None
@@ -254,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
             finish = "stop"  # it always says stop
         n = len(toks)
         started = time.perf_counter()
-        time.sleep(SECONDS_PER_TOKEN * n)  # "decode", so the server's tok/s is a real measurement
+        time.sleep(State.seconds_per_token * n)  # "decode", so the server's tok/s is a real measurement
         tps = round(n / (time.perf_counter() - started), 1)
         extras = extras_for(State.dialect, n, body, thinking, tps)
         usage = {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n}
@@ -294,7 +302,7 @@ class Handler(BaseHTTPRequestHandler):
             if logprobs is not None:
                 choice["logprobs"] = {"content": [logprobs[i]]}
             send({**base, "choices": [choice]})
-            time.sleep(0.002)
+            time.sleep(State.seconds_per_token)
             if "FAIL:truncate" in prompt and i == 2:
                 self.wfile.write(b"0\r\n\r\n")  # end the body without [DONE] or a finish chunk
                 self.wfile.flush()
@@ -341,10 +349,11 @@ def main() -> None:
     parser.add_argument("--loop", action="store_true")
     parser.add_argument("--inverse-budget", action="store_true")
     parser.add_argument("--server-tps", type=float, default=None)
+    parser.add_argument("--seconds-per-token", type=float, default=SECONDS_PER_TOKEN)
     args = parser.parse_args()
     for name in ("answer", "lossy", "flaky_text", "tie_gap", "rounds_mismatch", "acceptance_decay",
                  "thinking_garbage", "thinking_low_acceptance", "early_stop", "loop", "inverse_budget",
-                 "server_tps"):
+                 "server_tps", "seconds_per_token"):
         setattr(State, name, getattr(args, name))
     State.dialect = args.dialect
     State.per_request_metrics = not args.no_per_request_metrics
