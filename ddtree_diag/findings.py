@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from itertools import pairwise
 from statistics import mean, median
 from typing import Any
 
@@ -209,7 +210,8 @@ def baseline_divergence(report: RunReport) -> list[dict[str, Any]]:
         out.append(finding(
             "lossless-near-tie", "info",
             "T=0 output differs from the baseline only at a numerics near-tie",
-            f"{len(ties)} case(s): {_ids(ties)}; top-2 gaps {', '.join(f'{g:.3f}' for g in gaps if g is not None)} nats",
+            f"{len(ties)} case(s): {_ids(ties)}; top-2 gaps "
+            f"{', '.join(f'{g:.3f}' for g in gaps if g is not None)} nats",
             "Expected in bf16/fp16 (batched verification rounds differently). Re-run in fp32 to confirm "
             "the outputs become identical.",
             [r.case_id for r in ties],
@@ -341,7 +343,7 @@ def acceptance_falling_across_repeats(report: RunReport) -> list[dict[str, Any]]
     falling = []
     for key, results in eligible.items():
         values = [_accept(r) for r in results]
-        monotone = all(b < a for a, b in zip(values, values[1:]))
+        monotone = all(b < a for a, b in pairwise(values))
         margin = max(REPEAT_DROP_MARGIN, 0.15 * values[0])
         if monotone and values[-1] < values[0] - margin:
             falling.append((key, results, values))

@@ -109,7 +109,7 @@ def first_difference(actual: str, expected: str) -> int | None:
     """Index of the first differing character; None when the texts are equal."""
     if actual == expected:
         return None
-    for index, (a, b) in enumerate(zip(actual, expected)):
+    for index, (a, b) in enumerate(zip(actual, expected, strict=False)):
         if a != b:
             return index
     return min(len(actual), len(expected))
@@ -141,7 +141,9 @@ def _token_ids(result: ProbeResult) -> list[int] | None:
     return None
 
 
-def _locate_token(entries: list[dict[str, Any]], field_text: str, field: str, char_index: int) -> tuple[int, int] | None:
+def _locate_token(
+    entries: list[dict[str, Any]], field_text: str, field: str, char_index: int
+) -> tuple[int, int] | None:
     """(token index, char offset of that token in the field) covering ``char_index``, mapping the
     field's text into the concatenated token strings; None when they do not line up."""
     joined = "".join(e["token"] for e in entries)
@@ -169,7 +171,9 @@ def classify_divergence(
     ``entry`` is the baseline's logprob entry there; ``actual_rest`` the speculative text from that
     token's start. Returns (verdict, detail, gap in nats or None, the top candidates)."""
     candidates = [c for c in entry.get("top_logprobs") or [] if isinstance(c, dict)]
-    candidates = [c for c in candidates if isinstance(c.get("token"), str) and isinstance(c.get("logprob"), (int, float))]
+    candidates = [
+        c for c in candidates if isinstance(c.get("token"), str) and isinstance(c.get("logprob"), (int, float))
+    ]
     candidates.sort(key=lambda c: -c["logprob"])
     top = [{"token": c["token"], "logprob": round(float(c["logprob"]), 4)} for c in candidates]
     expected = entry["token"]
@@ -262,7 +266,7 @@ def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpe
 
 
 def first_difference_list(a: list[Any], b: list[Any]) -> int | None:
-    for index, (x, y) in enumerate(zip(a, b)):
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return index
     return None if len(a) == len(b) else min(len(a), len(b))

@@ -138,7 +138,7 @@ def test_near_tie_passes_lossless_unless_the_gap_is_tightened(tmp_path):
 
 def test_url_baseline_against_a_second_server(tmp_path, standin):
     plain = standin("--dialect", "openai")
-    matrix = write_matrix(tmp_path, '[gate]\nlossless = true\n[baseline]\nmode = "url"\nurl = "%s"\n' % plain.url)
+    matrix = write_matrix(tmp_path, f'[gate]\nlossless = true\n[baseline]\nmode = "url"\nurl = "{plain.url}"\n')
     code, report, _ = gate_run(tmp_path, matrix=matrix)
     assert code == 0 and all(r.baseline["verdict"] == "identical" for r in report.results)
     assert all(r.baseline["mode"] == "url" for r in report.results)
