@@ -107,7 +107,7 @@ def probe(
 
 @app.command()
 def gate(
-    matrix: str = typer.Argument(..., help="Matrix TOML with a [gate] table, or a built-in name (gate)."),
+    matrix: str = typer.Argument(..., help="Matrix TOML with a \\[gate] table, or a built-in name (gate)."),
     url: str | None = _URL,
     model: str | None = typer.Option(None, "--model", help="Model id (default: first from /v1/models)."),
     dialect: str = typer.Option("auto", "--dialect",
@@ -115,7 +115,8 @@ def gate(
     api_key: str | None = _API_KEY,
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds per request."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT."),
-    baseline: str | None = typer.Option(None, "--baseline", help=_BASELINE_HELP + " Overrides [baseline]."),
+    baseline: str | None = typer.Option(None, "--baseline",
+                                        help=_BASELINE_HELP + " Overrides the matrix's \\[baseline]."),
     near_tie_gap: float | None = typer.Option(None, "--near-tie-gap", help=_NEAR_TIE_HELP),
     junit: str | None = typer.Option(None, "--junit", help="Write JUnit XML (one testcase per case × check)."),
     summary: str | None = typer.Option(None, "--summary",
@@ -130,7 +131,7 @@ def gate(
     dtype: str | None = typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32."),
     debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
 ) -> None:
-    """Run a matrix and apply its [gate] thresholds: exit 0 pass, 1 fail (2 usage, 3 unreachable)."""
+    """Run a matrix and apply its \\[gate] thresholds: exit 0 pass, 1 fail (2 usage, 3 unreachable)."""
     from ddtree_diag.probe import ProbeOptions, run_probe
 
     options = ProbeOptions(
