@@ -68,6 +68,10 @@ def _ids(results: list[ProbeResult], limit: int = 6) -> str:
     return ", ".join(ids[:limit]) + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
 
 
+def _tokens(count: int | None) -> str:
+    return "? tokens" if count is None else f"{count} token{'s' if count != 1 else ''}"
+
+
 def _think(value: bool | None) -> str:
     return {True: "on", False: "off", None: "default"}[value]
 
@@ -144,8 +148,7 @@ def early_stop(report: RunReport) -> list[dict[str, Any]]:
             hits.append(r)
     if not hits:
         return []
-    shown = "; ".join(f"{r.case_id}: {r.output!r} ({r.completion_tokens if r.completion_tokens is not None else '?'} "
-                      f"tokens, stop)" for r in hits[:4])  # fmt: skip
+    shown = "; ".join(f"{r.case_id}: {r.output!r} ({_tokens(r.completion_tokens)}, stop)" for r in hits[:4])
     return [finding(
         "early-stop", "error",
         "Generation stops after a few tokens, mid-sentence",
@@ -217,6 +220,25 @@ def baseline_divergence(report: RunReport) -> list[dict[str, Any]]:
             [r.case_id for r in ties],
         ))  # fmt: skip
     return out
+
+
+def garbage_also_in_baseline(report: RunReport) -> list[dict[str, Any]]:
+    """Garbage that the non-speculative baseline says word for word: not a speculation bug."""
+    hits = [r for r in _ok(report) if _garbage(r) and r.baseline and r.baseline.get("verdict") == "identical"]
+    if not hits:
+        return []
+    codes = sorted({c for r in hits for c in _codes(r) if c != "truncated"})
+    mode = (hits[0].baseline or {}).get("source") or (hits[0].baseline or {}).get("mode")
+    return [finding(
+        "garbage-also-in-baseline", "warning",
+        "Garbage that the non-speculative baseline produces too",
+        f"{len(hits)} garbage case(s) identical to the baseline ({mode}): {_ids(hits)}; "
+        f"reasons: {', '.join(codes) or 'see quality'}",
+        "Speculation is not what breaks these answers: the target says the same alone. Check the "
+        "chat template (thinking block, special tokens), the prompt, and the model weights or "
+        "quantisation — and whether the baseline shares the bug (same server, same template).",
+        [r.case_id for r in hits],
+    )]  # fmt: skip
 
 
 def repeats_disagree(report: RunReport) -> list[dict[str, Any]]:
@@ -365,6 +387,7 @@ RULES: list[Callable[[RunReport], list[dict[str, Any]]]] = [
     garbage_with_high_acceptance,
     early_stop,
     baseline_divergence,
+    garbage_also_in_baseline,
     repeats_disagree,
     thinking_acceptance_drop,
     acceptance_not_rising_with_budget,

@@ -45,7 +45,8 @@ def test_every_rule_is_quiet_on_a_healthy_run(healthy, rule):
      (("--inverse-budget",), "acceptance-not-rising-with-budget"),
      (("--rounds-mismatch",), "rounds-accounting"),
      (("--server-tps", "5000"), "server-client-speed-mismatch"),
-     (("--acceptance-decay",), "acceptance-falling-across-repeats")],
+     (("--acceptance-decay",), "acceptance-falling-across-repeats"),
+     (("--early-stop",), "garbage-also-in-baseline")],  # the stand-in says it at budget 0 too
 )
 def test_each_rule_fires_on_a_server_with_the_fault(tmp_path, flags, expected):
     _code, report, stdout = gate_run(tmp_path, flags)
