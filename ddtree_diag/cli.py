@@ -49,6 +49,9 @@ _URL = typer.Option(None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True,
 _VIA = typer.Option(None, "--via", envvar="DDTREE_DIAG_VIA", show_envvar=True,
                     help="Make the requests from the far side of this command prefix, e.g. "
                     "\"ssh root@gpu-host pct exec 200 --\" (needs python3 >= 3.8 there, nothing else).")  # fmt: skip
+_BASELINE_HELP = ("Lossless check at T=0 against a non-speculative baseline: budget0 (same server, "
+                  "tree_budget=0), url:URL (a server without speculation) or engine (target alone).")
+_NEAR_TIE_HELP = "Top-2 logprob gap (nats) under which a T=0 divergence is a numerics near-tie (default 0.05)."
 _API_KEY = typer.Option(None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENAI_API_KEY"],
                         show_default=False, show_envvar=True,
                         help="Bearer token (never printed or saved).")  # fmt: skip
@@ -88,6 +91,8 @@ def probe(
     draft: str | None = typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format)."),
     device: str | None = typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present)."),
     dtype: str | None = typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32."),
+    baseline: str | None = typer.Option(None, "--baseline", help=_BASELINE_HELP),
+    near_tie_gap: float | None = typer.Option(None, "--near-tie-gap", help=_NEAR_TIE_HELP),
     debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
 ) -> None:
     """Run a probe matrix against a server (--url) or the in-process engine (--engine)."""
@@ -98,9 +103,84 @@ def probe(
         temperature=temperature, max_tokens=max_tokens, repeat=repeat, matrix=matrix,
         dialect=dialect, api_key=api_key, timeout=timeout, stream=stream, concurrency=concurrency,
         json_path=json_path, no_color=no_color, via=via, engine=engine, target=target, gguf=gguf,
-        draft=draft, device=device, dtype=dtype,
+        draft=draft, device=device, dtype=dtype, baseline=baseline, near_tie_gap=near_tie_gap,
     )  # fmt: skip
     raise typer.Exit(run_probe(options))
+
+
+@app.command()
+def gate(
+    matrix: str = typer.Argument(..., help="Matrix TOML with a \\[gate] table, or a built-in name (gate)."),
+    url: str | None = _URL,
+    via: str | None = _VIA,
+    model: str | None = typer.Option(None, "--model", help="Model id (default: first from /v1/models)."),
+    dialect: str = typer.Option("auto", "--dialect",
+                                help="auto|ddtree|ddtree-mlx|vllm|sglang|llamacpp|openai"),
+    api_key: str | None = _API_KEY,
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds per request."),
+    stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT."),
+    baseline: str | None = typer.Option(None, "--baseline",
+                                        help=_BASELINE_HELP + " Overrides the matrix's \\[baseline]."),
+    near_tie_gap: float | None = typer.Option(None, "--near-tie-gap", help=_NEAR_TIE_HELP),
+    junit: str | None = typer.Option(None, "--junit", help="Write JUnit XML (one testcase per case × check)."),
+    summary: str | None = typer.Option(None, "--summary",
+                                       help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY)."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the JSON report to PATH ('-' = stdout only)."),
+    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
+    engine: bool = typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft)."),
+    target: str | None = typer.Option(None, "--target", help="Engine: target HF model dir."),
+    gguf: str | None = typer.Option(None, "--gguf", help="Engine: target GGUF file."),
+    draft: str | None = typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format)."),
+    device: str | None = typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Run a matrix and apply its \\[gate] thresholds: exit 0 pass, 1 fail (2 usage, 3 unreachable)."""
+    from ddtree_diag.probe import ProbeOptions, run_probe
+
+    options = ProbeOptions(
+        url=url, via=via, model=model, matrix=matrix, dialect=dialect, api_key=api_key, timeout=timeout,
+        stream=stream, json_path=json_path, no_color=no_color, engine=engine, target=target,
+        gguf=gguf, draft=draft, device=device, dtype=dtype, baseline=baseline,
+        near_tie_gap=near_tie_gap, gate=True, junit_path=junit, summary_path=summary,
+    )  # fmt: skip
+    raise typer.Exit(run_probe(options))
+
+
+@app.command()
+def report(
+    run: str = typer.Argument(..., help="A JSON report written by probe/gate --json."),
+    format: str = typer.Option("table", "--format", "-f", help="table | markdown | junit"),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write to PATH instead of stdout."),
+    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Re-render a saved run (exit code as the run's: 0 pass, 1 a check failed)."""
+    from ddtree_diag.rerender import rerender
+
+    raise typer.Exit(rerender(run, format, output=output, no_color=no_color))
+
+
+@app.command()
+def diff(
+    a: str = typer.Argument(..., help="The reference run (JSON report)."),
+    b: str = typer.Argument(..., help="The run to judge against it."),
+    acceptance_tolerance: float = typer.Option(0.25, "--acceptance-tolerance",
+                                               help="Per-case acceptance drop (tokens/round) allowed."),
+    tps_tolerance: float = typer.Option(0.30, "--tps-tolerance",
+                                        help="Drop of the mean client tok/s allowed, as a fraction (0.3 = 30%)."),
+    fail_on_text_change: bool = typer.Option(False, "--fail-on-text-change",
+                                             help="A changed T=0 text is a regression too."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the comparison as JSON to PATH."),
+    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Compare two runs case by case; exit 1 on a regression beyond the tolerances."""
+    from ddtree_diag.rerender import run_diff
+
+    raise typer.Exit(run_diff(a, b, acceptance_tolerance=acceptance_tolerance, tps_tolerance=tps_tolerance,
+                              fail_on_text_change=fail_on_text_change, json_path=json_path,
+                              no_color=no_color))  # fmt: skip
 
 
 @app.command()

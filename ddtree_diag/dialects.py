@@ -148,6 +148,9 @@ def parse_body(dialect: str, body: dict[str, Any], case: ProbeCase) -> ParsedRes
     )
     _read_usage(parsed, body.get("usage"))
     parsed.extras = extras_of(body, choice)
+    if isinstance(choice.get("logprobs"), dict):
+        # Kept for the lossless check's near-tie analysis (OpenAI shape: {"content": [...]}).
+        parsed.extras["logprobs"] = choice["logprobs"]
     finish(dialect, parsed, case)
     return parsed
 
@@ -180,6 +183,10 @@ class StreamAccumulator:
             added = content + reasoning
         if choice.get("finish_reason"):
             parsed.finish_reason = choice["finish_reason"]
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+            # Streams carry per-token logprobs chunk by chunk; keep them in one list.
+            parsed.extras.setdefault("logprobs", {"content": []})["content"].extend(logprobs["content"])
         if chunk.get("usage"):
             _read_usage(parsed, chunk["usage"])
         for key, value in extras_of(chunk, choice).items():

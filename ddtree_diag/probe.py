@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ddtree_diag import findings, formats, gate, lossless
 from ddtree_diag.errors import (
     EXIT_CHECK_FAILED,
     EXIT_INTERRUPTED,
@@ -53,10 +54,20 @@ class ProbeOptions:
     draft: str | None = None
     device: str | None = None
     dtype: str | None = None
+    # checks after the run (issue 7)
+    baseline: str | None = None  # budget0 | url:URL | engine; the gate also reads [baseline]
+    near_tie_gap: float | None = None
+    gate: bool = False  # apply the matrix's [gate] thresholds (the gate command)
+    junit_path: str | None = None
+    summary_path: str | None = None
 
 
 def builtin_matrix_path(name: str) -> Path | None:
     """Matrices shipped with the tool (the repo's probes/ folder), by bare name."""
+    # A checkout first (the probes/ folder next to the package), then the installed package data.
+    local = Path(__file__).resolve().parent.parent / "probes" / f"{name}.toml"
+    if local.is_file():
+        return local
     try:
         candidate = resources.files("ddtree_diag.probes") / f"{name}.toml"
     except ModuleNotFoundError:
@@ -173,6 +184,7 @@ def run_probe(options: ProbeOptions) -> int:
     status_console = make_console(sys.stderr, no_color=options.no_color)
     matrix = resolve_matrix(options)
     cases = matrix.cases()
+    baseline, gate_config = resolve_checks(options, matrix)
     backend = make_backend(options)
     report = RunReport()
     try:
@@ -180,8 +192,12 @@ def run_probe(options: ProbeOptions) -> int:
         report.target = backend.target_info()
         if matrix.source:
             report.target["matrix"] = matrix.source
+        if baseline is not None:
+            lossless.check_possible(baseline, backend)
         with _progress(status_console, len(cases)) as advance:
             run_cases(backend, cases, report, concurrency=options.concurrency, on_result=advance)
+        if baseline is not None:
+            report.notes.extend(lossless.run_baseline(report, backend, baseline, options))
     except KeyboardInterrupt:
         report.interrupted = True
     except BaseException:
@@ -193,11 +209,43 @@ def run_probe(options: ProbeOptions) -> int:
         raise
     finally:
         backend.close()
+    findings.analyse(report)
+    if gate_config is not None:
+        report.gate = gate.evaluate(report, gate_config)
     code = exit_code_for(report)
     render_report(console, report, code)
     if options.json_path:
         write_report(report, options.json_path)
+    if options.junit_path:
+        formats.write_junit(report, options.junit_path)
+    if options.gate or options.summary_path:
+        formats.write_summary(report, options.summary_path, code)
     return code
+
+
+def resolve_checks(
+    options: ProbeOptions, matrix: Matrix
+) -> tuple[lossless.BaselineSpec | None, gate.GateConfig | None]:
+    """The baseline (--baseline, or the matrix's [baseline] for the gate) and the gate config;
+    UsageError before anything is sent when they do not fit together."""
+    source = matrix.source or "<matrix>"
+    if options.baseline is not None:
+        baseline = lossless.parse_baseline(options.baseline)
+    elif options.gate:
+        baseline = lossless.parse_baseline(matrix.baseline, f"{source}: baseline")
+    else:
+        baseline = None
+    if baseline is not None and options.near_tie_gap is not None:
+        if options.near_tie_gap < 0:
+            raise UsageError("--near-tie-gap must be >= 0 (nats)")
+        baseline.near_tie_gap = options.near_tie_gap
+    gate_config = gate.parse_gate(matrix.gate, source) if options.gate else None
+    if gate_config is not None and gate_config.lossless and baseline is None:
+        raise UsageError(
+            f"{source}: gate.lossless = true needs a baseline: add [baseline] mode = \"budget0\" "
+            "(or \"url\" / \"engine\"), or pass --baseline"
+        )
+    return baseline, gate_config
 
 
 class _progress:

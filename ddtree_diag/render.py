@@ -91,6 +91,21 @@ def quality_cell(result: ProbeResult) -> Text:
     return Text("✓", style="green")
 
 
+def lossless_cell(result: ProbeResult) -> Text:
+    baseline = result.baseline or {}
+    verdict = baseline.get("verdict")
+    at = f" @{baseline['char_index']}" if baseline.get("char_index") is not None else ""
+    if verdict == "identical":
+        return Text("✓", style="green")
+    if verdict == "near_tie":
+        return Text("≈ near-tie" + at, style="yellow")
+    if verdict == "mismatch":
+        return Text("✗ mismatch" + at, style="bold red")
+    if verdict == "error":
+        return Text("? baseline failed", style="yellow")
+    return Text(DASH, style="dim")
+
+
 def results_table(report: RunReport) -> Table:
     results = report.results
     target = report.target
@@ -125,8 +140,11 @@ def results_table(report: RunReport) -> Table:
         ("tok/s cli", {"justify": "right"}),
         ("TTFT", {"justify": "right"}),
         ("quality", {}),
-        ("output", {"overflow": "fold", "min_width": 20}),
     ]
+    show_lossless = any(r.baseline for r in results)
+    if show_lossless:
+        columns.append(("lossless", {}))
+    columns.append(("output", {"overflow": "fold", "min_width": 20}))
     for name, options in columns:
         table.add_column(name, **options)
 
@@ -144,8 +162,10 @@ def results_table(report: RunReport) -> Table:
         if show_repeat:
             row.append(str(case.repeat))
         if not result.ok:
-            row += [DASH] * 8
+            row += [DASH] * 7  # tok .. TTFT; the status goes in the quality column
             row.append(Text("✗ " + result.status, style="bold red"))
+            if show_lossless:
+                row.append(DASH)
             row.append(Text(result.error or "", style="red"))
             table.add_row(*row)
             continue
@@ -165,6 +185,7 @@ def results_table(report: RunReport) -> Table:
             _fmt(result.timings.decode_tokens_per_second, ".1f"),
             DASH if ttft is None else f"{ttft * 1000:.0f}ms",
             quality_cell(result),
+            *([lossless_cell(result)] if show_lossless else []),
             visible(result.output or (f"[reasoning] {result.reasoning}" if result.reasoning else "")),
         ]
         table.add_row(*row)
@@ -238,6 +259,7 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))
     render_findings(console, report)
+    render_gate(console, report)
     console.print(summary_line(report, exit_code))
 
 
@@ -250,3 +272,14 @@ def render_findings(console: Console, report: RunReport) -> None:
             console.print(Text(f"    evidence: {finding['evidence']}", style="dim"))
         if finding.get("check"):
             console.print(Text(f"    check: {finding['check']}", style="dim"))
+
+
+def render_gate(console: Console, report: RunReport) -> None:
+    """One line per gate check (✓/✗, name, detail) and the verdict; nothing without a gate."""
+    if report.gate is None:
+        return
+    for check in report.gate.get("checks", []):
+        mark, style = ("✓", "green") if check.get("passed") else ("✗", "bold red")
+        console.print(Text(f"{mark} {check.get('name')}: {check.get('detail', '')}", style=style))
+    passed = report.gate.get("passed")
+    console.print(Text(f"gate: {'PASSED' if passed else 'FAILED'}", style="bold green" if passed else "bold red"))

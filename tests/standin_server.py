@@ -5,6 +5,11 @@ so the probe's request shaping, streaming and parsing can be tested over real HT
 for servers we cannot run here. Behaviour is chosen per process (``--dialect``) and per request
 (a prompt containing ``FAIL:<mode>`` triggers an error path).
 
+Fault flags (``--lossy``, ``--flaky-text``, ``--tie-gap``, ``--rounds-mismatch``, ``--acceptance-decay``,
+``--thinking-garbage``, ``--thinking-low-acceptance``, ``--early-stop``, ``--loop``, ``--inverse-budget``,
+``--server-tps``, ``--seconds-per-token``) each make one kind of problem real, so the gate, the
+lossless check and the findings are tested against a server that really has it.
+
 Run: python tests/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
 """
 
@@ -19,7 +24,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ANSWER = "Hello! It is nice to meet you."
+# What a lossy speculative server says instead (differs from ANSWER at token 3, "nice " -> "good ").
+LOSSY_ANSWER = "Hello! It is good to meet you."
+# The story's thinking-on output (shared/DESIGN.md): garbage from a broken server.
+STORY_GARBAGE = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."
 REASONING = "The user wants a greeting."
+SECONDS_PER_TOKEN = 0.002  # the stand-in "decodes" at ~500 tok/s, and reports what it measured
 
 
 class State:
@@ -32,6 +42,21 @@ class State:
     accepted = 0
     requests: list[dict] = []  # noqa: RUF012 - process-wide log, by design
     lock = threading.Lock()
+    # Fault modes for the checks (lossless, findings, gate); all off = a healthy server.
+    answer = ANSWER
+    lossy = False  # answer differently whenever tree_budget != 0 (speculation changes the text)
+    flaky_text = False  # alternate answers between requests (T=0 repeats disagree)
+    tie_gap = 2.5  # logprob gap between the top-2 tokens where the lossy answer diverges
+    rounds_mismatch = False  # report decode_rounds that do not add up to the completion tokens
+    acceptance_decay = False  # acceptance falls with every request (state leaking)
+    thinking_garbage = False  # thinking on -> the story's garbage
+    thinking_low_acceptance = False  # thinking on -> acceptance 1.0
+    early_stop = False  # thinking off -> "Hello," then stop
+    loop = False  # a token loop to max_tokens with very high acceptance
+    inverse_budget = False  # acceptance falls as the tree budget grows
+    server_tps: float | None = None  # report this tok/s instead of the measured one
+    seconds_per_token = SECONDS_PER_TOKEN  # a slow server: decode takes this long per token
+    seen: dict[str, int] = {}  # noqa: RUF012 - times each request body was seen
 
 
 def tokens_of(text: str) -> list[str]:
@@ -40,9 +65,10 @@ def tokens_of(text: str) -> list[str]:
     return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
 
 
-def spec_numbers(completion_tokens: int) -> dict:
+def spec_numbers(completion_tokens: int, rounds: int | None = None) -> dict:
     # A plausible speculative run: rounds of up to 3 committed tokens (accepted drafts + bonus).
-    rounds = max(1, -(-completion_tokens // 3))
+    if rounds is None:
+        rounds = max(1, -(-completion_tokens // 3))
     accepted = completion_tokens - rounds
     drafts = rounds * 4
     with State.lock:
@@ -52,14 +78,41 @@ def spec_numbers(completion_tokens: int) -> dict:
     return {"rounds": rounds, "accepted": accepted, "drafts": drafts, "mean": completion_tokens / rounds}
 
 
-def extras_for(dialect: str, n: int, body: dict) -> dict:
-    spec = spec_numbers(n)
+def rounds_for(n: int, body: dict, thinking) -> int | None:
+    """Round counts for the fault modes (None = the default plausible run)."""
+    if n <= 1:
+        return None
+    budget = body.get("tree_budget")
+    if budget == 0:
+        return n  # plain autoregressive: one token per round
+    if State.loop:
+        return max(1, -(-n // 8))
+    if thinking and State.thinking_garbage:
+        return max(1, round(n / 2.23))
+    if thinking and State.thinking_low_acceptance:
+        return n
+    if State.acceptance_decay:
+        # State leaking between requests: each time the same request comes back, acceptance is
+        # lower (as if a stale draft context were reused).
+        key = json.dumps([body.get("messages"), thinking, budget], sort_keys=True)
+        with State.lock:
+            seen = State.seen[key] = State.seen.get(key, -1) + 1
+        return min(n, max(1, -(-n // 3)) + 2 * seen)
+    if State.inverse_budget and isinstance(budget, int):
+        return min(n, max(1, budget // 8))
+    return None
+
+
+def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | None = None) -> dict:
+    spec = spec_numbers(n, rounds_for(n, body, thinking))
+    tps = State.server_tps if State.server_tps is not None else tps
     if dialect == "ddtree":
-        return {"ddtree": {"decode_rounds": spec["rounds"], "mean_acceptance_length": spec["mean"],
-                           "tokens_per_second": 42.5, "tree_budget": body.get("tree_budget", 64)}}
+        rounds = n if State.rounds_mismatch else spec["rounds"]
+        return {"ddtree": {"decode_rounds": rounds, "mean_acceptance_length": spec["mean"],
+                           "tokens_per_second": tps, "tree_budget": body.get("tree_budget", 64)}}
     if dialect == "ddtree-mlx":
         return {"ddtree_stats": {"tree_budget": body.get("tree_budget", 64), "cycles": spec["rounds"],
-                                 "avg_acceptance": spec["mean"], "tok_per_sec": 30.1}}
+                                 "avg_acceptance": spec["mean"], "tok_per_sec": tps}}
     if dialect == "vllm":
         if not State.per_request_metrics:
             return {"metrics": None}
@@ -76,9 +129,38 @@ def extras_for(dialect: str, n: int, body: dict) -> dict:
             "spec_num_proposed_drafts": spec["drafts"]}}}
     if dialect == "llamacpp":
         return {"timings": {"prompt_n": 12, "prompt_ms": 5.0, "predicted_n": n, "predicted_ms": 100.0,
-                            "predicted_per_second": n * 10.0, "draft_n": spec["drafts"],
+                            "predicted_per_second": tps, "draft_n": spec["drafts"],
                             "draft_n_accepted": spec["accepted"]}}
     return {}
+
+
+def answer_for(body: dict, thinking) -> str:
+    if thinking and State.thinking_garbage:
+        return STORY_GARBAGE
+    if not thinking and State.early_stop:
+        return "Hello,"
+    if State.lossy and body.get("tree_budget") != 0:
+        return LOSSY_ANSWER
+    if State.flaky_text:
+        with State.lock:
+            count = sum(1 for r in State.requests if int(r.get("max_tokens") or 0) > 1)
+        return LOSSY_ANSWER if count % 2 == 0 else State.answer
+    return State.answer
+
+
+def logprobs_for(toks: list[str], text: str) -> list[dict]:
+    """OpenAI-shaped per-token logprobs. Where ANSWER and LOSSY_ANSWER part ways the top two
+    candidates are those two tokens, ``State.tie_gap`` nats apart."""
+    other = tokens_of(LOSSY_ANSWER if text == ANSWER else ANSWER)
+    entries = []
+    for i, tok in enumerate(toks):
+        if i < len(other) and other[i] != tok and text in (ANSWER, LOSSY_ANSWER):
+            top, alt, alt_lp = -0.6, other[i], -0.6 - State.tie_gap
+        else:
+            top, alt, alt_lp = -0.05, " the", -4.0
+        entries.append({"token": tok, "logprob": top, "bytes": list(tok.encode()),
+                        "top_logprobs": [{"token": tok, "logprob": top}, {"token": alt, "logprob": alt_lp}]})
+    return entries
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -168,7 +250,10 @@ class Handler(BaseHTTPRequestHandler):
             thinking = kwargs.get("enable_thinking")
         reasoning = REASONING if thinking and State.dialect in ("vllm", "sglang") else None
         max_tokens = int(body.get("max_tokens") or 16)
-        toks = tokens_of(ANSWER)
+        text = answer_for(body, thinking)
+        toks = tokens_of(text)
+        if State.loop and max_tokens > 1:
+            toks = ["the "] * max_tokens
         finish = "stop"
         if len(toks) > max_tokens:
             toks = toks[:max_tokens]
@@ -176,15 +261,22 @@ class Handler(BaseHTTPRequestHandler):
         if State.dialect == "ddtree-mlx":
             finish = "stop"  # it always says stop
         n = len(toks)
-        extras = extras_for(State.dialect, n, body)
+        started = time.perf_counter()
+        time.sleep(State.seconds_per_token * n)  # "decode", so the server's tok/s is a real measurement
+        tps = round(n / (time.perf_counter() - started), 1)
+        extras = extras_for(State.dialect, n, body, thinking, tps)
         usage = {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n}
+        logprobs = logprobs_for(toks, text) if body.get("logprobs") else None
         stream = body.get("stream") and State.dialect != "ddtree-mlx"  # ddtree-mlx ignores stream
         if not stream:
             message = {"role": "assistant", "content": "".join(toks)}
             if reasoning:
                 message["reasoning_content"] = reasoning
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            if logprobs is not None:
+                choice["logprobs"] = {"content": logprobs}
             payload = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "standin-model",
-                       "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
+                       "choices": [choice], "usage": usage}
             payload.update(extras)
             self._json(200, payload)
             return
@@ -206,8 +298,11 @@ class Handler(BaseHTTPRequestHandler):
         if reasoning:
             send({**base, "choices": [{"index": 0, "delta": {"reasoning_content": reasoning}}]})
         for i, tok in enumerate(toks):
-            send({**base, "choices": [{"index": 0, "delta": {"content": tok}}]})
-            time.sleep(0.002)
+            choice = {"index": 0, "delta": {"content": tok}}
+            if logprobs is not None:
+                choice["logprobs"] = {"content": [logprobs[i]]}
+            send({**base, "choices": [choice]})
+            time.sleep(State.seconds_per_token)
             if "FAIL:truncate" in prompt and i == 2:
                 self.wfile.write(b"0\r\n\r\n")  # end the body without [DONE] or a finish chunk
                 self.wfile.flush()
@@ -241,7 +336,25 @@ def main() -> None:
     parser.add_argument("--no-per-request-metrics", action="store_true")
     parser.add_argument("--no-metrics-endpoint", action="store_true")
     parser.add_argument("--strict", action="store_true")
+    # Fault modes (see State); each one makes exactly one kind of problem real.
+    parser.add_argument("--answer", default=ANSWER)
+    parser.add_argument("--lossy", action="store_true")
+    parser.add_argument("--flaky-text", action="store_true")
+    parser.add_argument("--tie-gap", type=float, default=2.5)
+    parser.add_argument("--rounds-mismatch", action="store_true")
+    parser.add_argument("--acceptance-decay", action="store_true")
+    parser.add_argument("--thinking-garbage", action="store_true")
+    parser.add_argument("--thinking-low-acceptance", action="store_true")
+    parser.add_argument("--early-stop", action="store_true")
+    parser.add_argument("--loop", action="store_true")
+    parser.add_argument("--inverse-budget", action="store_true")
+    parser.add_argument("--server-tps", type=float, default=None)
+    parser.add_argument("--seconds-per-token", type=float, default=SECONDS_PER_TOKEN)
     args = parser.parse_args()
+    for name in ("answer", "lossy", "flaky_text", "tie_gap", "rounds_mismatch", "acceptance_decay",
+                 "thinking_garbage", "thinking_low_acceptance", "early_stop", "loop", "inverse_budget",
+                 "server_tps", "seconds_per_token"):
+        setattr(State, name, getattr(args, name))
     State.dialect = args.dialect
     State.per_request_metrics = not args.no_per_request_metrics
     State.metrics_endpoint = not args.no_metrics_endpoint

@@ -1,0 +1,190 @@
+"""``diff A.json B.json``: compare two runs case by case and call out regressions.
+
+Cases are matched by case id. Per case: acceptance, tok/s, garbage, status, lossless verdict and
+whether the text changed. A regression (B worse than A beyond a tolerance) makes the exit code 1:
+
+- a case that was ok and now fails, or is missing from B;
+- a case that was clean and is now garbage, or matched the baseline and now does not;
+- mean acceptance lower by more than ``acceptance_tolerance`` (tokens/round) in a case;
+- mean decode tok/s over the matched cases lower by more than ``tps_tolerance`` (a fraction) —
+  on the whole run, since one short request's tok/s is noisy.
+
+A T=0 text change alone is reported, and is a regression only with ``fail_on_text_change``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import Any
+
+from ddtree_diag.records import ProbeResult, RunReport
+
+
+@dataclass
+class Tolerances:
+    acceptance: float = 0.25  # tokens/round, absolute, per case
+    tps: float = 0.30  # fraction of A's mean tok/s
+    fail_on_text_change: bool = False
+
+
+@dataclass
+class CaseDiff:
+    case_id: str
+    a: ProbeResult | None
+    b: ProbeResult | None
+    changes: list[str] = field(default_factory=list)
+    regressions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(r: ProbeResult | None) -> dict[str, Any] | None:
+            if r is None:
+                return None
+            return {"status": r.status, "acceptance": r.spec.mean_acceptance_length,
+                    "tokens_per_second": _tps(r), "garbage": _garbage(r), "output": r.output}  # fmt: skip
+
+        return {"case_id": self.case_id, "a": side(self.a), "b": side(self.b),
+                "changes": self.changes, "regressions": self.regressions}  # fmt: skip
+
+
+@dataclass
+class RunDiff:
+    cases: list[CaseDiff]
+    regressions: list[str]  # every regression, one line each, case-level and run-level
+    summary: list[str]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"regressed": self.regressed, "regressions": self.regressions, "summary": self.summary,
+                "cases": [c.to_dict() for c in self.cases]}  # fmt: skip
+
+
+def _garbage(result: ProbeResult | None) -> bool:
+    return bool(result and result.quality and result.quality.get("garbage"))
+
+
+def _tps(result: ProbeResult) -> float | None:
+    return result.timings.decode_tokens_per_second
+
+
+def _lossless_ok(result: ProbeResult) -> bool | None:
+    verdict = (result.baseline or {}).get("verdict")
+    if verdict in ("identical", "near_tie"):
+        return True
+    if verdict == "mismatch":
+        return False
+    return None
+
+
+def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) -> RunDiff:
+    tol = tolerances or Tolerances()
+    a_by = {r.case_id: r for r in a.results}
+    b_by = {r.case_id: r for r in b.results}
+    ids = list(a_by) + [i for i in b_by if i not in a_by]
+    cases: list[CaseDiff] = []
+    for case_id in ids:
+        ra, rb = a_by.get(case_id), b_by.get(case_id)
+        diff = CaseDiff(case_id, ra, rb)
+        cases.append(diff)
+        if rb is None:
+            diff.regressions.append("missing from B")
+            continue
+        if ra is None:
+            diff.changes.append("new in B")
+            continue
+        if ra.ok and not rb.ok:
+            diff.regressions.append(f"now fails: {rb.status}: {rb.error}")
+        elif not ra.ok and rb.ok:
+            diff.changes.append("now succeeds")
+        if not ra.ok or not rb.ok:
+            continue
+        if not _garbage(ra) and _garbage(rb):
+            codes = [x.get("code") for x in (rb.quality or {}).get("reasons") or [] if x.get("code") != "truncated"]
+            diff.regressions.append("now garbage" + (f" ({codes[0]})" if codes else ""))
+        elif _garbage(ra) and not _garbage(rb):
+            diff.changes.append("no longer garbage")
+        if _lossless_ok(ra) is True and _lossless_ok(rb) is False:
+            diff.regressions.append("no longer matches the lossless baseline")
+        acc_a, acc_b = ra.spec.mean_acceptance_length, rb.spec.mean_acceptance_length
+        if acc_a is not None and acc_b is not None:
+            delta = acc_b - acc_a
+            if delta < -tol.acceptance:
+                diff.regressions.append(f"acceptance {acc_a:.2f} → {acc_b:.2f} ({delta:+.2f})")
+            elif abs(delta) > 1e-9:
+                diff.changes.append(f"acceptance {acc_a:.2f} → {acc_b:.2f} ({delta:+.2f})")
+        elif acc_a is not None and acc_b is None:
+            diff.changes.append("acceptance no longer reported")
+        if ra.output != rb.output or (ra.reasoning or "") != (rb.reasoning or ""):
+            line = "text changed"
+            if ra.case.temperature == 0 and tol.fail_on_text_change:
+                diff.regressions.append(line + " at T=0")
+            else:
+                diff.changes.append(line)
+    regressions = [f"{c.case_id}: {r}" for c in cases for r in c.regressions]
+    summary = []
+    matched = [(a_by[i], b_by[i]) for i in ids if i in a_by and i in b_by and a_by[i].ok and b_by[i].ok]
+    speeds = [(_tps(x), _tps(y)) for x, y in matched if _tps(x) and _tps(y)]
+    if speeds:
+        speed_a, speed_b = mean(s for s, _ in speeds), mean(s for _, s in speeds)
+        change = speed_b / speed_a - 1
+        line = f"mean client tok/s {speed_a:.1f} → {speed_b:.1f} ({change:+.0%}) over {len(speeds)} case(s)"
+        summary.append(line)
+        if change < -tol.tps:
+            regressions.append(f"run: {line}, beyond the {tol.tps:.0%} tolerance")
+    accepts = [(x.spec.mean_acceptance_length, y.spec.mean_acceptance_length) for x, y in matched
+               if x.spec.mean_acceptance_length is not None and y.spec.mean_acceptance_length is not None]  # fmt: skip
+    if accepts:
+        summary.append(f"mean acceptance {mean(a for a, _ in accepts):.2f} → {mean(b for _, b in accepts):.2f}")
+    garbage_a = sum(_garbage(r) for r in a.results)
+    garbage_b = sum(_garbage(r) for r in b.results)
+    summary.append(f"garbage {garbage_a} → {garbage_b}; text changed in "
+                   f"{sum(1 for c in cases if any(x.startswith('text changed') for x in c.changes + c.regressions))} "
+                   f"case(s); {len(regressions)} regression(s)")  # fmt: skip
+    return RunDiff(cases=cases, regressions=regressions, summary=summary)
+
+
+def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
+    """A rich table of the cases that changed, then regressions and a summary."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from ddtree_diag.render import DASH, visible
+
+    def fmt(value: float | None, spec: str = ".2f") -> str:
+        return DASH if value is None else format(value, spec)
+
+    table = Table(title=f"{a_name} → {b_name}", title_justify="left")
+    for name, justify in (("case", "left"), ("accept A", "right"), ("accept B", "right"),
+                          ("tok/s A", "right"), ("tok/s B", "right"), ("changes", "left")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for case in diff.cases:
+        if not case.changes and not case.regressions:
+            continue
+        a, b = case.a, case.b
+        text = Text()
+        for item in case.regressions:
+            text.append(f"✗ {item}\n", style="bold red")
+        for item in case.changes:
+            text.append(f"{item}\n", style="yellow" if "text" in item else "")
+        if b is not None and a is not None and a.output != b.output:
+            text.append(f"A: {visible(a.output, 50)}\nB: {visible(b.output, 50)}", style="dim")
+        table.add_row(
+            case.case_id,
+            fmt(a.spec.mean_acceptance_length if a else None), fmt(b.spec.mean_acceptance_length if b else None),
+            fmt(_tps(a) if a else None, ".1f"), fmt(_tps(b) if b else None, ".1f"),
+            text,
+        )  # fmt: skip
+    if table.row_count:
+        if not console.is_terminal:
+            table.box = box.ASCII
+        console.print(table)
+    else:
+        console.print("no case changed")
+    for line in diff.regressions:
+        console.print(Text(f"regression: {line}", style="bold red"))
+    for line in diff.summary:
+        console.print(line)

@@ -1,0 +1,419 @@
+"""Findings: rules that read a whole run and name the likely cause, with the evidence.
+
+Each rule is a pure function ``RunReport -> list[finding dict]``; a finding is
+``{"id", "severity" (error|warning|info), "title", "evidence", "check", "cases": [case ids]}``.
+``analyse`` runs every rule, stores the findings on the report and puts each finding's id into
+the ``findings`` list of the results it names.
+
+Thresholds are chosen so that healthy noise stays quiet: a rule needs a clear margin, and enough
+data points, before it speaks (see each rule's docstring).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from itertools import pairwise
+from statistics import mean, median
+from typing import Any
+
+from ddtree_diag.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
+from ddtree_diag.records import ProbeResult, RunReport
+
+SEVERITIES = ("error", "warning", "info")  # most severe first
+
+# Quality reason codes (ddtree_diag/quality.py) that mean "the text repeats itself".
+LOOP_CODES = {"token_loop", "phrase_loop", "line_loop", "repeated_ngram", "compression_ratio",
+              "degenerate_enumeration"}  # fmt: skip
+SENTENCE_END = (".", "!", "?", "。", "！", "？", "…", '"', "'", ")", "”", "’", "`", "*")
+
+# Margins (see the rules). Module-level so tests and callers can read them.
+THINKING_ACCEPTANCE_RATIO = 0.6  # thinking-on acceptance below 60% of thinking-off...
+THINKING_ACCEPTANCE_MIN_DROP = 0.5  # ...and at least this many tokens/round lower
+EARLY_STOP_MAX_TOKENS = 8
+BUDGET_DROP_MARGIN = 0.25  # tokens/round, or 10% of the smaller budget's acceptance if larger
+ROUNDS_TOLERANCE_TOKENS = 1
+ROUNDS_TOLERANCE_FRACTION = 0.05
+TPS_RATIO = 3.0
+TPS_MIN_TOKENS = 6  # client decode tok/s of a 2-token answer is noise
+REPEAT_DROP_MARGIN = 0.3  # tokens/round, or 15% of the first repeat's acceptance if larger
+HIGH_ACCEPTANCE = 3.0
+
+
+def finding(
+    rule_id: str, severity: str, title: str, evidence: str, check: str, cases: list[str]
+) -> dict[str, Any]:
+    return {"id": rule_id, "severity": severity, "title": title, "evidence": evidence,
+            "check": check, "cases": list(dict.fromkeys(cases))}  # fmt: skip
+
+
+def _ok(report: RunReport) -> list[ProbeResult]:
+    return [r for r in report.results if r.ok]
+
+
+def _garbage(result: ProbeResult) -> bool:
+    return bool(result.quality and result.quality.get("garbage"))
+
+
+def _codes(result: ProbeResult) -> list[str]:
+    return [r.get("code", "") for r in (result.quality or {}).get("reasons") or []]
+
+
+def _accept(result: ProbeResult) -> float | None:
+    return result.spec.mean_acceptance_length
+
+
+def _ids(results: list[ProbeResult], limit: int = 6) -> str:
+    ids = [r.case_id for r in results]
+    return ", ".join(ids[:limit]) + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+def _tokens(count: int | None) -> str:
+    return "? tokens" if count is None else f"{count} token{'s' if count != 1 else ''}"
+
+
+def _think(value: bool | None) -> str:
+    return {True: "on", False: "off", None: "default"}[value]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules
+
+
+def garbage_only_with_thinking(report: RunReport) -> list[dict[str, Any]]:
+    """Garbage in thinking-on cases while every thinking-off case is clean."""
+    ok = _ok(report)
+    on_bad = [r for r in ok if r.case.enable_thinking is True and _garbage(r)]
+    off = [r for r in ok if r.case.enable_thinking is False and r.quality is not None]
+    if not on_bad or not off or any(_garbage(r) for r in off):
+        return []
+    on_all = [r for r in ok if r.case.enable_thinking is True]
+    codes = sorted({c for r in on_bad for c in _codes(r) if c != "truncated"})
+    return [finding(
+        "garbage-only-thinking", "error",
+        "Garbage only when thinking is on",
+        f"{len(on_bad)}/{len(on_all)} thinking-on cases are garbage ({', '.join(codes) or 'see quality'}), "
+        f"0/{len(off)} thinking-off cases: {_ids(on_bad)}",
+        "The thinking path: the chat template's thinking block (a pre-filled <think>), the reasoning "
+        "parser, and the KV/positions after a long prefix. A lower acceptance is expected there, "
+        "garbled text is not: compare with --baseline budget0 to see whether verification is at fault.",
+        [r.case_id for r in on_bad],
+    )]  # fmt: skip
+
+
+def thinking_acceptance_drop(report: RunReport) -> list[dict[str, Any]]:
+    """Per budget, mean acceptance with thinking on far below thinking off."""
+    cells: dict[tuple[int | None, bool], list[ProbeResult]] = defaultdict(list)
+    for r in _ok(report):
+        if r.case.enable_thinking is not None and _accept(r) is not None and r.case.tree_budget != 0:
+            cells[(r.case.tree_budget, r.case.enable_thinking)].append(r)
+    hits, cases = [], []
+    for (budget, thinking), on in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        if not thinking or (budget, False) not in cells:
+            continue
+        off = cells[(budget, False)]
+        on_mean, off_mean = mean(_accept(r) for r in on), mean(_accept(r) for r in off)
+        if on_mean < THINKING_ACCEPTANCE_RATIO * off_mean and off_mean - on_mean >= THINKING_ACCEPTANCE_MIN_DROP:
+            budget_name = "default" if budget is None else budget
+            hits.append(f"budget {budget_name}: {on_mean:.2f} on vs {off_mean:.2f} off")
+            cases += [r.case_id for r in on]
+    if not hits:
+        return []
+    return [finding(
+        "thinking-acceptance-drop", "warning",
+        "Acceptance with thinking on far below thinking off",
+        "; ".join(hits) + f" (fires below {THINKING_ACCEPTANCE_RATIO:.0%} of thinking off)",
+        "Was the draft trained on thinking traces? Drafts trained without them (e.g. z-lab's Qwen3 "
+        "DFlash drafts) accept less in thinking mode; that costs speed, never correctness. If the "
+        "text is also garbled, look for a template or state bug instead.",
+        cases,
+    )]  # fmt: skip
+
+
+def early_stop(report: RunReport) -> list[dict[str, Any]]:
+    """finish_reason=stop after a few tokens, on text that does not end a sentence."""
+    hits = []
+    for r in _ok(report):
+        if (r.finish_reason or "").lower() not in ("stop", "eos", "end_turn", "stop_sequence"):
+            continue
+        tokens = r.completion_tokens
+        if tokens is not None and (tokens > EARLY_STOP_MAX_TOKENS or tokens >= r.case.max_tokens):
+            continue
+        text = (r.output or "").strip()
+        if r.quality is not None:
+            stopped = "premature_stop" in _codes(r) or ("empty_output" in _codes(r) and not r.reasoning)
+        else:
+            stopped = not text or not text.endswith(SENTENCE_END)
+        if stopped and (tokens is not None or len(text) < 40):
+            hits.append(r)
+    if not hits:
+        return []
+    shown = "; ".join(f"{r.case_id}: {r.output!r} ({_tokens(r.completion_tokens)}, stop)" for r in hits[:4])
+    return [finding(
+        "early-stop", "error",
+        "Generation stops after a few tokens, mid-sentence",
+        shown + (f" (+{len(hits) - 4} more)" if len(hits) > 4 else ""),
+        "Stop-token / EOS handling: a stop id checked against draft tokens that were never "
+        "accepted, an end-of-turn id from the wrong template, or max_tokens applied to rounds "
+        "instead of tokens. Compare with --baseline budget0.",
+        [r.case_id for r in hits],
+    )]  # fmt: skip
+
+
+def garbage_with_high_acceptance(report: RunReport) -> list[dict[str, Any]]:
+    """Repetitive garbage whose acceptance is high: a degenerate loop is easy to draft."""
+    ok = _ok(report)
+    healthy = [_accept(r) for r in ok if not _garbage(r) and _accept(r) is not None]
+    bar = max(HIGH_ACCEPTANCE, 1.25 * median(healthy)) if healthy else HIGH_ACCEPTANCE
+    hits = [
+        r for r in ok
+        if _garbage(r) and _accept(r) is not None and _accept(r) >= bar
+        and (r.quality is None or LOOP_CODES & set(_codes(r)))
+    ]  # fmt: skip
+    if not hits:
+        return []
+    shown = "; ".join(
+        f"{r.case_id}: acceptance {_accept(r):.2f}, {'/'.join(c for c in _codes(r) if c in LOOP_CODES)}"
+        for r in hits[:4]
+    )
+    healthy_text = f"healthy median {median(healthy):.2f}" if healthy else "no healthy case to compare"
+    return [finding(
+        "garbage-high-acceptance", "error",
+        "Garbage with high acceptance (a degenerate loop inflates acceptance)",
+        f"{shown} ({healthy_text}; bar {bar:.2f})",
+        "Acceptance is not a health signal here: the target is looping and the draft predicts the "
+        "loop. Look for what sends the target into a loop — positions, RoPE offsets, a KV cache "
+        "not trimmed to the accepted path, or repetition after a template leak.",
+        [r.case_id for r in hits],
+    )]  # fmt: skip
+
+
+def baseline_divergence(report: RunReport) -> list[dict[str, Any]]:
+    """T=0 output differs from the non-speculative baseline (near-ties reported apart)."""
+    out = []
+    mismatches = [r for r in _ok(report) if r.baseline and r.baseline.get("verdict") == MISMATCH]
+    ties = [r for r in _ok(report) if r.baseline and r.baseline.get("verdict") == NEAR_TIE]
+    if mismatches:
+        first = mismatches[0].baseline or {}
+        out.append(finding(
+            "lossless-mismatch", "error",
+            "T=0 output differs from the non-speculative baseline",
+            f"{len(mismatches)} case(s): {_ids(mismatches)}; first at {first.get('field', 'output')} "
+            f"char {first.get('char_index')}"
+            + (f" token {first['token_index']}" if first.get("token_index") is not None else "")
+            + f": expected {first.get('expected')!r}, got {first.get('actual')!r}"
+            + (f" — {first['detail']}" if first.get("detail") else ""),
+            "Verification or cache bug: the accept walk must follow the target's own argmax; the KV "
+            "cache and hidden states must keep only the accepted path; tree positions are "
+            "start + depth with an ancestor-only mask.",
+            [r.case_id for r in mismatches],
+        ))  # fmt: skip
+    if ties:
+        gaps = [r.baseline.get("logprob_gap") for r in ties if r.baseline]
+        out.append(finding(
+            "lossless-near-tie", "info",
+            "T=0 output differs from the baseline only at a numerics near-tie",
+            f"{len(ties)} case(s): {_ids(ties)}; top-2 gaps "
+            f"{', '.join(f'{g:.3f}' for g in gaps if g is not None)} nats",
+            "Expected in bf16/fp16 (batched verification rounds differently). Re-run in fp32 to confirm "
+            "the outputs become identical.",
+            [r.case_id for r in ties],
+        ))  # fmt: skip
+    return out
+
+
+def garbage_also_in_baseline(report: RunReport) -> list[dict[str, Any]]:
+    """Garbage that the non-speculative baseline says word for word: not a speculation bug."""
+    hits = [r for r in _ok(report) if _garbage(r) and r.baseline and r.baseline.get("verdict") == "identical"]
+    if not hits:
+        return []
+    codes = sorted({c for r in hits for c in _codes(r) if c != "truncated"})
+    mode = (hits[0].baseline or {}).get("source") or (hits[0].baseline or {}).get("mode")
+    return [finding(
+        "garbage-also-in-baseline", "warning",
+        "Garbage that the non-speculative baseline produces too",
+        f"{len(hits)} garbage case(s) identical to the baseline ({mode}): {_ids(hits)}; "
+        f"reasons: {', '.join(codes) or 'see quality'}",
+        "Speculation is not what breaks these answers: the target says the same alone. Check the "
+        "chat template (thinking block, special tokens), the prompt, and the model weights or "
+        "quantisation — and whether the baseline shares the bug (same server, same template).",
+        [r.case_id for r in hits],
+    )]  # fmt: skip
+
+
+def repeats_disagree(report: RunReport) -> list[dict[str, Any]]:
+    """T=0 repeats of the same case say different things."""
+    disagreements = repeat_disagreements(report)
+    if not disagreements:
+        return []
+    first = disagreements[0]
+    return [finding(
+        "repeats-disagree", "error",
+        "T=0 repeats of the same case disagree",
+        f"{len(disagreements)} pair(s); first {first['cases'][0]} vs {first['cases'][1]} at "
+        f"{first['field']} char {first['char_index']}: {first['first']!r} vs {first['other']!r}",
+        "Greedy decoding must be deterministic: state leaking between requests (a KV cache or "
+        "draft context reused across requests), batch-dependent kernels, or a seed-dependent path "
+        "at T=0.",
+        [c for d in disagreements for c in d["cases"]],
+    )]  # fmt: skip
+
+
+def acceptance_not_rising_with_budget(report: RunReport) -> list[dict[str, Any]]:
+    """A larger tree budget with clearly lower acceptance than a smaller one (same prompt,
+    thinking, temperature, max_tokens)."""
+    groups: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    members: dict[tuple, list[ProbeResult]] = defaultdict(list)
+    for r in _ok(report):
+        budget = r.case.tree_budget
+        if budget is None or budget <= 0 or _accept(r) is None or r.spec.server_wide:
+            continue
+        key = (r.case.prompt_id, r.case.enable_thinking, r.case.temperature, r.case.max_tokens)
+        groups[key][budget].append(_accept(r))
+        members[key].append(r)
+    hits, cases = [], []
+    for key, by_budget in groups.items():
+        budgets = sorted(by_budget)
+        if len(budgets) < 2:
+            continue
+        means = {b: mean(by_budget[b]) for b in budgets}
+        for i, small in enumerate(budgets):
+            for large in budgets[i + 1 :]:
+                margin = max(BUDGET_DROP_MARGIN, 0.10 * means[small])
+                if means[large] < means[small] - margin:
+                    hits.append(f"{key[0]} think={_think(key[1])}: budget {small} → {means[small]:.2f}, "
+                                f"budget {large} → {means[large]:.2f}")  # fmt: skip
+                    cases += [r.case_id for r in members[key] if r.case.tree_budget in (small, large)]
+    if not hits:
+        return []
+    return [finding(
+        "acceptance-not-rising-with-budget", "warning",
+        "Acceptance falls as the tree budget grows",
+        "; ".join(dict.fromkeys(hits)),
+        "A larger tree holds the smaller tree's best paths, so acceptance should not drop: check "
+        "that the budget reaches the tree builder, the best-first order by path log-probability, "
+        "and the verify mask/positions for deep or wide trees.",
+        cases,
+    )]  # fmt: skip
+
+
+def rounds_accounting(report: RunReport) -> list[dict[str, Any]]:
+    """decode_rounds × mean acceptance far from the completion tokens."""
+    hits = []
+    for r in _ok(report):
+        spec = r.spec
+        tokens = r.completion_tokens
+        if spec.derived or spec.server_wide or not spec.decode_rounds or _accept(r) is None or not tokens:
+            continue
+        implied = spec.decode_rounds * _accept(r)
+        upper = lower = ROUNDS_TOLERANCE_TOKENS + ROUNDS_TOLERANCE_FRACTION * tokens
+        if (r.finish_reason or "") == "length" or tokens >= r.case.max_tokens:
+            upper += _accept(r)  # a last round clipped at max_tokens may still be counted in full
+        if implied > tokens + upper or implied < tokens - lower:
+            hits.append((r, implied))
+    if not hits:
+        return []
+    shown = "; ".join(f"{r.case_id}: {r.spec.decode_rounds} rounds × {_accept(r):.2f} = {implied:.1f} vs "
+                      f"{r.completion_tokens} completion tokens" for r, implied in hits[:4])  # fmt: skip
+    return [finding(
+        "rounds-accounting", "warning",
+        "decode_rounds × mean acceptance does not add up to the completion tokens",
+        shown + (f" (+{len(hits) - 4} more)" if len(hits) > 4 else ""),
+        "Metric accounting bug in the server: rounds counted per draft step or per request, "
+        "acceptance without the bonus token, or the prefill token counted as a round. The "
+        "acceptance numbers of this server cannot be trusted until it adds up.",
+        [r.case_id for r, _ in hits],
+    )]  # fmt: skip
+
+
+def server_client_speed_mismatch(report: RunReport) -> list[dict[str, Any]]:
+    """Server-reported tok/s far from the client-measured decode tok/s (median over cases)."""
+    pairs = []
+    for r in _ok(report):
+        server, client = r.spec.server_tokens_per_second, r.timings.decode_tokens_per_second
+        if server and client and (r.completion_tokens or 0) >= TPS_MIN_TOKENS:
+            pairs.append((r, server / client))
+    if len(pairs) < 1:
+        return []
+    ratio = median(p[1] for p in pairs)
+    if 1 / TPS_RATIO <= ratio <= TPS_RATIO:
+        return []
+    far = [r for r, q in pairs if q > TPS_RATIO or q < 1 / TPS_RATIO]
+    server_m = median(r.spec.server_tokens_per_second for r, _ in pairs)
+    client_m = median(r.timings.decode_tokens_per_second for r, _ in pairs)
+    return [finding(
+        "server-client-speed-mismatch", "warning",
+        "Server-reported tok/s far from the client-measured tok/s",
+        f"median server {server_m:.1f} tok/s vs client {client_m:.1f} tok/s (ratio {ratio:.2f}, "
+        f"fires beyond {TPS_RATIO:g}x) over {len(pairs)} case(s)",
+        "Server figures may include prefill or queueing (lower than the client's decode rate) or "
+        "count per draft rather than per committed token (higher). Trust the client figure for "
+        "gating, and check what the server divides by.",
+        [r.case_id for r in far],
+    )]  # fmt: skip
+
+
+def acceptance_falling_across_repeats(report: RunReport) -> list[dict[str, Any]]:
+    """Acceptance drops monotonically across repeats, in most case groups."""
+    groups: dict[str, list[ProbeResult]] = defaultdict(list)
+    for r in _ok(report):
+        if _accept(r) is not None and not r.spec.server_wide:
+            groups[r.case.group_key].append(r)
+    eligible = {k: sorted(v, key=lambda r: r.case.repeat) for k, v in groups.items() if len(v) >= 2}
+    if not eligible:
+        return []
+    falling = []
+    for key, results in eligible.items():
+        values = [_accept(r) for r in results]
+        monotone = all(b < a for a, b in pairwise(values))
+        margin = max(REPEAT_DROP_MARGIN, 0.15 * values[0])
+        if monotone and values[-1] < values[0] - margin:
+            falling.append((key, results, values))
+    if not falling or len(falling) * 2 < len(eligible):
+        return []
+    shown = "; ".join(f"{key}: {' → '.join(f'{v:.2f}' for v in values)}" for key, _, values in falling[:3])
+    return [finding(
+        "acceptance-falling-across-repeats", "warning",
+        "Acceptance falls with every repeat of the same request",
+        f"{len(falling)}/{len(eligible)} repeated cases: {shown}",
+        "State leaking between requests: the draft's context cache, tree buffers or KV blocks not "
+        "reset after a request, or a prefix cache handing the draft stale hidden states.",
+        [r.case_id for _, results, _ in falling for r in results],
+    )]  # fmt: skip
+
+
+RULES: list[Callable[[RunReport], list[dict[str, Any]]]] = [
+    garbage_only_with_thinking,
+    garbage_with_high_acceptance,
+    early_stop,
+    baseline_divergence,
+    garbage_also_in_baseline,
+    repeats_disagree,
+    thinking_acceptance_drop,
+    acceptance_not_rising_with_budget,
+    rounds_accounting,
+    acceptance_falling_across_repeats,
+    server_client_speed_mismatch,
+]
+
+
+def analyse(report: RunReport) -> list[dict[str, Any]]:
+    """Run every rule; store the findings on the report and their ids on the results named."""
+    findings: list[dict[str, Any]] = []
+    for rule in RULES:
+        findings.extend(rule(report))
+    findings.sort(key=lambda f: SEVERITIES.index(f["severity"]))
+    report.findings = findings
+    by_case = {r.case_id: r for r in report.results}
+    for result in report.results:
+        result.findings = []
+    for item in findings:
+        for case_id in item["cases"]:
+            if case_id in by_case and item["id"] not in by_case[case_id].findings:
+                by_case[case_id].findings.append(item["id"])
+    return findings
+
+
+def at_least(severity: str, threshold: str) -> bool:
+    """Whether ``severity`` is as severe as ``threshold`` or more."""
+    return SEVERITIES.index(severity) <= SEVERITIES.index(threshold)

@@ -1,0 +1,419 @@
+"""Lossless check: at T=0 speculative decoding must say exactly what the target alone says.
+
+Each T=0 case is re-run without speculation (the *baseline*) and the two texts are compared:
+
+- ``budget0``  — the same server with ``tree_budget=0`` (plain autoregressive through the same
+  loop; only for dialects that send a budget: ddtree, ddtree-mlx, llamacpp);
+- ``url:URL``  — a second server that does not speculate;
+- ``engine``   — the in-process target alone (greedy), from ``--target``/``--gguf``.
+
+A difference is located by character (and by token when the baseline returned per-token logprobs
+or token ids). With logprobs, the divergence is classified: when the token the speculative run
+chose is the baseline's runner-up and the two are within ``near_tie_gap`` nats, it is a numerics
+near-tie (bf16 can flip those) rather than a verification or cache bug. T=0 repeats of a case
+must also agree with each other (``repeat_disagreements``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ddtree_diag.errors import UsageError
+from ddtree_diag.records import STATUS_HTTP_ERROR, ProbeCase, ProbeResult, RunReport
+
+MODES = ("budget0", "url", "engine")
+DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the top-2 logprobs; bf16 rounding moves logits ~1e-2
+DEFAULT_TOP_LOGPROBS = 5
+CONTEXT_CHARS = 30  # characters shown either side of a divergence
+
+# result.baseline["verdict"] values
+IDENTICAL = "identical"
+NEAR_TIE = "near_tie"
+MISMATCH = "mismatch"
+SKIPPED = "skipped"  # T>0 or the case itself failed: nothing to compare
+ERROR = "error"  # the baseline request failed
+
+_BASELINE_KEYS = {"mode", "url", "near_tie_gap", "top_logprobs"}
+
+
+@dataclass
+class BaselineSpec:
+    mode: str  # one of MODES
+    url: str | None = None  # for mode "url"
+    near_tie_gap: float = DEFAULT_NEAR_TIE_GAP
+    top_logprobs: int = DEFAULT_TOP_LOGPROBS
+
+    def describe(self) -> str:
+        return {
+            "budget0": "same server, tree_budget=0",
+            "url": f"non-speculative server {self.url}",
+            "engine": "in-process target alone (greedy)",
+        }[self.mode]
+
+
+def parse_baseline(value: str | dict[str, Any] | None, where: str = "--baseline") -> BaselineSpec | None:
+    """``budget0`` | ``url:URL`` | ``engine`` (a flag), or a matrix's ``[baseline]`` table."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _parse_mode(value, BaselineSpec(mode="budget0"), where)
+    if not isinstance(value, dict):
+        raise UsageError(f"{where} must be a table")
+    if not value:
+        return None
+    for key in value:
+        if key not in _BASELINE_KEYS:
+            raise UsageError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(_BASELINE_KEYS))})")
+    spec = BaselineSpec(mode="budget0")
+    gap = value.get("near_tie_gap", DEFAULT_NEAR_TIE_GAP)
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap < 0:
+        raise UsageError(f"{where}.near_tie_gap must be a number >= 0, got {gap!r}")
+    spec.near_tie_gap = float(gap)
+    top = value.get("top_logprobs", DEFAULT_TOP_LOGPROBS)
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+        raise UsageError(f"{where}.top_logprobs must be an integer 0-20, got {top!r}")
+    spec.top_logprobs = top
+    mode = value.get("mode")
+    if not isinstance(mode, str):
+        raise UsageError(f"{where}.mode must be one of budget0, url, engine")
+    if mode == "url":
+        mode = f"url:{value.get('url') or ''}"
+    elif value.get("url"):
+        raise UsageError(f"{where}.url is only used with mode = \"url\"")
+    return _parse_mode(mode, spec, where)
+
+
+def _parse_mode(text: str, spec: BaselineSpec, where: str) -> BaselineSpec | None:
+    text = text.strip()
+    if text.lower() in ("none", "off", ""):
+        return None
+    if text.startswith("url:"):
+        url = text[4:].strip()
+        if not url:
+            raise UsageError(f"{where}: url mode needs a URL, e.g. url:http://127.0.0.1:8001")
+        from ddtree_diag.backends.http import normalise_url
+
+        return dataclasses.replace(spec, mode="url", url=normalise_url(url))
+    if text in ("budget0", "engine"):
+        return dataclasses.replace(spec, mode=text, url=None)
+    raise UsageError(f"{where}: expected budget0, url:URL or engine, got {text!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison (pure)
+
+
+def first_difference(actual: str, expected: str) -> int | None:
+    """Index of the first differing character; None when the texts are equal."""
+    if actual == expected:
+        return None
+    for index, (a, b) in enumerate(zip(actual, expected, strict=False)):
+        if a != b:
+            return index
+    return min(len(actual), len(expected))
+
+
+def around(text: str, index: int, chars: int = CONTEXT_CHARS) -> str:
+    """``…before⟨here⟩after…`` around ``index`` — the divergence point made visible."""
+    start = max(0, index - chars)
+    head = ("…" if start else "") + text[start:index]
+    tail = text[index : index + chars] + ("…" if index + chars < len(text) else "")
+    return f"{head}⟨{tail}" if tail else f"{head}⟨end of text⟩"
+
+
+def logprob_entries(result: ProbeResult) -> list[dict[str, Any]] | None:
+    """Per-token logprobs the server returned (OpenAI shape), or None."""
+    logprobs = result.extras.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content:
+        return None
+    entries = [e for e in content if isinstance(e, dict) and isinstance(e.get("token"), str)]
+    return entries if len(entries) == len(content) else None
+
+
+def _token_ids(result: ProbeResult) -> list[int] | None:
+    for key in ("token_ids", "output_token_ids"):
+        ids = result.extras.get(key)
+        if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+            return ids
+    return None
+
+
+def _locate_token(
+    entries: list[dict[str, Any]], field_text: str, field: str, char_index: int
+) -> tuple[int, int] | None:
+    """(token index, char offset of that token in the field) covering ``char_index``, mapping the
+    field's text into the concatenated token strings; None when they do not line up."""
+    joined = "".join(e["token"] for e in entries)
+    if field == "output" and joined.endswith(field_text):
+        offset = len(joined) - len(field_text)
+    else:
+        offset = joined.find(field_text)
+        if offset < 0:
+            return None
+    position = offset + char_index
+    start = 0
+    for index, entry in enumerate(entries):
+        end = start + len(entry["token"])
+        if start <= position < end or (position == end and index == len(entries) - 1):
+            return index, start - offset
+        start = end
+    return None
+
+
+def classify_divergence(
+    entry: dict[str, Any], actual_rest: str, near_tie_gap: float
+) -> tuple[str, str, float | None, list[dict[str, Any]]]:
+    """Near-tie or real mismatch at one baseline token position.
+
+    ``entry`` is the baseline's logprob entry there; ``actual_rest`` the speculative text from that
+    token's start. Returns (verdict, detail, gap in nats or None, the top candidates)."""
+    candidates = [c for c in entry.get("top_logprobs") or [] if isinstance(c, dict)]
+    candidates = [
+        c for c in candidates if isinstance(c.get("token"), str) and isinstance(c.get("logprob"), (int, float))
+    ]
+    candidates.sort(key=lambda c: -c["logprob"])
+    top = [{"token": c["token"], "logprob": round(float(c["logprob"]), 4)} for c in candidates]
+    expected = entry["token"]
+    expected_lp = entry.get("logprob")
+    if not isinstance(expected_lp, (int, float)):
+        expected_lp = candidates[0]["logprob"] if candidates else None
+    chosen = [c for c in candidates if c["token"] != expected and c["token"] and actual_rest.startswith(c["token"])]
+    if len(candidates) < 2 or expected_lp is None:
+        return MISMATCH, "no top_logprobs at the divergence: cannot tell a near-tie from a bug", None, top
+    if not chosen:
+        gap = float(expected_lp) - candidates[1]["logprob"] if candidates[0]["token"] == expected else None
+        return (
+            MISMATCH,
+            f"the speculative token is not among the baseline's top {len(candidates)} candidates",
+            None if gap is None else round(gap, 4),
+            top,
+        )
+    best = max(chosen, key=lambda c: (len(c["token"]), c["logprob"]))
+    gap = float(expected_lp) - float(best["logprob"])
+    if gap <= near_tie_gap:
+        return (
+            NEAR_TIE,
+            f"speculative run chose {best['token']!r}, {gap:.3f} nats below the baseline's {expected!r} "
+            f"(<= {near_tie_gap:g}): a numerics near-tie",
+            round(gap, 4),
+            top,
+        )
+    return (
+        MISMATCH,
+        f"speculative run chose {best['token']!r}, {gap:.3f} nats below the baseline's {expected!r} "
+        f"(> {near_tie_gap:g}): not a near-tie",
+        round(gap, 4),
+        top,
+    )
+
+
+def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpec) -> dict[str, Any]:
+    """The ``result.baseline`` record for one T=0 case against its baseline run."""
+    record: dict[str, Any] = {
+        "mode": spec.mode,
+        "source": spec.describe(),
+        "baseline_case_id": baseline.case_id,
+    }
+    if not baseline.ok:
+        record.update(verdict=ERROR, detail=f"baseline request failed: {baseline.status}: {baseline.error}")
+        return record
+    record["baseline_output"] = baseline.output
+    if baseline.reasoning:
+        record["baseline_reasoning"] = baseline.reasoning
+    if baseline.extras.get("logprobs_rejected"):
+        record["logprobs"] = "not accepted by the baseline server"
+    fields = []
+    if result.reasoning or baseline.reasoning:
+        fields.append(("reasoning", result.reasoning or "", baseline.reasoning or ""))
+    fields.append(("output", result.output, baseline.output))
+    for field, actual, expected in fields:
+        index = first_difference(actual, expected)
+        if index is None:
+            continue
+        record.update(
+            verdict=MISMATCH,
+            field=field,
+            char_index=index,
+            token_index=None,
+            expected=around(expected, index),
+            actual=around(actual, index),
+        )
+        detail = f"{field} differs from the baseline at character {index}"
+        ids, base_ids = _token_ids(result), _token_ids(baseline)
+        if ids is not None and base_ids is not None:
+            record["token_index"] = first_difference_list(ids, base_ids)
+        entries = logprob_entries(baseline)
+        located = _locate_token(entries, expected, field, index) if entries else None
+        if located is not None:
+            token_index, token_start = located
+            record["token_index"] = token_index
+            verdict, why, gap, top = classify_divergence(
+                entries[token_index], actual[token_start:], spec.near_tie_gap
+            )
+            record.update(verdict=verdict, logprob_gap=gap, top_logprobs=top)
+            detail += f" (token {token_index}): {why}"
+        elif record["token_index"] is not None:
+            detail += f" (token {record['token_index']}); no logprobs to classify it"
+        else:
+            detail += "; no logprobs to tell a near-tie from a bug"
+        record["detail"] = detail
+        return record
+    record.update(verdict=IDENTICAL, detail="identical to the baseline")
+    return record
+
+
+def first_difference_list(a: list[Any], b: list[Any]) -> int | None:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def repeat_disagreements(report: RunReport) -> list[dict[str, Any]]:
+    """T=0 repeats of one case whose texts differ from the first repeat's."""
+    groups: dict[str, list[ProbeResult]] = {}
+    for result in report.results:
+        if result.ok and result.case.temperature == 0:
+            groups.setdefault(result.case.group_key, []).append(result)
+    out = []
+    for group, results in groups.items():
+        first = results[0]
+        for other in results[1:]:
+            for field in ("reasoning", "output"):
+                expected, actual = getattr(first, field) or "", getattr(other, field) or ""
+                index = first_difference(actual, expected)
+                if index is not None:
+                    out.append({
+                        "group": group, "cases": [first.case_id, other.case_id], "field": field,
+                        "char_index": index, "first": around(expected, index), "other": around(actual, index),
+                    })  # fmt: skip
+                    break
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the baseline
+
+
+def check_possible(spec: BaselineSpec, backend: Any) -> None:
+    """Refuse a baseline that cannot mean anything for this target (before the run starts)."""
+    if spec.mode != "budget0" or getattr(backend, "name", "") == "engine":
+        return
+    from ddtree_diag.dialects import budget_is_sent
+
+    dialect = getattr(backend, "dialect", None)
+    if dialect not in (None, "auto") and not budget_is_sent(dialect):
+        raise UsageError(
+            f"--baseline budget0 needs a server that takes a per-request tree budget "
+            f"(ddtree, ddtree-mlx, llamacpp); {dialect} fixes speculation at server start: "
+            "use --baseline url:URL (a server without speculation) or --baseline engine"
+        )
+
+
+def baseline_case(case: ProbeCase, spec: BaselineSpec, *, logprobs: bool) -> ProbeCase:
+    extra = dict(case.extra)
+    if logprobs and spec.top_logprobs:
+        extra.update(logprobs=True, top_logprobs=spec.top_logprobs)
+    budget = 0 if spec.mode in ("budget0", "engine") else case.tree_budget
+    if spec.mode == "url":
+        budget = None  # the baseline server does not speculate; send no budget at all
+    return dataclasses.replace(case, tree_budget=budget, extra=extra)
+
+
+def make_baseline_backend(spec: BaselineSpec, backend: Any, options: Any) -> tuple[Any, bool]:
+    """(backend for the baseline, whether it is the primary backend itself)."""
+    if spec.mode == "engine" or (spec.mode == "budget0" and getattr(backend, "name", "") == "engine"):
+        if getattr(backend, "name", "") == "engine":
+            return backend, True  # budget 0 = plain AR through the same engine
+        from ddtree_diag.backends.engine import EngineBackend
+        from ddtree_diag.models import choose_models
+
+        # The target alone (no draft): --target/--gguf, else the embedded default model.
+        choice = choose_models(getattr(options, "target", None), None, getattr(options, "gguf", None),
+                               use_draft=False)  # fmt: skip
+        return (
+            EngineBackend(target=choice.target, draft=None, gguf_file=choice.gguf_file,
+                          device=getattr(options, "device", None), dtype=getattr(options, "dtype", None)),
+            False,
+        )  # fmt: skip
+    from ddtree_diag.backends.http import HttpBackend
+
+    # With --via the baseline must be requested from the far side too: share the agent.
+    transport = getattr(backend, "transport", None)
+    shared = transport.shared() if transport is not None else None
+    if spec.mode == "budget0":
+        return (
+            HttpBackend(
+                backend.base_url, model=backend.model, dialect=backend.dialect,
+                api_key=getattr(options, "api_key", None), timeout=getattr(options, "timeout", 120.0),
+                stream=False, transport=shared,
+            ),
+            False,
+        )  # fmt: skip
+    return (
+        HttpBackend(
+            spec.url or "", model=None, dialect="auto", api_key=getattr(options, "api_key", None),
+            timeout=getattr(options, "timeout", 120.0), stream=False, transport=shared,
+        ),
+        False,
+    )  # fmt: skip
+
+
+def run_baseline(report: RunReport, backend: Any, spec: BaselineSpec, options: Any = None) -> list[str]:
+    """Fill ``result.baseline`` for every result; returns notes for the report."""
+    to_compare = []
+    for result in report.results:
+        if not result.ok:
+            result.baseline = {"mode": spec.mode, "verdict": SKIPPED, "detail": "the case itself failed"}
+        elif result.case.temperature != 0:
+            result.baseline = {"mode": spec.mode, "verdict": SKIPPED,
+                               "detail": "T>0: sampled output is not comparable"}  # fmt: skip
+        else:
+            to_compare.append(result)
+    if not to_compare:
+        return [f"baseline ({spec.describe()}): no T=0 case to compare"]
+    base_backend, shared = make_baseline_backend(spec, backend, options)
+    notes: list[str] = []
+    ask_logprobs = getattr(base_backend, "name", "") == "http"
+    cache: dict[str, ProbeResult] = {}
+    try:
+        if not shared:
+            cases = [baseline_case(r.case, spec, logprobs=ask_logprobs) for r in to_compare]
+            prepared = base_backend.prepare(cases)
+            if spec.mode != "budget0":  # same server: its model and dialect are already noted
+                notes.extend(f"baseline {n}" for n in prepared)
+        for result in to_compare:
+            # Repeats, and budgets the baseline does not use, share one baseline request:
+            # greedy decoding without speculation is deterministic.
+            key = baseline_case(result.case, spec, logprobs=False).group_key
+            if key not in cache:
+                cache[key] = _run_one(base_backend, result.case, spec, ask_logprobs)
+            result.baseline = compare_result(result, cache[key], spec)
+    finally:
+        if not shared:
+            base_backend.close()
+    if any(r.extras.get("logprobs_rejected") for r in cache.values()):
+        notes.append("baseline server refused logprobs: divergences cannot be classified as near-ties")
+    counts: dict[str, int] = {}
+    for result in to_compare:
+        verdict = result.baseline["verdict"] if result.baseline else ERROR
+        counts[verdict] = counts.get(verdict, 0) + 1
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+    notes.append(f"lossless baseline: {spec.describe()}; {summary}")
+    return notes
+
+
+def _run_one(backend: Any, case: ProbeCase, spec: BaselineSpec, ask_logprobs: bool) -> ProbeResult:
+    baseline = backend.run(baseline_case(case, spec, logprobs=ask_logprobs))
+    if (
+        ask_logprobs
+        and baseline.status == STATUS_HTTP_ERROR
+        and baseline.http_status in (400, 422)
+        and "logprob" in (baseline.error or "").lower()
+    ):
+        baseline = backend.run(baseline_case(case, spec, logprobs=False))
+        baseline.extras["logprobs_rejected"] = True
+    return baseline

