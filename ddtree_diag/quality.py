@@ -1,0 +1,1041 @@
+"""Garbage-text detection: does this answer look like something no model would write?
+
+A speculative-decoding bug (wrong positions, a stale cache, a bad template) usually shows first as
+text, not as a number: acceptance can even *rise* on a degenerate loop. ``assess`` looks at one
+answer (plus what is known about its request) and returns a :class:`Verdict` with named reasons,
+each carrying the text that triggered it. It is fast, deterministic and needs no model.
+
+    >>> v = assess("Hello,", prompt="Say hello in one short sentence.", finish_reason="stop")
+    >>> v.garbage, v.top_reason.code
+    (True, 'premature_stop')
+
+Scoring: each reason has a weight in [0, 1]; the score is the noisy-OR of the weights,
+``1 - prod(1 - w)``, and the text is garbage when ``score >= GARBAGE_THRESHOLD`` (0.5). "Hard"
+reasons weigh >= 0.5 and condemn the text alone; "soft" ones (< 0.5) need a second signal; "info"
+reasons (weight 0) are reported but never count (``truncated``).
+
+Reason codes (stable; other tools may match on them):
+
+| code | severity | what it means |
+|---|---|---|
+| `empty_output` | hard | no answer at all, or only whitespace/punctuation |
+| `premature_stop` | hard / soft | finished with `stop` on an unfinished sentence (`Hello,`, `Here is the code:`); hard when very short |
+| `token_loop` | hard | one word or character repeated back to back (`the the the the`) |
+| `phrase_loop` | hard | a multi-word phrase repeated back to back |
+| `line_loop` | hard | the same line (or group of lines) repeated back to back |
+| `repeated_ngram` | soft / hard | a long word sequence recurring throughout the text (a loop with a changing counter) |
+| `compression_ratio` | soft | the text compresses abnormally well (repetitive) or abnormally badly (noise) under zlib |
+| `script_mix` | hard / soft | letters of a writing system the prompt does not use (CJK in an English answer), or a word mixing Latin and Cyrillic letters |
+| `template_leak` | hard | chat-template special tokens in the answer (`<\\|im_start\\|>`, `<\\|im_end\\|>`, `<\\|endoftext\\|>`, `</s>`, `[INST]`) |
+| `role_leak` | hard / soft | conversation turn markers in the answer (`user:`, `# user:`, `Human:`, `### Instruction:`, a bare `assistant` line) |
+| `thinking_leak` | hard | `<think>`/`</think>` in the answer when thinking is off, separated, or repeated |
+| `unterminated_think` | hard / info | a `<think>` block that never closes (info when the reply was cut by length) |
+| `degenerate_enumeration` | hard | list markers that never advance and hold nothing (`1. 1. 1.`) |
+| `replacement_char` | hard | U+FFFD replacement characters (broken byte-level decoding) |
+| `control_chars` | hard | C0/C1 control characters, lone surrogates or non-characters |
+| `mojibake` | hard / soft | UTF-8 decoded with the wrong codec (`Ã©tÃ©` for `été`), found with ftfy |
+| `truncated` | info | cut at max_tokens (`finish_reason=length`); never garbage by itself |
+
+The verdict's dict form (``Verdict.to_dict``) is what probe results and the JSON report carry:
+``{"garbage", "score", "truncated", "reasons": [{"code", "detail", "evidence", "severity",
+"weight", "span", "source"}]}`` where ``span`` is ``[start, end]`` in the assessed text and
+``source`` is ``"text"`` or ``"reasoning"``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import regex
+
+__all__ = [
+    "GARBAGE_THRESHOLD",
+    "REASON_CODES",
+    "Reason",
+    "Verdict",
+    "assess",
+    "assess_result",
+]
+
+GARBAGE_THRESHOLD = 0.5
+
+SEVERITY_HARD = "hard"
+SEVERITY_SOFT = "soft"
+SEVERITY_INFO = "info"
+
+REASON_CODES = (
+    "empty_output",
+    "premature_stop",
+    "token_loop",
+    "phrase_loop",
+    "line_loop",
+    "repeated_ngram",
+    "compression_ratio",
+    "script_mix",
+    "template_leak",
+    "role_leak",
+    "thinking_leak",
+    "unterminated_think",
+    "degenerate_enumeration",
+    "replacement_char",
+    "control_chars",
+    "mojibake",
+    "truncated",
+)
+
+_EVIDENCE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One named signal. Unpacks as ``(code, detail, evidence)``."""
+
+    code: str
+    detail: str
+    evidence: str = ""
+    weight: float = 0.0
+    span: tuple[int, int] | None = None
+    source: str = "text"  # "text" (the answer) or "reasoning"
+
+    @property
+    def severity(self) -> str:
+        if self.weight <= 0:
+            return SEVERITY_INFO
+        return SEVERITY_HARD if self.weight >= GARBAGE_THRESHOLD else SEVERITY_SOFT
+
+    def __iter__(self):
+        return iter((self.code, self.detail, self.evidence))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.code, self.detail, self.evidence)[index]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "detail": self.detail,
+            "evidence": self.evidence,
+            "severity": self.severity,
+            "weight": round(self.weight, 3),
+            "span": list(self.span) if self.span is not None else None,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reason:
+        span = data.get("span")
+        weight = data.get("weight")
+        if weight is None:  # an older/foreign dict: recover a weight from the severity
+            weight = {"hard": 0.7, "soft": 0.3}.get(data.get("severity", ""), 0.0)
+        return cls(
+            code=data["code"],
+            detail=data.get("detail", ""),
+            evidence=data.get("evidence", ""),
+            weight=float(weight),
+            span=(int(span[0]), int(span[1])) if span else None,
+            source=data.get("source", "text"),
+        )
+
+
+@dataclass
+class Verdict:
+    garbage: bool
+    score: float
+    reasons: list[Reason] = field(default_factory=list)
+    truncated: bool = False
+
+    @property
+    def top_reason(self) -> Reason | None:
+        """The heaviest counting reason (info reasons only when nothing else was found)."""
+        if not self.reasons:
+            return None
+        return max(self.reasons, key=lambda r: r.weight)
+
+    @property
+    def mark(self) -> str:
+        return "✗" if self.garbage else "✓"
+
+    def summary(self) -> str:
+        """One short line for a table cell: ``✓``, ``✓ truncated`` or ``✗ token_loop: …``."""
+        top = self.top_reason
+        if top is None:
+            return self.mark
+        if not self.garbage and top.weight <= 0:
+            return f"{self.mark} {top.code}"
+        if not self.garbage:
+            return self.mark
+        return f"{self.mark} {top.code}: {top.detail}"
+
+    @property
+    def codes(self) -> list[str]:
+        return [r.code for r in self.reasons]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "garbage": self.garbage,
+            "score": round(self.score, 3),
+            "truncated": self.truncated,
+            "reasons": [r.to_dict() for r in self.reasons],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        return cls(
+            garbage=bool(data["garbage"]),
+            score=float(data.get("score", 0.0)),
+            reasons=[Reason.from_dict(r) for r in data.get("reasons", [])],
+            truncated=bool(data.get("truncated", False)),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Patterns. Compiled once; the `regex` module gives Unicode script properties.
+
+# Words (letters/marks/digits, with inner apostrophes), one CJK/kana character each, newline runs,
+# and punctuation runs. Spaces are dropped: a loop is about what repeats, not how it is spaced.
+_TOKEN_RE = regex.compile(
+    r"[\p{Han}\p{Hiragana}\p{Katakana}]"
+    r"|[[\p{L}\p{M}\p{N}_]--[\p{Han}\p{Hiragana}\p{Katakana}]]+(?:['’][[\p{L}]--[\p{Han}]]+)*"
+    r"|\n+|[^\s\p{L}\p{M}\p{N}_]+",
+    flags=regex.V1,
+)
+_WORDISH_RE = regex.compile(r"[\p{L}]")
+
+_SCRIPT_GROUPS = (
+    ("Latin", r"\p{Latin}"),
+    ("Han", r"\p{Han}"),
+    ("Kana", r"[\p{Hiragana}\p{Katakana}ー]"),
+    ("Hangul", r"\p{Hangul}"),
+    ("Cyrillic", r"\p{Cyrillic}"),
+    ("Greek", r"\p{Greek}"),
+    ("Arabic", r"\p{Arabic}"),
+    ("Hebrew", r"\p{Hebrew}"),
+    ("Devanagari", r"\p{Devanagari}"),
+    ("Thai", r"\p{Thai}"),
+    ("Armenian", r"\p{Armenian}"),
+    ("Georgian", r"\p{Georgian}"),
+    ("Bengali", r"\p{Bengali}"),
+    ("Tamil", r"\p{Tamil}"),
+    ("Ethiopic", r"\p{Ethiopic}"),
+)
+# Runs of letters of one script; anything else lettered falls into "Other".
+_SCRIPT_RUN_RE = regex.compile(
+    "|".join(f"(?P<{name}>(?:{cls}[\\p{{M}}]*)+)" for name, cls in _SCRIPT_GROUPS)
+    + r"|(?P<Other>(?:(?![\p{Common}\p{Inherited}])\p{L})+)"
+)
+_CJK_FAMILY = {"Han", "Kana", "Hangul"}
+
+# Prompt words that allow (or ask for) other writing systems in the answer.
+_ANY_SCRIPT_RE = regex.compile(
+    r"translat|traduc|traduz|übersetz|uebersetz|перев[оеё]д|翻译|翻譯|翻訳|번역|"
+    r"multilingual|(?:several|multiple|different|many|other|\d+|various) languages|idiomas|langues|"
+    r"sprachen|языках|多语|多種言語|unicode|writing system|character set|charset|encoding|alphabet",
+    regex.IGNORECASE,
+)
+_LANGUAGE_SCRIPTS = (
+    (r"chin(?:a|ese)|taiwan|hong kong|mandarin|cantonese|hanzi|kanji|pinyin|中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|китайск", {"Han"}),
+    (r"japan|hiragana|katakana|kana\b|日本語|日语|日文|japon[eé]s|japonais|japanisch|японск", {"Han", "Kana"}),
+    (r"korea|hangul|한국어|韩语|韓国語|coreano|coréen|koreanisch|корейск", {"Hangul", "Han"}),
+    (r"russia|cyrillic|ukrain|bulgarian|serbian|belarusian|kazakh|mongolian|русск|украин|ruso|russe|russisch|俄语|ロシア語", {"Cyrillic"}),
+    (r"greek|greece|ελληνικ|griego|grec|griechisch|希腊", {"Greek"}),
+    (r"arab|egypt|persian|iran|farsi|urdu|pakistan|عرب|árabe|arabe|arabisch|阿拉伯", {"Arabic"}),
+    (r"hebrew|israel|yiddish|עברית|hebreo|hébreu|hebräisch", {"Hebrew"}),
+    (r"india|hindi|sanskrit|marathi|nepali|devanagari|हिन्दी|हिंदी", {"Devanagari"}),
+    (r"\bthai|ภาษาไทย|泰语", {"Thai"}),
+    (r"armenian", {"Armenian"}),
+    (r"georgian", {"Georgian"}),
+    (r"bengali|bangla", {"Bengali"}),
+    (r"tamil", {"Tamil"}),
+    (r"amharic|ethiopic|tigrinya", {"Ethiopic"}),
+)
+_LANGUAGE_SCRIPTS_RE = [(regex.compile(p, regex.IGNORECASE), s) for p, s in _LANGUAGE_SCRIPTS]
+
+# A word mixing Latin and Cyrillic letters (homoglyph soup: "Hеllo" with a Cyrillic e).
+_MIXED_WORD_RE = regex.compile(
+    r"\b(?=[\p{L}\p{M}]*\p{Latin})(?=[\p{L}\p{M}]*\p{Cyrillic})[\p{L}\p{M}]{2,}\b"
+)
+
+# Chat-template special tokens of the common families (ChatML, Llama 2/3, Gemma, Phi, GPT-OSS,
+# DeepSeek's full-width bars, SentencePiece markers).
+_TEMPLATE_RE = regex.compile(
+    r"<\|[A-Za-z_][\w.\-]{0,40}\|>"
+    r"|<｜[^｜<>\n]{1,40}｜>"
+    r"|</s>|<s>(?=\s*\[INST\])|\[/?INST\]|<</?SYS>>"
+    r"|<(?:start|end)_of_turn>|<(?:bos|eos|unk|pad|eot)>"
+    r"|<\|(?:im_start|im_end|im_sep)\b"
+)
+# Conversation turn markers at a line start. Group "bare": the marker alone on its line (what a
+# ChatML leak looks like once the special tokens are stripped); "head": a markdown heading;
+# "instr": Alpaca-style headers; "content": a dialogue line with text after the colon.
+_ROLE_RE = regex.compile(
+    r"(?m)^[ \t>*_]*(?:"
+    r"(?P<head>\#{1,6}[ \t]*(?:user|assistant|human|system)[ \t]*(?::[^\n]*|(?=\n|$)))"
+    r"|(?P<instr>\#{2,3}[ \t]*(?:instruction|response|human|assistant|user)[ \t]*:)"
+    r"|(?P<bare>(?:(?:user|assistant|human)[ \t]*:?|(?-i:system|model))[ \t]*(?=\n|$))"
+    r"|(?P<human>human[ \t]*:[ \t]*\S)"
+    r"|(?P<content>(?:user|assistant|ai|bot|gpt|chatbot)[*_]*[ \t]*:[*_]*[ \t]*\S)"
+    r")",
+    regex.IGNORECASE,
+)
+_DIALOGUE_PROMPT_RE = regex.compile(
+    r"dialog|conversation|\bchat|transcript|role[- ]?play|screenplay|skit|interview|"
+    r"chat template|chatml|prompt format|对话|對話|會話|会話|диалог|Gespräch|diálogo",
+    regex.IGNORECASE,
+)
+
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+
+# C0 (but tab/newline/CR), DEL, C1, lone surrogates, non-characters.
+_CONTROL_RE = regex.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+# Characters that UTF-8-as-Latin-1/cp1252 mojibake always produces; gates the (slower) ftfy check.
+_MOJIBAKE_GATE_RE = regex.compile(r"[\u00c2-\u00c5\u00ce-\u00d1\u00e2\u00e3\u00ef\u0152\u0153\u0161\u201a-\u201e\u2020\u2021\u2030\u2039\u203a\u02c6\u02dc\u0080-\u009f]")
+
+# A list marker ("1." / "1)") at a word boundary followed by space or end.
+_MARKER_RE = regex.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
+
+_CODE_FENCE_RE = regex.compile(r"(?ms)^[ \t]*(```|~~~).*?(?:^[ \t]*\1[^\n]*$|\Z)")
+_INLINE_CODE_RE = regex.compile(r"`[^`\n]+`")
+
+_LYRIC_PROMPT_RE = regex.compile(
+    r"\b(?:song|lyric|poem|poetry|verse|chant|rhyme|haiku|sonnet|limerick|refrain|chorus|nursery|"
+    r"ballad|rap|anthem|hymn|canci|poema|gedicht|chanson)|歌|诗|詩|песн|стих",
+    regex.IGNORECASE,
+)
+_REPEAT_PROMPT_RE = regex.compile(
+    r"repeat|\btimes\b|over and over|again and again|重复|重複|繰り返|повтор|wiederhol|repite|répète|"
+    r"spell|count|list all|tongue twister",
+    regex.IGNORECASE,
+)
+
+# Interjections and sounds that people do write several times in a row.
+_INTERJECTIONS = frozenset(
+    "ha ha! he hi ho hah heh hee la na da di do doo oh ooh ah aah uh um hmm mm no yes yeah yay "
+    "hey wow bye go very so really much more tick tock knock ding dong bang boom beep buzz choo "
+    "woof meow quack moo baa oink tweet chirp zzz bla blah yada rah hip hurray hooray pew ".split()
+)
+
+_UNFINISHED_END = tuple(",，、:：;；(（[{—–-“«‘")
+# Words an English/Spanish/German/French sentence cannot end on (prepositions and pronouns can).
+_FUNCTION_WORDS = frozenset(
+    "a an the and or but nor because although whereas unless my your our their whose "
+    "y und oder et ou".split()
+)
+_STOP_REASONS = frozenset({"stop", "eos", "end_turn", "stop_sequence", "eos_token"})
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+
+
+def assess(
+    text: str | None,
+    *,
+    prompt: str | None = None,
+    finish_reason: str | None = None,
+    completion_tokens: int | None = None,
+    max_tokens: int | None = None,
+    thinking: bool | None = None,
+    reasoning: str | None = None,
+) -> Verdict:
+    """Judge one answer. ``thinking`` is the request's enable_thinking (None = unknown);
+    ``reasoning`` the server-separated thinking text, if any (checked for loops and leaks too)."""
+    text = text or ""
+    prompt = prompt or ""
+    finish = (finish_reason or "").strip().lower() or None
+    truncated = finish == "length" or (
+        completion_tokens is not None and max_tokens is not None and 0 < max_tokens <= completion_tokens
+    )
+    ctx = _Context(prompt, truncated)
+    reasons: list[Reason] = []
+
+    if truncated:
+        why = f"finish_reason={finish}" if finish == "length" else f"{completion_tokens} of {max_tokens} tokens"
+        reasons.append(Reason("truncated", f"cut at the token limit ({why}); not garbage by itself"))
+
+    answer, think_text, think_offset = _split_thinking(text, thinking, reasoning, truncated, reasons)
+
+    stripped = answer.strip()
+    has_thought = bool((reasoning or "").strip() or (think_text or "").strip())
+    if not stripped:
+        if truncated and has_thought:
+            pass  # cut while thinking: the answer never started; `truncated` says so
+        elif truncated:
+            reasons.append(Reason("empty_output", "the answer is empty (cut by length before it began?)", "", 0.3))
+        else:
+            reasons.append(Reason("empty_output", "the answer is empty", "", 1.0 if not has_thought else 0.7))
+    elif not regex.search(r"[\p{L}\p{N}\p{S}]", stripped):
+        reasons.append(
+            Reason("empty_output", "the answer holds only punctuation/whitespace", stripped[:_EVIDENCE_CHARS], 0.7)
+        )
+    else:
+        reasons.extend(_content_signals(answer, ctx, 0, "text"))
+        reasons.extend(_script_signals(answer, ctx))
+        if not truncated and (finish in _STOP_REASONS):
+            reasons.extend(_premature_stop(answer, completion_tokens))
+        elif finish is None and not truncated:
+            reasons.extend(_premature_stop(answer, completion_tokens, unknown_finish=True))
+
+    if think_text and think_text.strip():
+        reasons.extend(_content_signals(think_text, ctx, think_offset, "text", label="think block: "))
+    if reasoning and reasoning.strip():
+        reasons.extend(_content_signals(reasoning, ctx, 0, "reasoning", label="reasoning: "))
+
+    score = 1.0
+    for reason in reasons:
+        score *= 1.0 - max(0.0, min(1.0, reason.weight))
+    score = round(1.0 - score, 4)
+    reasons.sort(key=lambda r: -r.weight)
+    return Verdict(garbage=score >= GARBAGE_THRESHOLD, score=score, reasons=reasons, truncated=truncated)
+
+
+def assess_result(result: Any) -> Verdict:
+    """Assess a records.ProbeResult and store the verdict's dict in ``result.quality``.
+
+    Results that carry no answer because the request failed get no verdict (quality stays None).
+    """
+    if not getattr(result, "ok", True):
+        return None  # type: ignore[return-value]
+    case = result.case
+    verdict = assess(
+        result.output,
+        prompt=case.prompt_text,
+        finish_reason=result.finish_reason,
+        completion_tokens=result.completion_tokens,
+        max_tokens=case.max_tokens,
+        thinking=case.enable_thinking,
+        reasoning=result.reasoning,
+    )
+    result.quality = verdict.to_dict()
+    return verdict
+
+
+# --------------------------------------------------------------------------------------------
+# Context shared by the signals
+
+
+class _Context:
+    __slots__ = ("any_script", "dialogue", "lyric", "prompt", "prompt_lower", "repeat", "truncated")
+
+    def __init__(self, prompt: str, truncated: bool) -> None:
+        self.prompt = prompt
+        self.prompt_lower = prompt.lower()
+        self.truncated = truncated
+        self.any_script = bool(prompt) and bool(_ANY_SCRIPT_RE.search(prompt))
+        self.dialogue = bool(prompt) and bool(_DIALOGUE_PROMPT_RE.search(prompt))
+        self.lyric = bool(prompt) and bool(_LYRIC_PROMPT_RE.search(prompt))
+        self.repeat = bool(prompt) and bool(_REPEAT_PROMPT_RE.search(prompt))
+
+
+def _excerpt(text: str, start: int, end: int) -> str:
+    end = min(end, start + _EVIDENCE_CHARS)
+    return text[start:end]
+
+
+def _code_spans(text: str) -> list[tuple[int, int]]:
+    if "`" not in text and "~~~" not in text:
+        return []
+    spans = [m.span() for m in _CODE_FENCE_RE.finditer(text)]
+    spans += [m.span() for m in _INLINE_CODE_RE.finditer(text) if not _inside(m.start(), spans)]
+    return spans
+
+
+def _inside(pos: int, spans: list[tuple[int, int]]) -> bool:
+    return any(a <= pos < b for a, b in spans)
+
+
+def _line_at(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end >= 0 else len(text)]
+
+
+# --------------------------------------------------------------------------------------------
+# Thinking
+
+
+def _split_thinking(
+    text: str, thinking: bool | None, reasoning: str | None, truncated: bool, reasons: list[Reason]
+) -> tuple[str, str, int]:
+    """Return (answer, think_text, think_offset) and add thinking_leak/unterminated_think reasons."""
+    opens = text.count(_THINK_OPEN)
+    closes = text.count(_THINK_CLOSE)
+    if not opens and not closes:
+        return text, "", 0
+    first = min(i for i in (text.find(_THINK_OPEN), text.find(_THINK_CLOSE)) if i >= 0)
+    tag_span = (first, first + len(_THINK_CLOSE))
+    if thinking is False:
+        reasons.append(
+            Reason(
+                "thinking_leak",
+                f"think tags in the answer although thinking is off ({opens} open, {closes} close)",
+                _excerpt(text, *tag_span),
+                0.8,
+                tag_span,
+            )
+        )
+    elif reasoning and reasoning.strip():
+        reasons.append(
+            Reason(
+                "thinking_leak",
+                "think tags in the answer although the server returned the reasoning separately",
+                _excerpt(text, *tag_span),
+                0.7,
+                tag_span,
+            )
+        )
+    elif opens > 1 or closes > 1:
+        reasons.append(
+            Reason(
+                "thinking_leak",
+                f"repeated think tags ({opens} open, {closes} close)",
+                _excerpt(text, *tag_span),
+                0.7,
+                tag_span,
+            )
+        )
+    last_close = text.rfind(_THINK_CLOSE)
+    if opens and text.rfind(_THINK_OPEN) > last_close:
+        start = text.rfind(_THINK_OPEN)
+        think_start = start + len(_THINK_OPEN)
+        if truncated:
+            reasons.append(
+                Reason("unterminated_think", "cut by length inside the think block", "", 0.0, (start, len(text)))
+            )
+        else:
+            reasons.append(
+                Reason(
+                    "unterminated_think",
+                    "the think block never closes although generation stopped",
+                    _excerpt(text, start, len(text)),
+                    0.6,
+                    (start, len(text)),
+                )
+            )
+        return text[:start], text[think_start:], think_start
+    if last_close >= 0:
+        open_at = text.find(_THINK_OPEN)
+        think_start = open_at + len(_THINK_OPEN) if 0 <= open_at < last_close else 0
+        return text[last_close + len(_THINK_CLOSE) :], text[think_start:last_close], think_start
+    return text, "", 0
+
+
+# --------------------------------------------------------------------------------------------
+# Signals that hold for any text (answer, think block, separated reasoning)
+
+
+def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: str = "") -> list[Reason]:
+    out: list[Reason] = []
+
+    def add(code: str, detail: str, span: tuple[int, int] | None, weight: float) -> None:
+        evidence = _excerpt(text, *span) if span else ""
+        full_span = (span[0] + offset, span[1] + offset) if span else None
+        out.append(Reason(code, label + detail, evidence, weight, full_span, source))
+
+    code_spans = _code_spans(text)
+
+    if "\ufffd" in text and "\ufffd" not in ctx.prompt:
+        count = text.count("\ufffd")
+        first = text.index("\ufffd")
+        add("replacement_char", f"{count} U+FFFD replacement character(s)", (first, first + 1),
+            min(0.95, 0.7 + 0.05 * count))
+
+    control = _CONTROL_RE.search(text)
+    if control:
+        count = len(_CONTROL_RE.findall(text))
+        name = f"U+{ord(control.group()):04X}"
+        span = (max(0, control.start() - 20), min(len(text), control.end() + 20))
+        add("control_chars", f"{count} control/invalid character(s), first {name}", span,
+            min(0.9, 0.6 + 0.05 * count))
+
+    if not text.isascii() and _MOJIBAKE_GATE_RE.search(text):
+        out.extend(_mojibake(text, ctx, offset, source, label))
+
+    for match in _TEMPLATE_RE.finditer(text):
+        token = match.group()
+        if token in ctx.prompt or _inside(match.start(), code_spans):
+            continue
+        if token == "</s>" and "<s>" in text[: match.start()]:
+            continue  # HTML strikethrough, not a SentencePiece end-of-sequence
+        count = sum(1 for m in _TEMPLATE_RE.finditer(text) if not _inside(m.start(), code_spans))
+        add("template_leak", f"chat-template token {token!r} in the text ({count} in all)", match.span(),
+            min(0.95, 0.8 + 0.03 * count))
+        break
+
+    role = _role_leak(text, ctx, code_spans)
+    if role:
+        add(*role)
+
+    enum = _degenerate_enumeration(text)
+    if enum:
+        add(*enum)
+
+    out.extend(
+        Reason(r.code, label + r.detail, r.evidence, r.weight,
+               (r.span[0] + offset, r.span[1] + offset) if r.span else None, source)
+        for r in _loops(text, ctx, code_spans)
+    )
+    return out
+
+
+def _mojibake(text: str, ctx: _Context, offset: int, source: str, label: str) -> list[Reason]:
+    import ftfy  # ~70 ms to import; only reached when the text has mojibake-typical characters
+    from ftfy.badness import BADNESS_RE
+
+    match = BADNESS_RE.search(text)
+    if not match or regex.search(r"mojibake|encod|utf|latin-?1|cp1252|乱码|文字化け", ctx.prompt, regex.I):
+        return []
+    fixed = ftfy.fix_encoding(text)
+    start = max(0, match.start() - 10)
+    span = (start, min(len(text), match.end() + 20))
+    if fixed != text:
+        sample = ""
+        for a, b in zip(regex.findall(r"\S+", text), regex.findall(r"\S+", fixed)):
+            if a != b:
+                sample = f" ({a!r} should read {b!r})"
+                break
+        weight = 0.75
+        detail = f"mis-decoded UTF-8{sample}"
+    else:
+        weight = 0.35
+        detail = "character sequences typical of mis-decoded text"
+    return [Reason("mojibake", label + detail, _excerpt(text, *span), weight,
+                   (span[0] + offset, span[1] + offset), source)]
+
+
+def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
+    if ":" not in text and "\n" not in text and not text.lstrip().lower().startswith(("user", "assistant")):
+        return None
+    hits = []
+    for match in _ROLE_RE.finditer(text):
+        if _inside(match.start(), code_spans):
+            continue
+        marker = match.group().strip()
+        if marker.lower() in ctx.prompt_lower:
+            continue
+        hits.append((match.lastgroup, match.span(), marker))
+    if not hits:
+        return None
+    strong = [h for h in hits if h[0] in ("head", "instr", "bare", "human")]
+    contents = [h for h in hits if h[0] == "content"]
+    speakers = {regex.match(r"[^\w]*(\w+)", h[2]).group(1).lower() for h in contents}
+    turn_taking = len(speakers & {"user"}) and len(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
+    kind, span, marker = (strong or hits)[0]
+    line_end = text.find("\n", span[0])
+    span = (span[0], line_end if line_end > span[0] else len(text))
+    if ctx.dialogue:
+        weight = 0.3 if strong else 0.0
+    elif strong:
+        weight = min(0.9, 0.7 + 0.05 * (len(strong) - 1))
+    elif turn_taking:
+        weight = 0.6
+    else:
+        weight = 0.3
+    if weight <= 0:
+        return None
+    what = "turn marker" if strong else "dialogue line"
+    return ("role_leak", f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)", span, weight)
+
+
+def _degenerate_enumeration(text: str):
+    if "." not in text and ")" not in text:
+        return None
+    markers = list(_MARKER_RE.finditer(text))
+    if len(markers) < 3:
+        return None
+    stuck = 0
+    first_span = None
+    for prev, cur in zip(markers, markers[1:]):
+        between = text[prev.end() : cur.start()]
+        empty = not _WORDISH_RE.search(between) or len(between.strip()) <= 3
+        if empty and int(cur.group(1)) <= int(prev.group(1)):
+            stuck += 1
+            if first_span is None:
+                first_span = (prev.start(), cur.end())
+    if stuck < 2:
+        return None
+    end = first_span[1]
+    for m in markers:
+        if m.start() >= first_span[0]:
+            end = m.end()
+    return (
+        "degenerate_enumeration",
+        f"list markers that never advance and hold nothing ({stuck + 1} in a row or scattered)",
+        (first_span[0], end),
+        min(0.9, 0.6 + 0.05 * (stuck - 2)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Loops
+
+
+def _tokens(text: str) -> tuple[list[int], list[str], list[int]]:
+    """Token ids (case-folded), the distinct token strings by id, and each token's offset."""
+    vocab: dict[str, int] = {}
+    ids: list[int] = []
+    starts: list[int] = []
+    names: list[str] = []
+    for match in _TOKEN_RE.finditer(text):
+        tok = match.group().lower()
+        tid = vocab.get(tok)
+        if tid is None:
+            tid = vocab[tok] = len(names)
+            names.append(tok)
+        ids.append(tid)
+        starts.append(match.start())
+    return ids, names, starts
+
+
+def _periodic_runs(ids: list[int], max_period: int = 200) -> list[tuple[int, int, int]]:
+    """Maximal stretches where the token sequence repeats with some period.
+
+    Returns (start, end, period) over token indices (end exclusive). Linear: the candidate period
+    at each step is the distance to the previous occurrence of the current bigram; a run extends
+    while ids[i] == ids[i - period].
+    """
+    runs: list[tuple[int, int, int]] = []
+    n = len(ids)
+    if n < 4:
+        return runs
+    last: dict[int, int] = {}
+    width = len(ids) + 1
+    period = 0
+    run_start = 0
+    for i in range(1, n):
+        key = ids[i - 1] * width + ids[i]
+        prev = last.get(key)
+        last[key] = i
+        if period and ids[i] == ids[i - period]:
+            continue
+        if period:
+            if i - run_start >= 2 * period + 1 or i - run_start >= period + 2:
+                runs.append((run_start, i, period))
+            period = 0
+        if prev is not None and i - prev <= max_period:
+            period = i - prev
+            # Extend backwards: the repetition may have started before this bigram recurred.
+            j = i - 1
+            limit = max(period, i - 4 * max_period)
+            while j - period >= 0 and j >= limit and ids[j] == ids[j - period]:
+                j -= 1
+            run_start = j - period + 1
+    if period and n - run_start >= period + 2:
+        runs.append((run_start, n, period))
+    return runs
+
+
+def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[Reason]:
+    ids, names, starts = _tokens(text)
+    n = len(ids)
+    if n < 4:
+        return []
+    word_ids = {i for i, t in enumerate(names) if _WORDISH_RE.search(t)}
+    found: list[Reason] = []
+    best: dict[str, Reason] = {}
+    for start, end, period in _periodic_runs(ids):
+        covered = end - start
+        repeats = covered / period
+        unit = ids[start : start + period]
+        unit_words = [t for t in unit if t in word_ids]
+        if not unit_words:
+            continue  # punctuation, digits, markup: rules, tables, code, matrices
+        if period == 1 and names[unit[0]] in _INTERJECTIONS:
+            needed = 6.0
+        elif period <= 2:
+            needed = 4.0
+        elif covered >= 12 or period >= 6:
+            needed = 3.0
+        else:
+            needed = 4.0
+        pos = starts[start]
+        line = _line_at(text, pos)
+        relaxed = _inside(pos, code_spans) or line.lstrip().startswith("|")
+        if relaxed or ctx.lyric:
+            needed = max(needed * 2, 6.0)
+        if ctx.repeat:
+            needed = max(needed * 3, 12.0)
+        if repeats < needed:
+            continue
+        reaches_end = n - end <= max(2, period)
+        weight = 0.65
+        if repeats >= 2 * needed:
+            weight += 0.1
+        if reaches_end and (ctx.truncated or repeats >= needed + 1):
+            weight += 0.1
+        has_newline = any(names[t].startswith("\n") for t in unit)
+        code = "token_loop" if period == 1 else ("line_loop" if has_newline else "phrase_loop")
+        unit_text = " ".join(names[t] for t in unit).replace("\n", "\\n")
+        if len(unit_text) > 40:
+            unit_text = unit_text[:37] + "..."
+        char_start = starts[start]
+        char_end = starts[end - 1] + len(names[ids[end - 1]]) if end - 1 < n else len(text)
+        where = "to the end" if reaches_end else "mid-text"
+        reason = Reason(
+            code,
+            f"{unit_text!r} repeated {repeats:.0f}× back to back ({covered} tokens, {where})",
+            _excerpt(text, char_start, char_end),
+            min(weight, 0.95),
+            (char_start, char_end),
+        )
+        if code not in best or reason.weight > best[code].weight:
+            best[code] = reason
+    found.extend(best.values())
+    if "phrase_loop" not in best and "line_loop" not in best:
+        ngram = _repeated_ngram(text, ids, names, starts, word_ids, ctx, code_spans)
+        if ngram:
+            found.append(ngram)
+    comp = _compression(text, ctx, code_spans)
+    if comp:
+        found.append(comp)
+    return found
+
+
+def _repeated_ngram(text, ids, names, starts, word_ids, ctx, code_spans) -> Reason | None:
+    """A long word sequence that keeps coming back with something changing in between.
+
+    Catches loops with a counter ("1. The cat sat. 2. The cat sat. 3. ...") that the back-to-back
+    detector misses. Refrains recur too, so it needs many recurrences over most of the text.
+    """
+    size = 6
+    n = len(ids)
+    if n < size * 4:
+        return None
+    counts = Counter(zip(*(ids[k:] for k in range(size))))
+    gram, count = counts.most_common(1)[0]
+    if count < 4 or sum(1 for t in gram if t in word_ids) < 3:
+        return None
+    frequent = {g for g, c in counts.items() if c >= 3 and sum(1 for t in g if t in word_ids) >= 3}
+    covered = [False] * n
+    first = None
+    for i, g in enumerate(zip(*(ids[k:] for k in range(size)))):
+        if g in frequent:
+            if first is None:
+                first = i
+            for k in range(i, i + size):
+                covered[k] = True
+    coverage = sum(covered) / n
+    needed = 0.5
+    if ctx.lyric or ctx.repeat:
+        needed = 0.8
+    if _inside(starts[first], code_spans) or _line_at(text, starts[first]).lstrip().startswith("|"):
+        needed = 0.8
+    if coverage < needed:
+        return None
+    weight = 0.35
+    if coverage >= 0.7 and count >= 5:
+        weight = 0.55
+    if coverage >= 0.85 and count >= 8:
+        weight = 0.7
+    phrase = " ".join(names[t] for t in gram).replace("\n", "\\n")
+    span = (starts[first], min(len(text), starts[first] + _EVIDENCE_CHARS))
+    return Reason(
+        "repeated_ngram",
+        f"{phrase!r} recurs {count}×; recurring phrases cover {coverage:.0%} of the text",
+        _excerpt(text, *span),
+        weight,
+        span,
+    )
+
+
+def _compression(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) < 400:
+        return None
+    ratio = len(zlib.compress(data, 6)) / len(data)
+    if ratio < 0.12 and not ctx.repeat:
+        in_code = sum(b - a for a, b in code_spans) > len(text) / 2
+        weight = 0.3 if in_code or ctx.lyric else (0.45 if ratio < 0.07 else 0.35)
+        return Reason(
+            "compression_ratio",
+            f"compresses to {ratio:.0%} of its size (natural text: 30-60%): highly repetitive",
+            _excerpt(text, 0, len(text)),
+            weight,
+            (0, len(text)),
+        )
+    if ratio > 0.9 and text.isascii() and len(data) >= 600:
+        return Reason(
+            "compression_ratio",
+            f"compresses to {ratio:.0%} of its size: closer to noise than to language",
+            _excerpt(text, 0, len(text)),
+            0.3,
+            (0, len(text)),
+        )
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Script mixing
+
+
+def _scripts(text: str) -> Counter:
+    counts: Counter = Counter()
+    for match in _SCRIPT_RUN_RE.finditer(text):
+        counts[match.lastgroup] += len(match.group())
+    return counts
+
+
+def _script_signals(text: str, ctx: _Context) -> list[Reason]:
+    out: list[Reason] = []
+    if text.isascii():
+        return out
+    mixed = _MIXED_WORD_RE.search(text)
+    if mixed and not _MIXED_WORD_RE.search(ctx.prompt):
+        # Homoglyph soup says more than the run count; report it alone.
+        return [Reason("script_mix", f"word mixes Latin and Cyrillic letters: {mixed.group()!r}",
+                       mixed.group(), 0.65, mixed.span())]
+    if ctx.any_script:
+        return out
+    runs = [(m.lastgroup, m.start(), m.end()) for m in _SCRIPT_RUN_RE.finditer(text)]
+    answer_counts: Counter = Counter()
+    for script, a, b in runs:
+        answer_counts[script] += b - a
+    total = sum(answer_counts.values())
+    if not total:
+        return out
+    if ctx.prompt.strip():
+        allowed = set(_scripts(ctx.prompt)) | {"Latin"}
+        if "Kana" in allowed:
+            allowed.add("Han")
+        if "Hangul" in allowed:
+            allowed.add("Han")
+        for pattern, scripts in _LANGUAGE_SCRIPTS_RE:
+            if pattern.search(ctx.prompt):
+                allowed |= scripts
+        expected = "the prompt's"
+    else:
+        dominant = answer_counts.most_common(1)[0][0]
+        allowed = {dominant, "Latin"}
+        if dominant in ("Kana", "Han"):
+            allowed |= {"Kana", "Han"}
+        if dominant == "Hangul":
+            allowed.add("Han")
+        expected = f"the text's main ({dominant})"
+    foreign_total = sum(c for s, c in answer_counts.items() if s not in allowed)
+    if not foreign_total:
+        return out
+    code_spans = _code_spans(text)
+    foreign = [(s, a, b) for s, a, b in runs if s not in allowed and not _inside(a, code_spans)]
+    if not foreign:
+        return out
+    foreign_total = sum(b - a for _, a, b in foreign)
+    names = sorted({s for s, _, _ in foreign})
+    if foreign_total / total >= 0.8:
+        # The whole answer is in another writing system: a language switch, odd but consistent.
+        first = foreign[0]
+        out.append(
+            Reason("script_mix",
+                   f"the answer is written in {'/'.join(names)}, not in {expected} script",
+                   _excerpt(text, first[1], len(text)), 0.45, (first[1], min(len(text), first[2] + 40)))
+        )
+        return out
+    weights = []
+    flagged = []
+    for script, a, b in _merge_runs(text, foreign):
+        if script == "Greek" and b - a <= 3:
+            continue  # maths symbols: α, β, π, Σ
+        if _quoted(text, a, b):
+            continue
+        line_start = text.rfind("\n", 0, a) + 1
+        line_end = text.find("\n", b)
+        line_end = len(text) if line_end < 0 else line_end
+        before = text[max(line_start, a - 40) : a]
+        after = text[b : min(line_end, b + 40)]
+        latin_before = bool(regex.search(r"\p{Latin}{2}", before))
+        latin_after = bool(regex.search(r"\p{Latin}{2}", after))
+        if latin_before and latin_after:
+            w = 0.55  # switched script mid-sentence and back
+        elif b - a >= 6:
+            w = 0.55  # a whole foreign phrase
+        else:
+            w = 0.4
+        weights.append(w)
+        flagged.append((script, a, b))
+    if not flagged:
+        return out
+    score = 1.0
+    for w in weights:
+        score *= 1 - w
+    weight = min(0.9, 1 - score)
+    script, a, b = flagged[0]
+    span = (max(0, a - 20), min(len(text), b + 20))
+    spans = ", ".join(repr(text[x:y][:12]) for _, x, y in flagged[:4])
+    out.append(
+        Reason("script_mix",
+               f"{len(flagged)} {'/'.join(sorted({s for s, _, _ in flagged}))} span(s) outside "
+               f"{expected} script: {spans}",
+               _excerpt(text, *span), weight, span)
+    )
+    return out
+
+
+def _merge_runs(text: str, runs: list[tuple[str, int, int]]):
+    """Join runs of one script separated only by spaces (a foreign phrase is one span)."""
+    merged: list[tuple[str, int, int]] = []
+    for script, a, b in runs:
+        if merged and merged[-1][0] == script and text[merged[-1][2] : a].strip(" \u3000") == "":
+            merged[-1] = (script, merged[-1][1], b)
+        else:
+            merged.append((script, a, b))
+    return merged
+
+
+_OPEN_QUOTES = "\"'`“‘«「『(（[*_<‹【《"
+_CLOSE_QUOTES = "\"'`”’»」』)）]*_>›】》"
+
+
+def _quoted(text: str, a: int, b: int) -> bool:
+    """A foreign term written as a term: in quotes/brackets/emphasis, glossed in parentheses, or
+    introduced by a colon or dash (``in Japanese: ありがとう``)."""
+    before = text[max(0, a - 2) : a].rstrip(" ")
+    after = text[b : b + 3].lstrip(" ")
+    if before and before[-1] in _OPEN_QUOTES:
+        return True
+    if after and after[0] in _CLOSE_QUOTES:
+        return True
+    if after.startswith(("(", "（", "[")):
+        return True
+    if before.endswith((":", "：", "—", "–", "=", "→")) and b - a <= 16:
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Premature stop
+
+
+def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: bool = False) -> list[Reason]:
+    stripped = answer.rstrip()
+    if not stripped:
+        return []
+    end_char = stripped[-1]
+    fences = stripped.count("```")
+    words = regex.findall(r"[\p{L}\p{N}]+", stripped)
+    n_words = len(words) if words else 0
+    # CJK text has no spaces; count characters as words there.
+    n_words = max(n_words, len(regex.findall(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]", stripped)) // 2)
+    short = n_words <= 8 or (completion_tokens is not None and completion_tokens <= 8)
+    why = None
+    if end_char in _UNFINISHED_END:
+        why = f"ends on {end_char!r}"
+    elif fences % 2 == 1:
+        why = "a code block is never closed"
+    elif words and end_char.isalpha() and words[-1].lower() in _FUNCTION_WORDS and n_words >= 2:
+        why = f"ends on the word {words[-1]!r}"
+    if why is None:
+        return []
+    if unknown_finish:
+        weight = 0.4 if short else 0.2
+    elif short:
+        weight = 0.65
+    elif n_words <= 40:
+        weight = 0.45
+    else:
+        weight = 0.3
+    size = f"{completion_tokens} tokens" if completion_tokens is not None else f"{n_words} words"
+    finish = "finish_reason unknown" if unknown_finish else "finish_reason=stop"
+    span = (max(0, len(stripped) - 40), len(stripped))
+    return [Reason("premature_stop", f"{finish} after {size}, but the text {why}",
+                   _excerpt(answer, *span), weight, span)]
