@@ -44,9 +44,11 @@ The verdict's dict form (``Verdict.to_dict``) is what probe results and the JSON
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import regex
@@ -195,13 +197,21 @@ class Verdict:
 
 # Words (letters/marks/digits, with inner apostrophes), one CJK/kana character each, newline runs,
 # and punctuation runs. Spaces are dropped: a loop is about what repeats, not how it is spaced.
-_TOKEN_RE = regex.compile(
-    r"[\p{Han}\p{Hiragana}\p{Katakana}]"
-    r"|[[\p{L}\p{M}\p{N}_]--[\p{Han}\p{Hiragana}\p{Katakana}]]+(?:['’][[\p{L}]--[\p{Han}]]+)*"
-    r"|\n+|[^\s\p{L}\p{M}\p{N}_]+",
-    flags=regex.V1,
+# (stdlib `re` here: about twice as fast as `regex` on this simple pattern; CJK ranges by hand.)
+_CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TOKEN_RE = re.compile(
+    rf"[{_CJK_RANGES}]|[^\W{_CJK_RANGES}]+(?:['’][^\W{_CJK_RANGES}]+)*|\n+|[^\w\s]+"
 )
-_WORDISH_RE = regex.compile(r"[\p{L}]")
+_WORDISH_RE = re.compile(r"[^\W\d_]")
+_HAS_CONTENT_RE = re.compile(r"[^\W_]|[^\x00-\x7f]")
+_ONLY_MARKER_RE = re.compile(r"(?:\d{1,3}[.)]|[-*•]|step \d+:?)", re.IGNORECASE)
+_MOJIBAKE_PROMPT_RE = re.compile(r"mojibake|encod|utf|latin-?1|cp1252|乱码|文字化け", re.IGNORECASE)
+_NONSPACE_RE = re.compile(r"\S+")
+_FIRST_WORD_RE = re.compile(r"[^\w]*(\w+)")
+_WORDS_RE = re.compile(r"[^\W_]+")
+_CJK_CHAR_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+_GREEK_RE = re.compile(r"[\u0370-\u03ff\u1f00-\u1fff]")
+_SENTENCE_END_RE = re.compile(r"[.!?。！？]\s")
 
 _SCRIPT_GROUPS = (
     ("Latin", r"\p{Latin}"),
@@ -225,14 +235,21 @@ _SCRIPT_RUN_RE = regex.compile(
     "|".join(f"(?P<{name}>(?:{cls}[\\p{{M}}]*)+)" for name, cls in _SCRIPT_GROUPS)
     + r"|(?P<Other>(?:(?![\p{Common}\p{Inherited}])\p{L})+)"
 )
-_CJK_FAMILY = {"Han", "Kana", "Hangul"}
+# Stretches that may hold non-Latin letters: everything outside ASCII, Latin blocks, combining
+# marks, general punctuation/symbols/maths and emoji. Only these go through the (slower) script
+# classifier above.
+_NON_LATIN_CANDIDATE_RE = re.compile(
+    "[^\x00-\u036f\u1e00-\u1eff\u2000-\u2bff\ufe00-\ufe0f\U0001f000-\U0001faff\\s]+"
+)
+_NOT_ASCII_LETTERS = bytes(b for b in range(128) if not chr(b).isalpha())
+_ASCII_PAIR_RE = re.compile(r"[A-Za-z]{2}")
 
 # Prompt words that allow (or ask for) other writing systems in the answer.
-_ANY_SCRIPT_RE = regex.compile(
+_ANY_SCRIPT_RE = re.compile(
     r"translat|traduc|traduz|übersetz|uebersetz|перев[оеё]д|翻译|翻譯|翻訳|번역|"
     r"multilingual|(?:several|multiple|different|many|other|\d+|various) languages|idiomas|langues|"
     r"sprachen|языках|多语|多種言語|unicode|writing system|character set|charset|encoding|alphabet",
-    regex.IGNORECASE,
+    re.IGNORECASE,
 )
 _LANGUAGE_SCRIPTS = (
     (r"chin(?:a|ese)|taiwan|hong kong|mandarin|cantonese|hanzi|kanji|pinyin|中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|китайск", {"Han"}),
@@ -250,16 +267,11 @@ _LANGUAGE_SCRIPTS = (
     (r"tamil", {"Tamil"}),
     (r"amharic|ethiopic|tigrinya", {"Ethiopic"}),
 )
-_LANGUAGE_SCRIPTS_RE = [(regex.compile(p, regex.IGNORECASE), s) for p, s in _LANGUAGE_SCRIPTS]
-
-# A word mixing Latin and Cyrillic letters (homoglyph soup: "Hеllo" with a Cyrillic e).
-_MIXED_WORD_RE = regex.compile(
-    r"\b(?=[\p{L}\p{M}]*\p{Latin})(?=[\p{L}\p{M}]*\p{Cyrillic})[\p{L}\p{M}]{2,}\b"
-)
+_LANGUAGE_SCRIPTS_RE = [(re.compile(p, re.IGNORECASE), s) for p, s in _LANGUAGE_SCRIPTS]
 
 # Chat-template special tokens of the common families (ChatML, Llama 2/3, Gemma, Phi, GPT-OSS,
 # DeepSeek's full-width bars, SentencePiece markers).
-_TEMPLATE_RE = regex.compile(
+_TEMPLATE_RE = re.compile(
     r"<\|[A-Za-z_][\w.\-]{0,40}\|>"
     r"|<｜[^｜<>\n]{1,40}｜>"
     r"|</s>|<s>(?=\s*\[INST\])|\[/?INST\]|<</?SYS>>"
@@ -269,7 +281,7 @@ _TEMPLATE_RE = regex.compile(
 # Conversation turn markers at a line start. Group "bare": the marker alone on its line (what a
 # ChatML leak looks like once the special tokens are stripped); "head": a markdown heading;
 # "instr": Alpaca-style headers; "content": a dialogue line with text after the colon.
-_ROLE_RE = regex.compile(
+_ROLE_RE = re.compile(
     r"(?m)^[ \t>*_]*(?:"
     r"(?P<head>\#{1,6}[ \t]*(?:user|assistant|human|system)[ \t]*(?::[^\n]*|(?=\n|$)))"
     r"|(?P<instr>\#{2,3}[ \t]*(?:instruction|response|human|assistant|user)[ \t]*:)"
@@ -277,37 +289,37 @@ _ROLE_RE = regex.compile(
     r"|(?P<human>human[ \t]*:[ \t]*\S)"
     r"|(?P<content>(?:user|assistant|ai|bot|gpt|chatbot)[*_]*[ \t]*:[*_]*[ \t]*\S)"
     r")",
-    regex.IGNORECASE,
+    re.IGNORECASE,
 )
-_DIALOGUE_PROMPT_RE = regex.compile(
+_DIALOGUE_PROMPT_RE = re.compile(
     r"dialog|conversation|\bchat|transcript|role[- ]?play|screenplay|skit|interview|"
     r"chat template|chatml|prompt format|对话|對話|會話|会話|диалог|Gespräch|diálogo",
-    regex.IGNORECASE,
+    re.IGNORECASE,
 )
 
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
 
 # C0 (but tab/newline/CR), DEL, C1, lone surrogates, non-characters.
-_CONTROL_RE = regex.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
 # Characters that UTF-8-as-Latin-1/cp1252 mojibake always produces; gates the (slower) ftfy check.
-_MOJIBAKE_GATE_RE = regex.compile(r"[\u00c2-\u00c5\u00ce-\u00d1\u00e2\u00e3\u00ef\u0152\u0153\u0161\u201a-\u201e\u2020\u2021\u2030\u2039\u203a\u02c6\u02dc\u0080-\u009f]")
+_MOJIBAKE_GATE_RE = re.compile(r"[\u00c2-\u00c5\u00ce-\u00d1\u00e2\u00e3\u00ef\u0152\u0153\u0161\u201a-\u201e\u2020\u2021\u2030\u2039\u203a\u02c6\u02dc\u0080-\u009f]")
 
 # A list marker ("1." / "1)") at a word boundary followed by space or end.
-_MARKER_RE = regex.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
+_MARKER_RE = re.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
 
-_CODE_FENCE_RE = regex.compile(r"(?ms)^[ \t]*(```|~~~).*?(?:^[ \t]*\1[^\n]*$|\Z)")
-_INLINE_CODE_RE = regex.compile(r"`[^`\n]+`")
+_CODE_FENCE_RE = re.compile(r"(?ms)^[ \t]*(```|~~~).*?(?:^[ \t]*\1[^\n]*$|\Z)")
+_INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
-_LYRIC_PROMPT_RE = regex.compile(
+_LYRIC_PROMPT_RE = re.compile(
     r"\b(?:song|lyric|poem|poetry|verse|chant|rhyme|haiku|sonnet|limerick|refrain|chorus|nursery|"
     r"ballad|rap|anthem|hymn|canci|poema|gedicht|chanson)|歌|诗|詩|песн|стих",
-    regex.IGNORECASE,
+    re.IGNORECASE,
 )
-_REPEAT_PROMPT_RE = regex.compile(
+_REPEAT_PROMPT_RE = re.compile(
     r"repeat|\btimes\b|over and over|again and again|重复|重複|繰り返|повтор|wiederhol|repite|répète|"
     r"spell|count|list all|tongue twister",
-    regex.IGNORECASE,
+    re.IGNORECASE,
 )
 
 # Interjections and sounds that people do write several times in a row.
@@ -366,9 +378,10 @@ def assess(
             reasons.append(Reason("empty_output", "the answer is empty (cut by length before it began?)", "", 0.3))
         else:
             reasons.append(Reason("empty_output", "the answer is empty", "", 1.0 if not has_thought else 0.7))
-    elif not regex.search(r"[\p{L}\p{N}\p{S}]", stripped):
+    elif not _HAS_CONTENT_RE.search(stripped) or _ONLY_MARKER_RE.fullmatch(stripped):
         reasons.append(
-            Reason("empty_output", "the answer holds only punctuation/whitespace", stripped[:_EVIDENCE_CHARS], 0.7)
+            Reason("empty_output", "the answer holds only punctuation or a bare list marker",
+                   stripped[:_EVIDENCE_CHARS], 0.7, (0, len(answer)))
         )
     else:
         reasons.extend(_content_signals(answer, ctx, 0, "text"))
@@ -417,16 +430,31 @@ def assess_result(result: Any) -> Verdict:
 
 
 class _Context:
-    __slots__ = ("any_script", "dialogue", "lyric", "prompt", "prompt_lower", "repeat", "truncated")
+    """What the prompt allows; each fact is computed only when a signal asks for it."""
 
     def __init__(self, prompt: str, truncated: bool) -> None:
         self.prompt = prompt
-        self.prompt_lower = prompt.lower()
         self.truncated = truncated
-        self.any_script = bool(prompt) and bool(_ANY_SCRIPT_RE.search(prompt))
-        self.dialogue = bool(prompt) and bool(_DIALOGUE_PROMPT_RE.search(prompt))
-        self.lyric = bool(prompt) and bool(_LYRIC_PROMPT_RE.search(prompt))
-        self.repeat = bool(prompt) and bool(_REPEAT_PROMPT_RE.search(prompt))
+
+    @cached_property
+    def prompt_lower(self) -> str:
+        return self.prompt.lower()
+
+    @cached_property
+    def any_script(self) -> bool:  # translation and language prompts allow every script
+        return bool(self.prompt) and bool(_ANY_SCRIPT_RE.search(self.prompt))
+
+    @cached_property
+    def dialogue(self) -> bool:  # the prompt asked for a conversation, so turn markers are fine
+        return bool(self.prompt) and bool(_DIALOGUE_PROMPT_RE.search(self.prompt))
+
+    @cached_property
+    def lyric(self) -> bool:  # songs and poems repeat on purpose
+        return bool(self.prompt) and bool(_LYRIC_PROMPT_RE.search(self.prompt))
+
+    @cached_property
+    def repeat(self) -> bool:  # the prompt asked for repetition
+        return bool(self.prompt) and bool(_REPEAT_PROMPT_RE.search(self.prompt))
 
 
 def _excerpt(text: str, start: int, end: int) -> str:
@@ -585,14 +613,14 @@ def _mojibake(text: str, ctx: _Context, offset: int, source: str, label: str) ->
     from ftfy.badness import BADNESS_RE
 
     match = BADNESS_RE.search(text)
-    if not match or regex.search(r"mojibake|encod|utf|latin-?1|cp1252|乱码|文字化け", ctx.prompt, regex.I):
+    if not match or _MOJIBAKE_PROMPT_RE.search(ctx.prompt):
         return []
     fixed = ftfy.fix_encoding(text)
     start = max(0, match.start() - 10)
     span = (start, min(len(text), match.end() + 20))
     if fixed != text:
         sample = ""
-        for a, b in zip(regex.findall(r"\S+", text), regex.findall(r"\S+", fixed)):
+        for a, b in zip(_NONSPACE_RE.findall(text), _NONSPACE_RE.findall(fixed)):
             if a != b:
                 sample = f" ({a!r} should read {b!r})"
                 break
@@ -620,7 +648,7 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         return None
     strong = [h for h in hits if h[0] in ("head", "instr", "bare", "human")]
     contents = [h for h in hits if h[0] == "content"]
-    speakers = {regex.match(r"[^\w]*(\w+)", h[2]).group(1).lower() for h in contents}
+    speakers = {_FIRST_WORD_RE.match(h[2]).group(1).lower() for h in contents}
     turn_taking = len(speakers & {"user"}) and len(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
     kind, span, marker = (strong or hits)[0]
     line_end = text.find("\n", span[0])
@@ -672,21 +700,29 @@ def _degenerate_enumeration(text: str):
 # Loops
 
 
-def _tokens(text: str) -> tuple[list[int], list[str], list[int]]:
-    """Token ids (case-folded), the distinct token strings by id, and each token's offset."""
+def _tokens(text: str) -> tuple[list[int], list[str]]:
+    """Token ids (case-folded) and the distinct token strings by id."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a few characters change length when lowered (İ)
+        lowered = text
+    toks = _TOKEN_RE.findall(lowered)
     vocab: dict[str, int] = {}
-    ids: list[int] = []
-    starts: list[int] = []
-    names: list[str] = []
-    for match in _TOKEN_RE.finditer(text):
-        tok = match.group().lower()
-        tid = vocab.get(tok)
-        if tid is None:
-            tid = vocab[tok] = len(names)
-            names.append(tok)
-        ids.append(tid)
-        starts.append(match.start())
-    return ids, names, starts
+    ids = [vocab.setdefault(t, len(vocab)) for t in toks]
+    return ids, list(vocab)
+
+
+def _token_offsets(text: str) -> list[int]:
+    """Character offset of every token; only computed when a loop must be located."""
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        lowered = text
+    return [m.start() for m in _TOKEN_RE.finditer(lowered)]
+
+
+def _is_word(token: str) -> bool:
+    return token[:1].isalpha() or (token[:1].isalnum() and not token.isdigit()) or (
+        token[:1] == "_" and len(token) > 1
+    )
 
 
 def _periodic_runs(ids: list[int], max_period: int = 200) -> list[tuple[int, int, int]]:
@@ -728,19 +764,20 @@ def _periodic_runs(ids: list[int], max_period: int = 200) -> list[tuple[int, int
 
 
 def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[Reason]:
-    ids, names, starts = _tokens(text)
+    ids, names = _tokens(text)
     n = len(ids)
     if n < 4:
         return []
-    word_ids = {i for i, t in enumerate(names) if _WORDISH_RE.search(t)}
     found: list[Reason] = []
     best: dict[str, Reason] = {}
-    for start, end, period in _periodic_runs(ids):
+    starts: list[int] | None = None
+    # No bigram occurs twice: nothing can repeat back to back (most short answers stop here).
+    runs = _periodic_runs(ids) if len(set(zip(ids, ids[1:]))) < n - 1 else []
+    for start, end, period in runs:
         covered = end - start
         repeats = covered / period
         unit = ids[start : start + period]
-        unit_words = [t for t in unit if t in word_ids]
-        if not unit_words:
+        if not any(_is_word(names[t]) for t in unit):
             continue  # punctuation, digits, markup: rules, tables, code, matrices
         if period == 1 and names[unit[0]] in _INTERJECTIONS:
             needed = 6.0
@@ -750,9 +787,12 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
             needed = 3.0
         else:
             needed = 4.0
+        if repeats < min(needed, 3.0):
+            continue
+        if starts is None:
+            starts = _token_offsets(text)
         pos = starts[start]
-        line = _line_at(text, pos)
-        relaxed = _inside(pos, code_spans) or line.lstrip().startswith("|")
+        relaxed = _inside(pos, code_spans) or _line_at(text, pos).lstrip().startswith("|")
         if relaxed or ctx.lyric:
             needed = max(needed * 2, 6.0)
         if ctx.repeat:
@@ -771,7 +811,7 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
         if len(unit_text) > 40:
             unit_text = unit_text[:37] + "..."
         char_start = starts[start]
-        char_end = starts[end - 1] + len(names[ids[end - 1]]) if end - 1 < n else len(text)
+        char_end = starts[end - 1] + len(names[ids[end - 1]])
         where = "to the end" if reaches_end else "mid-text"
         reason = Reason(
             code,
@@ -784,7 +824,7 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
             best[code] = reason
     found.extend(best.values())
     if "phrase_loop" not in best and "line_loop" not in best:
-        ngram = _repeated_ngram(text, ids, names, starts, word_ids, ctx, code_spans)
+        ngram = _repeated_ngram(text, ids, names, ctx, code_spans)
         if ngram:
             found.append(ngram)
     comp = _compression(text, ctx, code_spans)
@@ -793,7 +833,7 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
     return found
 
 
-def _repeated_ngram(text, ids, names, starts, word_ids, ctx, code_spans) -> Reason | None:
+def _repeated_ngram(text, ids, names, ctx, code_spans) -> Reason | None:
     """A long word sequence that keeps coming back with something changing in between.
 
     Catches loops with a counter ("1. The cat sat. 2. The cat sat. 3. ...") that the back-to-back
@@ -804,19 +844,24 @@ def _repeated_ngram(text, ids, names, starts, word_ids, ctx, code_spans) -> Reas
     if n < size * 4:
         return None
     counts = Counter(zip(*(ids[k:] for k in range(size))))
-    gram, count = counts.most_common(1)[0]
-    if count < 4 or sum(1 for t in gram if t in word_ids) < 3:
+    word_ids = {i for i, t in enumerate(names) if _is_word(t)}
+    common = [(gram, count) for gram, count in counts.most_common(50) if count >= 4
+              and sum(1 for t in gram if t in word_ids) >= 3]
+    if not common:
         return None
+    gram, count = common[0]
     frequent = {g for g, c in counts.items() if c >= 3 and sum(1 for t in g if t in word_ids) >= 3}
-    covered = [False] * n
-    first = None
-    for i, g in enumerate(zip(*(ids[k:] for k in range(size)))):
-        if g in frequent:
-            if first is None:
-                first = i
-            for k in range(i, i + size):
-                covered[k] = True
-    coverage = sum(covered) / n
+    hits = [i for i, g in enumerate(zip(*(ids[k:] for k in range(size)))) if g in frequent]
+    first = hits[0]
+    covered_tokens = 0
+    reach = -1  # union of the windows [i, i + size)
+    for i in hits:
+        covered_tokens += min(size, i + size - max(i, reach))
+        reach = i + size
+    coverage = covered_tokens / n
+    if coverage < 0.5:
+        return None
+    starts = _token_offsets(text)
     needed = 0.5
     if ctx.lyric or ctx.repeat:
         needed = 0.8
@@ -870,26 +915,60 @@ def _compression(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) ->
 # Script mixing
 
 
+def _script_runs(text: str) -> tuple[list[tuple[str, int, int]], int]:
+    """Runs of non-Latin letters as (script, start, end), and the number of ASCII letters."""
+    runs: list[tuple[str, int, int]] = []
+    for candidate in _NON_LATIN_CANDIDATE_RE.finditer(text):
+        base = candidate.start()
+        for match in _SCRIPT_RUN_RE.finditer(candidate.group()):
+            runs.append((match.lastgroup, base + match.start(), base + match.end()))
+    latin = len(text.encode("ascii", "ignore").translate(None, _NOT_ASCII_LETTERS))
+    return runs, latin
+
+
 def _scripts(text: str) -> Counter:
+    runs, latin = _script_runs(text)
     counts: Counter = Counter()
-    for match in _SCRIPT_RUN_RE.finditer(text):
-        counts[match.lastgroup] += len(match.group())
+    if latin:
+        counts["Latin"] = latin
+    for script, a, b in runs:
+        counts[script] += b - a
     return counts
+
+
+def _mixed_word(text: str, runs: list[tuple[str, int, int]]) -> str | None:
+    """A word mixing Latin and Cyrillic letters (homoglyph soup: "Hеllo" with a Cyrillic e)."""
+    for script, a, b in runs:
+        if script != "Cyrillic":
+            continue
+        before = text[a - 1] if a else ""
+        after = text[b] if b < len(text) else ""
+        if (before.isascii() and before.isalpha()) or (after.isascii() and after.isalpha()):
+            start, end = a, b
+            while start and text[start - 1].isalpha():
+                start -= 1
+            while end < len(text) and text[end].isalpha():
+                end += 1
+            return text[start:end]
+    return None
 
 
 def _script_signals(text: str, ctx: _Context) -> list[Reason]:
     out: list[Reason] = []
     if text.isascii():
         return out
-    mixed = _MIXED_WORD_RE.search(text)
-    if mixed and not _MIXED_WORD_RE.search(ctx.prompt):
+    runs, latin = _script_runs(text)
+    mixed = _mixed_word(text, runs)
+    if mixed and mixed not in ctx.prompt:
         # Homoglyph soup says more than the run count; report it alone.
-        return [Reason("script_mix", f"word mixes Latin and Cyrillic letters: {mixed.group()!r}",
-                       mixed.group(), 0.65, mixed.span())]
-    if ctx.any_script:
+        at = text.find(mixed)
+        return [Reason("script_mix", f"word mixes Latin and Cyrillic letters: {mixed!r}",
+                       mixed, 0.65, (at, at + len(mixed)))]
+    if not runs or ctx.any_script:
         return out
-    runs = [(m.lastgroup, m.start(), m.end()) for m in _SCRIPT_RUN_RE.finditer(text)]
     answer_counts: Counter = Counter()
+    if latin:
+        answer_counts["Latin"] = latin
     for script, a, b in runs:
         answer_counts[script] += b - a
     total = sum(answer_counts.values())
@@ -943,12 +1022,14 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
         line_end = len(text) if line_end < 0 else line_end
         before = text[max(line_start, a - 40) : a]
         after = text[b : min(line_end, b + 40)]
-        latin_before = bool(regex.search(r"\p{Latin}{2}", before))
-        latin_after = bool(regex.search(r"\p{Latin}{2}", after))
-        if latin_before and latin_after:
+        host_before = _host_letters(before, allowed)
+        host_after = _host_letters(after, allowed)
+        if host_before and host_after:
             w = 0.55  # switched script mid-sentence and back
         elif b - a >= 6:
             w = 0.55  # a whole foreign phrase
+        elif host_before and not _SENTENCE_END_RE.search(before):
+            w = 0.5  # a sentence begun in the host script ends in another one
         else:
             w = 0.4
         weights.append(w)
@@ -972,14 +1053,28 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
 
 
 def _merge_runs(text: str, runs: list[tuple[str, int, int]]):
-    """Join runs of one script separated only by spaces (a foreign phrase is one span)."""
+    """Join touching runs (Japanese mixes Han and kana) and runs of one script separated only by
+    spaces: a foreign phrase is one span."""
     merged: list[tuple[str, int, int]] = []
     for script, a, b in runs:
-        if merged and merged[-1][0] == script and text[merged[-1][2] : a].strip(" \u3000") == "":
-            merged[-1] = (script, merged[-1][1], b)
-        else:
-            merged.append((script, a, b))
+        if merged:
+            last_script, last_a, last_b = merged[-1]
+            gap = text[last_b:a]
+            if gap == "" or (gap.strip(" \u3000") == "" and last_script == script):
+                merged[-1] = (last_script, last_a, b)
+                continue
+        merged.append((script, a, b))
     return merged
+
+
+def _host_letters(snippet: str, allowed: set[str]) -> bool:
+    """Does the snippet hold two letters in a row of an allowed (host) script?"""
+    if "Latin" in allowed and _ASCII_PAIR_RE.search(snippet):
+        return True
+    for match in _SCRIPT_RUN_RE.finditer(snippet):
+        if match.lastgroup in allowed and len(match.group()) >= 2:
+            return True
+    return False
 
 
 _OPEN_QUOTES = "\"'`“‘«「『(（[*_<‹【《"
@@ -1006,24 +1101,40 @@ def _quoted(text: str, a: int, b: int) -> bool:
 # Premature stop
 
 
+# Aux verbs and prepositions a very short reply cannot stop on ("The capital of France is").
+_SHORT_DANGLING = _FUNCTION_WORDS | frozenset(
+    "is are was were am be been being has have had do does i'm i’m it's it’s here there to of in on "
+    "at for with from by as into than that which who whose very es est ist sind son".split()
+)
+
+
 def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: bool = False) -> list[Reason]:
     stripped = answer.rstrip()
     if not stripped:
         return []
     end_char = stripped[-1]
-    fences = stripped.count("```")
-    words = regex.findall(r"[\p{L}\p{N}]+", stripped)
-    n_words = len(words) if words else 0
-    # CJK text has no spaces; count characters as words there.
-    n_words = max(n_words, len(regex.findall(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]", stripped)) // 2)
+    tail = stripped[-400:]
+    words = _WORDS_RE.findall(tail)
+    if len(stripped) > 400:
+        n_words = 100
+    else:
+        # CJK text has no spaces; count two characters as a word there.
+        n_words = max(len(words), len(_CJK_CHAR_RE.findall(tail)) // 2)
     short = n_words <= 8 or (completion_tokens is not None and completion_tokens <= 8)
+    cut = len(tail)
+    while cut and (tail[cut - 1].isalnum() or tail[cut - 1] in "'’"):
+        cut -= 1
+    last_word = tail[cut:].lower().lstrip("'’")
     why = None
-    if end_char in _UNFINISHED_END:
-        why = f"ends on {end_char!r}"
-    elif fences % 2 == 1:
+    if end_char in _UNFINISHED_END and not (end_char == ";" and _GREEK_RE.search(tail)):
+        why = f"ends on {end_char!r}"  # (a Greek question ends on ';')
+    elif stripped.count("```") % 2 == 1:
         why = "a code block is never closed"
-    elif words and end_char.isalpha() and words[-1].lower() in _FUNCTION_WORDS and n_words >= 2:
-        why = f"ends on the word {words[-1]!r}"
+    elif last_word:
+        if len(words) >= 2 and last_word in _FUNCTION_WORDS:
+            why = f"ends on the word {last_word!r}"
+        elif len(words) >= 2 and short and last_word in _SHORT_DANGLING:
+            why = f"ends on the word {last_word!r}"
     if why is None:
         return []
     if unknown_finish:

@@ -1,0 +1,108 @@
+"""Benchmark of the garbage-text detector on the labelled corpus in tests/data/quality/.
+
+Prints recall on garbled samples, the false-positive rate on clean ones, every sample it gets
+wrong (with the reasons it gave), and throughput in MB/s: over the corpus (many short answers,
+the realistic probe case) and over one long document (the linear-time path).
+
+    python bench/bench_quality.py [--verbose]
+
+Goals (issue 3): recall >= 0.95, false positives <= 0.02, throughput >= 5 MB/s. Exit 1 when a goal
+is missed, so `make bench-quality` can gate a release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ddtree_diag.quality import assess  # noqa: E402
+
+CORPUS = ROOT / "tests" / "data" / "quality"
+KEYS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
+
+
+def load() -> list[dict]:
+    rows = []
+    for path in sorted(CORPUS.glob("*.jsonl")):
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+            if line.strip():
+                row = json.loads(line)
+                row["_where"] = f"{path.name}:{lineno}"
+                rows.append(row)
+    return rows
+
+
+def run(row: dict):
+    return assess(row["text"], **{k: row.get(k) for k in KEYS})
+
+
+def _short(text: str, width: int = 70) -> str:
+    text = repr(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--verbose", action="store_true", help="print every verdict")
+    args = parser.parse_args()
+    rows = load()
+    garbled = [r for r in rows if r["label"] == "garbage"]
+    clean = [r for r in rows if r["label"] == "clean"]
+
+    misses, false_pos = [], []
+    for row in rows:
+        verdict = run(row)
+        if args.verbose:
+            print(f"{verdict.mark} {row['label']:7} {verdict.score:.2f} {_short(row['text'])} {verdict.codes}")
+        if row["label"] == "garbage" and not verdict.garbage:
+            misses.append((row, verdict))
+        elif row["label"] == "clean" and verdict.garbage:
+            false_pos.append((row, verdict))
+
+    recall = 1 - len(misses) / len(garbled)
+    fp_rate = len(false_pos) / len(clean)
+
+    # Throughput over the corpus: every sample assessed, several passes, best of 3.
+    size = sum(len(r["text"].encode("utf-8")) for r in rows)
+    passes = 20
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(passes):
+            for row in rows:
+                run(row)
+        best = min(best, time.perf_counter() - start)
+    corpus_mbps = size * passes / best / 1e6
+
+    # Throughput over one long answer (~1 MB of clean prose, code and tables from the corpus).
+    long_text = "\n\n".join(r["text"] for r in clean if r["text"])
+    long_text = (long_text + "\n\n") * max(1, 1_000_000 // len(long_text.encode("utf-8")))
+    long_size = len(long_text.encode("utf-8"))
+    start = time.perf_counter()
+    long_verdict = assess(long_text, prompt="Explain everything.", finish_reason="stop")
+    long_mbps = long_size / (time.perf_counter() - start) / 1e6
+
+    print(f"corpus: {len(garbled)} garbled, {len(clean)} clean ({size / 1024:.0f} KiB)")
+    print(f"recall on garbled:        {recall:.3f}  ({len(garbled) - len(misses)}/{len(garbled)})  goal >= 0.95")
+    print(f"false positives on clean: {fp_rate:.3f}  ({len(false_pos)}/{len(clean)})  goal <= 0.02")
+    print(f"throughput, corpus:       {corpus_mbps:.1f} MB/s  ({len(rows) * passes / best:.0f} answers/s)  goal >= 5")
+    print(f"throughput, 1 long text:  {long_mbps:.1f} MB/s  ({long_size / 1e6:.1f} MB, "
+          f"verdict {'garbage' if long_verdict.garbage else 'clean'} {long_verdict.codes})")
+    for title, items in (("missed garbled samples", misses), ("clean samples flagged", false_pos)):
+        print(f"\n{title}: {len(items)}")
+        for row, verdict in items:
+            print(f"  {row['_where']} [{row.get('note', '')}] score={verdict.score:.2f} {_short(row['text'])}")
+            for reason in verdict.reasons:
+                print(f"      {reason.code} ({reason.weight:.2f}): {reason.detail}")
+    ok = recall >= 0.95 and fp_rate <= 0.02 and corpus_mbps >= 5
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
