@@ -763,19 +763,69 @@ def _periodic_runs(ids: list[int], max_period: int = 200) -> list[tuple[int, int
     return runs
 
 
+# Texts longer than this are searched for loops only where zlib says they repeat (a loop always
+# compresses well), which keeps long healthy answers fast: zlib runs at C speed.
+_WINDOWED_ABOVE = 16_384
+_BLOCK = 1_024
+_TAIL = 8_192
+
+
 def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[Reason]:
-    ids, names = _tokens(text)
+    best: dict[str, Reason] = {}
+    if len(text) <= _WINDOWED_ABOVE:
+        _loops_in(text, 0, len(text), ctx, code_spans, best)
+    else:
+        for lo, hi in _suspect_windows(text):
+            _loops_in(text, lo, hi, ctx, code_spans, best)
+    found = list(best.values())
+    comp = _compression(text, ctx, code_spans)
+    if comp:
+        found.append(comp)
+    return found
+
+
+def _suspect_windows(text: str) -> list[tuple[int, int]]:
+    """Stretches of a long text worth a token-level loop search: 1 KiB blocks that compress much
+    better than the text's median block (with a block of margin each side), and the tail, since a
+    loop that runs to the end is the common failure. Overlapping picks are merged."""
+    ratios = []
+    for lo in range(0, len(text), _BLOCK):
+        chunk = text[lo : lo + _BLOCK].encode("utf-8", "surrogatepass")
+        ratios.append(len(zlib.compress(chunk, 1)) / max(1, len(chunk)))
+    median = sorted(ratios)[len(ratios) // 2]
+    picks = [
+        (max(0, (i - 1) * _BLOCK), min(len(text), (i + 2) * _BLOCK))
+        for i, ratio in enumerate(ratios)
+        if ratio < 0.7 * median
+    ]
+    picks.append((max(0, len(text) - _TAIL), len(text)))
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(picks):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _loops_in(
+    text: str, lo: int, hi: int, ctx: _Context, code_spans: list[tuple[int, int]], best: dict[str, Reason]
+) -> None:
+    """Find back-to-back repetition in text[lo:hi]; keep the heaviest reason per code in `best`."""
+    segment = text[lo:hi] if (lo, hi) != (0, len(text)) else text
+    ids, names = _tokens(segment)
     n = len(ids)
     if n < 4:
-        return []
-    found: list[Reason] = []
-    best: dict[str, Reason] = {}
+        return
+    at_text_end = hi == len(text)
     starts: list[int] | None = None
     # No bigram occurs twice: nothing can repeat back to back (most short answers stop here).
     runs = _periodic_runs(ids) if len(set(zip(ids, ids[1:]))) < n - 1 else []
     for start, end, period in runs:
         covered = end - start
         repeats = covered / period
+        if repeats < 3.0:
+            continue
         unit = ids[start : start + period]
         if not any(_is_word(names[t]) for t in unit):
             continue  # punctuation, digits, markup: rules, tables, code, matrices
@@ -787,10 +837,10 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
             needed = 3.0
         else:
             needed = 4.0
-        if repeats < min(needed, 3.0):
+        if repeats < needed:
             continue
         if starts is None:
-            starts = _token_offsets(text)
+            starts = [lo + x for x in _token_offsets(segment)]
         pos = starts[start]
         relaxed = _inside(pos, code_spans) or _line_at(text, pos).lstrip().startswith("|")
         if relaxed or ctx.lyric:
@@ -799,7 +849,7 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
             needed = max(needed * 3, 12.0)
         if repeats < needed:
             continue
-        reaches_end = n - end <= max(2, period)
+        reaches_end = at_text_end and n - end <= max(2, period)
         weight = 0.65
         if repeats >= 2 * needed:
             weight += 0.1
@@ -822,18 +872,15 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
         )
         if code not in best or reason.weight > best[code].weight:
             best[code] = reason
-    found.extend(best.values())
-    if "phrase_loop" not in best and "line_loop" not in best:
-        ngram = _repeated_ngram(text, ids, names, ctx, code_spans)
-        if ngram:
-            found.append(ngram)
-    comp = _compression(text, ctx, code_spans)
-    if comp:
-        found.append(comp)
-    return found
+    # In a long text, near-duplicate paragraphs mid-way are normal (reference docs); a counter loop
+    # that matters runs to the end, so only the tail window is held to this signal.
+    if "phrase_loop" not in best and "line_loop" not in best and (lo == 0 or at_text_end):
+        ngram = _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans)
+        if ngram and ("repeated_ngram" not in best or ngram.weight > best["repeated_ngram"].weight):
+            best["repeated_ngram"] = ngram
 
 
-def _repeated_ngram(text, ids, names, ctx, code_spans) -> Reason | None:
+def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | None:
     """A long word sequence that keeps coming back with something changing in between.
 
     Catches loops with a counter ("1. The cat sat. 2. The cat sat. 3. ...") that the back-to-back
@@ -861,7 +908,7 @@ def _repeated_ngram(text, ids, names, ctx, code_spans) -> Reason | None:
     coverage = covered_tokens / n
     if coverage < 0.5:
         return None
-    starts = _token_offsets(text)
+    starts = [lo + x for x in _token_offsets(segment)]
     needed = 0.5
     if ctx.lyric or ctx.repeat:
         needed = 0.8
@@ -1145,7 +1192,7 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
         weight = 0.45
     else:
         weight = 0.3
-    size = f"{completion_tokens} tokens" if completion_tokens is not None else f"{n_words} words"
+    size = f"{completion_tokens} tokens" if completion_tokens is not None else f"{n_words} word(s)"
     finish = "finish_reason unknown" if unknown_finish else "finish_reason=stop"
     span = (max(0, len(stripped) - 40), len(stripped))
     return [Reason("premature_stop", f"{finish} after {size}, but the text {why}",

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the corpus is data: long literal lines read better unwrapped)
 """Writes clean.jsonl and garbled.jsonl: the labelled corpus for the garbage-text detector.
 
 Every sample is written out here so the corpus can be reviewed and regenerated
