@@ -788,15 +788,18 @@ def _suspect_windows(text: str) -> list[tuple[int, int]]:
     """Stretches of a long text worth a token-level loop search: 1 KiB blocks that compress much
     better than the text's median block (with a block of margin each side), and the tail, since a
     loop that runs to the end is the common failure. Overlapping picks are merged."""
+    # Blocks overlap by half, so a short loop is wholly inside at least one of them.
+    step = _BLOCK // 2
+    starts = range(0, max(1, len(text) - step), step)
     ratios = []
-    for lo in range(0, len(text), _BLOCK):
+    for lo in starts:
         chunk = text[lo : lo + _BLOCK].encode("utf-8", "surrogatepass")
         ratios.append(len(zlib.compress(chunk, 1)) / max(1, len(chunk)))
     median = sorted(ratios)[len(ratios) // 2]
     picks = [
-        (max(0, (i - 1) * _BLOCK), min(len(text), (i + 2) * _BLOCK))
-        for i, ratio in enumerate(ratios)
-        if ratio < 0.7 * median
+        (max(0, lo - _BLOCK), min(len(text), lo + 2 * _BLOCK))
+        for lo, ratio in zip(starts, ratios, strict=True)
+        if ratio < 0.8 * median
     ]
     picks.append((max(0, len(text) - _TAIL), len(text)))
     merged: list[tuple[int, int]] = []
