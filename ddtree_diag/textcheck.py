@@ -49,10 +49,17 @@ def run_text_check(
     text = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
     verdict = assess(text, prompt=prompt, finish_reason=finish_reason)
     if as_json:
-        out.write(json.dumps(verdict.to_dict(), ensure_ascii=False) + "\n")
+        out.write(_dumps(verdict.to_dict()) + "\n")
     else:
         _print_verdict(verdict, out)
     return EXIT_CHECK_FAILED if verdict.garbage else EXIT_OK
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    """One JSON line, readable (no \\u escapes for CJK) but with the characters that other tools
+    treat as line breaks (U+0085, U+2028, U+2029) escaped, so one verdict stays one line."""
+    text = json.dumps(data, ensure_ascii=False)
+    return text.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def _read(path: str | None) -> str:
@@ -111,7 +118,7 @@ def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: T
         record = verdict.to_dict()
         if "id" in row:
             record = {"id": row["id"], **record}
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.write(_dumps(record) + "\n")
         any_garbage = any_garbage or verdict.garbage
     return EXIT_CHECK_FAILED if any_garbage else EXIT_OK
 
