@@ -247,7 +247,7 @@ _ASCII_PAIR_RE = re.compile(r"[A-Za-z]{2}")
 # Prompt words that allow (or ask for) other writing systems in the answer.
 _ANY_SCRIPT_RE = re.compile(
     r"translat|traduc|traduz|übersetz|uebersetz|перев[оеё]д|翻译|翻譯|翻訳|번역|"
-    r"multilingual|(?:several|multiple|different|many|other|\d+|various) languages|idiomas|langues|"
+    r"multilingual|\b(?:in|into|across)\b[^.?!\n]{0,30}\blanguages\b|idiomas|langues|"
     r"sprachen|языках|多语|多種言語|unicode|writing system|character set|charset|encoding|alphabet",
     re.IGNORECASE,
 )
@@ -293,7 +293,14 @@ _ROLE_RE = re.compile(
 )
 _DIALOGUE_PROMPT_RE = re.compile(
     r"dialog|conversation|\bchat|transcript|role[- ]?play|screenplay|skit|interview|"
-    r"chat template|chatml|prompt format|对话|對話|會話|会話|диалог|Gespräch|diálogo",
+    r"chat template|chatml|prompt format|few-shot|system prompt|prompt engineering|"
+    r"对话|對話|會話|会話|диалог|Gespräch|diálogo",
+    re.IGNORECASE,
+)
+
+_TEMPLATE_PROMPT_RE = re.compile(
+    r"token|chat.?template|chatml|special|\beos\b|\bbos\b|end.of.(?:text|turn|sequence)|prompt format|"
+    r"im_start|im_end|\[inst\]|jinja",
     re.IGNORECASE,
 )
 
@@ -449,6 +456,10 @@ class _Context:
         return bool(self.prompt) and bool(_DIALOGUE_PROMPT_RE.search(self.prompt))
 
     @cached_property
+    def about_templates(self) -> bool:  # the prompt asks about special tokens or chat templates
+        return bool(self.prompt) and bool(_TEMPLATE_PROMPT_RE.search(self.prompt))
+
+    @cached_property
     def lyric(self) -> bool:  # songs and poems repeat on purpose
         return bool(self.prompt) and bool(_LYRIC_PROMPT_RE.search(self.prompt))
 
@@ -585,6 +596,10 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
         token = match.group()
         if token in ctx.prompt or _inside(match.start(), code_spans):
             continue
+        if ctx.about_templates:
+            add("template_leak", f"chat-template token {token!r} in prose (the prompt asks about them)",
+                match.span(), 0.2)
+            break
         if token == "</s>" and "<s>" in text[: match.start()]:
             continue  # HTML strikethrough, not a SentencePiece end-of-sequence
         count = sum(1 for m in _TEMPLATE_RE.finditer(text) if not _inside(m.start(), code_spans))
@@ -643,6 +658,8 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         marker = match.group().strip()
         if marker.lower() in ctx.prompt_lower:
             continue
+        if match.lastgroup in ("bare", "head") and ":" not in marker and not marker.lstrip("# ").islower():
+            continue  # "User" / "## Assistant" as a list item or a section heading
         hits.append((match.lastgroup, match.span(), marker))
     if not hits:
         return None
@@ -659,12 +676,24 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         weight = min(0.9, 0.7 + 0.05 * (len(strong) - 1))
     elif turn_taking:
         weight = 0.6
+    elif any(_continues_conversation(text, h[1][1], h[2]) for h in contents):
+        weight = 0.55
     else:
         weight = 0.3
     if weight <= 0:
         return None
     what = "turn marker" if strong else "dialogue line"
     return ("role_leak", f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)", span, weight)
+
+
+def _continues_conversation(text: str, end: int, marker: str) -> bool:
+    """A plain "User: <a sentence or a question>" line: the model writing the next turn itself
+    (unlike "User: admin" in credentials or a bold "**User:**" glossary label)."""
+    if "*" in marker or "_" in marker:
+        return False
+    line_end = text.find("\n", end)
+    rest = text[end - 1 : line_end if line_end >= 0 else len(text)]
+    return "?" in rest or len(rest.split()) >= 3
 
 
 def _degenerate_enumeration(text: str):
@@ -832,8 +861,8 @@ def _loops_in(
         unit = ids[start : start + period]
         if not any(_is_word(names[t]) for t in unit):
             continue  # punctuation, digits, markup: rules, tables, code, matrices
-        if period == 1 and names[unit[0]] in _INTERJECTIONS:
-            needed = 6.0
+        if all(names[t] in _INTERJECTIONS for t in unit if _is_word(names[t])):
+            needed = 6.0  # "ha ha ha", "no, no, no, no", "tick-tock, tick-tock"
         elif period <= 2:
             needed = 4.0
         elif covered >= 12 or period >= 6:
@@ -911,6 +940,17 @@ def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | 
     coverage = covered_tokens / n
     if coverage < 0.5:
         return None
+    # What changes between the recurrences? Only numbers and markers: a loop with a counter.
+    # Words: a list with a fixed shape ("Add 1 cup of X to the bowl."), which is fine.
+    # Look at the gaps between covered stretches (not the text before the first or after the last).
+    gaps = with_words = 0
+    reach = hits[0] + size
+    for i in hits[1:]:
+        if i > reach:
+            gaps += 1
+            with_words += any(ids[k] in word_ids for k in range(reach, i))
+        reach = i + size
+    counter_loop = with_words <= 0.25 * gaps
     starts = [lo + x for x in _token_offsets(segment)]
     needed = 0.5
     if ctx.lyric or ctx.repeat:
@@ -920,10 +960,12 @@ def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | 
     if coverage < needed:
         return None
     weight = 0.35
-    if coverage >= 0.7 and count >= 5:
-        weight = 0.55
-    if coverage >= 0.85 and count >= 8:
+    if counter_loop and coverage >= 0.7 and count >= 5:
+        weight = 0.6
+    if counter_loop and coverage >= 0.85 and count >= 8:
         weight = 0.7
+    if not counter_loop:
+        weight = 0.2
     phrase = " ".join(names[t] for t in gram).replace("\n", "\\n")
     span = (starts[first], min(len(text), starts[first] + _EVIDENCE_CHARS))
     return Reason(
@@ -1078,7 +1120,7 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
             w = 0.55  # switched script mid-sentence and back
         elif b - a >= 6:
             w = 0.55  # a whole foreign phrase
-        elif host_before and not _SENTENCE_END_RE.search(before):
+        elif _host_letters(_SENTENCE_END_RE.split(before)[-1], allowed):
             w = 0.5  # a sentence begun in the host script ends in another one
         else:
             w = 0.4
@@ -1132,8 +1174,8 @@ _CLOSE_QUOTES = "\"'`”’»」』)）]*_>›】》"
 
 
 def _quoted(text: str, a: int, b: int) -> bool:
-    """A foreign term written as a term: in quotes/brackets/emphasis, glossed in parentheses, or
-    introduced by a colon or dash (``in Japanese: ありがとう``)."""
+    """A foreign term written as a term: in quotes, brackets or emphasis, or glossed in
+    parentheses: ``"你好"``, ``(こんにちは)``, ``早上好 (zǎoshang hǎo)``."""
     before = text[max(0, a - 2) : a].rstrip(" ")
     after = text[b : b + 3].lstrip(" ")
     if before and before[-1] in _OPEN_QUOTES:
@@ -1141,8 +1183,6 @@ def _quoted(text: str, a: int, b: int) -> bool:
     if after and after[0] in _CLOSE_QUOTES:
         return True
     if after.startswith(("(", "（", "[")):
-        return True
-    if before.endswith((":", "：", "—", "–", "=", "→")) and b - a <= 16:
         return True
     return False
 
@@ -1153,9 +1193,10 @@ def _quoted(text: str, a: int, b: int) -> bool:
 
 # Aux verbs and prepositions a very short reply cannot stop on ("The capital of France is").
 _SHORT_DANGLING = _FUNCTION_WORDS | frozenset(
-    "is are was were am be been being has have had do does i'm i’m it's it’s here there to of in on "
-    "at for with from by as into than that which who whose very es est ist sind son".split()
+    "is are was were i'm i’m it's it’s to of at for with from by as into than very".split()
 )
+# "Yes it is", "There it is": a pronoun before the verb makes a complete short sentence.
+_PRONOUNS = frozenset("it he she they we you i this that what who which one so".split())
 
 
 def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: bool = False) -> list[Reason]:
@@ -1184,7 +1225,9 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
         if len(words) >= 2 and last_word in _FUNCTION_WORDS:
             why = f"ends on the word {last_word!r}"
         elif len(words) >= 2 and short and last_word in _SHORT_DANGLING:
-            why = f"ends on the word {last_word!r}"
+            before = words[-2].lower()
+            if not (last_word in ("is", "are", "was", "were") and before in _PRONOUNS):
+                why = f"ends on the word {last_word!r}"
     if why is None:
         return []
     if unknown_finish:
