@@ -594,17 +594,21 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
 
     for match in _TEMPLATE_RE.finditer(text):
         token = match.group()
-        if token in ctx.prompt or _inside(match.start(), code_spans):
+        if token in ctx.prompt:
             continue
+        in_code = _inside(match.start(), code_spans)
         if ctx.about_templates:
+            if in_code:
+                continue  # asked about templates, shown in a code block: exactly right
             add("template_leak", f"chat-template token {token!r} in prose (the prompt asks about them)",
                 match.span(), 0.2)
             break
         if token == "</s>" and "<s>" in text[: match.start()]:
             continue  # HTML strikethrough, not a SentencePiece end-of-sequence
-        count = sum(1 for m in _TEMPLATE_RE.finditer(text) if not _inside(m.start(), code_spans))
-        add("template_leak", f"chat-template token {token!r} in the text ({count} in all)", match.span(),
-            min(0.95, 0.8 + 0.03 * count))
+        count = len(_TEMPLATE_RE.findall(text))
+        where = "at a code block" if in_code else "in the text"
+        add("template_leak", f"chat-template token {token!r} {where} ({count} in all)", match.span(),
+            0.7 if in_code else min(0.95, 0.8 + 0.03 * count))
         break
 
     role = _role_leak(text, ctx, code_spans)
@@ -624,18 +628,22 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
 
 
 def _mojibake(text: str, ctx: _Context, offset: int, source: str, label: str) -> list[Reason]:
-    import ftfy  # ~70 ms to import; only reached when the text has mojibake-typical characters
-    from ftfy.badness import BADNESS_RE
-
+    if _MOJIBAKE_PROMPT_RE.search(ctx.prompt):
+        return []  # the prompt is about encodings: mis-decoded samples are the topic
+    try:
+        import ftfy  # ~70 ms to import; only reached when the text has mojibake-typical characters
+        from ftfy.badness import BADNESS_RE
+    except ImportError:  # a core dependency, but a broken install should not crash a probe run
+        return _mojibake_without_ftfy(text, offset, source, label)
     match = BADNESS_RE.search(text)
-    if not match or _MOJIBAKE_PROMPT_RE.search(ctx.prompt):
+    if not match:
         return []
     fixed = ftfy.fix_encoding(text)
     start = max(0, match.start() - 10)
     span = (start, min(len(text), match.end() + 20))
     if fixed != text:
         sample = ""
-        for a, b in zip(_NONSPACE_RE.findall(text), _NONSPACE_RE.findall(fixed)):
+        for a, b in zip(_NONSPACE_RE.findall(text), _NONSPACE_RE.findall(fixed), strict=False):
             if a != b:
                 sample = f" ({a!r} should read {b!r})"
                 break
@@ -646,6 +654,25 @@ def _mojibake(text: str, ctx: _Context, offset: int, source: str, label: str) ->
         detail = "character sequences typical of mis-decoded text"
     return [Reason("mojibake", label + detail, _excerpt(text, *span), weight,
                    (span[0] + offset, span[1] + offset), source)]
+
+
+_LATIN1_RUN_RE = re.compile(r"[\u0080-\u00ff\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc\u2013-\u2122]{2,}")
+
+
+def _mojibake_without_ftfy(text: str, offset: int, source: str, label: str) -> list[Reason]:
+    """Fallback: a run of Latin-1/cp1252 characters that re-encodes to valid multi-byte UTF-8."""
+    for match in _LATIN1_RUN_RE.finditer(text):
+        run = match.group()
+        for codec in ("cp1252", "latin-1"):
+            try:
+                fixed = run.encode(codec).decode("utf-8")
+            except (UnicodeEncodeError, UnicodeDecodeError):
+                continue
+            if fixed != run:
+                span = (match.start(), match.end())
+                return [Reason("mojibake", f"{label}mis-decoded UTF-8 ({run!r} should read {fixed!r})",
+                               run, 0.75, (span[0] + offset, span[1] + offset), source)]
+    return []
 
 
 def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
@@ -860,8 +887,10 @@ def _loops_in(
             continue
         unit = ids[start : start + period]
         if not any(_is_word(names[t]) for t in unit):
-            continue  # punctuation, digits, markup: rules, tables, code, matrices
-        if all(names[t] in _INTERJECTIONS for t in unit if _is_word(names[t])):
+            if not any(names[t].isdigit() for t in unit):
+                continue  # punctuation and markup: rules, table borders, closing braces
+            needed = 10.0  # numbers repeat legitimately (matrices, tallies), but not forever
+        elif all(names[t] in _INTERJECTIONS for t in unit if _is_word(names[t])):
             needed = 6.0  # "ha ha ha", "no, no, no, no", "tick-tock, tick-tock"
         elif period <= 2:
             needed = 4.0
@@ -960,7 +989,8 @@ def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | 
     if coverage < needed:
         return None
     weight = 0.35
-    if counter_loop and coverage >= 0.7 and count >= 5:
+    reaches_end = ctx.truncated and hits[-1] + 2 * size >= n
+    if counter_loop and count >= 5 and (coverage >= 0.7 or (coverage >= 0.6 and reaches_end)):
         weight = 0.6
     if counter_loop and coverage >= 0.85 and count >= 8:
         weight = 0.7
