@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -315,7 +316,6 @@ _MOJIBAKE_GATE_RE = re.compile(r"[\u00c2-\u00c5\u00ce-\u00d1\u00e2\u00e3\u00ef\u
 # A list marker ("1." / "1)") at a word boundary followed by space or end.
 _MARKER_RE = re.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
 
-_CODE_FENCE_RE = re.compile(r"(?ms)^[ \t]*(```|~~~).*?(?:^[ \t]*\1[^\n]*$|\Z)")
 _INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
 _LYRIC_PROMPT_RE = re.compile(
@@ -474,15 +474,50 @@ def _excerpt(text: str, start: int, end: int) -> str:
 
 
 def _code_spans(text: str) -> list[tuple[int, int]]:
+    """Fenced blocks (an unclosed fence runs to the end) and inline `code`, sorted, disjoint."""
     if "`" not in text and "~~~" not in text:
         return []
-    spans = [m.span() for m in _CODE_FENCE_RE.finditer(text)]
-    spans += [m.span() for m in _INLINE_CODE_RE.finditer(text) if not _inside(m.start(), spans)]
+    fences = _fence_spans(text)
+    spans = list(fences)
+    if "`" in text:
+        spans += [m.span() for m in _INLINE_CODE_RE.finditer(text) if not _inside(m.start(), fences)]
+    spans.sort()
     return spans
 
 
+def _fence_spans(text: str) -> list[tuple[int, int]]:
+    # str.find over the fence markers: much faster than a multi-line regex on long texts.
+    marks: list[tuple[int, str]] = []
+    for fence in ("```", "~~~"):
+        at = text.find(fence)
+        while at >= 0:
+            line_start = text.rfind("\n", 0, at) + 1
+            if not text[line_start:at].strip(" \t"):
+                marks.append((line_start, fence))
+            nl = text.find("\n", at)
+            at = text.find(fence, nl) if nl >= 0 else -1
+    marks.sort()
+    spans: list[tuple[int, int]] = []
+    opened: tuple[int, str] | None = None
+    for start, fence in marks:
+        if opened is None:
+            opened = (start, fence)
+        elif fence == opened[1]:
+            end = text.find("\n", start)
+            spans.append((opened[0], end if end >= 0 else len(text)))
+            opened = None
+    if opened is not None:
+        spans.append((opened[0], len(text)))
+    return spans
+
+
+_FAR = float("inf")
+
+
 def _inside(pos: int, spans: list[tuple[int, int]]) -> bool:
-    return any(a <= pos < b for a, b in spans)
+    """Is pos inside one of the sorted, disjoint spans?"""
+    index = bisect_right(spans, (pos, _FAR)) - 1
+    return index >= 0 and spans[index][0] <= pos < spans[index][1]
 
 
 def _line_at(text: str, pos: int) -> str:
@@ -679,7 +714,7 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
     if ":" not in text and "\n" not in text and not text.lstrip().lower().startswith(("user", "assistant")):
         return None
     hits = []
-    for match in _ROLE_RE.finditer(text):
+    for match in _role_matches(text):
         if _inside(match.start(), code_spans):
             continue
         marker = match.group().strip()
@@ -711,6 +746,42 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         return None
     what = "turn marker" if strong else "dialogue line"
     return ("role_leak", f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)", span, weight)
+
+
+_ROLE_WORDS = ("user", "assistant", "human", "system", "model", "ai", "bot", "gpt", "chatbot")
+
+
+def _role_matches(text: str):
+    """_ROLE_RE matches, tried only on lines whose first word is a role (fast on long texts)."""
+    offset = 0
+    for line in text.split("\n"):
+        head = line.lstrip(" \t>*_#")[:9].lower()
+        if head.startswith(_ROLE_WORDS) or head.startswith(("instructi", "response")):
+            match = _ROLE_RE.match(line)
+            if match:
+                yield _ShiftedMatch(match, offset)
+        offset += len(line) + 1
+
+
+class _ShiftedMatch:
+    """A match on one line, with spans in whole-text coordinates."""
+
+    __slots__ = ("lastgroup", "_match", "_offset")
+
+    def __init__(self, match: re.Match, offset: int) -> None:
+        self._match = match
+        self._offset = offset
+        self.lastgroup = match.lastgroup
+
+    def group(self) -> str:
+        return self._match.group()
+
+    def start(self) -> int:
+        return self._match.start() + self._offset
+
+    def span(self) -> tuple[int, int]:
+        a, b = self._match.span()
+        return a + self._offset, b + self._offset
 
 
 def _continues_conversation(text: str, end: int, marker: str) -> bool:
