@@ -1,4 +1,4 @@
-"""Garbage-text detection: does this answer look like something no model would write?
+r"""Garbage-text detection: does this answer look like something no model would write?
 
 A speculative-decoding bug (wrong positions, a stale cache, a bad template) usually shows first as
 text, not as a number: acceptance can even *rise* on a degenerate loop. ``assess`` looks at one
@@ -18,23 +18,26 @@ Reason codes (stable; other tools may match on them):
 
 | code | severity | what it means |
 |---|---|---|
-| `empty_output` | hard | no answer at all, or only whitespace/punctuation |
-| `premature_stop` | hard / soft | finished with `stop` on an unfinished sentence (`Hello,`, `Here is the code:`); hard when very short |
+| `empty_output` | hard | no answer, or only whitespace, punctuation or a bare list marker |
+| `premature_stop` | hard/soft | `stop` on an unfinished sentence (`Hello,`, `Here is the code:`) |
 | `token_loop` | hard | one word or character repeated back to back (`the the the the`) |
 | `phrase_loop` | hard | a multi-word phrase repeated back to back |
 | `line_loop` | hard | the same line (or group of lines) repeated back to back |
-| `repeated_ngram` | soft / hard | a long word sequence recurring throughout the text (a loop with a changing counter) |
-| `compression_ratio` | soft | the text compresses abnormally well (repetitive) or abnormally badly (noise) under zlib |
-| `script_mix` | hard / soft | letters of a writing system the prompt does not use (CJK in an English answer), or a word mixing Latin and Cyrillic letters |
-| `template_leak` | hard | chat-template special tokens in the answer (`<\\|im_start\\|>`, `<\\|im_end\\|>`, `<\\|endoftext\\|>`, `</s>`, `[INST]`) |
-| `role_leak` | hard / soft | conversation turn markers in the answer (`user:`, `# user:`, `Human:`, `### Instruction:`, a bare `assistant` line) |
+| `repeated_ngram` | hard/soft | a phrase recurring with only a counter changing (`1. X. 2. X. 3. X.`) |
+| `compression_ratio` | soft | zlib finds the text far more repetitive (or noisier) than language |
+| `script_mix` | hard/soft | a script the prompt does not use (CJK inside English), or homoglyphs |
+| `template_leak` | hard | chat-template tokens (`<\|im_start\|>`, `<\|endoftext\|>`, `</s>`, `[INST]`) |
+| `role_leak` | hard/soft | turn markers (`user:`, `# user:`, `Human:`, `### Instruction:`, `assistant`) |
 | `thinking_leak` | hard | `<think>`/`</think>` in the answer when thinking is off, separated, or repeated |
-| `unterminated_think` | hard / info | a `<think>` block that never closes (info when the reply was cut by length) |
+| `unterminated_think` | hard/info | a `<think>` block that never closes (info when cut by length) |
 | `degenerate_enumeration` | hard | list markers that never advance and hold nothing (`1. 1. 1.`) |
 | `replacement_char` | hard | U+FFFD replacement characters (broken byte-level decoding) |
 | `control_chars` | hard | C0/C1 control characters, lone surrogates or non-characters |
-| `mojibake` | hard / soft | UTF-8 decoded with the wrong codec (`Ã©tÃ©` for `été`), found with ftfy |
+| `mojibake` | hard/soft | UTF-8 decoded with the wrong codec (`Ã©tÃ©` for `été`), found with ftfy |
 | `truncated` | info | cut at max_tokens (`finish_reason=length`); never garbage by itself |
+
+Hard/soft depends on the evidence (how many repeats, how much of the text, what the prompt asked
+for); ``Reason.severity`` says which one a given reason is.
 
 The verdict's dict form (``Verdict.to_dict``) is what probe results and the JSON report carry:
 ``{"garbage", "score", "truncated", "reasons": [{"code", "detail", "evidence", "severity",
@@ -50,6 +53,7 @@ from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import pairwise
 from typing import Any
 
 import regex
@@ -200,9 +204,7 @@ class Verdict:
 # and punctuation runs. Spaces are dropped: a loop is about what repeats, not how it is spaced.
 # (stdlib `re` here: about twice as fast as `regex` on this simple pattern; CJK ranges by hand.)
 _CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_TOKEN_RE = re.compile(
-    rf"[{_CJK_RANGES}]|[^\W{_CJK_RANGES}]+(?:['’][^\W{_CJK_RANGES}]+)*|\n+|[^\w\s]+"
-)
+_TOKEN_RE = re.compile(rf"[{_CJK_RANGES}]|[^\W{_CJK_RANGES}]+(?:['’][^\W{_CJK_RANGES}]+)*|\n+|[^\w\s]+")
 _WORDISH_RE = re.compile(r"[^\W\d_]")
 _HAS_CONTENT_RE = re.compile(r"[^\W_]|[^\x00-\x7f]")
 _ONLY_MARKER_RE = re.compile(r"(?:\d{1,3}[.)]|[-*•]|step \d+:?)", re.IGNORECASE)
@@ -253,10 +255,21 @@ _ANY_SCRIPT_RE = re.compile(
     re.IGNORECASE,
 )
 _LANGUAGE_SCRIPTS = (
-    (r"chin(?:a|ese)|taiwan|hong kong|mandarin|cantonese|hanzi|kanji|pinyin|中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|китайск", {"Han"}),
-    (r"japan|hiragana|katakana|kana\b|日本語|日语|日文|japon[eé]s|japonais|japanisch|японск", {"Han", "Kana"}),
+    (
+        r"chin(?:a|ese)|taiwan|hong kong|mandarin|cantonese|hanzi|kanji|pinyin|"
+        r"中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|китайск",
+        {"Han"},
+    ),
+    (
+        r"japan|hiragana|katakana|kana\b|日本語|日语|日文|japon[eé]s|japonais|japanisch|японск",
+        {"Han", "Kana"},
+    ),
     (r"korea|hangul|한국어|韩语|韓国語|coreano|coréen|koreanisch|корейск", {"Hangul", "Han"}),
-    (r"russia|cyrillic|ukrain|bulgarian|serbian|belarusian|kazakh|mongolian|русск|украин|ruso|russe|russisch|俄语|ロシア語", {"Cyrillic"}),
+    (
+        r"russia|cyrillic|ukrain|bulgarian|serbian|belarusian|kazakh|mongolian|"
+        r"русск|украин|ruso|russe|russisch|俄语|ロシア語",
+        {"Cyrillic"},
+    ),
     (r"greek|greece|ελληνικ|griego|grec|griechisch|希腊", {"Greek"}),
     (r"arab|egypt|persian|iran|farsi|urdu|pakistan|عرب|árabe|arabe|arabisch|阿拉伯", {"Arabic"}),
     (r"hebrew|israel|yiddish|עברית|hebreo|hébreu|hebräisch", {"Hebrew"}),
@@ -311,7 +324,10 @@ _THINK_CLOSE = "</think>"
 # C0 (but tab/newline/CR), DEL, C1, lone surrogates, non-characters.
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
 # Characters that UTF-8-as-Latin-1/cp1252 mojibake always produces; gates the (slower) ftfy check.
-_MOJIBAKE_GATE_RE = re.compile(r"[\u00c2-\u00c5\u00ce-\u00d1\u00e2\u00e3\u00ef\u0152\u0153\u0161\u201a-\u201e\u2020\u2021\u2030\u2039\u203a\u02c6\u02dc\u0080-\u009f]")
+_MOJIBAKE_GATE_RE = re.compile(
+    r"[\u00c2-\u00c5\u00ce-\u00d1\u00e2\u00e3\u00ef\u0152\u0153\u0161\u201a-\u201e"
+    r"\u2020\u2021\u2030\u2039\u203a\u02c6\u02dc\u0080-\u009f]"
+)
 
 # A list marker ("1." / "1)") at a word boundary followed by space or end.
 _MARKER_RE = re.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
@@ -330,18 +346,19 @@ _REPEAT_PROMPT_RE = re.compile(
 )
 
 # Interjections and sounds that people do write several times in a row.
-_INTERJECTIONS = frozenset(
-    "ha ha! he hi ho hah heh hee la na da di do doo oh ooh ah aah uh um hmm mm no yes yeah yay "
+_INTERJECTIONS_TEXT = (
+    "ha he hi ho hah heh hee la na da di do doo oh ooh ah aah uh um hmm mm no yes yeah yay "
     "hey wow bye go very so really much more tick tock knock ding dong bang boom beep buzz choo "
-    "woof meow quack moo baa oink tweet chirp zzz bla blah yada rah hip hurray hooray pew ".split()
+    "woof meow quack moo baa oink tweet chirp zzz bla blah yada rah hip hurray hooray pew"
 )
+_INTERJECTIONS = frozenset(_INTERJECTIONS_TEXT.split())
 
 _UNFINISHED_END = tuple(",，、:：;；(（[{—–-“«‘")
 # Words an English/Spanish/German/French sentence cannot end on (prepositions and pronouns can).
-_FUNCTION_WORDS = frozenset(
-    "a an the and or but nor because although whereas unless my your our their whose "
-    "y und oder et ou".split()
+_FUNCTION_WORDS_TEXT = (
+    "a an the and or but nor because although whereas unless my your our their whose y und oder et ou"
 )
+_FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 _STOP_REASONS = frozenset({"stop", "eos", "end_turn", "stop_sequence", "eos_token"})
 
 
@@ -371,7 +388,9 @@ def assess(
     reasons: list[Reason] = []
 
     if truncated:
-        why = f"finish_reason={finish}" if finish == "length" else f"{completion_tokens} of {max_tokens} tokens"
+        why = (
+            f"finish_reason={finish}" if finish == "length" else f"{completion_tokens} of {max_tokens} tokens"
+        )
         reasons.append(Reason("truncated", f"cut at the token limit ({why}); not garbage by itself"))
 
     answer, think_text, think_offset = _split_thinking(text, thinking, reasoning, truncated, reasons)
@@ -382,13 +401,20 @@ def assess(
         if truncated and has_thought:
             pass  # cut while thinking: the answer never started; `truncated` says so
         elif truncated:
-            reasons.append(Reason("empty_output", "the answer is empty (cut by length before it began?)", "", 0.3))
+            reasons.append(
+                Reason("empty_output", "the answer is empty (cut by length before it began?)", "", 0.3)
+            )
         else:
             reasons.append(Reason("empty_output", "the answer is empty", "", 1.0 if not has_thought else 0.7))
     elif not _HAS_CONTENT_RE.search(stripped) or _ONLY_MARKER_RE.fullmatch(stripped):
         reasons.append(
-            Reason("empty_output", "the answer holds only punctuation or a bare list marker",
-                   stripped[:_EVIDENCE_CHARS], 0.7, (0, len(answer)))
+            Reason(
+                "empty_output",
+                "the answer holds only punctuation or a bare list marker",
+                stripped[:_EVIDENCE_CHARS],
+                0.7,
+                (0, len(answer)),
+            )
         )
     else:
         reasons.extend(_content_signals(answer, ctx, 0, "text"))
@@ -576,7 +602,9 @@ def _split_thinking(
         think_start = start + len(_THINK_OPEN)
         if truncated:
             reasons.append(
-                Reason("unterminated_think", "cut by length inside the think block", "", 0.0, (start, len(text)))
+                Reason(
+                    "unterminated_think", "cut by length inside the think block", "", 0.0, (start, len(text))
+                )
             )
         else:
             reasons.append(
@@ -613,16 +641,24 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
     if "\ufffd" in text and "\ufffd" not in ctx.prompt:
         count = text.count("\ufffd")
         first = text.index("\ufffd")
-        add("replacement_char", f"{count} U+FFFD replacement character(s)", (first, first + 1),
-            min(0.95, 0.7 + 0.05 * count))
+        add(
+            "replacement_char",
+            f"{count} U+FFFD replacement character(s)",
+            (first, first + 1),
+            min(0.95, 0.7 + 0.05 * count),
+        )
 
     control = _CONTROL_RE.search(text)
     if control:
         count = len(_CONTROL_RE.findall(text))
         name = f"U+{ord(control.group()):04X}"
         span = (max(0, control.start() - 20), min(len(text), control.end() + 20))
-        add("control_chars", f"{count} control/invalid character(s), first {name}", span,
-            min(0.9, 0.6 + 0.05 * count))
+        add(
+            "control_chars",
+            f"{count} control/invalid character(s), first {name}",
+            span,
+            min(0.9, 0.6 + 0.05 * count),
+        )
 
     if not text.isascii() and _MOJIBAKE_GATE_RE.search(text):
         out.extend(_mojibake(text, ctx, offset, source, label))
@@ -635,15 +671,23 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
         if ctx.about_templates:
             if in_code:
                 continue  # asked about templates, shown in a code block: exactly right
-            add("template_leak", f"chat-template token {token!r} in prose (the prompt asks about them)",
-                match.span(), 0.2)
+            add(
+                "template_leak",
+                f"chat-template token {token!r} in prose (the prompt asks about them)",
+                match.span(),
+                0.2,
+            )
             break
         if token == "</s>" and "<s>" in text[: match.start()]:
             continue  # HTML strikethrough, not a SentencePiece end-of-sequence
         count = len(_TEMPLATE_RE.findall(text))
         where = "at a code block" if in_code else "in the text"
-        add("template_leak", f"chat-template token {token!r} {where} ({count} in all)", match.span(),
-            0.7 if in_code else min(0.95, 0.8 + 0.03 * count))
+        add(
+            "template_leak",
+            f"chat-template token {token!r} {where} ({count} in all)",
+            match.span(),
+            0.7 if in_code else min(0.95, 0.8 + 0.03 * count),
+        )
         break
 
     role = _role_leak(text, ctx, code_spans)
@@ -655,8 +699,14 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
         add(*enum)
 
     out.extend(
-        Reason(r.code, label + r.detail, r.evidence, r.weight,
-               (r.span[0] + offset, r.span[1] + offset) if r.span else None, source)
+        Reason(
+            r.code,
+            label + r.detail,
+            r.evidence,
+            r.weight,
+            (r.span[0] + offset, r.span[1] + offset) if r.span else None,
+            source,
+        )
         for r in _loops(text, ctx, code_spans)
     )
     return out
@@ -687,11 +737,21 @@ def _mojibake(text: str, ctx: _Context, offset: int, source: str, label: str) ->
     else:
         weight = 0.35
         detail = "character sequences typical of mis-decoded text"
-    return [Reason("mojibake", label + detail, _excerpt(text, *span), weight,
-                   (span[0] + offset, span[1] + offset), source)]
+    return [
+        Reason(
+            "mojibake",
+            label + detail,
+            _excerpt(text, *span),
+            weight,
+            (span[0] + offset, span[1] + offset),
+            source,
+        )
+    ]
 
 
-_LATIN1_RUN_RE = re.compile(r"[\u0080-\u00ff\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc\u2013-\u2122]{2,}")
+_LATIN1_RUN_RE = re.compile(
+    r"[\u0080-\u00ff\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc\u2013-\u2122]{2,}"
+)
 
 
 def _mojibake_without_ftfy(text: str, offset: int, source: str, label: str) -> list[Reason]:
@@ -705,8 +765,16 @@ def _mojibake_without_ftfy(text: str, offset: int, source: str, label: str) -> l
                 continue
             if fixed != run:
                 span = (match.start(), match.end())
-                return [Reason("mojibake", f"{label}mis-decoded UTF-8 ({run!r} should read {fixed!r})",
-                               run, 0.75, (span[0] + offset, span[1] + offset), source)]
+                return [
+                    Reason(
+                        "mojibake",
+                        f"{label}mis-decoded UTF-8 ({run!r} should read {fixed!r})",
+                        run,
+                        0.75,
+                        (span[0] + offset, span[1] + offset),
+                        source,
+                    )
+                ]
     return []
 
 
@@ -729,7 +797,7 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
     contents = [h for h in hits if h[0] == "content"]
     speakers = {_FIRST_WORD_RE.match(h[2]).group(1).lower() for h in contents}
     turn_taking = len(speakers & {"user"}) and len(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
-    kind, span, marker = (strong or hits)[0]
+    _kind, span, marker = (strong or hits)[0]
     line_end = text.find("\n", span[0])
     span = (span[0], line_end if line_end > span[0] else len(text))
     if ctx.dialogue:
@@ -745,7 +813,12 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
     if weight <= 0:
         return None
     what = "turn marker" if strong else "dialogue line"
-    return ("role_leak", f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)", span, weight)
+    return (
+        "role_leak",
+        f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)",
+        span,
+        weight,
+    )
 
 
 _ROLE_WORDS = ("user", "assistant", "human", "system", "model", "ai", "bot", "gpt", "chatbot")
@@ -766,7 +839,7 @@ def _role_matches(text: str):
 class _ShiftedMatch:
     """A match on one line, with spans in whole-text coordinates."""
 
-    __slots__ = ("lastgroup", "_match", "_offset")
+    __slots__ = ("_match", "_offset", "lastgroup")
 
     def __init__(self, match: re.Match, offset: int) -> None:
         self._match = match
@@ -802,7 +875,7 @@ def _degenerate_enumeration(text: str):
         return None
     stuck = 0
     first_span = None
-    for prev, cur in zip(markers, markers[1:]):
+    for prev, cur in pairwise(markers):
         between = text[prev.end() : cur.start()]
         empty = not _WORDISH_RE.search(between) or len(between.strip()) <= 3
         if empty and int(cur.group(1)) <= int(prev.group(1)):
@@ -847,8 +920,10 @@ def _token_offsets(text: str) -> list[int]:
 
 
 def _is_word(token: str) -> bool:
-    return token[:1].isalpha() or (token[:1].isalnum() and not token.isdigit()) or (
-        token[:1] == "_" and len(token) > 1
+    return (
+        token[:1].isalpha()
+        or (token[:1].isalnum() and not token.isdigit())
+        or (token[:1] == "_" and len(token) > 1)
     )
 
 
@@ -950,7 +1025,7 @@ def _loops_in(
     at_text_end = hi == len(text)
     starts: list[int] | None = None
     # No bigram occurs twice: nothing can repeat back to back (most short answers stop here).
-    runs = _periodic_runs(ids) if len(set(zip(ids, ids[1:]))) < n - 1 else []
+    runs = _periodic_runs(ids) if len(set(pairwise(ids))) < n - 1 else []
     for start, end, period in runs:
         covered = end - start
         repeats = covered / period
@@ -1022,15 +1097,18 @@ def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | 
     n = len(ids)
     if n < size * 4:
         return None
-    counts = Counter(zip(*(ids[k:] for k in range(size))))
+    counts = Counter(zip(*(ids[k:] for k in range(size)), strict=False))
     word_ids = {i for i, t in enumerate(names) if _is_word(t)}
-    common = [(gram, count) for gram, count in counts.most_common(50) if count >= 4
-              and sum(1 for t in gram if t in word_ids) >= 3]
+    common = [
+        (gram, count)
+        for gram, count in counts.most_common(50)
+        if count >= 4 and sum(1 for t in gram if t in word_ids) >= 3
+    ]
     if not common:
         return None
     gram, count = common[0]
     frequent = {g for g, c in counts.items() if c >= 3 and sum(1 for t in g if t in word_ids) >= 3}
-    hits = [i for i, g in enumerate(zip(*(ids[k:] for k in range(size)))) if g in frequent]
+    hits = [i for i, g in enumerate(zip(*(ids[k:] for k in range(size)), strict=False)) if g in frequent]
     first = hits[0]
     covered_tokens = 0
     reach = -1  # union of the windows [i, i + size)
@@ -1155,8 +1233,15 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
     if mixed and mixed not in ctx.prompt:
         # Homoglyph soup says more than the run count; report it alone.
         at = text.find(mixed)
-        return [Reason("script_mix", f"word mixes Latin and Cyrillic letters: {mixed!r}",
-                       mixed, 0.65, (at, at + len(mixed)))]
+        return [
+            Reason(
+                "script_mix",
+                f"word mixes Latin and Cyrillic letters: {mixed!r}",
+                mixed,
+                0.65,
+                (at, at + len(mixed)),
+            )
+        ]
     if not runs or ctx.any_script:
         return out
     answer_counts: Counter = Counter()
@@ -1198,9 +1283,13 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
         # The whole answer is in another writing system: a language switch, odd but consistent.
         first = foreign[0]
         out.append(
-            Reason("script_mix",
-                   f"the answer is written in {'/'.join(names)}, not in {expected} script",
-                   _excerpt(text, first[1], len(text)), 0.45, (first[1], min(len(text), first[2] + 40)))
+            Reason(
+                "script_mix",
+                f"the answer is written in {'/'.join(names)}, not in {expected} script",
+                _excerpt(text, first[1], len(text)),
+                0.45,
+                (first[1], min(len(text), first[2] + 40)),
+            )
         )
         return out
     weights = []
@@ -1237,10 +1326,14 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
     span = (max(0, a - 20), min(len(text), b + 20))
     spans = ", ".join(repr(text[x:y][:12]) for _, x, y in flagged[:4])
     out.append(
-        Reason("script_mix",
-               f"{len(flagged)} {'/'.join(sorted({s for s, _, _ in flagged}))} span(s) outside "
-               f"{expected} script: {spans}",
-               _excerpt(text, *span), weight, span)
+        Reason(
+            "script_mix",
+            f"{len(flagged)} {'/'.join(sorted({s for s, _, _ in flagged}))} span(s) outside "
+            f"{expected} script: {spans}",
+            _excerpt(text, *span),
+            weight,
+            span,
+        )
     )
     return out
 
@@ -1283,9 +1376,7 @@ def _quoted(text: str, a: int, b: int) -> bool:
         return True
     if after and after[0] in _CLOSE_QUOTES:
         return True
-    if after.startswith(("(", "（", "[")):
-        return True
-    return False
+    return after.startswith(("(", "（", "["))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1294,10 +1385,12 @@ def _quoted(text: str, a: int, b: int) -> bool:
 
 # Aux verbs and prepositions a very short reply cannot stop on ("The capital of France is").
 _SHORT_DANGLING = _FUNCTION_WORDS | frozenset(
-    "is are was were i'm i’m it's it’s to of at for with from by as into than very".split()
+    "is are was were i'm i’m it's it’s to of at for with from by as into than very".split()  # noqa: SIM905
 )
 # "Yes it is", "There it is": a pronoun before the verb makes a complete short sentence.
-_PRONOUNS = frozenset("it he she they we you i this that what who which one so".split())
+_PRONOUNS = frozenset(
+    "it he she they we you i this that what who which one so".split()  # noqa: SIM905
+)
 
 
 def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: bool = False) -> list[Reason]:
@@ -1307,11 +1400,8 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
     end_char = stripped[-1]
     tail = stripped[-400:]
     words = _WORDS_RE.findall(tail)
-    if len(stripped) > 400:
-        n_words = 100
-    else:
-        # CJK text has no spaces; count two characters as a word there.
-        n_words = max(len(words), len(_CJK_CHAR_RE.findall(tail)) // 2)
+    # A long text is never "short"; CJK text has no spaces, so count two characters as a word.
+    n_words = 100 if len(stripped) > 400 else max(len(words), len(_CJK_CHAR_RE.findall(tail)) // 2)
     short = n_words <= 8 or (completion_tokens is not None and completion_tokens <= 8)
     cut = len(tail)
     while cut and (tail[cut - 1].isalnum() or tail[cut - 1] in "'’"):
@@ -1342,5 +1432,12 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
     size = f"{completion_tokens} tokens" if completion_tokens is not None else f"{n_words} word(s)"
     finish = "finish_reason unknown" if unknown_finish else "finish_reason=stop"
     span = (max(0, len(stripped) - 40), len(stripped))
-    return [Reason("premature_stop", f"{finish} after {size}, but the text {why}",
-                   _excerpt(answer, *span), weight, span)]
+    return [
+        Reason(
+            "premature_stop",
+            f"{finish} after {size}, but the text {why}",
+            _excerpt(answer, *span),
+            weight,
+            span,
+        )
+    ]

@@ -105,7 +105,9 @@ def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: T
         kwargs = {key: row.get(key) for key in _JSONL_FIELDS}
         for key, types in _FIELD_TYPES.items():
             value = kwargs[key]
-            if value is not None and (not isinstance(value, types) or (types == (int,) and isinstance(value, bool))):
+            if value is not None and (
+                not isinstance(value, types) or (types == (int,) and isinstance(value, bool))
+            ):
                 raise UsageError(f"{where}: '{key}' must be {types[0].__name__}, got {type(value).__name__}")
         if kwargs["prompt"] is None:
             kwargs["prompt"] = prompt
@@ -155,9 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("file", nargs="?", default="-", help="file to check, or - for stdin (default)")
     parser.add_argument("--prompt", default=None, help="the prompt the text answers (enables script checks)")
-    parser.add_argument("--finish-reason", default=None, help="the server's finish_reason (stop, length, ...)")
+    parser.add_argument(
+        "--finish-reason", default=None, help="the server's finish_reason (stop, length, ...)"
+    )
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
-    parser.add_argument("--jsonl", action="store_true", help="input is JSON lines; print one verdict per line")
+    parser.add_argument(
+        "--jsonl", action="store_true", help="input is JSON lines; print one verdict per line"
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     try:

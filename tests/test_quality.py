@@ -41,8 +41,14 @@ def flagged(text: str, code: str, **kwargs) -> bool:
 
 
 def test_story_thinking_output_is_garbage_with_several_named_reasons():
-    verdict = assess(STORY_THINKING, prompt=STORY_PROMPT, finish_reason="length", thinking=True,
-                     completion_tokens=48, max_tokens=48)
+    verdict = assess(
+        STORY_THINKING,
+        prompt=STORY_PROMPT,
+        finish_reason="length",
+        thinking=True,
+        completion_tokens=48,
+        max_tokens=48,
+    )
     assert verdict.garbage
     assert {"degenerate_enumeration", "script_mix", "role_leak", "truncated"} <= set(verdict.codes)
     by_code = {r.code: r for r in verdict.reasons}
@@ -70,13 +76,19 @@ def test_story_hello_comma_is_a_premature_stop():
     ("text", "kwargs", "code"),
     [
         ("the the the the", {}, "token_loop"),
-        ("Paris is lovely. It is a beautiful city. It is a beautiful city. It is a beautiful city. It is",
-         {"finish_reason": "length"}, "phrase_loop"),
+        (
+            "Paris is lovely. It is a beautiful city. It is a beautiful city. It is a beautiful city. It is",
+            {"finish_reason": "length"},
+            "phrase_loop",
+        ),
         ("I think I think I think I think I think", {"finish_reason": "length"}, "phrase_loop"),
         ("OK.\nSee you soon!\nSee you soon!\nSee you soon!\nSee you soon!", {}, "line_loop"),
         ("我的的的的的的的的的的", {"prompt": "介绍一下你自己。", "finish_reason": "length"}, "token_loop"),
-        ("Facts:\n" + "".join(f"{i}. Water boils at one hundred degrees.\n" for i in range(1, 10)),
-         {"finish_reason": "length"}, "repeated_ngram"),
+        (
+            "Facts:\n" + "".join(f"{i}. Water boils at one hundred degrees.\n" for i in range(1, 10)),
+            {"finish_reason": "length"},
+            "repeated_ngram",
+        ),
     ],
 )
 def test_loops(text, kwargs, code):
@@ -92,7 +104,10 @@ def test_replacement_character_loop():
 @pytest.mark.parametrize(
     ("text", "prompt"),
     [
-        ("The capital of France is Paris, which is known for 它的美丽的建筑和丰富的历史。", "What is the capital of France?"),
+        (
+            "The capital of France is Paris, which is known for 它的美丽的建筑和丰富的历史。",
+            "What is the capital of France?",
+        ),
         ("Hello! How can I помочь вам сегодня?", STORY_PROMPT),
         ("Die Hauptstadt ist Berlin, 柏林是一个城市 und sehr groß.", "Was ist die Hauptstadt Deutschlands?"),
         ("Привет! Я рад 你好 тебя видеть.", "Поздоровайся одним предложением."),
@@ -182,8 +197,14 @@ def test_empty_output(text):
 
 @pytest.mark.parametrize(
     "text",
-    ["Hello,", "The capital of France is", "Here is the code:", "你好，", "Sure! The answer is the",
-     "```python\ndef add(a, b):"],
+    [
+        "Hello,",
+        "The capital of France is",
+        "Here is the code:",
+        "你好，",
+        "Sure! The answer is the",
+        "```python\ndef add(a, b):",
+    ],
 )
 def test_premature_stop(text):
     assert flagged(text, "premature_stop", finish_reason="stop")
@@ -208,9 +229,7 @@ def test_control_chars(text):
     assert flagged(text, "control_chars")
 
 
-@pytest.mark.parametrize(
-    "text", ["L'Ã©tÃ© Ã  Paris est trÃ¨s chaud.", "Itâ€™s a nice day.", "ÐŸÑ€Ð¸Ð²ÐµÑ‚!"]
-)
+@pytest.mark.parametrize("text", ["L'Ã©tÃ© Ã  Paris est trÃ¨s chaud.", "Itâ€™s a nice day.", "ÐŸÑ€Ð¸Ð²ÐµÑ‚!"])
 def test_mojibake(text):
     verdict = assess(text)
     assert verdict.garbage and verdict.top_reason.code == "mojibake"
@@ -223,7 +242,9 @@ def test_compression_ratio_flags_long_repetition_as_a_soft_signal():
 
 
 def test_truncated_text_is_not_garbage_by_itself():
-    verdict = assess("Photosynthesis is the process by which plants convert light energy into", finish_reason="length")
+    verdict = assess(
+        "Photosynthesis is the process by which plants convert light energy into", finish_reason="length"
+    )
     assert not verdict.garbage and verdict.truncated
     assert verdict.codes == ["truncated"]
     assert verdict.summary() == "✓ truncated"
@@ -241,37 +262,94 @@ CLEAN = [
     ("Hi there! How can I help?", "hi", "stop"),
     ("No", "Is 9 prime? yes or no", "stop"),
     ("Sure! 😊 Have a great day! 🎉", "Say bye", "stop"),
-    ("Docs: https://example.com/a/b?x=1&y=2#frag and http://localhost:8000/v1/chat/completions", "links?", "stop"),
+    (
+        "Docs: https://example.com/a/b?x=1&y=2#frag and http://localhost:8000/v1/chat/completions",
+        "links?",
+        "stop",
+    ),
     ("The café served crème brûlée; a naïve choice, perhaps, but delicious.", "Describe dessert.", "stop"),
     ("In Mandarin the concept is called “关系” (guānxi), roughly 'connections'.", "What is guanxi?", "stop"),
     ("Its name in Chinese is “长城”.", "What is the Great Wall called locally?", "stop"),
-    ("$E = mc^2$, and for a photon $E = h\\nu$; with $\\lambda = c/\\nu$ we get $E = hc/\\lambda$.", "E=mc^2?", "stop"),
+    (
+        "$E = mc^2$, and for a photon $E = h\\nu$; with $\\lambda = c/\\nu$ we get $E = hc/\\lambda$.",
+        "E=mc^2?",
+        "stop",
+    ),
     ("Let ε > 0 and δ = ε/2. Then |f(x) − f(a)| < ε whenever |x − a| < δ.", "continuity proof", "stop"),
-    ("\n".join(f"- Step {i}: {v} the {o}." for i, (v, o) in enumerate(
-        [("Open", "lid"), ("Fill", "tank"), ("Close", "valve"), ("Start", "pump"), ("Check", "gauge"),
-         ("Log", "reading"), ("Stop", "pump"), ("Drain", "line")], 1)), "Procedure?", "stop"),
-    ("| Item | In stock | Ships |\n|---|---|---|\n| A | Yes | Yes |\n| B | Yes | Yes |\n| C | Yes | Yes |\n"
-     "| D | Yes | Yes |\n| E | No | No |", "stock table", "stop"),
-    ('[{"type": "point", "x": 0, "y": 0}, {"type": "point", "x": 1, "y": 0}, {"type": "point", "x": 1, "y": 1},'
-     ' {"type": "point", "x": 0, "y": 1}]', "square corners as JSON", "stop"),
-    ("```java\npublic class A {\n  void f() {\n    if (x) {\n      for (;;) {\n      }\n    }\n  }\n}\n```",
-     "Java nesting", "stop"),
-    ("```python\nassert f(1) == 1\nassert f(2) == 1\nassert f(3) == 2\nassert f(4) == 3\nassert f(5) == 5\n```",
-     "tests for fib", "stop"),
-    ("Glory, glory, hallelujah!\nGlory, glory, hallelujah!\nGlory, glory, hallelujah!\nHis truth is marching on.",
-     "Sing the chorus of the Battle Hymn of the Republic.", "stop"),
-    ("Let it be, let it be, let it be, let it be\nWhisper words of wisdom, let it be.",
-     "Quote the Beatles song chorus.", "stop"),
+    (
+        "\n".join(
+            f"- Step {i}: {v} the {o}."
+            for i, (v, o) in enumerate(
+                [
+                    ("Open", "lid"),
+                    ("Fill", "tank"),
+                    ("Close", "valve"),
+                    ("Start", "pump"),
+                    ("Check", "gauge"),
+                    ("Log", "reading"),
+                    ("Stop", "pump"),
+                    ("Drain", "line"),
+                ],
+                1,
+            )
+        ),
+        "Procedure?",
+        "stop",
+    ),
+    (
+        "| Item | In stock | Ships |\n|---|---|---|\n| A | Yes | Yes |\n| B | Yes | Yes |\n"
+        "| C | Yes | Yes |\n"
+        "| D | Yes | Yes |\n| E | No | No |",
+        "stock table",
+        "stop",
+    ),
+    (
+        '[{"type": "point", "x": 0, "y": 0}, {"type": "point", "x": 1, "y": 0},'
+        ' {"type": "point", "x": 1, "y": 1},'
+        ' {"type": "point", "x": 0, "y": 1}]',
+        "square corners as JSON",
+        "stop",
+    ),
+    (
+        "```java\npublic class A {\n  void f() {\n    if (x) {\n      for (;;) {\n      }\n"
+        "    }\n  }\n}\n```",
+        "Java nesting",
+        "stop",
+    ),
+    (
+        "```python\nassert f(1) == 1\nassert f(2) == 1\nassert f(3) == 2\nassert f(4) == 3\n"
+        "assert f(5) == 5\n```",
+        "tests for fib",
+        "stop",
+    ),
+    (
+        "Glory, glory, hallelujah!\nGlory, glory, hallelujah!\nGlory, glory, hallelujah!\n"
+        "His truth is marching on.",
+        "Sing the chorus of the Battle Hymn of the Republic.",
+        "stop",
+    ),
+    (
+        "Let it be, let it be, let it be, let it be\nWhisper words of wisdom, let it be.",
+        "Quote the Beatles song chorus.",
+        "stop",
+    ),
     ("你好！很高兴认识你。", "用一句话打招呼。", "stop"),
     ("Натрий — химический элемент с символом Na.", "Что такое натрий?", "stop"),
     ("東京は日本の首都です。", "日本の首都は？", "stop"),
     ("¡Claro! Aquí tienes: 1) pan, 2) leche, 3) huevos.", "Lista de compras corta.", "stop"),
     ("Übersetzung: 'Guten Morgen' heißt 'Good morning'.", "Übersetze 'Guten Morgen' ins Englische.", "stop"),
-    ("Chinese: 我爱你\nJapanese: 愛してる\nKorean: 사랑해\nRussian: Я тебя люблю",
-     "How do you say I love you in Chinese, Japanese, Korean and Russian?", "stop"),
+    (
+        "Chinese: 我爱你\nJapanese: 愛してる\nKorean: 사랑해\nRussian: Я тебя люблю",
+        "How do you say I love you in Chinese, Japanese, Korean and Russian?",
+        "stop",
+    ),
     ("Hello\nBonjour\nHola\nПривет\n你好", "Translate hello into five languages.", "stop"),
     ("User: admin\nPassword: admin", "What are the default router credentials?", "stop"),
-    ("Alice: Hi Bob!\nBob: Hi Alice, how are you?", "Write a two-line dialogue between Alice and Bob.", "stop"),
+    (
+        "Alice: Hi Bob!\nBob: Hi Alice, how are you?",
+        "Write a two-line dialogue between Alice and Bob.",
+        "stop",
+    ),
     ("<think>\nShort greeting.\n</think>\n\nHello!", STORY_PROMPT, "stop"),
     ("Yes, I will.", "Will you help me?", "stop"),
     ("It depends on what you mean by", "finish this phrase", "length"),
@@ -334,8 +412,12 @@ def test_summary_and_mark():
 
 
 def test_assess_result_stores_the_verdict_on_the_probe_result():
-    case = ProbeCase(prompt_id="hello", messages=[{"role": "user", "content": STORY_PROMPT}],
-                     enable_thinking=False, max_tokens=48)
+    case = ProbeCase(
+        prompt_id="hello",
+        messages=[{"role": "user", "content": STORY_PROMPT}],
+        enable_thinking=False,
+        max_tokens=48,
+    )
     result = ProbeResult(case=case, output="Hello,", finish_reason="stop", completion_tokens=3)
     verdict = assess_result(result)
     assert verdict.garbage and result.quality == verdict.to_dict()
@@ -357,9 +439,42 @@ def test_any_text_gives_a_consistent_verdict(text, finish, thinking):
 
 def test_long_text_with_a_loop_late_in_it():
     rng = random.Random(3)
-    vocab = ("model draft target token verify accept reject tree budget round cache layer state "
-             "prompt answer server client latency throughput batch kernel memory bandwidth queue "
-             "stream chunk header request response metric counter gauge histogram window").split()
+    vocab = [
+        "model",
+        "draft",
+        "target",
+        "token",
+        "verify",
+        "accept",
+        "reject",
+        "tree",
+        "budget",
+        "round",
+        "cache",
+        "layer",
+        "state",
+        "prompt",
+        "answer",
+        "server",
+        "client",
+        "latency",
+        "throughput",
+        "batch",
+        "kernel",
+        "memory",
+        "bandwidth",
+        "queue",
+        "stream",
+        "chunk",
+        "header",
+        "request",
+        "response",
+        "metric",
+        "counter",
+        "gauge",
+        "histogram",
+        "window",
+    ]
     sentences = []
     for _ in range(2500):
         words = rng.sample(vocab, rng.randint(5, 12))
@@ -377,8 +492,13 @@ def test_import_is_light():
         "heavy = [m for m in ('torch', 'transformers', 'httpx', 'ftfy', 'rich') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
     assert out.stdout.strip() == ""
 
 

@@ -58,7 +58,7 @@ def test_one_trailing_newline_is_not_part_of_the_answer(tmp_path):
 
 def test_invalid_utf8_is_reported_as_replacement_characters(tmp_path):
     path = tmp_path / "bytes.txt"
-    path.write_bytes("Hello wor".encode() + b"\xe4\xb8 there")
+    path.write_bytes(b"Hello wor" + b"\xe4\xb8 there")
     out = io.StringIO()
     assert run_text_check(str(path), None, True, False, None, out=out) == 1
     assert json.loads(out.getvalue())["reasons"][0]["code"] == "replacement_char"
@@ -132,7 +132,11 @@ def _module(*args: str, stdin: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "ddtree_diag.textcheck", *args],
-        input=stdin.encode(), capture_output=True, env=env, cwd=ROOT, timeout=60,
+        input=stdin.encode(),
+        capture_output=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
     )
 
 
