@@ -329,6 +329,9 @@ _MOJIBAKE_GATE_RE = re.compile(
     r"\u2020\u2021\u2030\u2039\u203a\u02c6\u02dc\u0080-\u009f]"
 )
 
+# The same list marker twice with nothing between ("1. 1.", "2.\n2."): a cheap gate (it starts
+# with a digit, which the regex engine scans for fast) before the full marker walk.
+_STUCK_GATE_RE = re.compile(r"(\d{1,3})[.)][^\w\n]{0,4}\n?[^\w\n]{0,4}\1[.)](?=\s|$)")
 # A list marker ("1." / "1)") at a word boundary followed by space or end.
 _MARKER_RE = re.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
 
@@ -821,19 +824,33 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
     )
 
 
-_ROLE_WORDS = ("user", "assistant", "human", "system", "model", "ai", "bot", "gpt", "chatbot")
-
-
 def _role_matches(text: str):
-    """_ROLE_RE matches, tried only on lines whose first word is a role (fast on long texts)."""
-    offset = 0
-    for line in text.split("\n"):
-        head = line.lstrip(" \t>*_#")[:9].lower()
-        if head.startswith(_ROLE_WORDS) or head.startswith(("instructi", "response")):
-            match = _ROLE_RE.match(line)
-            if match:
-                yield _ShiftedMatch(match, offset)
-        offset += len(line) + 1
+    """_ROLE_RE matches, tried only on lines that begin with a role word (found with str.find,
+    which keeps long texts fast)."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a few characters change length when lowered
+        lowered = text
+    line_starts: set[int] = set()
+    for word in _ROLE_FINDS:
+        at = lowered.find(word)
+        while at >= 0:
+            line_start = lowered.rfind("\n", 0, at) + 1
+            if not lowered[line_start:at].strip(" \t>*_#"):
+                line_starts.add(line_start)
+            at = lowered.find(word, at + len(word))
+    for line_start in sorted(line_starts):
+        line_end = text.find("\n", line_start)
+        line = text[line_start : line_end if line_end >= 0 else len(text)]
+        match = _ROLE_RE.match(line)
+        if match:
+            yield _ShiftedMatch(match, line_start)
+
+
+# Role words as they start a turn-marker line (the short ones only with their colon).
+_ROLE_FINDS = (
+    "user", "assistant", "human", "system", "model", "instruction", "response",
+    "ai:", "ai*", "bot:", "bot*", "gpt:", "gpt*", "chatbot",
+)  # fmt: skip
 
 
 class _ShiftedMatch:
@@ -868,8 +885,8 @@ def _continues_conversation(text: str, end: int, marker: str) -> bool:
 
 
 def _degenerate_enumeration(text: str):
-    if "." not in text and ")" not in text:
-        return None
+    if ("." not in text and ")" not in text) or not _STUCK_GATE_RE.search(text):
+        return None  # no marker followed closely by the same marker: nothing stuck
     markers = list(_MARKER_RE.finditer(text))
     if len(markers) < 3:
         return None
@@ -988,21 +1005,20 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
 
 def _suspect_windows(text: str) -> list[tuple[int, int]]:
     """Stretches of a long text worth a token-level loop search: 1 KiB blocks that compress much
-    better than the text's median block (with a block of margin each side), and the tail, since a
-    loop that runs to the end is the common failure. Overlapping picks are merged."""
-    # Blocks overlap by half, so a short loop is wholly inside at least one of them.
-    step = _BLOCK // 2
-    starts = range(0, max(1, len(text) - step), step)
+    better than the text's median block, or two neighbours that do together (a loop across a
+    block edge), with a block of margin each side; and the tail, since a loop that runs to the
+    end is the common failure. Overlapping picks are merged."""
+    starts = range(0, len(text), _BLOCK)
     ratios = []
     for lo in starts:
         chunk = text[lo : lo + _BLOCK].encode("utf-8", "surrogatepass")
         ratios.append(len(zlib.compress(chunk, 1)) / max(1, len(chunk)))
     median = sorted(ratios)[len(ratios) // 2]
-    picks = [
-        (max(0, lo - _BLOCK), min(len(text), lo + 2 * _BLOCK))
-        for lo, ratio in zip(starts, ratios, strict=True)
-        if ratio < 0.8 * median
-    ]
+    picks = []
+    for i, ratio in enumerate(ratios):
+        pair = (ratio + ratios[i + 1]) / 2 if i + 1 < len(ratios) else ratio
+        if ratio < 0.8 * median or pair < 0.85 * median:
+            picks.append((max(0, starts[i] - _BLOCK), min(len(text), starts[i] + 3 * _BLOCK)))
     picks.append((max(0, len(text) - _TAIL), len(text)))
     merged: list[tuple[int, int]] = []
     for lo, hi in sorted(picks):
@@ -1035,7 +1051,9 @@ def _loops_in(
         if not any(_is_word(names[t]) for t in unit):
             if not any(names[t].isdigit() for t in unit):
                 continue  # punctuation and markup: rules, table borders, closing braces
-            needed = 10.0  # numbers repeat legitimately (matrices, tallies), but not forever
+            # Numbers repeat legitimately (matrices, tallies), but not forever; a longer numeric
+            # phrase ("2 + 2 = 4.") repeated verbatim is already odd.
+            needed = 4.0 if period >= 4 else 10.0
         elif all(names[t] in _INTERJECTIONS for t in unit if _is_word(names[t])):
             needed = 6.0  # "ha ha ha", "no, no, no, no", "tick-tock, tick-tock"
         elif period <= 2:
