@@ -164,16 +164,19 @@ class Verdict:
     def mark(self) -> str:
         return "✗" if self.garbage else "✓"
 
-    def summary(self) -> str:
-        """One short line for a table cell: ``✓``, ``✓ truncated`` or ``✗ token_loop: …``."""
+    def summary(self, width: int | None = None) -> str:
+        """One short line for a table cell: ``✓``, ``✓ truncated`` or ``✗ token_loop: …``,
+        cut to ``width`` characters when given."""
         top = self.top_reason
-        if top is None:
-            return self.mark
-        if not self.garbage and top.weight <= 0:
-            return f"{self.mark} {top.code}"
-        if not self.garbage:
-            return self.mark
-        return f"{self.mark} {top.code}: {top.detail}"
+        if top is None or (not self.garbage and top.weight > 0):
+            line = self.mark
+        elif not self.garbage:
+            line = f"{self.mark} {top.code}"
+        else:
+            line = f"{self.mark} {top.code}: {top.detail}"
+        if width is not None and len(line) > width:
+            line = line[: max(1, width - 1)] + "…"
+        return line
 
     @property
     def codes(self) -> list[str]:
@@ -297,9 +300,9 @@ _TEMPLATE_RE = re.compile(
 # "instr": Alpaca-style headers; "content": a dialogue line with text after the colon.
 _ROLE_RE = re.compile(
     r"(?m)^[ \t>*_]*(?:"
-    r"(?P<head>\#{1,6}[ \t]*(?:user|assistant|human|system)[ \t]*(?::[^\n]*|(?=\n|$)))"
+    r"(?P<head>\#{1,6}[ \t]*(?:user|assistant|human|system)[ \t\r]*(?::[^\n]*|(?=\n|$)))"
     r"|(?P<instr>\#{2,3}[ \t]*(?:instruction|response|human|assistant|user)[ \t]*:)"
-    r"|(?P<bare>(?:(?:user|assistant|human)[ \t]*:?|(?-i:system|model))[ \t]*(?=\n|$))"
+    r"|(?P<bare>(?:(?:user|assistant|human)[ \t]*:?|(?-i:system|model))[ \t\r]*(?=\n|$))"
     r"|(?P<human>human[ \t]*:[ \t]*\S)"
     r"|(?P<content>(?:user|assistant|ai|bot|gpt|chatbot)[*_]*[ \t]*:[*_]*[ \t]*\S)"
     r")",

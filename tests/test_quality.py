@@ -362,6 +362,69 @@ def test_quiet_on_legitimate_text(text, prompt, finish):
     assert not verdict.garbage, verdict.to_dict()
 
 
+MORE_CLEAN = [
+    (
+        "Mix the dry ingredients:\n- Add 1 cup of flour to the bowl.\n- Add 1 cup of sugar to the bowl.\n"
+        "- Add 1 cup of cocoa to the bowl.\n- Add 1 cup of oats to the bowl.\n"
+        "- Add 1 cup of milk to the bowl.",
+        "Recipe?",
+    ),
+    ("Roles:\nAdmin\nUser\nGuest", "What roles exist?"),
+    ("No, no, no, no! Don't do that.", "React"),
+    ("Tick-tock, tick-tock, tick-tock goes the clock.", "Describe a clock"),
+    ("Yes it is", "Is Paris in France?"),
+    ("The EOS token </s> tells the model to stop.", "What does the EOS token do in Llama 2?"),
+    ("**User:** the person using the app.\n**Admin:** manages accounts.", "Define the roles."),
+    ("Q: What is 2+2?\nA: 4", "Give me a Q&A example"),
+    ("😂😂😂", "React to a joke with emoji"),
+    ("x = 1\ny = 1\nz = 1", "three variables equal to one"),
+    ("Step 1: Preheat oven.\nStep 2: Mix.\nStep 3: Bake.\nStep 4: Cool.\nStep 5: Serve.", "Steps?"),
+    ("Good question!\n\n**Step 1:** Identify.\n**Step 2:** Write.\n**Step 3:** Solve.\n\nSo x = 5.", "solve"),
+    ("Hello\r\nWorld\r\n", "Two lines"),
+]
+
+MORE_GARBAGE = [
+    (
+        "Here are some facts:\n1. The sun is a star.\n2. The sun is a star.\n3. The sun is a star.\n"
+        "4. The sun is a star.\n5. The sun is a star.\n6. The sun is a star.",
+        "Facts?",
+        "length",
+    ),
+    ("Hello! How can I assist you today?\n\nuser\nHi\n\nassistant\nHello!", "Say hi", "stop"),
+    ("Hello!\r\nuser\r\nhi\r\nassistant\r\nyo", "Say hi", "stop"),
+    ("Hello!\n\nUser: What's up?", "Say hi", "stop"),
+    ("2 + 2 = 4. 2 + 2 = 4. 2 + 2 = 4. 2 + 2 = 4. 2 + 2 = 4.", "What is 2+2?", "length"),
+    ("Here's the answer: 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4", "What is 2+2?", "length"),
+    ("OK OK OK OK OK OK OK OK OK OK OK OK", "Confirm", "length"),
+    ("我是一个AI助手，我可以帮助你。我可以帮助你。我可以帮助你。我可以帮助你。", "你是谁？", "length"),
+    ("Madrid es la capital de España y 它是一个美丽的城市。", "¿Cuál es la capital de España?", "stop"),
+    ("Sure! Here is the answer: 答案是", "What is 2+2?", "stop"),
+    ("Step 1: Step 1: Step 1: Step 1: Step 1: Step 1:", "Steps?", "length"),
+    ("To install:\n\n```bash\npip install x\n```<|endoftext|><|im_start|>system", "Install?", "stop"),
+    (".", "Explain recursion.", "stop"),
+]
+
+
+@pytest.mark.parametrize(("text", "prompt"), MORE_CLEAN)
+def test_quiet_on_more_legitimate_shapes(text, prompt):
+    verdict = assess(text, prompt=prompt, finish_reason="stop")
+    assert not verdict.garbage, verdict.to_dict()
+
+
+@pytest.mark.parametrize(("text", "prompt", "finish"), MORE_GARBAGE)
+def test_flags_more_failure_shapes(text, prompt, finish):
+    verdict = assess(text, prompt=prompt, finish_reason=finish)
+    assert verdict.garbage, verdict.to_dict()
+
+
+def test_mojibake_is_found_without_ftfy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ftfy", None)  # import ftfy now raises ImportError
+    verdict = assess("L'Ã©tÃ© est chaud.")
+    assert verdict.garbage and verdict.top_reason.code == "mojibake"
+    assert "should read 'é'" in verdict.top_reason.detail
+    assert not assess("L'été est chaud, café crème.").garbage
+
+
 def test_code_with_template_tokens_is_fine_when_asked_about_templates():
     text = "A turn looks like:\n\n```\n<|im_start|>user\nHi<|im_end|>\n```"
     assert not assess(text, prompt="Show the ChatML format.").garbage
@@ -409,6 +472,7 @@ def test_summary_and_mark():
     assert bad.mark == "✗" and bad.summary().startswith("✗ token_loop: ")
     good = assess("Hello!", finish_reason="stop")
     assert good.mark == "✓" and good.summary() == "✓"
+    assert len(bad.summary(width=20)) == 20 and bad.summary(width=20).endswith("…")
 
 
 def test_assess_result_stores_the_verdict_on_the_probe_result():
