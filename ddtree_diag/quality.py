@@ -355,7 +355,8 @@ _REPEAT_PROMPT_RE = re.compile(
 _INTERJECTIONS_TEXT = (
     "ha he hi ho hah heh hee la na da di do doo oh ooh ah aah uh um hmm mm no yes yeah yay "
     "hey wow bye go very so really much more tick tock knock ding dong bang boom beep buzz choo "
-    "woof meow quack moo baa oink tweet chirp zzz bla blah yada rah hip hurray hooray pew"
+    "woof meow quack moo baa oink tweet chirp zzz bla blah yada rah hip hurray hooray pew "
+    "哈 呵 嘿 啊 嗯 哦 呜 啦 嘻 は ふ へ ほ ひ"
 )
 _INTERJECTIONS = frozenset(_INTERJECTIONS_TEXT.split())
 
@@ -812,7 +813,7 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         weight = min(0.9, 0.7 + 0.05 * (len(strong) - 1))
     elif turn_taking:
         weight = 0.6
-    elif any(_continues_conversation(text, h[1][1], h[2]) for h in contents):
+    elif any(_continues_conversation(text, h[1][1], h[2]) for h in contents if h[2][:1].lower() in "uah"):
         weight = 0.55
     else:
         weight = 0.3
@@ -1000,10 +1001,35 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
         for lo, hi in _suspect_windows(text):
             _loops_in(text, lo, hi, ctx, code_spans, best)
     found = list(best.values())
+    if "token_loop" not in best:
+        flood = _flood(text, ctx, code_spans)
+        if flood:
+            found.append(flood)
     comp = _compression(text, ctx, code_spans)
     if comp:
         found.append(comp)
     return found
+
+
+# One symbol (emoji, "!", "?", U+FFFD aside) 16+ times in a row, or 20+ newlines: the tokenizer
+# sees one token, so the loop search does not; markdown rules ("-----", "=====") and dots are fine.
+_FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?:\n[ \t]*){19,}")
+
+
+def _flood(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    for match in _FLOOD_RE.finditer(text):
+        if _inside(match.start(), code_spans) or ctx.repeat:
+            continue
+        unit = match.group(1) or "\n"
+        count = match.group().count(unit)
+        return Reason(
+            "token_loop",
+            f"{unit!r} repeated {count}× in a row",
+            _excerpt(text, *match.span()),
+            0.6 if count < 40 else 0.75,
+            match.span(),
+        )
+    return None
 
 
 def _suspect_windows(text: str) -> list[tuple[int, int]]:
@@ -1048,10 +1074,17 @@ def _loops_in(
     for start, end, period in runs:
         covered = end - start
         repeats = covered / period
-        if repeats < 3.0:
+        if repeats < 2.0:
             continue
         unit = ids[start : start + period]
-        if not any(_is_word(names[t]) for t in unit):
+        unit_words = sum(1 for t in unit if _is_word(names[t]))
+        # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault.
+        passage = period >= 20 and unit_words >= period / 2
+        if repeats < 3.0 and not passage:
+            continue
+        if passage:
+            needed = 2.0
+        elif not unit_words:
             if not any(names[t].isdigit() for t in unit):
                 continue  # punctuation and markup: rules, table borders, closing braces
             # Numbers repeat legitimately (matrices, tallies), but not forever; a longer numeric
@@ -1078,7 +1111,7 @@ def _loops_in(
         if repeats < needed:
             continue
         reaches_end = at_text_end and n - end <= max(2, period)
-        weight = 0.65
+        weight = 0.65 if repeats >= 3.0 else 0.5
         if repeats >= 2 * needed:
             weight += 0.1
         if reaches_end and (ctx.truncated or repeats >= needed + 1):
