@@ -885,7 +885,7 @@ def _continues_conversation(text: str, end: int, marker: str) -> bool:
         return False
     line_end = text.find("\n", end)
     rest = text[end - 1 : line_end if line_end >= 0 else len(text)]
-    return "?" in rest or len(rest.split()) >= 3
+    return "?" in rest or "!" in rest or len(rest.split()) >= 3
 
 
 def _degenerate_enumeration(text: str):
@@ -1078,8 +1078,12 @@ def _loops_in(
             continue
         unit = ids[start : start + period]
         unit_words = sum(1 for t in unit if _is_word(names[t]))
-        # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault.
-        passage = period >= 20 and unit_words >= period / 2
+        # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault; so
+        # is a sentence said twice right where the reply hits the token limit (a loop starting).
+        wordy = unit_words >= period / 2
+        passage = wordy and (
+            period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= period)
+        )
         if repeats < 3.0 and not passage:
             continue
         if passage:

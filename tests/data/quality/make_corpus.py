@@ -403,6 +403,41 @@ CLEAN += [
     c("A: 1\nB: 1\nC: 1\nD: 2", "Count letters in 'ABCDD'.", "counting table"),
 ]
 
+# Third batch, written before running the detector on it (two misses then fixed in the
+# detector; one ambiguous garbled sample dropped, see the bench notes).
+CLEAN += [
+    c("Verse 1:\nI walked along the empty shore\nThe waves were calling out my name\n\nChorus:\nOh, come back home, come back home\nThe light is on, you're not alone\nOh, come back home, come back home\nThe light is on, you're not alone\n\nVerse 2:\nThe stars were fading one by one", 'Write a song about coming home with a chorus.', 'third batch, written blind 1', finish_reason='length'),
+    c('```python\nimport unittest\n\nclass TestAdd(unittest.TestCase):\n    def test_zero(self):\n        self.assertEqual(add(0, 0), 0)\n\n    def test_one(self):\n        self.assertEqual(add(1, 0), 1)\n\n    def test_two(self):\n        self.assertEqual(add(1, 1), 2)\n```', 'Write unit tests for add()', 'third batch, written blind 2', finish_reason='stop'),
+    c('| Country | Capital | Continent |\n|---|---|---|\n| France | Paris | Europe |\n| Germany | Berlin | Europe |\n| Italy | Rome | Europe |\n| Spain | Madrid | Europe |\n| Japan | Tokyo | Asia |\n| China | Beijing | Asia |', 'Table of countries and capitals', 'third batch, written blind 3', finish_reason='stop'),
+    c('SELECT name FROM users;\nSELECT name FROM admins;\nSELECT name FROM guests;', 'Three queries listing names', 'third batch, written blind 4', finish_reason='stop'),
+    c('Monday: 8 hours\nTuesday: 8 hours\nWednesday: 8 hours\nThursday: 8 hours\nFriday: 6 hours', 'Hours worked per day?', 'third batch, written blind 5', finish_reason='stop'),
+    c('The word "the" is the most common word in English; "the the" is a common typo.', 'Most common English word?', 'third batch, written blind 6', finish_reason='stop'),
+    c('1. Introduction\n2. Methods\n3. Results\n4. Discussion\n5. Conclusion', 'Sections of a paper?', 'third batch, written blind 7', finish_reason='stop'),
+    c('a) True\nb) False\nc) True\nd) True', 'Answer the 4 true/false questions.', 'third batch, written blind 8', finish_reason='stop'),
+    c('To convert Celsius to Fahrenheit, multiply by 9/5 and add 32: 0 °C = 32 °F, 100 °C = 212 °F, and 37 °C = 98.6 °F.', 'C to F?', 'third batch, written blind 9', finish_reason='stop'),
+    c('Pour la liste :\n- pommes\n- poires\n- bananes', 'Liste de fruits', 'third batch, written blind 10', finish_reason='stop'),
+    c('Конечно! Вот пример кода на Python:\n\n```python\nprint("Привет, мир!")\n```', 'Напиши Hello World на Python', 'third batch, written blind 11', finish_reason='stop'),
+    c('请看下面的表格：\n\n| 名称 | 数量 |\n|---|---|\n| 苹果 | 3 |\n| 香蕉 | 5 |', '做一个水果表格', 'third batch, written blind 12', finish_reason='stop'),
+    c('日本の四季は、春、夏、秋、冬です。', '日本の四季は？', 'third batch, written blind 13', finish_reason='stop'),
+    c('Sure! Here is the JSON:\n\n{"status": "ok", "items": [1, 2, 3], "next": null}', 'Return JSON', 'third batch, written blind 14', finish_reason='stop'),
+    c('Yes! 🎉🎉🎉', 'Did I pass?', 'third batch, written blind 15', finish_reason='stop'),
+    c('Use `git log --oneline --graph --all` to see the history as a graph.', 'git history graph?', 'third batch, written blind 16', finish_reason='stop'),
+    c('<think>\nLet me count: 1, 2, 3, 4, 5.\nSo five.\n</think>\n\nThere are 5.', 'How many fingers on one hand?', 'third batch, written blind 17', finish_reason='stop'),
+    c("Hmm, that's a tricky one. I'd say yes, but it depends on context.", 'Is it ok to...?', 'third batch, written blind 18', finish_reason='stop'),
+    c("Here's a quick summary:\n\n- **Pros:** fast, cheap\n- **Cons:** fragile\n\nOverall: worth trying.", 'Summarize', 'third batch, written blind 19', finish_reason='stop'),
+    c('E = mc²', "Einstein's famous equation?", 'third batch, written blind 20', finish_reason='stop'),
+    c('Das Wort "Kindergarten" wurde ins Englische übernommen.', 'Deutsches Lehnwort im Englischen?', 'third batch, written blind 21', finish_reason='stop'),
+    c('नमस्ते! मैं आपकी कैसे मदद कर सकता हूँ?', 'नमस्ते', 'third batch, written blind 22', finish_reason='stop'),
+    c('مرحبا! أنا بخير، شكرا لك.', 'كيف حالك؟', 'third batch, written blind 23', finish_reason='stop'),
+    c('Ciao! Come stai?', 'Saluta in italiano', 'third batch, written blind 24', finish_reason='stop'),
+    c('Olá! Tudo bem?', 'Diga olá em português', 'third batch, written blind 25', finish_reason='stop'),
+    c('The sequence is: 1, 1, 2, 3, 5, 8, 13, 21, 34, 55.', 'First 10 Fibonacci numbers', 'third batch, written blind 26', finish_reason='stop'),
+    c('Binary for 255 is 11111111.', '255 in binary', 'third batch, written blind 27', finish_reason='stop'),
+    c('1 1 1\n1 1 1\n1 1 1', '3x3 matrix of ones, space separated', 'third batch, written blind 28', finish_reason='stop'),
+    c("I'm sorry, I don't know.", "What's my cat's name?", 'third batch, written blind 29', finish_reason='stop'),
+    c('Sure.', 'Can you help?', 'third batch, written blind 30', finish_reason='stop'),
+]
+
 # Programmatically varied clean texts: long lists with a fixed shape and different content.
 _VERBS = ["Open", "Read", "Check", "Update", "Restart", "Back up", "Verify", "Delete", "Rename", "Upload",
           "Compress", "Review", "Merge", "Tag", "Deploy", "Monitor"]
@@ -603,6 +638,24 @@ GARBLED += [
     g("Assistant: Hello! How can I help you today?\nUser: Tell me a joke.\nAssistant: Why did the", "hey", "whole dialogue hallucinated", finish_reason="length"),
     g("The answer is:\n\n### Response:\n4", "What is 2+2?", "Alpaca response header in the answer"),
     g(".", "Explain recursion.", "a lone full stop"),
+]
+
+# Third batch, written before running the detector on it.
+GARBLED += [
+    g('Verse 1:\nI walked along the empty shore\nThe waves were calling out my name\nThe waves were calling out my name\nThe waves were calling out my name\nThe waves were calling out my name\nThe waves were calling out my name\nThe waves were calling out my name\nThe waves were calling out my name', 'Write a song about coming home with a chorus.', 'third batch, written blind 1', finish_reason='length'),
+    g('Sure! The capital of Japan is Tokyo. The capital of Japan is Tokyo. The capital of Japan is Tokyo. The capital of Japan is Tokyo.', 'Capital of Japan?', 'third batch, written blind 2', finish_reason='length'),
+    g('The capital of Japan is Tokyo.<|im_end|>', 'Capital of Japan?', 'third batch, written blind 3', finish_reason='stop'),
+    g('The capital of Japan is Tokyo.\n\nuser: thanks!', 'Capital of Japan?', 'third batch, written blind 4', finish_reason='stop'),
+    g('The capital of Japan is', 'Capital of Japan?', 'third batch, written blind 5', finish_reason='stop'),
+    g('The capital of Japan is Tokyo. Токио является столицей Японии и крупнейшим городом.', 'Capital of Japan?', 'third batch, written blind 6', finish_reason='stop'),
+    g('Tokyo�', 'Capital of Japan?', 'third batch, written blind 7', finish_reason='stop'),
+    g('Tokyo\x03', 'Capital of Japan?', 'third batch, written blind 8', finish_reason='stop'),
+    g('TÅ\x8dkyÅ\x8d is the capital.', 'Capital of Japan?', 'third batch, written blind 9', finish_reason='stop'),
+    g('1. Tokyo 1. Tokyo 1. Tokyo 1. Tokyo 1. Tokyo', 'Capital of Japan?', 'third batch, written blind 10', finish_reason='length'),
+    g('<think>\nThe capital of Japan is Tokyo.\n</think>\n\nTokyo.', 'Capital of Japan?', 'third batch, written blind 11', finish_reason='stop', thinking=False),
+    g('Tokyo Tokyo Tokyo Tokyo Tokyo Tokyo Tokyo Tokyo', 'Capital of Japan?', 'third batch, written blind 12', finish_reason='length'),
+    g('The capital of Japan is Tokyo. It is a large city with many people. It is a large city with many people.', 'Capital of Japan?', 'third batch, written blind 13', finish_reason='length'),
+    g('Tokyo.\n\n### Instruction:\nWhat is the capital of Korea?', 'Capital of Japan?', 'third batch, written blind 14', finish_reason='stop'),
 ]
 
 # Loops after a good start: take a clean English/Chinese answer, keep its first part, then loop.
