@@ -274,7 +274,7 @@ _LANGUAGE_SCRIPTS = (
         {"Cyrillic"},
     ),
     (r"greek|greece|ελληνικ|griego|grec|griechisch|希腊", {"Greek"}),
-    (r"arab|egypt|persian|iran|farsi|urdu|pakistan|عرب|árabe|arabe|arabisch|阿拉伯", {"Arabic"}),
+    (r"\barab|egypt|persian|\biran|farsi|urdu|pakistan|عرب|árabe|arabe|arabisch|阿拉伯", {"Arabic"}),
     (r"hebrew|israel|yiddish|עברית|hebreo|hébreu|hebräisch", {"Hebrew"}),
     (r"india|hindi|sanskrit|marathi|nepali|devanagari|हिन्दी|हिंदी", {"Devanagari"}),
     (r"\bthai|ภาษาไทย|泰语", {"Thai"}),
@@ -309,15 +309,15 @@ _ROLE_RE = re.compile(
     re.IGNORECASE,
 )
 _DIALOGUE_PROMPT_RE = re.compile(
-    r"dialog|conversation|\bchat|transcript|role[- ]?play|screenplay|skit|interview|"
+    r"dialog|conversation|\bchat\b|chat log|transcript|role[- ]?play|screenplay|skit|interview|"
     r"chat template|chatml|prompt format|few-shot|system prompt|prompt engineering|"
     r"对话|對話|會話|会話|диалог|Gespräch|diálogo",
     re.IGNORECASE,
 )
 
 _TEMPLATE_PROMPT_RE = re.compile(
-    r"token|chat.?template|chatml|special|\beos\b|\bbos\b|end.of.(?:text|turn|sequence)|prompt format|"
-    r"im_start|im_end|\[inst\]|jinja",
+    r"special tokens?|tokeni[sz]|stop tokens?|chat.?template|chatml|\beos\b|\bbos\b|"
+    r"end.of.(?:text|turn|sequence)|prompt format|im_start|im_end|\[inst\]|jinja",
     re.IGNORECASE,
 )
 
@@ -341,13 +341,14 @@ _MARKER_RE = re.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
 _INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
 _LYRIC_PROMPT_RE = re.compile(
-    r"\b(?:song|lyric|poem|poetry|verse|chant|rhyme|haiku|sonnet|limerick|refrain|chorus|nursery|"
-    r"ballad|rap|anthem|hymn|canci|poema|gedicht|chanson)|歌|诗|詩|песн|стих",
+    r"\b(?:songs?|lyrics?|poems?|poetry|verses?|chants?|rhym\w*|haikus?|sonnets?|limericks?|refrains?|"
+    r"chorus(?:es)?|nursery|ballads?|raps?|anthems?|hymns?|canci[oó]n\w*|poemas?|gedichte?|chansons?)\b"
+    r"|歌|诗|詩|песн|стих",
     re.IGNORECASE,
 )
 _REPEAT_PROMPT_RE = re.compile(
-    r"repeat|\btimes\b|over and over|again and again|重复|重複|繰り返|повтор|wiederhol|repite|répète|"
-    r"spell|count|list all|tongue twister",
+    r"\brepeat|\btimes\b|over and over|again and again|重复|重複|繰り返|повтор|wiederhol|repite|répète|"
+    r"\bspell|\bcount\b|\bcount (?:to|from|down)|list all|tongue twister",
     re.IGNORECASE,
 )
 
