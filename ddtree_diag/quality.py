@@ -332,9 +332,9 @@ _MOJIBAKE_GATE_RE = re.compile(
     r"\u2020\u2021\u2030\u2039\u203a\u02c6\u02dc\u0080-\u009f]"
 )
 
-# The same list marker twice with nothing between ("1. 1.", "2.\n2."): a cheap gate (it starts
-# with a digit, which the regex engine scans for fast) before the full marker walk.
-_STUCK_GATE_RE = re.compile(r"(\d{1,3})[.)][^\w\n]{0,4}\n?[^\w\n]{0,4}\1[.)](?=\s|$)")
+# Two list markers with nothing between ("1. 1.", "2.\n2."): a cheap gate (it starts with a
+# digit, which the regex engine scans for fast) before the full marker walk.
+_STUCK_GATE_RE = re.compile(r"\d[.)][^\w\n]{0,4}\n?[^\w\n]{0,4}\d[.)]")
 # A list marker ("1." / "1)") at a word boundary followed by space or end.
 _MARKER_RE = re.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
 
@@ -1002,10 +1002,6 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
         for lo, hi in _suspect_windows(text):
             _loops_in(text, lo, hi, ctx, code_spans, best)
     found = list(best.values())
-    if "token_loop" not in best:
-        flood = _flood(text, ctx, code_spans)
-        if flood:
-            found.append(flood)
     comp = _compression(text, ctx, code_spans)
     if comp:
         found.append(comp)
@@ -1017,8 +1013,10 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
 _FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?:\n[ \t]*){19,}")
 
 
-def _flood(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> Reason | None:
-    for match in _FLOOD_RE.finditer(text):
+def _flood(
+    text: str, lo: int, hi: int, ctx: _Context, code_spans: list[tuple[int, int]]
+) -> Reason | None:
+    for match in _FLOOD_RE.finditer(text, lo, hi):
         if _inside(match.start(), code_spans) or ctx.repeat:
             continue
         unit = match.group(1) or "\n"
@@ -1063,6 +1061,9 @@ def _loops_in(
     text: str, lo: int, hi: int, ctx: _Context, code_spans: list[tuple[int, int]], best: dict[str, Reason]
 ) -> None:
     """Find back-to-back repetition in text[lo:hi]; keep the heaviest reason per code in `best`."""
+    flood = _flood(text, lo, hi, ctx, code_spans)
+    if flood and ("token_loop" not in best or flood.weight > best["token_loop"].weight):
+        best["token_loop"] = flood
     segment = text[lo:hi] if (lo, hi) != (0, len(text)) else text
     ids, names = _tokens(segment)
     n = len(ids)

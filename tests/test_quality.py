@@ -95,6 +95,28 @@ def test_loops(text, kwargs, code):
     assert flagged(text, code, **kwargs), assess(text, **kwargs).to_dict()
 
 
+@pytest.mark.parametrize("text", ["😂" * 20, "Sure!" + "\n" * 40, "ok " + "❤️" * 18])
+def test_symbol_and_newline_floods_are_token_loops(text):
+    assert flagged(text, "token_loop", finish_reason="length")
+
+
+def test_a_passage_said_twice_in_a_row():
+    passage = (
+        "Speculative decoding lets a small draft model propose several tokens that the large "
+        "target model verifies in a single forward pass, keeping the output unchanged. "
+    )
+    assert flagged("Intro. " + passage + passage + "Done.", "phrase_loop", finish_reason="stop")
+    # once is fine, and so is a short sentence said twice mid-text
+    assert not assess("Intro. " + passage + "Done.", finish_reason="stop").garbage
+    assert not assess("Go team! Go team! We won.", finish_reason="stop").garbage
+
+
+def test_a_sentence_said_twice_where_the_reply_is_cut():
+    text = "Tokyo is the capital. It is a large city with many people. It is a large city with many people."
+    assert flagged(text, "phrase_loop", finish_reason="length")
+    assert not assess(text, finish_reason="stop").garbage  # not at the limit: could be emphasis
+
+
 def test_replacement_character_loop():
     verdict = assess("\ufffd\n" * 30, prompt=STORY_PROMPT, finish_reason="length")
     assert verdict.garbage and verdict.top_reason.code == "replacement_char"
