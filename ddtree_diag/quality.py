@@ -1013,9 +1013,7 @@ def _loops(text: str, ctx: _Context, code_spans: list[tuple[int, int]]) -> list[
 _FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?:\n[ \t]*){19,}")
 
 
-def _flood(
-    text: str, lo: int, hi: int, ctx: _Context, code_spans: list[tuple[int, int]]
-) -> Reason | None:
+def _flood(text: str, lo: int, hi: int, ctx: _Context, code_spans: list[tuple[int, int]]) -> Reason | None:
     for match in _FLOOD_RE.finditer(text, lo, hi):
         if _inside(match.start(), code_spans) or ctx.repeat:
             continue
@@ -1357,7 +1355,7 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
     for script, a, b in _merge_runs(text, foreign):
         if script == "Greek" and b - a <= 3:
             continue  # maths symbols: α, β, π, Σ
-        if _quoted(text, a, b):
+        if _quoted(text, a, b) or _in_url(text, a):
             continue
         line_start = text.rfind("\n", 0, a) + 1
         line_end = text.find("\n", b)
@@ -1425,6 +1423,13 @@ def _host_letters(snippet: str, allowed: set[str]) -> bool:
 
 _OPEN_QUOTES = "\"'`“‘«「『(（[*_<‹【《"
 _CLOSE_QUOTES = "\"'`”’»」』)）]*_>›】》"
+
+
+def _in_url(text: str, a: int) -> bool:
+    """Part of a URL or e-mail address (``https://ja.wikipedia.org/wiki/東京``)."""
+    chunk_start = max(text.rfind(" ", 0, a), text.rfind("\n", 0, a), text.rfind("(", 0, a)) + 1
+    chunk = text[chunk_start:a]
+    return "://" in chunk or chunk.startswith("www.") or "@" in chunk
 
 
 def _quoted(text: str, a: int, b: int) -> bool:

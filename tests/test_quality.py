@@ -374,6 +374,11 @@ CLEAN = [
     ),
     ("<think>\nShort greeting.\n</think>\n\nHello!", STORY_PROMPT, "stop"),
     ("Yes, I will.", "Will you help me?", "stop"),
+    (
+        "Read more at https://ja.wikipedia.org/wiki/東京 or www.example.jp/東京.",
+        "Where can I read more?",
+        "stop",
+    ),
     ("It depends on what you mean by", "finish this phrase", "length"),
 ]
 
