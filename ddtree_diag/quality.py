@@ -65,6 +65,7 @@ __all__ = [
     "Verdict",
     "assess",
     "assess_result",
+    "summarize",
 ]
 
 GARBAGE_THRESHOLD = 0.5
@@ -401,7 +402,7 @@ def assess(
         )
         reasons.append(Reason("truncated", f"cut at the token limit ({why}); not garbage by itself"))
 
-    answer, think_text, think_offset = _split_thinking(text, thinking, reasoning, truncated, reasons)
+    answer, think_text, think_offset = _split_thinking(text, thinking, reasoning, truncated, finish, reasons)
 
     stripped = answer.strip()
     has_thought = bool((reasoning or "").strip() or (think_text or "").strip())
@@ -464,6 +465,14 @@ def assess_result(result: Any) -> Verdict:
     )
     result.quality = verdict.to_dict()
     return verdict
+
+
+def summarize(quality: dict[str, Any] | None, width: int | None = 60) -> str:
+    """Table cell for a stored verdict (``ProbeResult.quality``): ``✓``, ``✓ truncated``,
+    ``✗ token_loop: …``, or ``—`` when there is none (the request failed)."""
+    if not quality:
+        return "—"
+    return Verdict.from_dict(quality).summary(width)
 
 
 # --------------------------------------------------------------------------------------------
@@ -565,7 +574,12 @@ def _line_at(text: str, pos: int) -> str:
 
 
 def _split_thinking(
-    text: str, thinking: bool | None, reasoning: str | None, truncated: bool, reasons: list[Reason]
+    text: str,
+    thinking: bool | None,
+    reasoning: str | None,
+    truncated: bool,
+    finish: str | None,
+    reasons: list[Reason],
 ) -> tuple[str, str, int]:
     """Return (answer, think_text, think_offset) and add thinking_leak/unterminated_think reasons."""
     opens = text.count(_THINK_OPEN)
@@ -615,12 +629,15 @@ def _split_thinking(
                 )
             )
         else:
+            stopped = finish is not None  # with no finish_reason, it may have been cut
             reasons.append(
                 Reason(
                     "unterminated_think",
-                    "the think block never closes although generation stopped",
+                    "the think block never closes although generation stopped"
+                    if stopped
+                    else "the think block never closes (finish_reason unknown)",
                     _excerpt(text, start, len(text)),
-                    0.6,
+                    0.6 if stopped else 0.3,
                     (start, len(text)),
                 )
             )

@@ -19,6 +19,7 @@ from ddtree_diag.quality import (
     Verdict,
     assess,
     assess_result,
+    summarize,
 )
 from ddtree_diag.records import ProbeCase, ProbeResult
 
@@ -191,6 +192,11 @@ def test_unterminated_think_block_is_garbage_on_stop_but_info_on_length():
     cut = assess(text, thinking=True, finish_reason="length")
     assert not cut.garbage and cut.truncated
     assert {"unterminated_think", "truncated"} <= set(cut.codes)
+
+
+def test_unterminated_think_without_finish_reason_is_soft():
+    verdict = assess("<think>\nThe user wants a greeting. Let me think about", thinking=True)
+    assert "unterminated_think" in verdict.codes and not verdict.garbage
 
 
 def test_loops_inside_the_think_block_are_found():
@@ -500,6 +506,14 @@ def test_summary_and_mark():
     good = assess("Hello!", finish_reason="stop")
     assert good.mark == "✓" and good.summary() == "✓"
     assert len(bad.summary(width=20)) == 20 and bad.summary(width=20).endswith("…")
+
+
+def test_summarize_a_stored_verdict_for_a_table_cell():
+    assert summarize(None) == "—"
+    assert summarize(assess("Hello!", finish_reason="stop").to_dict()) == "✓"
+    assert summarize(assess("Hi there, how", finish_reason="length").to_dict()) == "✓ truncated"
+    cell = summarize(assess(STORY_THINKING, prompt=STORY_PROMPT, thinking=True).to_dict(), width=40)
+    assert cell.startswith("✗ degenerate_enumeration") and len(cell) <= 40
 
 
 def test_assess_result_stores_the_verdict_on_the_probe_result():
