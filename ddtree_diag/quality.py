@@ -410,7 +410,9 @@ def assess(
         if truncated and has_thought:
             pass  # cut while thinking: the answer never started; `truncated` says so
         elif truncated or (has_thought and finish is None):
-            reasons.append(Reason("empty_output", "the answer is empty (cut before it began?)", "", 0.3))
+            # Maybe cut before the answer began; an unterminated think block already says so.
+            if not any(r.code == "unterminated_think" for r in reasons):
+                reasons.append(Reason("empty_output", "the answer is empty (cut before it began?)", "", 0.3))
         else:
             reasons.append(Reason("empty_output", "the answer is empty", "", 1.0 if not has_thought else 0.7))
     elif not _HAS_CONTENT_RE.search(stripped) or _ONLY_MARKER_RE.fullmatch(stripped):
