@@ -1,0 +1,182 @@
+"""`ddtree-diag text-check`: run the garbage-text detector on text from a file or stdin.
+
+    ddtree-diag text-check answer.txt --prompt "Say hello in one short sentence."
+    echo 'Hello,' | ddtree-diag text-check - --finish-reason stop --json
+    ddtree-diag text-check outputs.jsonl --jsonl      # one {"text", "prompt", "finish_reason"} per line
+
+Plain mode reads the whole input as one answer (one trailing newline dropped) and prints the
+verdict with its reasons; ``--json`` prints ``Verdict.to_dict()`` instead. ``--jsonl`` reads one
+JSON object per line (``text`` or ``output``; optional ``prompt``, ``finish_reason``, ``thinking``,
+``reasoning``, ``completion_tokens``, ``max_tokens``, ``id``) and writes one verdict per line, in
+order (with the input's ``id`` when it has one). Exit code: 0 all clean, 1 any garbage, 2 bad
+input or usage.
+
+The lead wires ``run_text_check`` into the typer CLI; ``python -m ddtree_diag.textcheck`` runs
+``main`` for use without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, DiagError, UsageError
+from ddtree_diag.quality import Verdict, assess
+
+_JSONL_FIELDS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
+
+
+def run_text_check(
+    path: str | None,
+    prompt: str | None,
+    as_json: bool,
+    jsonl: bool,
+    finish_reason: str | None,
+    *,
+    out: TextIO | None = None,
+) -> int:
+    """Check the text in ``path`` ("-" or None = stdin) and print the verdict(s).
+
+    Returns 0 when everything is clean, 1 when any input is garbage. Raises UsageError (exit 2)
+    for an unreadable file or a bad JSONL line.
+    """
+    out = out or sys.stdout
+    raw = _read(path)
+    if jsonl:
+        return _check_jsonl(raw, prompt, finish_reason, out, source=path or "-")
+    text = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
+    verdict = assess(text, prompt=prompt, finish_reason=finish_reason)
+    if as_json:
+        out.write(_dumps(verdict.to_dict()) + "\n")
+    else:
+        _print_verdict(verdict, out)
+    return EXIT_CHECK_FAILED if verdict.garbage else EXIT_OK
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    """One JSON line, readable (no \\u escapes for CJK) but with the characters that other tools
+    treat as line breaks (U+0085, U+2028, U+2029) escaped, so one verdict stays one line."""
+    text = json.dumps(data, ensure_ascii=False)
+    return text.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _read(path: str | None) -> str:
+    if path in (None, "-"):
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    else:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    # Invalid UTF-8 becomes U+FFFD, which the detector then reports: broken bytes are a finding.
+    return data.decode("utf-8", errors="replace")
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "prompt": (str,),
+    "finish_reason": (str,),
+    "reasoning": (str,),
+    "thinking": (bool,),
+    "completion_tokens": (int,),
+    "max_tokens": (int,),
+}
+
+
+def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: TextIO, source: str) -> int:
+    # Parse everything first, so a bad line fails before any verdict is printed.
+    # Split on "\n" only: str.splitlines would also split on U+0085/U+2028 inside a JSON string.
+    rows: list[tuple[dict[str, Any], str, dict[str, Any]]] = []
+    for lineno, line in enumerate(raw.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise UsageError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        text = row.get("text", row.get("output"))
+        if not isinstance(text, str):
+            raise UsageError(f"{where}: needs a string 'text' field")
+        kwargs = {key: row.get(key) for key in _JSONL_FIELDS}
+        for key, types in _FIELD_TYPES.items():
+            value = kwargs[key]
+            if value is not None and (
+                not isinstance(value, types) or (types == (int,) and isinstance(value, bool))
+            ):
+                raise UsageError(f"{where}: '{key}' must be {types[0].__name__}, got {type(value).__name__}")
+        if kwargs["prompt"] is None:
+            kwargs["prompt"] = prompt
+        if kwargs["finish_reason"] is None:
+            kwargs["finish_reason"] = finish_reason
+        rows.append((row, text, kwargs))
+    any_garbage = False
+    for row, text, kwargs in rows:
+        verdict = assess(text, **kwargs)
+        record = verdict.to_dict()
+        if "id" in row:
+            record = {"id": row["id"], **record}
+        out.write(_dumps(record) + "\n")
+        any_garbage = any_garbage or verdict.garbage
+    return EXIT_CHECK_FAILED if any_garbage else EXIT_OK
+
+
+def _print_verdict(verdict: Verdict, out: TextIO) -> None:
+    from rich.console import Console  # lazy: keeps `import ddtree_diag.textcheck` light
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(file=out, highlight=False, soft_wrap=True)
+    if verdict.garbage:
+        console.print(f"[bold red]✗ garbage[/] (score {verdict.score:.2f})")
+    else:
+        trunc = " [yellow](truncated)[/]" if verdict.truncated else ""
+        console.print(f"[bold green]✓ clean[/] (score {verdict.score:.2f}){trunc}")
+    if not verdict.reasons:
+        return
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("reason")
+    table.add_column("severity")
+    table.add_column("detail", overflow="fold")
+    table.add_column("evidence", overflow="fold")
+    for reason in verdict.reasons:
+        colour = {"hard": "red", "soft": "yellow"}.get(reason.severity, "dim")
+        evidence = repr(reason.evidence) if reason.evidence else ""
+        table.add_row(reason.code, f"[{colour}]{reason.severity}[/]", escape(reason.detail), escape(evidence))
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ddtree-diag text-check",
+        description="Flag text that no healthy model would write (loops, leaks, script switches, ...).",
+    )
+    parser.add_argument("file", nargs="?", default="-", help="file to check, or - for stdin (default)")
+    parser.add_argument("--prompt", default=None, help="the prompt the text answers (enables script checks)")
+    parser.add_argument(
+        "--finish-reason", default=None, help="the server's finish_reason (stop, length, ...)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    parser.add_argument(
+        "--jsonl", action="store_true", help="input is JSON lines; print one verdict per line"
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    args = parser.parse_args(argv)
+    try:
+        return run_text_check(args.file, args.prompt, args.json, args.jsonl, args.finish_reason)
+    except DiagError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

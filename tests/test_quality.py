@@ -1,0 +1,618 @@
+"""The garbage-text detector: each signal on focused examples, quiet on hard clean text, the API."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree_diag.quality import (
+    GARBAGE_THRESHOLD,
+    REASON_CODES,
+    Reason,
+    Verdict,
+    assess,
+    assess_result,
+    summarize,
+)
+from ddtree_diag.records import ProbeCase, ProbeResult
+
+STORY_PROMPT = "Say hello in one short sentence."
+STORY_THINKING = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."
+CORPUS = Path(__file__).parent / "data" / "quality"
+
+
+def codes(text: str, **kwargs) -> set[str]:
+    return set(assess(text, **kwargs).codes)
+
+
+def flagged(text: str, code: str, **kwargs) -> bool:
+    verdict = assess(text, **kwargs)
+    return verdict.garbage and code in verdict.codes
+
+
+# --------------------------------------------------------------------------------------------
+# The story
+
+
+def test_story_thinking_output_is_garbage_with_several_named_reasons():
+    verdict = assess(
+        STORY_THINKING,
+        prompt=STORY_PROMPT,
+        finish_reason="length",
+        thinking=True,
+        completion_tokens=48,
+        max_tokens=48,
+    )
+    assert verdict.garbage
+    assert {"degenerate_enumeration", "script_mix", "role_leak", "truncated"} <= set(verdict.codes)
+    by_code = {r.code: r for r in verdict.reasons}
+    assert by_code["role_leak"].evidence.startswith("user:")
+    assert "题目" in by_code["script_mix"].detail
+    # Evidence spans point into the text.
+    for reason in verdict.reasons:
+        if reason.span:
+            start, end = reason.span
+            assert STORY_THINKING[start:end].startswith(reason.evidence[:10])
+
+
+def test_story_hello_comma_is_a_premature_stop():
+    verdict = assess("Hello,", prompt=STORY_PROMPT, finish_reason="stop", completion_tokens=3, thinking=False)
+    assert verdict.garbage
+    assert verdict.top_reason.code == "premature_stop"
+    assert verdict.top_reason.evidence == "Hello,"
+
+
+# --------------------------------------------------------------------------------------------
+# Each signal, garbage side
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs", "code"),
+    [
+        ("the the the the", {}, "token_loop"),
+        (
+            "Paris is lovely. It is a beautiful city. It is a beautiful city. It is a beautiful city. It is",
+            {"finish_reason": "length"},
+            "phrase_loop",
+        ),
+        ("I think I think I think I think I think", {"finish_reason": "length"}, "phrase_loop"),
+        ("OK.\nSee you soon!\nSee you soon!\nSee you soon!\nSee you soon!", {}, "line_loop"),
+        ("我的的的的的的的的的的", {"prompt": "介绍一下你自己。", "finish_reason": "length"}, "token_loop"),
+        (
+            "Facts:\n" + "".join(f"{i}. Water boils at one hundred degrees.\n" for i in range(1, 10)),
+            {"finish_reason": "length"},
+            "repeated_ngram",
+        ),
+    ],
+)
+def test_loops(text, kwargs, code):
+    assert flagged(text, code, **kwargs), assess(text, **kwargs).to_dict()
+
+
+@pytest.mark.parametrize("text", ["😂" * 20, "Sure!" + "\n" * 40, "ok " + "❤️" * 18])
+def test_symbol_and_newline_floods_are_token_loops(text):
+    assert flagged(text, "token_loop", finish_reason="length")
+
+
+def test_a_passage_said_twice_in_a_row():
+    passage = (
+        "Speculative decoding lets a small draft model propose several tokens that the large "
+        "target model verifies in a single forward pass, keeping the output unchanged. "
+    )
+    assert flagged("Intro. " + passage + passage + "Done.", "phrase_loop", finish_reason="stop")
+    # once is fine, and so is a short sentence said twice mid-text
+    assert not assess("Intro. " + passage + "Done.", finish_reason="stop").garbage
+    assert not assess("Go team! Go team! We won.", finish_reason="stop").garbage
+
+
+def test_a_sentence_said_twice_where_the_reply_is_cut():
+    text = "Tokyo is the capital. It is a large city with many people. It is a large city with many people."
+    assert flagged(text, "phrase_loop", finish_reason="length")
+    assert not assess(text, finish_reason="stop").garbage  # not at the limit: could be emphasis
+
+
+def test_replacement_character_loop():
+    verdict = assess("\ufffd\n" * 30, prompt=STORY_PROMPT, finish_reason="length")
+    assert verdict.garbage and verdict.top_reason.code == "replacement_char"
+    assert verdict.top_reason.severity == "hard"
+
+
+@pytest.mark.parametrize(
+    ("text", "prompt"),
+    [
+        (
+            "The capital of France is Paris, which is known for 它的美丽的建筑和丰富的历史。",
+            "What is the capital of France?",
+        ),
+        ("Hello! How can I помочь вам сегодня?", STORY_PROMPT),
+        ("Die Hauptstadt ist Berlin, 柏林是一个城市 und sehr groß.", "Was ist die Hauptstadt Deutschlands?"),
+        ("Привет! Я рад 你好 тебя видеть.", "Поздоровайся одним предложением."),
+        ("Hеllo, hоw are you?", STORY_PROMPT),  # Cyrillic е and о inside Latin words
+    ],
+)
+def test_script_switch_mid_sentence(text, prompt):
+    assert flagged(text, "script_mix", prompt=prompt)
+
+
+def test_script_switch_without_a_prompt_uses_the_texts_own_script():
+    assert flagged("The weather today is sunny and 天气很好 warm in the afternoon.", "script_mix")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello!<|im_end|>",
+        "Sure.<|im_end|>\n<|im_start|>user\nmore",
+        "Hi<|endoftext|>",
+        "Paris.</s>",
+        "Paris. [INST] and Rome? [/INST]",
+        "Hi!<|eot_id|><|start_header_id|>user<|end_header_id|>",
+        "Hello<end_of_turn>\n<start_of_turn>user",
+        "Hi<｜end▁of▁sentence｜>",
+    ],
+)
+def test_template_leak(text):
+    assert flagged(text, "template_leak", prompt=STORY_PROMPT)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello!\nuser\nWhat is your name?\nassistant\nI am a bot.",
+        "Hello!\n\nHuman: tell me a joke",
+        "Paris.\n### Instruction:\nName the capital of Spain.\n### Response:\nMadrid",
+        "Hi!\n# user: hello",
+        "Sure.\nUser: and tomorrow?\nAssistant: Sunny.",
+        "Hello!\nuser:",
+    ],
+)
+def test_role_leak(text):
+    assert flagged(text, "role_leak", prompt=STORY_PROMPT)
+
+
+def test_thinking_leak_when_thinking_is_off():
+    assert flagged("<think>\n\n</think>\n\nHello!", "thinking_leak", prompt=STORY_PROMPT, thinking=False)
+    assert flagged("Hello!</think>", "thinking_leak", thinking=False)
+
+
+def test_thinking_leak_when_reasoning_was_separated():
+    assert flagged("<think>ok</think>Hello!", "thinking_leak", thinking=True, reasoning="ok")
+
+
+def test_unterminated_think_block_is_garbage_on_stop_but_info_on_length():
+    text = "<think>\nThe user wants a greeting. Let me think about"
+    assert flagged(text, "unterminated_think", thinking=True, finish_reason="stop")
+    cut = assess(text, thinking=True, finish_reason="length")
+    assert not cut.garbage and cut.truncated
+    assert {"unterminated_think", "truncated"} <= set(cut.codes)
+
+
+def test_unterminated_think_without_finish_reason_is_soft():
+    verdict = assess("<think>\nThe user wants a greeting. Let me think about", thinking=True)
+    assert "unterminated_think" in verdict.codes and not verdict.garbage
+
+
+def test_loops_inside_the_think_block_are_found():
+    text = "<think>\n" + "wait, " * 30 + "\n</think>\n\nHello!"
+    assert flagged(text, "phrase_loop", thinking=True, finish_reason="stop")
+
+
+def test_loops_in_separated_reasoning_are_found_and_marked():
+    verdict = assess("Hello!", thinking=True, finish_reason="stop", reasoning="Let me see. " * 20)
+    assert verdict.garbage
+    assert any(r.source == "reasoning" for r in verdict.reasons if r.weight > 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["1. 1. 1. 1.", "Fruits:\n1.\n1.\n1.\n1.", "答案：1. 1. 1. 1. 1.", "The steps are 1. 2. 2. 2. 2."],
+)
+def test_degenerate_enumeration(text):
+    assert flagged(text, "degenerate_enumeration", finish_reason="length")
+
+
+@pytest.mark.parametrize("text", ["", "   \n ", "...", "1."])
+def test_empty_output(text):
+    assert flagged(text, "empty_output", prompt="List three fruits.", finish_reason="stop")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello,",
+        "The capital of France is",
+        "Here is the code:",
+        "你好，",
+        "Sure! The answer is the",
+        "```python\ndef add(a, b):",
+    ],
+)
+def test_premature_stop(text):
+    assert flagged(text, "premature_stop", finish_reason="stop")
+
+
+def test_premature_stop_needs_finish_reason_stop_to_be_hard():
+    unknown = assess("Hello,")
+    assert "premature_stop" in unknown.codes and not unknown.garbage
+    assert assess("Hello,", finish_reason="length").codes == ["truncated"]
+
+
+def test_stop_at_max_tokens_counts_as_truncation():
+    # ddtree-mlx style servers say "stop" even when cut at max_tokens.
+    verdict = assess("The capital of France is", finish_reason="stop", completion_tokens=5, max_tokens=5)
+    assert verdict.truncated and not verdict.garbage
+
+
+@pytest.mark.parametrize(
+    "text", ["Hello\x00 world", "Result\x1b[0m is 4", "Caf\x82 au lait", "bad \ud800 surrogate"]
+)
+def test_control_chars(text):
+    assert flagged(text, "control_chars")
+
+
+@pytest.mark.parametrize("text", ["L'Ã©tÃ© Ã  Paris est trÃ¨s chaud.", "Itâ€™s a nice day.", "ÐŸÑ€Ð¸Ð²ÐµÑ‚!"])
+def test_mojibake(text):
+    verdict = assess(text)
+    assert verdict.garbage and verdict.top_reason.code == "mojibake"
+
+
+def test_compression_ratio_flags_long_repetition_as_a_soft_signal():
+    text = "Status: all systems nominal and running; " * 40
+    reasons = {r.code: r for r in assess(text, finish_reason="length").reasons}
+    assert reasons["compression_ratio"].severity == "soft"
+
+
+def test_truncated_text_is_not_garbage_by_itself():
+    verdict = assess(
+        "Photosynthesis is the process by which plants convert light energy into", finish_reason="length"
+    )
+    assert not verdict.garbage and verdict.truncated
+    assert verdict.codes == ["truncated"]
+    assert verdict.summary() == "✓ truncated"
+
+
+# --------------------------------------------------------------------------------------------
+# Quiet on legitimate text
+
+
+CLEAN = [
+    ("Hello!", STORY_PROMPT, "stop"),
+    ("Yes.", "Is the sky blue?", "stop"),
+    ("42", "What is 6*7?", "stop"),
+    ("Paris", "Capital of France?", "stop"),
+    ("Hi there! How can I help?", "hi", "stop"),
+    ("No", "Is 9 prime? yes or no", "stop"),
+    ("Sure! 😊 Have a great day! 🎉", "Say bye", "stop"),
+    (
+        "Docs: https://example.com/a/b?x=1&y=2#frag and http://localhost:8000/v1/chat/completions",
+        "links?",
+        "stop",
+    ),
+    ("The café served crème brûlée; a naïve choice, perhaps, but delicious.", "Describe dessert.", "stop"),
+    ("In Mandarin the concept is called “关系” (guānxi), roughly 'connections'.", "What is guanxi?", "stop"),
+    ("Its name in Chinese is “长城”.", "What is the Great Wall called locally?", "stop"),
+    (
+        "$E = mc^2$, and for a photon $E = h\\nu$; with $\\lambda = c/\\nu$ we get $E = hc/\\lambda$.",
+        "E=mc^2?",
+        "stop",
+    ),
+    ("Let ε > 0 and δ = ε/2. Then |f(x) − f(a)| < ε whenever |x − a| < δ.", "continuity proof", "stop"),
+    (
+        "\n".join(
+            f"- Step {i}: {v} the {o}."
+            for i, (v, o) in enumerate(
+                [
+                    ("Open", "lid"),
+                    ("Fill", "tank"),
+                    ("Close", "valve"),
+                    ("Start", "pump"),
+                    ("Check", "gauge"),
+                    ("Log", "reading"),
+                    ("Stop", "pump"),
+                    ("Drain", "line"),
+                ],
+                1,
+            )
+        ),
+        "Procedure?",
+        "stop",
+    ),
+    (
+        "| Item | In stock | Ships |\n|---|---|---|\n| A | Yes | Yes |\n| B | Yes | Yes |\n"
+        "| C | Yes | Yes |\n"
+        "| D | Yes | Yes |\n| E | No | No |",
+        "stock table",
+        "stop",
+    ),
+    (
+        '[{"type": "point", "x": 0, "y": 0}, {"type": "point", "x": 1, "y": 0},'
+        ' {"type": "point", "x": 1, "y": 1},'
+        ' {"type": "point", "x": 0, "y": 1}]',
+        "square corners as JSON",
+        "stop",
+    ),
+    (
+        "```java\npublic class A {\n  void f() {\n    if (x) {\n      for (;;) {\n      }\n"
+        "    }\n  }\n}\n```",
+        "Java nesting",
+        "stop",
+    ),
+    (
+        "```python\nassert f(1) == 1\nassert f(2) == 1\nassert f(3) == 2\nassert f(4) == 3\n"
+        "assert f(5) == 5\n```",
+        "tests for fib",
+        "stop",
+    ),
+    (
+        "Glory, glory, hallelujah!\nGlory, glory, hallelujah!\nGlory, glory, hallelujah!\n"
+        "His truth is marching on.",
+        "Sing the chorus of the Battle Hymn of the Republic.",
+        "stop",
+    ),
+    (
+        "Let it be, let it be, let it be, let it be\nWhisper words of wisdom, let it be.",
+        "Quote the Beatles song chorus.",
+        "stop",
+    ),
+    ("你好！很高兴认识你。", "用一句话打招呼。", "stop"),
+    ("Натрий — химический элемент с символом Na.", "Что такое натрий?", "stop"),
+    ("東京は日本の首都です。", "日本の首都は？", "stop"),
+    ("¡Claro! Aquí tienes: 1) pan, 2) leche, 3) huevos.", "Lista de compras corta.", "stop"),
+    ("Übersetzung: 'Guten Morgen' heißt 'Good morning'.", "Übersetze 'Guten Morgen' ins Englische.", "stop"),
+    (
+        "Chinese: 我爱你\nJapanese: 愛してる\nKorean: 사랑해\nRussian: Я тебя люблю",
+        "How do you say I love you in Chinese, Japanese, Korean and Russian?",
+        "stop",
+    ),
+    ("Hello\nBonjour\nHola\nПривет\n你好", "Translate hello into five languages.", "stop"),
+    ("User: admin\nPassword: admin", "What are the default router credentials?", "stop"),
+    (
+        "Alice: Hi Bob!\nBob: Hi Alice, how are you?",
+        "Write a two-line dialogue between Alice and Bob.",
+        "stop",
+    ),
+    ("<think>\nShort greeting.\n</think>\n\nHello!", STORY_PROMPT, "stop"),
+    ("Yes, I will.", "Will you help me?", "stop"),
+    (
+        "Read more at https://ja.wikipedia.org/wiki/東京 or www.example.jp/東京.",
+        "Where can I read more?",
+        "stop",
+    ),
+    ("It depends on what you mean by", "finish this phrase", "length"),
+]
+
+
+@pytest.mark.parametrize(("text", "prompt", "finish"), CLEAN)
+def test_quiet_on_legitimate_text(text, prompt, finish):
+    verdict = assess(text, prompt=prompt, finish_reason=finish)
+    assert not verdict.garbage, verdict.to_dict()
+
+
+MORE_CLEAN = [
+    (
+        "Mix the dry ingredients:\n- Add 1 cup of flour to the bowl.\n- Add 1 cup of sugar to the bowl.\n"
+        "- Add 1 cup of cocoa to the bowl.\n- Add 1 cup of oats to the bowl.\n"
+        "- Add 1 cup of milk to the bowl.",
+        "Recipe?",
+    ),
+    ("Roles:\nAdmin\nUser\nGuest", "What roles exist?"),
+    ("No, no, no, no! Don't do that.", "React"),
+    ("Tick-tock, tick-tock, tick-tock goes the clock.", "Describe a clock"),
+    ("Yes it is", "Is Paris in France?"),
+    ("The EOS token </s> tells the model to stop.", "What does the EOS token do in Llama 2?"),
+    ("**User:** the person using the app.\n**Admin:** manages accounts.", "Define the roles."),
+    ("Q: What is 2+2?\nA: 4", "Give me a Q&A example"),
+    ("😂😂😂", "React to a joke with emoji"),
+    ("x = 1\ny = 1\nz = 1", "three variables equal to one"),
+    ("Step 1: Preheat oven.\nStep 2: Mix.\nStep 3: Bake.\nStep 4: Cool.\nStep 5: Serve.", "Steps?"),
+    ("Good question!\n\n**Step 1:** Identify.\n**Step 2:** Write.\n**Step 3:** Solve.\n\nSo x = 5.", "solve"),
+    ("Hello\r\nWorld\r\n", "Two lines"),
+]
+
+MORE_GARBAGE = [
+    (
+        "Here are some facts:\n1. The sun is a star.\n2. The sun is a star.\n3. The sun is a star.\n"
+        "4. The sun is a star.\n5. The sun is a star.\n6. The sun is a star.",
+        "Facts?",
+        "length",
+    ),
+    ("Hello! How can I assist you today?\n\nuser\nHi\n\nassistant\nHello!", "Say hi", "stop"),
+    ("Hello!\r\nuser\r\nhi\r\nassistant\r\nyo", "Say hi", "stop"),
+    ("Hello!\n\nUser: What's up?", "Say hi", "stop"),
+    ("2 + 2 = 4. 2 + 2 = 4. 2 + 2 = 4. 2 + 2 = 4. 2 + 2 = 4.", "What is 2+2?", "length"),
+    ("Here's the answer: 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4", "What is 2+2?", "length"),
+    ("OK OK OK OK OK OK OK OK OK OK OK OK", "Confirm", "length"),
+    ("我是一个AI助手，我可以帮助你。我可以帮助你。我可以帮助你。我可以帮助你。", "你是谁？", "length"),
+    ("Madrid es la capital de España y 它是一个美丽的城市。", "¿Cuál es la capital de España?", "stop"),
+    ("Sure! Here is the answer: 答案是", "What is 2+2?", "stop"),
+    ("Step 1: Step 1: Step 1: Step 1: Step 1: Step 1:", "Steps?", "length"),
+    ("To install:\n\n```bash\npip install x\n```<|endoftext|><|im_start|>system", "Install?", "stop"),
+    (".", "Explain recursion.", "stop"),
+]
+
+
+@pytest.mark.parametrize(("text", "prompt"), MORE_CLEAN)
+def test_quiet_on_more_legitimate_shapes(text, prompt):
+    verdict = assess(text, prompt=prompt, finish_reason="stop")
+    assert not verdict.garbage, verdict.to_dict()
+
+
+@pytest.mark.parametrize(("text", "prompt", "finish"), MORE_GARBAGE)
+def test_flags_more_failure_shapes(text, prompt, finish):
+    verdict = assess(text, prompt=prompt, finish_reason=finish)
+    assert verdict.garbage, verdict.to_dict()
+
+
+def test_mojibake_is_found_without_ftfy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ftfy", None)  # import ftfy now raises ImportError
+    verdict = assess("L'Ã©tÃ© est chaud.")
+    assert verdict.garbage and verdict.top_reason.code == "mojibake"
+    assert "should read 'é'" in verdict.top_reason.detail
+    assert not assess("L'été est chaud, café crème.").garbage
+
+
+def test_code_with_template_tokens_is_fine_when_asked_about_templates():
+    text = "A turn looks like:\n\n```\n<|im_start|>user\nHi<|im_end|>\n```"
+    assert not assess(text, prompt="Show the ChatML format.").garbage
+
+
+def test_repetition_asked_for_is_fine():
+    assert not assess("hello " * 10, prompt="Repeat the word hello 10 times.", finish_reason="stop").garbage
+
+
+def test_same_text_in_its_own_language_is_fine_but_not_in_another():
+    chinese = "北京是中国的首都。"
+    assert not assess(chinese, prompt="中国的首都是哪里？").garbage
+    mixed = "The capital of China is Beijing, 北京是中国的首都 and a big city."
+    assert assess(mixed, prompt="What is the capital of China?").garbage is False  # the prompt names China
+    assert assess(mixed, prompt="What is the capital of that country?").garbage
+
+
+# --------------------------------------------------------------------------------------------
+# API
+
+
+def test_verdict_round_trips_through_dict():
+    verdict = assess(STORY_THINKING, prompt=STORY_PROMPT, finish_reason="length", thinking=True)
+    data = verdict.to_dict()
+    assert set(data) == {"garbage", "score", "truncated", "reasons"}
+    for reason in data["reasons"]:
+        assert {"code", "detail", "evidence", "severity"} <= set(reason)
+        assert reason["code"] in REASON_CODES
+        assert reason["severity"] in ("hard", "soft", "info")
+    json.dumps(data)  # plain JSON
+    again = Verdict.from_dict(json.loads(json.dumps(data)))
+    assert again.to_dict() == data
+
+
+def test_reason_unpacks_as_code_detail_evidence():
+    reason = assess("Hello,", finish_reason="stop").reasons[0]
+    code, detail, evidence = reason
+    assert (code, evidence) == ("premature_stop", "Hello,")
+    assert reason[1] == detail
+    assert Reason.from_dict({"code": "x", "detail": "d", "evidence": "e", "severity": "hard"}).weight >= 0.5
+
+
+def test_summary_and_mark():
+    bad = assess("the the the the the the", finish_reason="length")
+    assert bad.mark == "✗" and bad.summary().startswith("✗ token_loop: ")
+    good = assess("Hello!", finish_reason="stop")
+    assert good.mark == "✓" and good.summary() == "✓"
+    assert len(bad.summary(width=20)) == 20 and bad.summary(width=20).endswith("…")
+
+
+def test_summarize_a_stored_verdict_for_a_table_cell():
+    assert summarize(None) == "—"
+    assert summarize(assess("Hello!", finish_reason="stop").to_dict()) == "✓"
+    assert summarize(assess("Hi there, how", finish_reason="length").to_dict()) == "✓ truncated"
+    cell = summarize(assess(STORY_THINKING, prompt=STORY_PROMPT, thinking=True).to_dict(), width=40)
+    assert cell.startswith("✗ degenerate_enumeration") and len(cell) <= 40
+
+
+def test_assess_result_stores_the_verdict_on_the_probe_result():
+    case = ProbeCase(
+        prompt_id="hello",
+        messages=[{"role": "user", "content": STORY_PROMPT}],
+        enable_thinking=False,
+        max_tokens=48,
+    )
+    result = ProbeResult(case=case, output="Hello,", finish_reason="stop", completion_tokens=3)
+    verdict = assess_result(result)
+    assert verdict.garbage and result.quality == verdict.to_dict()
+    # and the record still round-trips with it
+    assert ProbeResult.from_dict(result.to_dict()).quality == result.quality
+    failed = ProbeResult(case=case, status="transport_error", error="refused")
+    assert assess_result(failed) is None and failed.quality is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=300), st.sampled_from([None, "stop", "length"]), st.sampled_from([None, True, False]))
+def test_any_text_gives_a_consistent_verdict(text, finish, thinking):
+    verdict = assess(text, prompt="Explain it.", finish_reason=finish, thinking=thinking)
+    assert 0.0 <= verdict.score <= 1.0
+    assert verdict.garbage == (verdict.score >= GARBAGE_THRESHOLD)
+    assert all(r.code in REASON_CODES for r in verdict.reasons)
+    assert assess(text, prompt="Explain it.", finish_reason=finish, thinking=thinking) == verdict
+
+
+def test_long_text_with_a_loop_late_in_it():
+    rng = random.Random(3)
+    vocab = [
+        "model",
+        "draft",
+        "target",
+        "token",
+        "verify",
+        "accept",
+        "reject",
+        "tree",
+        "budget",
+        "round",
+        "cache",
+        "layer",
+        "state",
+        "prompt",
+        "answer",
+        "server",
+        "client",
+        "latency",
+        "throughput",
+        "batch",
+        "kernel",
+        "memory",
+        "bandwidth",
+        "queue",
+        "stream",
+        "chunk",
+        "header",
+        "request",
+        "response",
+        "metric",
+        "counter",
+        "gauge",
+        "histogram",
+        "window",
+    ]
+    sentences = []
+    for _ in range(2500):
+        words = rng.sample(vocab, rng.randint(5, 12))
+        sentences.append(" ".join(words).capitalize() + rng.choice([".", ".", "!", "?"]))
+    prose = " ".join(sentences)
+    assert len(prose) > 100_000
+    assert not assess(prose, finish_reason="stop").garbage
+    looped = prose[:60_000] + " and then the model said " + "over and over " * 30 + prose[60_000:90_000]
+    assert assess(looped, finish_reason="stop").garbage
+
+
+def test_import_is_light():
+    code = (
+        "import sys, ddtree_diag.quality\n"
+        "heavy = [m for m in ('torch', 'transformers', 'httpx', 'ftfy', 'rich') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert out.stdout.strip() == ""
+
+
+def test_corpus_is_large_and_labelled():
+    rows = []
+    for path in CORPUS.glob("*.jsonl"):
+        rows += [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    labels = [r["label"] for r in rows]
+    assert labels.count("clean") >= 150 and labels.count("garbage") >= 100
+    assert all({"text", "prompt", "finish_reason", "label", "note"} <= set(r) for r in rows)
+    texts = {r["text"] for r in rows if r["label"] == "garbage"}
+    assert STORY_THINKING in texts and "Hello," in texts

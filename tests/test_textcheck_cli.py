@@ -1,0 +1,161 @@
+"""`text-check`: files, stdin, JSON and JSONL, exit codes — through the function the typer command
+wraps and through the module entry point."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_diag.errors import UsageError
+from ddtree_diag.textcheck import main, run_text_check
+
+ROOT = Path(__file__).parent.parent
+STORY = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."
+
+
+def check(tmp_path, text: str, *args, **kwargs) -> tuple[int, str]:
+    path = tmp_path / "answer.txt"
+    path.write_text(text, encoding="utf-8")
+    out = io.StringIO()
+    code = run_text_check(str(path), *args, out=out, **kwargs)
+    return code, out.getvalue()
+
+
+def test_clean_file_exits_0_and_says_clean(tmp_path):
+    code, out = check(tmp_path, "Hello! Nice to meet you.\n", "Say hello.", False, False, "stop")
+    assert code == 0
+    assert "✓ clean" in out
+
+
+def test_garbage_file_exits_1_and_names_the_reasons(tmp_path):
+    code, out = check(tmp_path, STORY + "\n", "Say hello in one short sentence.", False, False, "length")
+    assert code == 1
+    assert "✗ garbage" in out
+    for reason in ("degenerate_enumeration", "script_mix", "role_leak", "truncated"):
+        assert reason in out
+
+
+def test_json_output_is_the_verdict_dict(tmp_path):
+    code, out = check(tmp_path, "Hello,", None, True, False, "stop")
+    data = json.loads(out)
+    assert code == 1
+    assert data["garbage"] is True
+    assert data["reasons"][0]["code"] == "premature_stop"
+    assert data["reasons"][0]["evidence"] == "Hello,"
+
+
+def test_one_trailing_newline_is_not_part_of_the_answer(tmp_path):
+    # "Hello," + newline from `echo` must still end on a comma.
+    code, out = check(tmp_path, "Hello,\n", None, True, False, "stop")
+    assert code == 1 and json.loads(out)["reasons"][0]["code"] == "premature_stop"
+
+
+def test_invalid_utf8_is_reported_as_replacement_characters(tmp_path):
+    path = tmp_path / "bytes.txt"
+    path.write_bytes(b"Hello wor" + b"\xe4\xb8 there")
+    out = io.StringIO()
+    assert run_text_check(str(path), None, True, False, None, out=out) == 1
+    assert json.loads(out.getvalue())["reasons"][0]["code"] == "replacement_char"
+
+
+def test_jsonl_gives_one_verdict_per_line_in_order(tmp_path):
+    rows = [
+        {"id": "a", "text": "Hello!", "prompt": "Say hello.", "finish_reason": "stop"},
+        {"id": "b", "text": STORY, "prompt": "Say hello in one short sentence.", "finish_reason": "length"},
+        {"text": "The cat sat on the mat. It was warm.", "finish_reason": "length"},
+        {"output": "你好！", "prompt": "打个招呼。"},
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n\n", encoding="utf-8")
+    out = io.StringIO()
+    code = run_text_check(str(path), None, False, True, None, out=out)
+    verdicts = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert code == 1
+    assert [v["garbage"] for v in verdicts] == [False, True, False, False]
+    assert [v.get("id") for v in verdicts] == ["a", "b", None, None]
+    assert verdicts[2]["truncated"] is True
+
+
+def test_jsonl_all_clean_exits_0_and_flags_are_defaults(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"text": "Hello,"}) + "\n", encoding="utf-8")
+    # No finish_reason in the line: the --finish-reason default applies.
+    assert run_text_check(str(path), None, False, True, None, out=io.StringIO()) == 0
+    assert run_text_check(str(path), None, False, True, "stop", out=io.StringIO()) == 1
+
+
+def test_jsonl_text_with_line_separator_characters_stays_one_record(tmp_path):
+    path = tmp_path / "in.jsonl"
+    text = "Caf\x85 and \u2028 line separator"
+    path.write_text(json.dumps({"text": text}, ensure_ascii=False) + "\n", encoding="utf-8")
+    out = io.StringIO()
+    run_text_check(str(path), None, False, True, None, out=out)
+    assert len(out.getvalue().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json\n", "in.jsonl:1: not valid JSON"),
+        ('{"text": "ok"}\n[1, 2]\n', "in.jsonl:2: expected a JSON object"),
+        ('{"prompt": "x"}\n', "in.jsonl:1: needs a string 'text' field"),
+        ('{"text": "ok", "max_tokens": "48"}\n', "in.jsonl:1: 'max_tokens' must be int"),
+    ],
+)
+def test_bad_jsonl_is_a_usage_error_with_the_line(tmp_path, content, message):
+    path = tmp_path / "in.jsonl"
+    path.write_text(content, encoding="utf-8")
+    out = io.StringIO()
+    with pytest.raises(UsageError, match=message.replace("[", r"\[")):
+        run_text_check(str(path), None, False, True, None, out=out)
+    assert out.getvalue() == ""  # nothing printed before the error
+
+
+def test_missing_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="cannot read"):
+        run_text_check(str(tmp_path / "nope.txt"), None, False, False, None)
+
+
+def test_main_turns_errors_into_one_line_and_exit_2(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read") and err.count("\n") == 1
+
+
+def _module(*args: str, stdin: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "ddtree_diag.textcheck", *args],
+        input=stdin.encode(),
+        capture_output=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_module_entry_point_reads_stdin():
+    bad = _module("-", "--finish-reason", "stop", "--json", stdin="Hello,\n")
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["reasons"][0]["code"] == "premature_stop"
+    good = _module("--prompt", "Say hello in one short sentence.", stdin="Hello there!\n")
+    assert good.returncode == 0
+    assert "✓ clean" in good.stdout.decode()
+
+
+def test_module_entry_point_jsonl_and_usage_errors():
+    lines = json.dumps({"text": "<|im_start|>assistant\nHi"}) + "\n" + json.dumps({"text": "Fine."}) + "\n"
+    proc = _module("--jsonl", stdin=lines)
+    assert proc.returncode == 1
+    assert [json.loads(x)["garbage"] for x in proc.stdout.decode().splitlines()] == [True, False]
+    bad = _module("--jsonl", stdin="{oops\n")
+    assert bad.returncode == 2
+    assert b"Traceback" not in bad.stderr and bad.stderr.decode().startswith("error: -:1:")
+    unknown = _module("--no-such-flag", stdin="")
+    assert unknown.returncode == 2
