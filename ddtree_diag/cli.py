@@ -108,6 +108,21 @@ def probe(
     raise typer.Exit(run_probe(options))
 
 
+@app.command("text-check")
+def text_check(
+    file: str = typer.Argument("-", help="File to check, or - for stdin."),
+    prompt: str | None = typer.Option(None, "--prompt", help="The prompt the text answers (enables script checks)."),
+    finish_reason: str | None = typer.Option(None, "--finish-reason", help="The server's finish_reason."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
+    jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSON lines {text, prompt, finish_reason, ...}."),
+    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+) -> None:
+    """Flag text no healthy model would write (loops, leaks, script switches...): exit 1 if garbage."""
+    from ddtree_diag.textcheck import run_text_check
+
+    raise typer.Exit(run_text_check(file, prompt, as_json, jsonl, finish_reason))
+
+
 @app.command()
 def gate(
     matrix: str = typer.Argument(..., help="Matrix TOML with a \\[gate] table, or a built-in name (gate)."),

@@ -17,12 +17,11 @@ The lead wires ``run_text_check`` into the typer CLI; ``python -m ddtree_diag.te
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any, TextIO
 
-from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, DiagError, UsageError
+from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from ddtree_diag.quality import Verdict, assess
 
 _JSONL_FIELDS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
@@ -148,35 +147,3 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
         evidence = repr(reason.evidence) if reason.evidence else ""
         table.add_row(reason.code, f"[{colour}]{reason.severity}[/]", escape(reason.detail), escape(evidence))
     console.print(table)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ddtree-diag text-check",
-        description="Flag text that no healthy model would write (loops, leaks, script switches, ...).",
-    )
-    parser.add_argument("file", nargs="?", default="-", help="file to check, or - for stdin (default)")
-    parser.add_argument("--prompt", default=None, help="the prompt the text answers (enables script checks)")
-    parser.add_argument(
-        "--finish-reason", default=None, help="the server's finish_reason (stop, length, ...)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
-    parser.add_argument(
-        "--jsonl", action="store_true", help="input is JSON lines; print one verdict per line"
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    args = parser.parse_args(argv)
-    try:
-        return run_text_check(args.file, args.prompt, args.json, args.jsonl, args.finish_reason)
-    except DiagError as exc:
-        if args.debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

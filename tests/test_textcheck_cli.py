@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_diag.errors import UsageError
-from ddtree_diag.textcheck import main, run_text_check
+from ddtree_diag.textcheck import run_text_check
 
 ROOT = Path(__file__).parent.parent
 STORY = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."
@@ -122,16 +122,17 @@ def test_missing_file_is_a_usage_error(tmp_path):
         run_text_check(str(tmp_path / "nope.txt"), None, False, False, None)
 
 
-def test_main_turns_errors_into_one_line_and_exit_2(tmp_path, capsys):
-    assert main([str(tmp_path / "nope.txt")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: cannot read") and err.count("\n") == 1
+def test_cli_turns_errors_into_one_line_and_exit_2(tmp_path):
+    result = _module(str(tmp_path / "nope.txt"), stdin="")
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert "cannot read" in err and err.count("\n") == 1
 
 
 def _module(*args: str, stdin: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "ddtree_diag.textcheck", *args],
+        [sys.executable, "-m", "ddtree_diag", "text-check", *args],
         input=stdin.encode(),
         capture_output=True,
         env=env,
@@ -156,6 +157,6 @@ def test_module_entry_point_jsonl_and_usage_errors():
     assert [json.loads(x)["garbage"] for x in proc.stdout.decode().splitlines()] == [True, False]
     bad = _module("--jsonl", stdin="{oops\n")
     assert bad.returncode == 2
-    assert b"Traceback" not in bad.stderr and bad.stderr.decode().startswith("error: -:1:")
+    assert b"Traceback" not in bad.stderr and bad.stderr.decode().startswith("ddtree-diag: error: -:1:")
     unknown = _module("--no-such-flag", stdin="")
     assert unknown.returncode == 2
