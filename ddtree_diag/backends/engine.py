@@ -74,6 +74,7 @@ class EngineBackend:
                 seed=extra.get("seed"),
                 stop=extra.get("stop"),
                 top_logprobs=int(extra.get("top_logprobs", 0) or 0),
+                mode=str(extra.get("mode", "auto")),  # "auto" | "ar" | "chain" | "tree"
             )
         except (DiagError, RuntimeError, ValueError, IndexError, TypeError) as exc:
             message = str(exc).strip().splitlines()

@@ -1,6 +1,19 @@
-"""In-process DDTree engine (torch + transformers). See ``load.py`` for the public API.
+"""In-process DDTree engine (torch + transformers): HF target + z-lab DFlash draft, lossless.
 
 Importing this package is light: torch/transformers load only when ``load_engine`` is called.
+
+    from ddtree_diag.engine import load_engine
+    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None)
+    engine.info(); engine.tokenizer; engine.render_prompt(messages, enable_thinking)
+    gen = engine.generate(messages=..., enable_thinking=None, tree_budget=None, temperature=0.0,
+                          max_tokens=256, seed=None, stop=None, top_logprobs=0, on_token=None,
+                          mode="auto", prompt_ids=None)            # -> generate.Generation
+    engine.greedy_reference(prompt_ids, max_tokens, stop_ids=None)  # HF-only greedy baseline
+
+Modules: ``draft`` (DFlash draft + z-lab format), ``target`` (our target forward and KV cache),
+``tree`` (best-first tree, mask, accept walk), ``generate`` (the decode loop, ``Engine``),
+``load`` (paths, GGUF, tokenizer, checks). An Engine runs one generation at a time (it owns one
+KV cache): callers that serve concurrent requests must serialise them.
 """
 
 from __future__ import annotations
