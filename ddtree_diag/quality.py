@@ -349,7 +349,7 @@ _LYRIC_PROMPT_RE = re.compile(
 )
 _REPEAT_PROMPT_RE = re.compile(
     r"\brepeat|\btimes\b|over and over|again and again|重复|重複|繰り返|повтор|wiederhol|repite|répète|"
-    r"\bspell|\bcount\b|\bcount (?:to|from|down)|list all|tongue twister",
+    r"\bspell|\bcount\b|list all",
     re.IGNORECASE,
 )
 
