@@ -1495,7 +1495,7 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
     elif stripped.count("```") % 2 == 1:
         why = "a code block is never closed"
     elif last_word:
-        if len(words) >= 2 and last_word in _FUNCTION_WORDS:
+        if last_word in _FUNCTION_WORDS and (len(words) >= 2 or len(last_word) > 1):
             why = f"ends on the word {last_word!r}"
         elif len(words) >= 2 and short and last_word in _SHORT_DANGLING:
             before = words[-2].lower()
