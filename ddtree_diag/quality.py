@@ -42,7 +42,19 @@ for); ``Reason.severity`` says which one a given reason is.
 The verdict's dict form (``Verdict.to_dict``) is what probe results and the JSON report carry:
 ``{"garbage", "score", "truncated", "reasons": [{"code", "detail", "evidence", "severity",
 "weight", "span", "source"}]}`` where ``span`` is ``[start, end]`` in the assessed text and
-``source`` is ``"text"`` or ``"reasoning"``.
+``source`` is ``"text"`` or ``"reasoning"``. ``assess_result(probe_result)`` fills
+``ProbeResult.quality`` with it; ``summarize(result.quality)`` gives the table cell.
+
+What the prompt changes: scripts used in the prompt, or languages it names ("in Chinese",
+"translate", "日本語で"), are allowed in the answer; prompts for songs/poems or for repetition relax
+the loop thresholds; prompts for a dialogue relax turn markers; prompts about chat templates or
+special tokens allow them in code blocks. Code blocks and table rows get looser loop thresholds.
+
+Known limits: an unfinished clause without a tell-tale last word (``... a coder named``) or one
+in a language whose function words are not listed (Arabic, Hindi) is not caught; a short stutter
+(``the the the the``) deep inside a text longer than 16 KiB is only found when its 1 KiB block
+compresses much better than the rest (long texts are searched in such blocks and at the tail);
+famous intentional repetition (``Buffalo buffalo Buffalo buffalo ...``) is flagged.
 """
 
 from __future__ import annotations
