@@ -229,7 +229,6 @@ _NONSPACE_RE = re.compile(r"\S+")
 _FIRST_WORD_RE = re.compile(r"[^\w]*(\w+)")
 _WORDS_RE = re.compile(r"[^\W_]+")
 _CJK_CHAR_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
-_GREEK_RE = re.compile(r"[\u0370-\u03ff\u1f00-\u1fff]")
 _SENTENCE_END_RE = re.compile(r"[.!?。！？]\s")
 
 _SCRIPT_GROUPS = (
@@ -374,7 +373,8 @@ _INTERJECTIONS_TEXT = (
 )
 _INTERJECTIONS = frozenset(_INTERJECTIONS_TEXT.split())
 
-_UNFINISHED_END = tuple(",，、:：;；(（[{—–-“«‘")
+# (";" is left out: code and SQL end on it.)
+_UNFINISHED_END = tuple(",，、:：；(（[{—–-“«‘")
 # Words an English/Spanish/German/French sentence cannot end on (prepositions and pronouns can).
 _FUNCTION_WORDS_TEXT = (
     "a an the and or but nor because although whereas unless my your our their whose y und oder et ou"
@@ -441,9 +441,9 @@ def assess(
         reasons.extend(_content_signals(answer, ctx, 0, "text"))
         reasons.extend(_script_signals(answer, ctx))
         if not truncated and (finish in _STOP_REASONS):
-            reasons.extend(_premature_stop(answer, completion_tokens))
+            reasons.extend(_premature_stop(answer, completion_tokens, ctx))
         elif finish is None and not truncated:
-            reasons.extend(_premature_stop(answer, completion_tokens, unknown_finish=True))
+            reasons.extend(_premature_stop(answer, completion_tokens, ctx, unknown_finish=True))
 
     if think_text and think_text.strip():
         reasons.extend(_content_signals(think_text, ctx, think_offset, "text", label="think block: "))
@@ -1487,7 +1487,12 @@ _PRONOUNS = frozenset(
 )
 
 
-def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: bool = False) -> list[Reason]:
+def _premature_stop(
+    answer: str, completion_tokens: int | None, ctx: _Context, unknown_finish: bool = False
+) -> list[Reason]:
+    """The reply stopped (not cut by length) in the middle of a sentence. Hard at any length: a
+    healthy model does not emit end-of-turn after "the" or ","; soft only for an unclosed code
+    fence (some models forget the closing fence), for poems, and when finish_reason is unknown."""
     stripped = answer.rstrip()
     if not stripped:
         return []
@@ -1502,8 +1507,8 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
         cut -= 1
     last_word = tail[cut:].lower().lstrip("'’")
     why = None
-    if end_char in _UNFINISHED_END and not (end_char == ";" and _GREEK_RE.search(tail)):
-        why = f"ends on {end_char!r}"  # (a Greek question ends on ';')
+    if end_char in _UNFINISHED_END:
+        why = f"ends on {end_char!r}"
     elif stripped.count("```") % 2 == 1:
         why = "a code block is never closed"
     elif last_word:
@@ -1519,10 +1524,10 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
         weight = 0.4 if short else 0.2
     elif short:
         weight = 0.65
-    elif n_words <= 40:
-        weight = 0.45
+    elif why.startswith("a code block") or ctx.lyric:
+        weight = 0.4
     else:
-        weight = 0.3
+        weight = 0.55
     size = f"{completion_tokens} tokens" if completion_tokens is not None else f"{n_words} word(s)"
     finish = "finish_reason unknown" if unknown_finish else "finish_reason=stop"
     span = (max(0, len(stripped) - 40), len(stripped))

@@ -238,6 +238,16 @@ def test_premature_stop(text):
     assert flagged(text, "premature_stop", finish_reason="stop")
 
 
+def test_a_long_reply_that_stops_mid_sentence_is_garbage_too():
+    text = (
+        "Mitochondria produce most of the cell's ATP through oxidative phosphorylation. They have their "
+        "own DNA, inherited from the mother, which supports the idea that they descend from the"
+    )
+    assert flagged(text, "premature_stop", finish_reason="stop")
+    assert not assess(text, finish_reason="length").garbage
+    assert not assess("SELECT name FROM users;\nSELECT name FROM admins;", finish_reason="stop").garbage
+
+
 def test_premature_stop_needs_finish_reason_stop_to_be_hard():
     unknown = assess("Hello,")
     assert "premature_stop" in unknown.codes and not unknown.garbage
