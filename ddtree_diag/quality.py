@@ -322,7 +322,7 @@ _ROLE_RE = re.compile(
 )
 _DIALOGUE_PROMPT_RE = re.compile(
     r"dialog|conversation|\bchat\b|chat log|transcript|role[- ]?play|screenplay|skit|interview|"
-    r"chat template|chatml|prompt format|few-shot|system prompt|prompt engineering|"
+    r"chat template|chatml|prompt format|few-shot|system prompt|prompt engineering|example prompt|"
     r"对话|對話|會話|会話|диалог|Gespräch|diálogo",
     re.IGNORECASE,
 )
@@ -832,8 +832,9 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         return None
     strong = [h for h in hits if h[0] in ("head", "instr", "bare", "human")]
     contents = [h for h in hits if h[0] == "content"]
-    speakers = {_FIRST_WORD_RE.match(h[2]).group(1).lower() for h in contents}
-    turn_taking = len(speakers & {"user"}) and len(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
+    # Plain "User:" / "Assistant:" lines taking turns; bold labels are a formatted example.
+    speakers = {_speaker(h[2]) for h in contents if "*" not in h[2] and "_" not in h[2]}
+    turn_taking = "user" in speakers and bool(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
     _kind, span, marker = (strong or hits)[0]
     line_end = text.find("\n", span[0])
     span = (span[0], line_end if line_end > span[0] else len(text))
@@ -843,7 +844,11 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         weight = min(0.9, 0.7 + 0.05 * (len(strong) - 1))
     elif turn_taking:
         weight = 0.6
-    elif any(_continues_conversation(text, h[1][1], h[2]) for h in contents if h[2][:1].lower() in "uah"):
+    elif any(
+        _continues_conversation(text, h[1][1], h[2])
+        for h in contents
+        if _speaker(h[2]) in ("user", "assistant", "human")
+    ):
         weight = 0.55
     else:
         weight = 0.3
@@ -856,6 +861,10 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         span,
         weight,
     )
+
+
+def _speaker(marker: str) -> str:
+    return _FIRST_WORD_RE.match(marker).group(1).lower()
 
 
 def _role_matches(text: str):

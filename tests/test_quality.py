@@ -424,6 +424,12 @@ MORE_CLEAN = [
     ("Step 1: Preheat oven.\nStep 2: Mix.\nStep 3: Bake.\nStep 4: Cool.\nStep 5: Serve.", "Steps?"),
     ("Good question!\n\n**Step 1:** Identify.\n**Step 2:** Write.\n**Step 3:** Solve.\n\nSo x = 5.", "solve"),
     ("Hello\r\nWorld\r\n", "Two lines"),
+    (
+        "Here is an example:\n\n**User:** How do I reset my password?\n"
+        "**Assistant:** Click Forgot password on the login page.",
+        "Show how a support bot should answer",
+    ),
+    ("AI: Artificial intelligence, the field of making machines smart.", "Define AI"),
 ]
 
 MORE_GARBAGE = [
