@@ -63,7 +63,7 @@ import re
 import zlib
 from bisect import bisect_right
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import pairwise
 from typing import Any
@@ -416,6 +416,8 @@ def assess(
 
     answer, think_text, think_offset = _split_thinking(text, thinking, reasoning, truncated, finish, reasons)
 
+    # Where the answer sits in the text (after a think block), so every span points into `text`.
+    answer_at = len(text) - len(answer) if answer and text.endswith(answer) else 0
     stripped = answer.strip()
     has_thought = bool((reasoning or "").strip() or (think_text or "").strip())
     if not stripped:
@@ -434,16 +436,17 @@ def assess(
                 "the answer holds only punctuation or a bare list marker",
                 stripped[:_EVIDENCE_CHARS],
                 0.7,
-                (0, len(answer)),
+                (answer_at + answer.index(stripped), answer_at + answer.index(stripped) + len(stripped)),
             )
         )
     else:
-        reasons.extend(_content_signals(answer, ctx, 0, "text"))
-        reasons.extend(_script_signals(answer, ctx))
+        reasons.extend(_content_signals(answer, ctx, answer_at, "text"))
+        found = _script_signals(answer, ctx)
         if not truncated and (finish in _STOP_REASONS):
-            reasons.extend(_premature_stop(answer, completion_tokens, ctx))
+            found += _premature_stop(answer, completion_tokens, ctx)
         elif finish is None and not truncated:
-            reasons.extend(_premature_stop(answer, completion_tokens, ctx, unknown_finish=True))
+            found += _premature_stop(answer, completion_tokens, ctx, unknown_finish=True)
+        reasons.extend(_shifted(r, answer_at) for r in found)
 
     if think_text and think_text.strip():
         reasons.extend(_content_signals(think_text, ctx, think_offset, "text", label="think block: "))
@@ -456,6 +459,12 @@ def assess(
     score = round(1.0 - score, 4)
     reasons.sort(key=lambda r: -r.weight)
     return Verdict(garbage=score >= GARBAGE_THRESHOLD, score=score, reasons=reasons, truncated=truncated)
+
+
+def _shifted(reason: Reason, offset: int) -> Reason:
+    if not offset or reason.span is None:
+        return reason
+    return replace(reason, span=(reason.span[0] + offset, reason.span[1] + offset))
 
 
 def assess_result(result: Any) -> Verdict:

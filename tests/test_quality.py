@@ -623,10 +623,31 @@ def test_import_is_light():
     assert out.stdout.strip() == ""
 
 
-def test_corpus_is_large_and_labelled():
+def _corpus_rows() -> list[dict]:
     rows = []
-    for path in CORPUS.glob("*.jsonl"):
+    for path in sorted(CORPUS.glob("*.jsonl")):
         rows += [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    return rows
+
+
+def test_every_span_points_at_its_evidence():
+    keys = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
+    rows = [*_corpus_rows(), {"text": "<think>\nok\n</think>\n\nParis, 巴黎是<|im_end|>", "thinking": True}]
+    checked = 0
+    for row in rows:
+        for reason in assess(row["text"], **{k: row.get(k) for k in keys}).reasons:
+            source = row["text"] if reason.source == "text" else row["reasoning"]
+            if reason.span is None or not reason.evidence:
+                continue
+            start, end = reason.span
+            assert 0 <= start <= end <= len(source)
+            assert source[start:].startswith(reason.evidence[: end - start]), (reason, row["text"][:60])
+            checked += 1
+    assert checked > 150
+
+
+def test_corpus_is_large_and_labelled():
+    rows = _corpus_rows()
     labels = [r["label"] for r in rows]
     assert labels.count("clean") >= 150 and labels.count("garbage") >= 100
     assert all({"text", "prompt", "finish_reason", "label", "note"} <= set(r) for r in rows)
