@@ -1129,7 +1129,7 @@ def _loops_in(
         # is a sentence said twice right where the reply hits the token limit (a loop starting).
         wordy = unit_words >= period / 2
         passage = wordy and (
-            period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= period)
+            period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2)
         )
         if repeats < 3.0 and not passage:
             continue
@@ -1155,7 +1155,9 @@ def _loops_in(
             starts = [lo + x for x in _token_offsets(segment)]
         pos = starts[start]
         relaxed = _inside(pos, code_spans) or _line_at(text, pos).lstrip().startswith("|")
-        if relaxed or ctx.lyric:
+        # A refrain that runs until the token limit is a loop, song or not.
+        runs_out = ctx.truncated and at_text_end and n - end <= 2
+        if (relaxed or ctx.lyric) and not runs_out:
             needed = max(needed * 2, 6.0)
         if ctx.repeat:
             needed = max(needed * 3, 12.0)
