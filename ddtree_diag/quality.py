@@ -329,7 +329,8 @@ _DIALOGUE_PROMPT_RE = re.compile(
 
 _TEMPLATE_PROMPT_RE = re.compile(
     r"special tokens?|tokeni[sz]|stop tokens?|chat.?template|chatml|\beos\b|\bbos\b|"
-    r"end.of.(?:text|turn|sequence)|prompt format|im_start|im_end|\[inst\]|jinja",
+    r"end.of.(?:text|turn|sequence)|prompt.{0,20}format|format.{0,20}prompt|im_start|im_end|\[inst\]|"
+    r"jinja|\b(?:qwen|llama|mistral|gemma|phi-?\d|deepseek|vicuna|alpaca)",
     re.IGNORECASE,
 )
 
@@ -714,6 +715,8 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
         if token in ctx.prompt:
             continue
         in_code = _inside(match.start(), code_spans)
+        if in_code and _in_inline_code(text, match.start()):
+            continue  # `<|im_end|>` in backticks is written on purpose, never a leak
         if ctx.about_templates:
             if in_code:
                 continue  # asked about templates, shown in a code block: exactly right
@@ -756,6 +759,13 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
         for r in _loops(text, ctx, code_spans)
     )
     return out
+
+
+def _in_inline_code(text: str, pos: int) -> bool:
+    """Inside `single backticks` on its line (an odd number of backticks before it)."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    before = text[line_start:pos]
+    return before.count("`") % 2 == 1 and not before.lstrip().startswith("```")
 
 
 def _mojibake(text: str, ctx: _Context, offset: int, source: str, label: str) -> list[Reason]:
@@ -1128,9 +1138,7 @@ def _loops_in(
         # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault; so
         # is a sentence said twice right where the reply hits the token limit (a loop starting).
         wordy = unit_words >= period / 2
-        passage = wordy and (
-            period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2)
-        )
+        passage = wordy and (period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2))
         if repeats < 3.0 and not passage:
             continue
         if passage:

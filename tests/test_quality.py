@@ -479,6 +479,13 @@ def test_code_with_template_tokens_is_fine_when_asked_about_templates():
     assert not assess(text, prompt="Show the ChatML format.").garbage
 
 
+def test_template_tokens_quoted_in_backticks_or_in_code_for_a_model_prompt_are_fine():
+    text = "vLLM stops when it sees `<|im_end|>` in the output."
+    assert not assess(text, prompt="How does vLLM know when to stop?", finish_reason="stop").garbage
+    code = '```python\nprompt = "<|im_start|>user\\n" + q + "<|im_end|>"\n```'
+    assert not assess(code, prompt="Write Python that builds a Qwen prompt", finish_reason="stop").garbage
+
+
 def test_repetition_asked_for_is_fine():
     assert not assess("hello " * 10, prompt="Repeat the word hello 10 times.", finish_reason="stop").garbage
 
