@@ -846,7 +846,10 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
             continue
         if match.lastgroup in ("bare", "head") and ":" not in marker and not marker.lstrip("# ").islower():
             continue  # "User" / "## Assistant" as a list item or a section heading
-        hits.append((match.lastgroup, match.span(), marker))
+        kind = match.lastgroup
+        if kind == "bare" and not _opens_a_turn(text, *match.span()):
+            kind = "content"  # "user" as one item of a one-word list (table names): weak
+        hits.append((kind, match.span(), marker))
     if not hits:
         return None
     strong = [h for h in hits if h[0] in ("head", "instr", "bare", "human")]
@@ -880,6 +883,14 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         span,
         weight,
     )
+
+
+def _opens_a_turn(text: str, start: int, end: int) -> bool:
+    """A bare role line opens a turn when a sentence follows it (the turn's message) or prose
+    precedes it (the answer ended, a new turn begins); between one-word lines it is a list item."""
+    after = next((line for line in text[end:].split("\n") if line.strip()), "")
+    before = next((line for line in reversed(text[:start].split("\n")) if line.strip()), None)
+    return len(after.split()) >= 2 or before is None or len(before.split()) >= 3
 
 
 def _speaker(marker: str) -> str:

@@ -171,6 +171,9 @@ def test_template_leak(text):
         "Hi!\n# user: hello",
         "Sure.\nUser: and tomorrow?\nAssistant: Sunny.",
         "Hello!\nuser:",
+        "assistant\n\nHello! How can I help?",
+        "model\nHi there, friend!",
+        "Hello! Nice to meet you.\nuser\nthanks",
     ],
 )
 def test_role_leak(text):
@@ -430,6 +433,7 @@ MORE_CLEAN = [
         "Show how a support bot should answer",
     ),
     ("AI: Artificial intelligence, the field of making machines smart.", "Define AI"),
+    ("Tables:\norder\nuser\nproduct", "Which tables does the shop schema have?"),
 ]
 
 MORE_GARBAGE = [
