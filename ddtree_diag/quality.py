@@ -382,6 +382,7 @@ _FUNCTION_WORDS_TEXT = (
 )
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 _STOP_REASONS = frozenset({"stop", "eos", "end_turn", "stop_sequence", "eos_token"})
+_LENGTH_REASONS = frozenset({"length", "max_tokens", "max_length", "max_new_tokens"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,7 +404,7 @@ def assess(
     text = text or ""
     prompt = prompt or ""
     finish = (finish_reason or "").strip().lower() or None
-    truncated = finish == "length" or (
+    truncated = finish in _LENGTH_REASONS or (
         completion_tokens is not None and max_tokens is not None and 0 < max_tokens <= completion_tokens
     )
     ctx = _Context(prompt, truncated)
@@ -411,7 +412,9 @@ def assess(
 
     if truncated:
         why = (
-            f"finish_reason={finish}" if finish == "length" else f"{completion_tokens} of {max_tokens} tokens"
+            f"finish_reason={finish}"
+            if finish in _LENGTH_REASONS
+            else f"{completion_tokens} of {max_tokens} tokens"
         )
         reasons.append(Reason("truncated", f"cut at the token limit ({why}); not garbage by itself"))
 
