@@ -1443,6 +1443,8 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
             w = 0.5  # a sentence begun in the host script ends in another one
         else:
             w = 0.4
+        if b - a == 1 and script in ("Han", "Kana") and allowed & {"Han", "Kana"}:
+            w = min(w, 0.4)  # one kana in Chinese ("我の最爱") is net slang, not a switch
         weights.append(w)
         flagged.append((script, a, b))
     if not flagged:

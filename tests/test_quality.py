@@ -434,6 +434,7 @@ MORE_CLEAN = [
     ),
     ("AI: Artificial intelligence, the field of making machines smart.", "Define AI"),
     ("Tables:\norder\nuser\nproduct", "Which tables does the shop schema have?"),
+    ("这是我の最爱。", "你最喜欢什么？"),
 ]
 
 MORE_GARBAGE = [
