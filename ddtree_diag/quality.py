@@ -272,22 +272,22 @@ _ANY_SCRIPT_RE = re.compile(
 _LANGUAGE_SCRIPTS = (
     (
         r"chin(?:a|ese)|taiwan|hong kong|mandarin|cantonese|hanzi|kanji|pinyin|"
-        r"中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|китайск",
+        r"中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|chinês|cines[ei]|китайск|중국",
         {"Han"},
     ),
     (
-        r"japan|hiragana|katakana|kana\b|日本語|日语|日文|japon[eé]s|japonais|japanisch|японск",
+        r"japan|japon|giappon|hiragana|katakana|kana\b|日本語|日语|日文|японск|일본",
         {"Han", "Kana"},
     ),
-    (r"korea|hangul|한국어|韩语|韓国語|coreano|coréen|koreanisch|корейск", {"Hangul", "Han"}),
+    (r"korea|corea|coré|hangul|한국어|韩语|韓国語|корейск", {"Hangul", "Han"}),
     (
         r"russia|cyrillic|ukrain|bulgarian|serbian|belarusian|kazakh|mongolian|"
-        r"русск|украин|ruso|russe|russisch|俄语|ロシア語",
+        r"русск|украин|rus[os]|russ[eo]|russisch|俄语|ロシア語|러시아",
         {"Cyrillic"},
     ),
-    (r"greek|greece|ελληνικ|griego|grec|griechisch|希腊", {"Greek"}),
+    (r"greek|greece|ελληνικ|grieg|grec|greg|griech|希腊", {"Greek"}),
     (r"\barab|egypt|persian|\biran|farsi|urdu|pakistan|عرب|árabe|arabe|arabisch|阿拉伯", {"Arabic"}),
-    (r"hebrew|israel|yiddish|עברית|hebreo|hébreu|hebräisch", {"Hebrew"}),
+    (r"hebrew|israel|yiddish|עברית|hebr|ebraic", {"Hebrew"}),
     (r"india|hindi|sanskrit|marathi|nepali|devanagari|हिन्दी|हिंदी", {"Devanagari"}),
     (r"\bthai|ภาษาไทย|泰语", {"Thai"}),
     (r"armenian", {"Armenian"}),
