@@ -266,7 +266,8 @@ _ASCII_PAIR_RE = re.compile(r"[A-Za-z]{2}")
 _ANY_SCRIPT_RE = re.compile(
     r"translat|traduc|traduz|übersetz|uebersetz|перев[оеё]д|翻译|翻譯|翻訳|번역|"
     r"multilingual|\b(?:in|into|across)\b[^.?!\n]{0,30}\blanguages\b|idiomas|langues|"
-    r"sprachen|языках|多语|多種言語|unicode|writing system|character set|charset|encoding|alphabet",
+    r"sprachen|языках|多语|多種言語|unicode|writing system|character set|charset|encoding|alphabet|"
+    r"(?:native|local|original) (?:script|language|writing|spelling|name)",
     re.IGNORECASE,
 )
 _LANGUAGE_SCRIPTS = (
