@@ -962,9 +962,20 @@ def _continues_conversation(text: str, end: int, marker: str) -> bool:
 
 
 def _degenerate_enumeration(text: str):
-    if ("." not in text and ")" not in text) or not _STUCK_GATE_RE.search(text):
-        return None  # no marker followed closely by the same marker: nothing stuck
-    markers = list(_MARKER_RE.finditer(text))
+    if "." not in text and ")" not in text:
+        return None
+    gates = [m.start() for m in _STUCK_GATE_RE.finditer(text)]
+    if not gates:
+        return None  # no marker followed closely by another: nothing stuck
+    if len(text) <= _WINDOWED_ABOVE:
+        markers = list(_MARKER_RE.finditer(text))
+    else:  # a long text: walk the markers only around the gate hits
+        markers, reach = [], 0
+        for at in gates:
+            lo, hi = max(reach, at - 200), min(len(text), at + 200)
+            if lo < hi:
+                markers += _MARKER_RE.finditer(text, lo, hi)
+            reach = max(reach, hi)
     if len(markers) < 3:
         return None
     stuck = 0
@@ -1116,7 +1127,9 @@ def _suspect_windows(text: str) -> list[tuple[int, int]]:
     for i, ratio in enumerate(ratios):
         pair = (ratio + ratios[i + 1]) / 2 if i + 1 < len(ratios) else ratio
         if ratio < 0.8 * median or pair < 0.85 * median:
-            picks.append((max(0, starts[i] - _BLOCK), min(len(text), starts[i] + 3 * _BLOCK)))
+            picks.append(
+                (max(0, starts[i] - _BLOCK // 2), min(len(text), starts[i] + 2 * _BLOCK + _BLOCK // 2))
+            )
     picks.append((max(0, len(text) - _TAIL), len(text)))
     merged: list[tuple[int, int]] = []
     for lo, hi in sorted(picks):
