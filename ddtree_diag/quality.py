@@ -64,11 +64,9 @@ import zlib
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import pairwise
 from typing import Any
-
-import regex
 
 __all__ = [
     "GARBAGE_THRESHOLD",
@@ -214,7 +212,8 @@ class Verdict:
 
 
 # --------------------------------------------------------------------------------------------
-# Patterns. Compiled once; the `regex` module gives Unicode script properties.
+# Patterns. Compiled once at import (stdlib `re`); the `regex` module, for Unicode script
+# properties, is loaded on the first non-ASCII text.
 
 # Words (letters/marks/digits, with inner apostrophes), one CJK/kana character each, newline runs,
 # and punctuation runs. Spaces are dropped: a loop is about what repeats, not how it is spaced.
@@ -248,14 +247,23 @@ _SCRIPT_GROUPS = (
     ("Tamil", r"\p{Tamil}"),
     ("Ethiopic", r"\p{Ethiopic}"),
 )
-# Runs of letters of one script; anything else lettered falls into "Other".
-_SCRIPT_RUN_RE = regex.compile(
-    "|".join(f"(?P<{name}>(?:{cls}[\\p{{M}}]*)+)" for name, cls in _SCRIPT_GROUPS)
-    + r"|(?P<Other>(?:(?![\p{Common}\p{Inherited}])\p{L})+)"
-)
+
+
+@cache
+def _script_run_re() -> Any:
+    """Runs of letters of one script (anything else lettered is "Other"). The `regex` module
+    knows Unicode script properties; it is imported on the first non-ASCII text only."""
+    import regex
+
+    return regex.compile(
+        "|".join(f"(?P<{name}>(?:{cls}[\\p{{M}}]*)+)" for name, cls in _SCRIPT_GROUPS)
+        + r"|(?P<Other>(?:(?![\p{Common}\p{Inherited}])\p{L})+)"
+    )
+
+
 # Stretches that may hold non-Latin letters: everything outside ASCII, Latin blocks, combining
 # marks, general punctuation/symbols/maths and emoji. Only these go through the (slower) script
-# classifier above.
+# classifier (_script_run_re).
 _NON_LATIN_CANDIDATE_RE = re.compile(
     "[^\x00-\u036f\u1e00-\u1eff\u2000-\u2bff\ufe00-\ufe0f\U0001f000-\U0001faff\\s]+"
 )
@@ -1334,7 +1342,7 @@ def _script_runs(text: str) -> tuple[list[tuple[str, int, int]], int]:
     runs: list[tuple[str, int, int]] = []
     for candidate in _NON_LATIN_CANDIDATE_RE.finditer(text):
         base = candidate.start()
-        for match in _SCRIPT_RUN_RE.finditer(candidate.group()):
+        for match in _script_run_re().finditer(candidate.group()):
             runs.append((match.lastgroup, base + match.start(), base + match.end()))
     latin = len(text.encode("ascii", "ignore").translate(None, _NOT_ASCII_LETTERS))
     return runs, latin
@@ -1502,7 +1510,7 @@ def _host_letters(snippet: str, allowed: set[str]) -> bool:
     """Does the snippet hold two letters in a row of an allowed (host) script?"""
     if "Latin" in allowed and _ASCII_PAIR_RE.search(snippet):
         return True
-    for match in _SCRIPT_RUN_RE.finditer(snippet):
+    for match in _script_run_re().finditer(snippet):
         if match.lastgroup in allowed and len(match.group()) >= 2:
             return True
     return False
