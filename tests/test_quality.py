@@ -665,3 +665,42 @@ def test_corpus_is_large_and_labelled():
     assert all({"text", "prompt", "finish_reason", "label", "note"} <= set(r) for r in rows)
     texts = {r["text"] for r in rows if r["label"] == "garbage"}
     assert STORY_THINKING in texts and "Hello," in texts
+
+
+# --------------------------------------------------------------------------------------------
+# Faults planted into one healthy answer: each must be caught, the answer itself must pass.
+
+_BASE = (
+    "Speculative decoding speeds up inference by letting a small draft model propose several tokens, "
+    "which the target model verifies in one forward pass. Accepted tokens are kept, and at the first "
+    "mismatch the target's own token is used. Because of this, the output at temperature zero is "
+    "identical to what the target alone would produce."
+)
+_BASE_PROMPT = "Explain speculative decoding in a paragraph."
+
+PLANTED = {
+    "template token": _BASE[:150] + "<|im_end|>" + _BASE[150:],
+    "replacement char": _BASE[:200] + "\ufffd" + _BASE[200:],
+    "escape char": _BASE[:120] + "\x1b" + _BASE[120:],
+    "Chinese clause": _BASE[:180] + " 目标模型会验证这些令牌 " + _BASE[180:],
+    "Russian clause": _BASE[:180] + " которые проверяет " + _BASE[180:],
+    "answer said twice": _BASE + " " + _BASE,
+    "stutter": _BASE[:100] + " the the the the the " + _BASE[100:],
+    "stop on 'and the'": _BASE[:-60] + " and the",
+    "user turn": _BASE + "\n\nuser\nCan you give an example?",
+    "Human/Assistant": _BASE + "\n\n### Human: thanks\n### Assistant:",
+    "mojibake": _BASE + " CafÃ© example.",
+    "unterminated think": "<think>\n" + _BASE,
+    "numbering loop": _BASE[:150] + " 1. 1. 1. 1. " + _BASE[150:],
+    "tail loop": _BASE + " " + "Because of this, the output at temperature zero is identical. " * 4,
+}
+
+
+def test_the_healthy_base_answer_passes():
+    assert assess(_BASE, prompt=_BASE_PROMPT, finish_reason="stop").reasons == []
+
+
+@pytest.mark.parametrize("fault", sorted(PLANTED))
+def test_each_planted_fault_is_caught(fault):
+    verdict = assess(PLANTED[fault], prompt=_BASE_PROMPT, finish_reason="stop")
+    assert verdict.garbage, (fault, verdict.to_dict())
