@@ -10,7 +10,7 @@ Goals (issue 3): recall >= 0.95, false positives <= 0.02, throughput >= 5 MB/s. 
 checked on the bulk text: the corpus answers average ~110 bytes, so their MB/s measures the fixed
 cost of one call (printed in µs) rather than the detector's speed. Exit 1 when a goal is missed,
 so `make bench-quality` can gate a release. Timings are this process's CPU time (so other jobs on a
-shared box do not count), best of 3; they still depend on the machine.
+shared box do not count), best of 3 (5 for the bulk text); they still depend on the machine.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main() -> int:
     long_text = _long_document(1_000_000)
     long_size = len(long_text.encode("utf-8"))
     best_long = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         start = time.process_time()
         long_verdict = assess(long_text, prompt="Document the standard library.", finish_reason="length")
         best_long = min(best_long, time.process_time() - start)

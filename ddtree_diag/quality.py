@@ -42,7 +42,19 @@ for); ``Reason.severity`` says which one a given reason is.
 The verdict's dict form (``Verdict.to_dict``) is what probe results and the JSON report carry:
 ``{"garbage", "score", "truncated", "reasons": [{"code", "detail", "evidence", "severity",
 "weight", "span", "source"}]}`` where ``span`` is ``[start, end]`` in the assessed text and
-``source`` is ``"text"`` or ``"reasoning"``.
+``source`` is ``"text"`` or ``"reasoning"``. ``assess_result(probe_result)`` fills
+``ProbeResult.quality`` with it; ``summarize(result.quality)`` gives the table cell.
+
+What the prompt changes: scripts used in the prompt, or languages it names ("in Chinese",
+"translate", "日本語で"), are allowed in the answer; prompts for songs/poems or for repetition relax
+the loop thresholds; prompts for a dialogue relax turn markers; prompts about chat templates or
+special tokens allow them in code blocks. Code blocks and table rows get looser loop thresholds.
+
+Known limits: an unfinished clause without a tell-tale last word (``... a coder named``) or one
+in a language whose function words are not listed (Arabic, Hindi) is not caught; a short stutter
+(``the the the the``) deep inside a text longer than 16 KiB is only found when its 1 KiB block
+compresses much better than the rest (long texts are searched in such blocks and at the tail);
+famous intentional repetition (``Buffalo buffalo Buffalo buffalo ...``) is flagged.
 """
 
 from __future__ import annotations
@@ -51,12 +63,10 @@ import re
 import zlib
 from bisect import bisect_right
 from collections import Counter
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass, field, replace
+from functools import cache, cached_property
 from itertools import pairwise
 from typing import Any
-
-import regex
 
 __all__ = [
     "GARBAGE_THRESHOLD",
@@ -202,7 +212,8 @@ class Verdict:
 
 
 # --------------------------------------------------------------------------------------------
-# Patterns. Compiled once; the `regex` module gives Unicode script properties.
+# Patterns. Compiled once at import (stdlib `re`); the `regex` module, for Unicode script
+# properties, is loaded on the first non-ASCII text.
 
 # Words (letters/marks/digits, with inner apostrophes), one CJK/kana character each, newline runs,
 # and punctuation runs. Spaces are dropped: a loop is about what repeats, not how it is spaced.
@@ -217,7 +228,6 @@ _NONSPACE_RE = re.compile(r"\S+")
 _FIRST_WORD_RE = re.compile(r"[^\w]*(\w+)")
 _WORDS_RE = re.compile(r"[^\W_]+")
 _CJK_CHAR_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
-_GREEK_RE = re.compile(r"[\u0370-\u03ff\u1f00-\u1fff]")
 _SENTENCE_END_RE = re.compile(r"[.!?。！？]\s")
 
 _SCRIPT_GROUPS = (
@@ -237,14 +247,23 @@ _SCRIPT_GROUPS = (
     ("Tamil", r"\p{Tamil}"),
     ("Ethiopic", r"\p{Ethiopic}"),
 )
-# Runs of letters of one script; anything else lettered falls into "Other".
-_SCRIPT_RUN_RE = regex.compile(
-    "|".join(f"(?P<{name}>(?:{cls}[\\p{{M}}]*)+)" for name, cls in _SCRIPT_GROUPS)
-    + r"|(?P<Other>(?:(?![\p{Common}\p{Inherited}])\p{L})+)"
-)
+
+
+@cache
+def _script_run_re() -> Any:
+    """Runs of letters of one script (anything else lettered is "Other"). The `regex` module
+    knows Unicode script properties; it is imported on the first non-ASCII text only."""
+    import regex
+
+    return regex.compile(
+        "|".join(f"(?P<{name}>(?:{cls}[\\p{{M}}]*)+)" for name, cls in _SCRIPT_GROUPS)
+        + r"|(?P<Other>(?:(?![\p{Common}\p{Inherited}])\p{L})+)"
+    )
+
+
 # Stretches that may hold non-Latin letters: everything outside ASCII, Latin blocks, combining
 # marks, general punctuation/symbols/maths and emoji. Only these go through the (slower) script
-# classifier above.
+# classifier (_script_run_re).
 _NON_LATIN_CANDIDATE_RE = re.compile(
     "[^\x00-\u036f\u1e00-\u1eff\u2000-\u2bff\ufe00-\ufe0f\U0001f000-\U0001faff\\s]+"
 )
@@ -255,28 +274,29 @@ _ASCII_PAIR_RE = re.compile(r"[A-Za-z]{2}")
 _ANY_SCRIPT_RE = re.compile(
     r"translat|traduc|traduz|übersetz|uebersetz|перев[оеё]д|翻译|翻譯|翻訳|번역|"
     r"multilingual|\b(?:in|into|across)\b[^.?!\n]{0,30}\blanguages\b|idiomas|langues|"
-    r"sprachen|языках|多语|多種言語|unicode|writing system|character set|charset|encoding|alphabet",
+    r"sprachen|языках|多语|多種言語|unicode|writing system|character set|charset|encoding|alphabet|"
+    r"(?:native|local|original) (?:script|language|writing|spelling|name)",
     re.IGNORECASE,
 )
 _LANGUAGE_SCRIPTS = (
     (
         r"chin(?:a|ese)|taiwan|hong kong|mandarin|cantonese|hanzi|kanji|pinyin|"
-        r"中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|китайск",
+        r"中文|汉语|漢語|华语|普通话|汉字|漢字|chino|chinois|chinesisch|chinês|cines[ei]|китайск|중국",
         {"Han"},
     ),
     (
-        r"japan|hiragana|katakana|kana\b|日本語|日语|日文|japon[eé]s|japonais|japanisch|японск",
+        r"japan|japon|giappon|hiragana|katakana|kana\b|日本語|日语|日文|японск|일본",
         {"Han", "Kana"},
     ),
-    (r"korea|hangul|한국어|韩语|韓国語|coreano|coréen|koreanisch|корейск", {"Hangul", "Han"}),
+    (r"korea|corea|coré|hangul|한국어|韩语|韓国語|корейск", {"Hangul", "Han"}),
     (
         r"russia|cyrillic|ukrain|bulgarian|serbian|belarusian|kazakh|mongolian|"
-        r"русск|украин|ruso|russe|russisch|俄语|ロシア語",
+        r"русск|украин|rus[os]|russ[eo]|russisch|俄语|ロシア語|러시아",
         {"Cyrillic"},
     ),
-    (r"greek|greece|ελληνικ|griego|grec|griechisch|希腊", {"Greek"}),
+    (r"greek|greece|ελληνικ|grieg|grec|greg|griech|希腊", {"Greek"}),
     (r"\barab|egypt|persian|\biran|farsi|urdu|pakistan|عرب|árabe|arabe|arabisch|阿拉伯", {"Arabic"}),
-    (r"hebrew|israel|yiddish|עברית|hebreo|hébreu|hebräisch", {"Hebrew"}),
+    (r"hebrew|israel|yiddish|עברית|hebr|ebraic", {"Hebrew"}),
     (r"india|hindi|sanskrit|marathi|nepali|devanagari|हिन्दी|हिंदी", {"Devanagari"}),
     (r"\bthai|ภาษาไทย|泰语", {"Thai"}),
     (r"armenian", {"Armenian"}),
@@ -311,14 +331,15 @@ _ROLE_RE = re.compile(
 )
 _DIALOGUE_PROMPT_RE = re.compile(
     r"dialog|conversation|\bchat\b|chat log|transcript|role[- ]?play|screenplay|skit|interview|"
-    r"chat template|chatml|prompt format|few-shot|system prompt|prompt engineering|"
+    r"chat template|chatml|prompt format|few-shot|system prompt|prompt engineering|example prompt|"
     r"对话|對話|會話|会話|диалог|Gespräch|diálogo",
     re.IGNORECASE,
 )
 
 _TEMPLATE_PROMPT_RE = re.compile(
     r"special tokens?|tokeni[sz]|stop tokens?|chat.?template|chatml|\beos\b|\bbos\b|"
-    r"end.of.(?:text|turn|sequence)|prompt format|im_start|im_end|\[inst\]|jinja",
+    r"end.of.(?:text|turn|sequence)|prompt.{0,20}format|format.{0,20}prompt|im_start|im_end|\[inst\]|"
+    r"jinja|\b(?:qwen|llama|mistral|gemma|phi-?\d|deepseek|vicuna|alpaca)",
     re.IGNORECASE,
 )
 
@@ -349,7 +370,7 @@ _LYRIC_PROMPT_RE = re.compile(
 )
 _REPEAT_PROMPT_RE = re.compile(
     r"\brepeat|\btimes\b|over and over|again and again|重复|重複|繰り返|повтор|wiederhol|repite|répète|"
-    r"\bspell|\bcount\b|\bcount (?:to|from|down)|list all|tongue twister",
+    r"\bspell|\bcount\b|list all",
     re.IGNORECASE,
 )
 
@@ -362,13 +383,15 @@ _INTERJECTIONS_TEXT = (
 )
 _INTERJECTIONS = frozenset(_INTERJECTIONS_TEXT.split())
 
-_UNFINISHED_END = tuple(",，、:：;；(（[{—–-“«‘")
+# (";" is left out: code and SQL end on it.)
+_UNFINISHED_END = tuple(",，、:：；(（[{—–-“«‘")
 # Words an English/Spanish/German/French sentence cannot end on (prepositions and pronouns can).
 _FUNCTION_WORDS_TEXT = (
     "a an the and or but nor because although whereas unless my your our their whose y und oder et ou"
 )
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 _STOP_REASONS = frozenset({"stop", "eos", "end_turn", "stop_sequence", "eos_token"})
+_LENGTH_REASONS = frozenset({"length", "max_tokens", "max_length", "max_new_tokens"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -390,7 +413,7 @@ def assess(
     text = text or ""
     prompt = prompt or ""
     finish = (finish_reason or "").strip().lower() or None
-    truncated = finish == "length" or (
+    truncated = finish in _LENGTH_REASONS or (
         completion_tokens is not None and max_tokens is not None and 0 < max_tokens <= completion_tokens
     )
     ctx = _Context(prompt, truncated)
@@ -398,12 +421,16 @@ def assess(
 
     if truncated:
         why = (
-            f"finish_reason={finish}" if finish == "length" else f"{completion_tokens} of {max_tokens} tokens"
+            f"finish_reason={finish}"
+            if finish in _LENGTH_REASONS
+            else f"{completion_tokens} of {max_tokens} tokens"
         )
         reasons.append(Reason("truncated", f"cut at the token limit ({why}); not garbage by itself"))
 
     answer, think_text, think_offset = _split_thinking(text, thinking, reasoning, truncated, finish, reasons)
 
+    # Where the answer sits in the text (after a think block), so every span points into `text`.
+    answer_at = len(text) - len(answer) if answer and text.endswith(answer) else 0
     stripped = answer.strip()
     has_thought = bool((reasoning or "").strip() or (think_text or "").strip())
     if not stripped:
@@ -422,16 +449,17 @@ def assess(
                 "the answer holds only punctuation or a bare list marker",
                 stripped[:_EVIDENCE_CHARS],
                 0.7,
-                (0, len(answer)),
+                (answer_at + answer.index(stripped), answer_at + answer.index(stripped) + len(stripped)),
             )
         )
     else:
-        reasons.extend(_content_signals(answer, ctx, 0, "text"))
-        reasons.extend(_script_signals(answer, ctx))
+        reasons.extend(_content_signals(answer, ctx, answer_at, "text"))
+        found = _script_signals(answer, ctx)
         if not truncated and (finish in _STOP_REASONS):
-            reasons.extend(_premature_stop(answer, completion_tokens))
+            found += _premature_stop(answer, completion_tokens, ctx)
         elif finish is None and not truncated:
-            reasons.extend(_premature_stop(answer, completion_tokens, unknown_finish=True))
+            found += _premature_stop(answer, completion_tokens, ctx, unknown_finish=True)
+        reasons.extend(_shifted(r, answer_at) for r in found)
 
     if think_text and think_text.strip():
         reasons.extend(_content_signals(think_text, ctx, think_offset, "text", label="think block: "))
@@ -444,6 +472,12 @@ def assess(
     score = round(1.0 - score, 4)
     reasons.sort(key=lambda r: -r.weight)
     return Verdict(garbage=score >= GARBAGE_THRESHOLD, score=score, reasons=reasons, truncated=truncated)
+
+
+def _shifted(reason: Reason, offset: int) -> Reason:
+    if not offset or reason.span is None:
+        return reason
+    return replace(reason, span=(reason.span[0] + offset, reason.span[1] + offset))
 
 
 def assess_result(result: Any) -> Verdict:
@@ -693,6 +727,8 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
         if token in ctx.prompt:
             continue
         in_code = _inside(match.start(), code_spans)
+        if in_code and _in_inline_code(text, match.start()):
+            continue  # `<|im_end|>` in backticks is written on purpose, never a leak
         if ctx.about_templates:
             if in_code:
                 continue  # asked about templates, shown in a code block: exactly right
@@ -735,6 +771,13 @@ def _content_signals(text: str, ctx: _Context, offset: int, source: str, label: 
         for r in _loops(text, ctx, code_spans)
     )
     return out
+
+
+def _in_inline_code(text: str, pos: int) -> bool:
+    """Inside `single backticks` on its line (an odd number of backticks before it)."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    before = text[line_start:pos]
+    return before.count("`") % 2 == 1 and not before.lstrip().startswith("```")
 
 
 def _mojibake(text: str, ctx: _Context, offset: int, source: str, label: str) -> list[Reason]:
@@ -815,13 +858,17 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
             continue
         if match.lastgroup in ("bare", "head") and ":" not in marker and not marker.lstrip("# ").islower():
             continue  # "User" / "## Assistant" as a list item or a section heading
-        hits.append((match.lastgroup, match.span(), marker))
+        kind = match.lastgroup
+        if kind == "bare" and not _opens_a_turn(text, *match.span()):
+            kind = "content"  # "user" as one item of a one-word list (table names): weak
+        hits.append((kind, match.span(), marker))
     if not hits:
         return None
     strong = [h for h in hits if h[0] in ("head", "instr", "bare", "human")]
     contents = [h for h in hits if h[0] == "content"]
-    speakers = {_FIRST_WORD_RE.match(h[2]).group(1).lower() for h in contents}
-    turn_taking = len(speakers & {"user"}) and len(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
+    # Plain "User:" / "Assistant:" lines taking turns; bold labels are a formatted example.
+    speakers = {_speaker(h[2]) for h in contents if "*" not in h[2] and "_" not in h[2]}
+    turn_taking = "user" in speakers and bool(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
     _kind, span, marker = (strong or hits)[0]
     line_end = text.find("\n", span[0])
     span = (span[0], line_end if line_end > span[0] else len(text))
@@ -831,7 +878,11 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         weight = min(0.9, 0.7 + 0.05 * (len(strong) - 1))
     elif turn_taking:
         weight = 0.6
-    elif any(_continues_conversation(text, h[1][1], h[2]) for h in contents if h[2][:1].lower() in "uah"):
+    elif any(
+        _continues_conversation(text, h[1][1], h[2])
+        for h in contents
+        if _speaker(h[2]) in ("user", "assistant", "human")
+    ):
         weight = 0.55
     else:
         weight = 0.3
@@ -844,6 +895,18 @@ def _role_leak(text: str, ctx: _Context, code_spans: list[tuple[int, int]]):
         span,
         weight,
     )
+
+
+def _opens_a_turn(text: str, start: int, end: int) -> bool:
+    """A bare role line opens a turn when a sentence follows it (the turn's message) or prose
+    precedes it (the answer ended, a new turn begins); between one-word lines it is a list item."""
+    after = next((line for line in text[end:].split("\n") if line.strip()), "")
+    before = next((line for line in reversed(text[:start].split("\n")) if line.strip()), None)
+    return len(after.split()) >= 2 or before is None or len(before.split()) >= 3
+
+
+def _speaker(marker: str) -> str:
+    return _FIRST_WORD_RE.match(marker).group(1).lower()
 
 
 def _role_matches(text: str):
@@ -907,9 +970,20 @@ def _continues_conversation(text: str, end: int, marker: str) -> bool:
 
 
 def _degenerate_enumeration(text: str):
-    if ("." not in text and ")" not in text) or not _STUCK_GATE_RE.search(text):
-        return None  # no marker followed closely by the same marker: nothing stuck
-    markers = list(_MARKER_RE.finditer(text))
+    if "." not in text and ")" not in text:
+        return None
+    gates = [m.start() for m in _STUCK_GATE_RE.finditer(text)]
+    if not gates:
+        return None  # no marker followed closely by another: nothing stuck
+    if len(text) <= _WINDOWED_ABOVE:
+        markers = list(_MARKER_RE.finditer(text))
+    else:  # a long text: walk the markers only around the gate hits
+        markers, reach = [], 0
+        for at in gates:
+            lo, hi = max(reach, at - 200), min(len(text), at + 200)
+            if lo < hi:
+                markers += _MARKER_RE.finditer(text, lo, hi)
+            reach = max(reach, hi)
     if len(markers) < 3:
         return None
     stuck = 0
@@ -1061,7 +1135,9 @@ def _suspect_windows(text: str) -> list[tuple[int, int]]:
     for i, ratio in enumerate(ratios):
         pair = (ratio + ratios[i + 1]) / 2 if i + 1 < len(ratios) else ratio
         if ratio < 0.8 * median or pair < 0.85 * median:
-            picks.append((max(0, starts[i] - _BLOCK), min(len(text), starts[i] + 3 * _BLOCK)))
+            picks.append(
+                (max(0, starts[i] - _BLOCK // 2), min(len(text), starts[i] + 2 * _BLOCK + _BLOCK // 2))
+            )
     picks.append((max(0, len(text) - _TAIL), len(text)))
     merged: list[tuple[int, int]] = []
     for lo, hi in sorted(picks):
@@ -1098,9 +1174,7 @@ def _loops_in(
         # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault; so
         # is a sentence said twice right where the reply hits the token limit (a loop starting).
         wordy = unit_words >= period / 2
-        passage = wordy and (
-            period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= period)
-        )
+        passage = wordy and (period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2))
         if repeats < 3.0 and not passage:
             continue
         if passage:
@@ -1125,7 +1199,9 @@ def _loops_in(
             starts = [lo + x for x in _token_offsets(segment)]
         pos = starts[start]
         relaxed = _inside(pos, code_spans) or _line_at(text, pos).lstrip().startswith("|")
-        if relaxed or ctx.lyric:
+        # A refrain that runs until the token limit is a loop, song or not.
+        runs_out = ctx.truncated and at_text_end and n - end <= 2
+        if (relaxed or ctx.lyric) and not runs_out:
             needed = max(needed * 2, 6.0)
         if ctx.repeat:
             needed = max(needed * 3, 12.0)
@@ -1266,7 +1342,7 @@ def _script_runs(text: str) -> tuple[list[tuple[str, int, int]], int]:
     runs: list[tuple[str, int, int]] = []
     for candidate in _NON_LATIN_CANDIDATE_RE.finditer(text):
         base = candidate.start()
-        for match in _SCRIPT_RUN_RE.finditer(candidate.group()):
+        for match in _script_run_re().finditer(candidate.group()):
             runs.append((match.lastgroup, base + match.start(), base + match.end()))
     latin = len(text.encode("ascii", "ignore").translate(None, _NOT_ASCII_LETTERS))
     return runs, latin
@@ -1389,6 +1465,8 @@ def _script_signals(text: str, ctx: _Context) -> list[Reason]:
             w = 0.5  # a sentence begun in the host script ends in another one
         else:
             w = 0.4
+        if b - a == 1 and script in ("Han", "Kana") and allowed & {"Han", "Kana"}:
+            w = min(w, 0.4)  # one kana in Chinese ("我の最爱") is net slang, not a switch
         weights.append(w)
         flagged.append((script, a, b))
     if not flagged:
@@ -1432,7 +1510,7 @@ def _host_letters(snippet: str, allowed: set[str]) -> bool:
     """Does the snippet hold two letters in a row of an allowed (host) script?"""
     if "Latin" in allowed and _ASCII_PAIR_RE.search(snippet):
         return True
-    for match in _SCRIPT_RUN_RE.finditer(snippet):
+    for match in _script_run_re().finditer(snippet):
         if match.lastgroup in allowed and len(match.group()) >= 2:
             return True
     return False
@@ -1475,7 +1553,12 @@ _PRONOUNS = frozenset(
 )
 
 
-def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: bool = False) -> list[Reason]:
+def _premature_stop(
+    answer: str, completion_tokens: int | None, ctx: _Context, unknown_finish: bool = False
+) -> list[Reason]:
+    """The reply stopped (not cut by length) in the middle of a sentence. Hard at any length: a
+    healthy model does not emit end-of-turn after "the" or ","; soft only for an unclosed code
+    fence (some models forget the closing fence), for poems, and when finish_reason is unknown."""
     stripped = answer.rstrip()
     if not stripped:
         return []
@@ -1490,12 +1573,12 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
         cut -= 1
     last_word = tail[cut:].lower().lstrip("'’")
     why = None
-    if end_char in _UNFINISHED_END and not (end_char == ";" and _GREEK_RE.search(tail)):
-        why = f"ends on {end_char!r}"  # (a Greek question ends on ';')
+    if end_char in _UNFINISHED_END:
+        why = f"ends on {end_char!r}"
     elif stripped.count("```") % 2 == 1:
         why = "a code block is never closed"
     elif last_word:
-        if len(words) >= 2 and last_word in _FUNCTION_WORDS:
+        if last_word in _FUNCTION_WORDS and (len(words) >= 2 or len(last_word) > 1):
             why = f"ends on the word {last_word!r}"
         elif len(words) >= 2 and short and last_word in _SHORT_DANGLING:
             before = words[-2].lower()
@@ -1507,10 +1590,10 @@ def _premature_stop(answer: str, completion_tokens: int | None, unknown_finish: 
         weight = 0.4 if short else 0.2
     elif short:
         weight = 0.65
-    elif n_words <= 40:
-        weight = 0.45
+    elif why.startswith("a code block") or ctx.lyric:
+        weight = 0.4
     else:
-        weight = 0.3
+        weight = 0.55
     size = f"{completion_tokens} tokens" if completion_tokens is not None else f"{n_words} word(s)"
     finish = "finish_reason unknown" if unknown_finish else "finish_reason=stop"
     span = (max(0, len(stripped) - 40), len(stripped))

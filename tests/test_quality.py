@@ -171,6 +171,9 @@ def test_template_leak(text):
         "Hi!\n# user: hello",
         "Sure.\nUser: and tomorrow?\nAssistant: Sunny.",
         "Hello!\nuser:",
+        "assistant\n\nHello! How can I help?",
+        "model\nHi there, friend!",
+        "Hello! Nice to meet you.\nuser\nthanks",
     ],
 )
 def test_role_leak(text):
@@ -236,6 +239,16 @@ def test_empty_output(text):
 )
 def test_premature_stop(text):
     assert flagged(text, "premature_stop", finish_reason="stop")
+
+
+def test_a_long_reply_that_stops_mid_sentence_is_garbage_too():
+    text = (
+        "Mitochondria produce most of the cell's ATP through oxidative phosphorylation. They have their "
+        "own DNA, inherited from the mother, which supports the idea that they descend from the"
+    )
+    assert flagged(text, "premature_stop", finish_reason="stop")
+    assert not assess(text, finish_reason="length").garbage
+    assert not assess("SELECT name FROM users;\nSELECT name FROM admins;", finish_reason="stop").garbage
 
 
 def test_premature_stop_needs_finish_reason_stop_to_be_hard():
@@ -414,6 +427,14 @@ MORE_CLEAN = [
     ("Step 1: Preheat oven.\nStep 2: Mix.\nStep 3: Bake.\nStep 4: Cool.\nStep 5: Serve.", "Steps?"),
     ("Good question!\n\n**Step 1:** Identify.\n**Step 2:** Write.\n**Step 3:** Solve.\n\nSo x = 5.", "solve"),
     ("Hello\r\nWorld\r\n", "Two lines"),
+    (
+        "Here is an example:\n\n**User:** How do I reset my password?\n"
+        "**Assistant:** Click Forgot password on the login page.",
+        "Show how a support bot should answer",
+    ),
+    ("AI: Artificial intelligence, the field of making machines smart.", "Define AI"),
+    ("Tables:\norder\nuser\nproduct", "Which tables does the shop schema have?"),
+    ("这是我の最爱。", "你最喜欢什么？"),
 ]
 
 MORE_GARBAGE = [
@@ -461,6 +482,13 @@ def test_mojibake_is_found_without_ftfy(monkeypatch):
 def test_code_with_template_tokens_is_fine_when_asked_about_templates():
     text = "A turn looks like:\n\n```\n<|im_start|>user\nHi<|im_end|>\n```"
     assert not assess(text, prompt="Show the ChatML format.").garbage
+
+
+def test_template_tokens_quoted_in_backticks_or_in_code_for_a_model_prompt_are_fine():
+    text = "vLLM stops when it sees `<|im_end|>` in the output."
+    assert not assess(text, prompt="How does vLLM know when to stop?", finish_reason="stop").garbage
+    code = '```python\nprompt = "<|im_start|>user\\n" + q + "<|im_end|>"\n```'
+    assert not assess(code, prompt="Write Python that builds a Qwen prompt", finish_reason="stop").garbage
 
 
 def test_repetition_asked_for_is_fine():
@@ -607,12 +635,72 @@ def test_import_is_light():
     assert out.stdout.strip() == ""
 
 
-def test_corpus_is_large_and_labelled():
+def _corpus_rows() -> list[dict]:
     rows = []
-    for path in CORPUS.glob("*.jsonl"):
+    for path in sorted(CORPUS.glob("*.jsonl")):
         rows += [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    return rows
+
+
+def test_every_span_points_at_its_evidence():
+    keys = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
+    rows = [*_corpus_rows(), {"text": "<think>\nok\n</think>\n\nParis, 巴黎是<|im_end|>", "thinking": True}]
+    checked = 0
+    for row in rows:
+        for reason in assess(row["text"], **{k: row.get(k) for k in keys}).reasons:
+            source = row["text"] if reason.source == "text" else row["reasoning"]
+            if reason.span is None or not reason.evidence:
+                continue
+            start, end = reason.span
+            assert 0 <= start <= end <= len(source)
+            assert source[start:].startswith(reason.evidence[: end - start]), (reason, row["text"][:60])
+            checked += 1
+    assert checked > 150
+
+
+def test_corpus_is_large_and_labelled():
+    rows = _corpus_rows()
     labels = [r["label"] for r in rows]
     assert labels.count("clean") >= 150 and labels.count("garbage") >= 100
     assert all({"text", "prompt", "finish_reason", "label", "note"} <= set(r) for r in rows)
     texts = {r["text"] for r in rows if r["label"] == "garbage"}
     assert STORY_THINKING in texts and "Hello," in texts
+
+
+# --------------------------------------------------------------------------------------------
+# Faults planted into one healthy answer: each must be caught, the answer itself must pass.
+
+_BASE = (
+    "Speculative decoding speeds up inference by letting a small draft model propose several tokens, "
+    "which the target model verifies in one forward pass. Accepted tokens are kept, and at the first "
+    "mismatch the target's own token is used. Because of this, the output at temperature zero is "
+    "identical to what the target alone would produce."
+)
+_BASE_PROMPT = "Explain speculative decoding in a paragraph."
+
+PLANTED = {
+    "template token": _BASE[:150] + "<|im_end|>" + _BASE[150:],
+    "replacement char": _BASE[:200] + "\ufffd" + _BASE[200:],
+    "escape char": _BASE[:120] + "\x1b" + _BASE[120:],
+    "Chinese clause": _BASE[:180] + " 目标模型会验证这些令牌 " + _BASE[180:],
+    "Russian clause": _BASE[:180] + " которые проверяет " + _BASE[180:],
+    "answer said twice": _BASE + " " + _BASE,
+    "stutter": _BASE[:100] + " the the the the the " + _BASE[100:],
+    "stop on 'and the'": _BASE[:-60] + " and the",
+    "user turn": _BASE + "\n\nuser\nCan you give an example?",
+    "Human/Assistant": _BASE + "\n\n### Human: thanks\n### Assistant:",
+    "mojibake": _BASE + " CafÃ© example.",
+    "unterminated think": "<think>\n" + _BASE,
+    "numbering loop": _BASE[:150] + " 1. 1. 1. 1. " + _BASE[150:],
+    "tail loop": _BASE + " " + "Because of this, the output at temperature zero is identical. " * 4,
+}
+
+
+def test_the_healthy_base_answer_passes():
+    assert assess(_BASE, prompt=_BASE_PROMPT, finish_reason="stop").reasons == []
+
+
+@pytest.mark.parametrize("fault", sorted(PLANTED))
+def test_each_planted_fault_is_caught(fault):
+    verdict = assess(PLANTED[fault], prompt=_BASE_PROMPT, finish_reason="stop")
+    assert verdict.garbage, (fault, verdict.to_dict())

@@ -438,6 +438,50 @@ CLEAN += [
     c('Sure.', 'Can you help?', 'third batch, written blind 30', finish_reason='stop'),
 ]
 
+# Fourth batch, written before running the detector on it: more languages, code, logs.
+CLEAN += [
+    c('Olá! Claro, posso ajudar. O Brasil tem 26 estados e um Distrito Federal.', 'Quantos estados tem o Brasil?', 'fourth batch, written blind 1', finish_reason='stop'),
+    c("Certo! La capitale d'Italia è Roma, che ha circa 2,8 milioni di abitanti.", "Qual è la capitale d'Italia?", 'fourth batch, written blind 2', finish_reason='stop'),
+    c('De hoofdstad van Nederland is Amsterdam, maar de regering zit in Den Haag.', 'Wat is de hoofdstad van Nederland?', 'fourth batch, written blind 3', finish_reason='stop'),
+    c('Stolicą Polski jest Warszawa.', 'Jaka jest stolica Polski?', 'fourth batch, written blind 4', finish_reason='stop'),
+    c("Türkiye'nin başkenti Ankara'dır.", "Türkiye'nin başkenti neresidir?", 'fourth batch, written blind 5', finish_reason='stop'),
+    c('Thủ đô của Việt Nam là Hà Nội.', 'Thủ đô của Việt Nam là gì?', 'fourth batch, written blind 6', finish_reason='stop'),
+    c('Ibu kota Indonesia adalah Jakarta.', 'Apa ibu kota Indonesia?', 'fourth batch, written blind 7', finish_reason='stop'),
+    c('भारत की राजधानी नई दिल्ली है।', 'भारत की राजधानी क्या है?', 'fourth batch, written blind 8', finish_reason='stop'),
+    c('عاصمة مصر هي القاهرة.', 'ما هي عاصمة مصر؟', 'fourth batch, written blind 9', finish_reason='stop'),
+    c('בירת ישראל היא ירושלים.', 'מהי בירת ישראל?', 'fourth batch, written blind 10', finish_reason='stop'),
+    c('เมืองหลวงของประเทศไทยคือกรุงเทพมหานคร', 'เมืองหลวงของประเทศไทยคืออะไร', 'fourth batch, written blind 11', finish_reason='stop'),
+    c('Столиця України — Київ.', 'Яка столиця України?', 'fourth batch, written blind 12', finish_reason='stop'),
+    c('```cpp\n#include <iostream>\n#include <vector>\n\nint main() {\n    std::vector<int> v{1, 2, 3};\n    for (auto x : v) {\n        std::cout << x << std::endl;\n    }\n    return 0;\n}\n```', 'C++ vector loop', 'fourth batch, written blind 13', finish_reason='stop'),
+    c('```java\npublic class Main {\n    public static void main(String[] args) {\n        System.out.println("Hello");\n        System.out.println("World");\n    }\n}\n```', 'Java hello world on two lines', 'fourth batch, written blind 14', finish_reason='stop'),
+    c('```swift\nlet names = ["Ana", "Bo"]\nfor name in names {\n    print("Hi, \\(name)!")\n}\n```', 'Swift loop', 'fourth batch, written blind 15', finish_reason='stop'),
+    c("```php\n<?php\n$items = ['a', 'b', 'c'];\nforeach ($items as $item) {\n    echo $item . PHP_EOL;\n}\n```", 'PHP foreach', 'fourth batch, written blind 16', finish_reason='stop'),
+    c('```lua\nfor i = 1, 3 do\n  print(i)\nend\n```', 'Lua loop', 'fourth batch, written blind 17', finish_reason='stop'),
+    c('```r\nx <- c(1, 2, 3)\nmean(x)\n```', 'R mean', 'fourth batch, written blind 18', finish_reason='stop'),
+    c('```asm\nmov eax, 1\nmov ebx, 0\nint 0x80\n```', 'Linux exit syscall in asm', 'fourth batch, written blind 19', finish_reason='stop'),
+    c('```diff\n- old line\n+ new line\n  unchanged\n- removed\n+ added\n```', 'Show a diff', 'fourth batch, written blind 20', finish_reason='stop'),
+    c('```\nTraceback (most recent call last):\n  File "main.py", line 3, in f\n    return f(n)\n  File "main.py", line 3, in f\n    return f(n)\n  File "main.py", line 3, in f\n    return f(n)\n  [Previous line repeated 996 more times]\nRecursionError: maximum recursion depth exceeded\n```\n\nYour function never reaches a base case.', 'Why does my recursive function crash?', 'fourth batch, written blind 21', finish_reason='stop'),
+    c('Traceback (most recent call last):\n  File "app.py", line 12, in <module>\n    main()\n  File "app.py", line 8, in main\n    run()\nKeyError: \'user\'', 'Explain this error', 'fourth batch, written blind 22', finish_reason='stop'),
+    c('id,name,score\n1,alice,90\n2,bob,85\n3,carol,90\n4,dave,85', 'Give me sample CSV data', 'fourth batch, written blind 23', finish_reason='stop'),
+    c('2024-05-01 12:00:01 INFO Worker 1 started\n2024-05-01 12:00:01 INFO Worker 2 started\n2024-05-01 12:00:02 INFO Worker 3 started\n2024-05-01 12:00:02 INFO Worker 4 started', 'Example log output for 4 workers starting', 'fourth batch, written blind 24', finish_reason='stop'),
+    c('<ul>\n  <li><a href="/">Home</a></li>\n  <li><a href="/about">About</a></li>\n  <li><a href="/contact">Contact</a></li>\n</ul>', 'HTML nav menu', 'fourth batch, written blind 25', finish_reason='stop'),
+    c('<?xml version="1.0"?>\n<config>\n  <item key="a">1</item>\n  <item key="b">1</item>\n  <item key="c">1</item>\n</config>', 'Sample XML config', 'fourth batch, written blind 26', finish_reason='stop'),
+    c('The regex `^\\d{3}-\\d{4}$` matches strings like 555-1234.', 'Regex for phone numbers?', 'fourth batch, written blind 27', finish_reason='stop'),
+    c('$ mkdir demo && cd demo\n$ git init\nInitialized empty Git repository in /home/user/demo/.git/\n$ git status\nOn branch main', 'Show a shell session creating a git repo', 'fourth batch, written blind 28', finish_reason='stop'),
+    c("\\begin{align}\nf(x) &= x^2 \\\\\nf'(x) &= 2x \\\\\nf''(x) &= 2\n\\end{align}", 'Derivatives of x^2 in LaTeX align', 'fourth batch, written blind 29', finish_reason='stop'),
+    c('The matrix is\n$$\\begin{pmatrix} 1 & 0 & 0 \\\\ 0 & 1 & 0 \\\\ 0 & 0 & 1 \\end{pmatrix}$$', '3x3 identity in LaTeX', 'fourth batch, written blind 30', finish_reason='stop'),
+    c('Yes. No. Maybe.', 'Give three possible answers', 'fourth batch, written blind 31', finish_reason='stop'),
+    c('A\nB\nC\nD', 'First four letters, one per line', 'fourth batch, written blind 32', finish_reason='stop'),
+    c("Sure! Here's a tongue twister: She sells seashells by the seashore.", 'Tongue twister?', 'fourth batch, written blind 33', finish_reason='stop'),
+    c('Peter Piper picked a peck of pickled peppers; a peck of pickled peppers Peter Piper picked.', 'A classic tongue twister', 'fourth batch, written blind 34', finish_reason='stop'),
+    c('Mmm, delicious! 😋', 'How was the cake?', 'fourth batch, written blind 35', finish_reason='stop'),
+    c('Happy New Year! 新年快乐！🎆', 'Wish me happy new year in English and Chinese', 'fourth batch, written blind 36', finish_reason='stop'),
+    c('The password must contain: 1) 8+ characters, 2) a digit, 3) a symbol.', 'Password rules?', 'fourth batch, written blind 37', finish_reason='stop'),
+    c('- [ ] Task\n- [ ] Task\n- [ ] Task', 'Three empty task checkboxes in markdown', 'fourth batch, written blind 38', finish_reason='stop'),
+    c('Dear team,\n\nPlease find the report attached.\n\nBest,\nSam', 'Short email with attachment', 'fourth batch, written blind 39', finish_reason='stop'),
+    c('It depends. If x > 0, return x; otherwise, return -x.', 'abs value logic', 'fourth batch, written blind 40', finish_reason='stop'),
+]
+
 # Programmatically varied clean texts: long lists with a fixed shape and different content.
 _VERBS = ["Open", "Read", "Check", "Update", "Restart", "Back up", "Verify", "Delete", "Rename", "Upload",
           "Compress", "Review", "Merge", "Tag", "Deploy", "Monitor"]
@@ -656,6 +700,25 @@ GARBLED += [
     g('Tokyo Tokyo Tokyo Tokyo Tokyo Tokyo Tokyo Tokyo', 'Capital of Japan?', 'third batch, written blind 12', finish_reason='length'),
     g('The capital of Japan is Tokyo. It is a large city with many people. It is a large city with many people.', 'Capital of Japan?', 'third batch, written blind 13', finish_reason='length'),
     g('Tokyo.\n\n### Instruction:\nWhat is the capital of Korea?', 'Capital of Japan?', 'third batch, written blind 14', finish_reason='stop'),
+]
+
+# Fourth batch, written before running the detector on it.
+GARBLED += [
+    g('Olá! Claro, posso ajudar. O Brasil tem 26 estados e 一个联邦区。', 'Quantos estados tem o Brasil?', 'fourth batch, written blind 1', finish_reason='stop'),
+    g("Certo! La capitale d'Italia è Roma, Roma, Roma, Roma, Roma, Roma, Roma, Roma", "Qual è la capitale d'Italia?", 'fourth batch, written blind 2', finish_reason='length'),
+    g('Stolicą Polski jest<|im_end|>', 'Jaka jest stolica Polski?', 'fourth batch, written blind 3', finish_reason='stop'),
+    g('भारत की राजधानी नई दिल्ली है। The capital of India is New Delhi. भारत की राजधानी नई दिल्ली है। The capital of India is New Delhi. भारत की राजधानी नई दिल्ली है। The capital of India is New Delhi.', 'भारत की राजधानी क्या है?', 'fourth batch, written blind 4', finish_reason='length'),
+    g('عاصمة مصر هي', 'ما هي عاصمة مصر؟', 'fourth batch, written blind 5', finish_reason='stop'),
+    g('```cpp\n#include <iostream>\n#include <iostream>\n#include <iostream>\n#include <iostream>\n#include <iostream>\n#include <iostream>\n#include <iostream>\n#include <iostream>\n#include <iostream>', 'C++ vector loop', 'fourth batch, written blind 6', finish_reason='length'),
+    g('```java\npublic class Main {\n    public static void main(String[] args) {\n        System.out.println("Hello");<|endoftext|>', 'Java hello', 'fourth batch, written blind 7', finish_reason='stop'),
+    g('id,name,score\n1,alice,90\n1,alice,90\n1,alice,90\n1,alice,90\n1,alice,90\n1,alice,90\n1,alice,90', 'Give me sample CSV data', 'fourth batch, written blind 8', finish_reason='length'),
+    g("Sure! Here's a tongue twister: She sells seashells by the seashore. She sells seashells by the seashore. She sells seashells by the seashore. She sells seashells by the seashore.", 'Tongue twister?', 'fourth batch, written blind 9', finish_reason='length'),
+    g('Happy New Year! 新年快乐！🎆\nuser\nthanks\nassistant\n', 'Wish me happy new year in English and Chinese', 'fourth batch, written blind 10', finish_reason='stop'),
+    g('Yes.\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n', 'Is it?', 'fourth batch, written blind 11', finish_reason='length'),
+    g('The password must contain: 1) 8+ characters, 2) 2) 2) 2) 2) 2)', 'Password rules?', 'fourth batch, written blind 12', finish_reason='length'),
+    g('Dear team,\n\nPlease find the report attached.\n\nBest,\nSam\n\nHuman: Thanks Sam!\n\nAssistant:', 'Short email with attachment', 'fourth batch, written blind 13', finish_reason='stop'),
+    g('Столиця України — Київ. Kyiv is the столиця and 首都 of Україна.', 'Яка столиця України?', 'fourth batch, written blind 14', finish_reason='stop'),
+    g('Thủ đô của Việt Nam là Hà Nội. Hà Nội Hà Nội Hà Nội Hà Nội Hà Nội Hà Nội Hà Nội', 'Thủ đô của Việt Nam là gì?', 'fourth batch, written blind 15', finish_reason='length'),
 ]
 
 # Loops after a good start: take a clean English/Chinese answer, keep its first part, then loop.
