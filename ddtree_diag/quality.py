@@ -249,12 +249,44 @@ _SCRIPT_GROUPS = (
 )
 
 
+# Where the `regex` module is missing (the single-file build vendors nothing compiled), the same
+# classes from Unicode block ranges: blocks are a close approximation of scripts for letters.
+_SCRIPT_RANGES = {
+    "Latin": "A-Za-z\u00aa\u00ba\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff\u2c60-\u2c7f"
+    "\ua720-\ua7ff\uab30-\uab6f\uff21-\uff3a\uff41-\uff5a",
+    "Han": "\u2e80-\u2fdf\u3005\u3007\u3021-\u3029\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+    "\U00020000-\U0003134f",
+    "Kana": "\u3041-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9d",
+    "Hangul": "\u1100-\u11ff\u3131-\u318e\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uffa0-\uffdc",
+    "Cyrillic": "\u0400-\u0482\u048a-\u052f\u1c80-\u1c8f\u2de0-\u2dff\ua640-\ua69f",
+    "Greek": "\u0370-\u0373\u0376-\u037d\u037f-\u03ff\u1f00-\u1fff",
+    "Arabic": "\u0620-\u064a\u066e-\u06d3\u06d5\u06fa-\u06ff\u0750-\u077f\u08a0-\u08ff"
+    "\ufb50-\ufdff\ufe70-\ufefc",
+    "Hebrew": "\u05d0-\u05f2\ufb1d-\ufb4f",
+    "Devanagari": "\u0900-\u0963\u0966-\u097f\ua8e0-\ua8ff",
+    "Thai": "\u0e01-\u0e3a\u0e40-\u0e5b",
+    "Armenian": "\u0531-\u0556\u0559-\u058a\ufb13-\ufb17",
+    "Georgian": "\u10a0-\u10ff\u1c90-\u1cbf\u2d00-\u2d2f",
+    "Bengali": "\u0980-\u09ff",
+    "Tamil": "\u0b80-\u0bff",
+    "Ethiopic": "\u1200-\u139f\u2d80-\u2ddf",
+}
+_COMBINING_MARKS = (
+    "\u0300-\u036f\u0483-\u0489\u0591-\u05bd\u064b-\u065f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+)
+
+
 @cache
 def _script_run_re() -> Any:
     """Runs of letters of one script (anything else lettered is "Other"). The `regex` module
     knows Unicode script properties; it is imported on the first non-ASCII text only."""
-    import regex
-
+    try:
+        import regex
+    except ImportError:
+        return re.compile(
+            "|".join(f"(?P<{name}>(?:[{_SCRIPT_RANGES[name]}][{_COMBINING_MARKS}]*)+)" for name, _ in _SCRIPT_GROUPS)
+            + r"|(?P<Other>[^\W\d_]+)"
+        )
     return regex.compile(
         "|".join(f"(?P<{name}>(?:{cls}[\\p{{M}}]*)+)" for name, cls in _SCRIPT_GROUPS)
         + r"|(?P<Other>(?:(?![\p{Common}\p{Inherited}])\p{L})+)"
@@ -1510,10 +1542,7 @@ def _host_letters(snippet: str, allowed: set[str]) -> bool:
     """Does the snippet hold two letters in a row of an allowed (host) script?"""
     if "Latin" in allowed and _ASCII_PAIR_RE.search(snippet):
         return True
-    for match in _script_run_re().finditer(snippet):
-        if match.lastgroup in allowed and len(match.group()) >= 2:
-            return True
-    return False
+    return any(match.lastgroup in allowed and len(match.group()) >= 2 for match in _script_run_re().finditer(snippet))
 
 
 _OPEN_QUOTES = "\"'`“‘«「『(（[*_<‹【《"

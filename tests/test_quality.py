@@ -704,3 +704,30 @@ def test_the_healthy_base_answer_passes():
 def test_each_planted_fault_is_caught(fault):
     verdict = assess(PLANTED[fault], prompt=_BASE_PROMPT, finish_reason="stop")
     assert verdict.garbage, (fault, verdict.to_dict())
+
+
+def test_same_verdicts_without_the_regex_module(monkeypatch):
+    """The single-file build has no `regex` (compiled): the stdlib fallback must agree on the corpus."""
+    from ddtree_diag import quality
+
+    keys = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
+    rows = _corpus_rows()
+    rows.append({"text": "The answer is Париж, 东京 and Αθήνα.", "prompt": "Name three capitals."})
+
+    def verdicts() -> list[tuple[bool, tuple[str, ...]]]:
+        out = []
+        for row in rows:
+            verdict = assess(row["text"], **{k: row.get(k) for k in keys})
+            out.append((verdict.garbage, tuple(sorted(verdict.codes))))
+        return out
+
+    quality._script_run_re.cache_clear()
+    with_regex = verdicts()
+    monkeypatch.setitem(sys.modules, "regex", None)  # import regex -> ImportError
+    quality._script_run_re.cache_clear()
+    try:
+        without = verdicts()
+    finally:
+        quality._script_run_re.cache_clear()
+    assert without == with_regex
+    assert with_regex[-1][0] is True  # the planted script mix is caught either way
