@@ -1,0 +1,128 @@
+"""Lossless check of the engine on a device: T=0 output == the target's own greedy decode.
+
+fp32: every case must match exactly. bf16: counts the cases that differ and, for each, reports the
+target's top-2 logit gap at the first divergent token (a near-tie flip vs a real bug).
+
+    PYTHONPATH=. python bench/engine_gpu_check.py [--device cuda] [--quick]
+
+Targets: the tiny test fixture (written to disk, loaded through the real loader) and a medium
+random Qwen3 (HF default init, where near-ties are common) built in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import engine_fixtures as fx
+
+from ddtree_diag.engine import load_engine
+from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
+from ddtree_diag.engine.generate import Engine
+from ddtree_diag.engine.target import TargetModel
+
+BUDGETS = (0, 1, 2, 4, 16, 64)
+
+
+def medium_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    draft_config = DraftConfig(
+        hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+        intermediate_size=1536, target_layer_ids=[1, 4, 6], mask_token_id=8191, block_size=block_size,
+        num_target_layers=8, head_dim=64, vocab_size=8192,
+    )  # fmt: skip
+    draft = DFlashDraft(draft_config).to(device=device, dtype=dtype).eval()
+    return Engine(TargetModel(model, max_len=512), tokenizer=None, draft=draft)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def top2_gap(engine: Engine, prefix: list[int]) -> float:
+    with torch.no_grad():
+        logits = engine.target.hf(torch.tensor([prefix], device=engine.device)).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def check(
+    name: str, engines: dict[int, Engine], prompts: list[list[int]], max_tokens: int
+) -> tuple[int, int]:
+    cases = differ = 0
+    for prompt in prompts:
+        any_engine = next(iter(engines.values()))
+        reference = any_engine.greedy_reference(prompt, max_tokens, stop_ids=[])
+        for block_size, engine in engines.items():
+            for budget in BUDGETS:
+                gen = engine.generate_ids(
+                    prompt, tree_budget=budget, max_tokens=max_tokens, stop_token_ids=[]
+                )
+                cases += 1
+                at = first_divergence(gen.token_ids, reference)
+                if at is not None:
+                    differ += 1
+                    gap = top2_gap(engine, prompt + reference[:at])
+                    print(
+                        f"  DIFF {name} block={block_size} budget={budget} prompt_len={len(prompt)}: "
+                        f"first divergence at token {at}, reference top-2 logit gap there {gap:.4f}"
+                    )
+    print(f"{name}: {differ}/{cases} cases differ from the target's greedy decode")
+    return cases, differ
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="fewer prompts/tokens (CPU smoke run)")
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    n_prompts, max_tokens = (2, 16) if args.quick else (4, 48)
+    started = time.perf_counter()
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        target = fx.make_target(root / "target")
+        drafts = {bs: fx.make_draft(root / f"d{bs}", block_size=bs) for bs in (4, 8)}
+        tiny_prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in (5, 13, 31, 60)][
+            :n_prompts
+        ]
+        for dtype in ("fp32", "bf16"):
+            engines = {
+                bs: load_engine(target, d, device=args.device, dtype=dtype) for bs, d in drafts.items()
+            }
+            _, differ = check(f"tiny-{dtype}", engines, tiny_prompts, max_tokens)
+            failures += differ if dtype == "fp32" else 0
+    medium_prompts = [torch.randint(0, 8000, (n,), generator=gen).tolist() for n in (7, 50, 200, 9)][
+        :n_prompts
+    ]
+    for dtype in (torch.float32, torch.bfloat16):
+        engines = {bs: medium_engine(args.device, dtype, bs) for bs in (8, 16)}
+        label = "medium-" + ("fp32" if dtype == torch.float32 else "bf16")
+        _, differ = check(label, engines, medium_prompts, max_tokens)
+        failures += differ if dtype == torch.float32 else 0
+        del engines
+    print(f"device={args.device} torch={torch.__version__} elapsed={time.perf_counter() - started:.1f}s")
+    print("fp32 lossless: " + ("PASS" if failures == 0 else f"FAIL ({failures} cases)"))
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

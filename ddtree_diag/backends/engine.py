@@ -1,0 +1,149 @@
+"""Backend that runs probe cases in-process on the DDTree engine (no server in between).
+
+Imports torch/transformers only when the engine is loaded (``prepare`` or the first ``run``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ddtree_diag.errors import DiagError
+from ddtree_diag.records import STATUS_ENGINE_ERROR, ProbeCase, ProbeResult, SpecMetrics, Timings
+
+
+def split_reasoning(text: str) -> tuple[str, str | None]:
+    """(answer, reasoning) like a server's reasoning parser: text before ``</think>`` is reasoning."""
+    if "</think>" not in text:
+        return text, None
+    reasoning, answer = text.split("</think>", 1)
+    return answer.lstrip("\n"), reasoning.replace("<think>", "", 1).strip("\n")
+
+
+class EngineBackend:
+    name = "engine"
+
+    def __init__(
+        self,
+        target: str | Path,
+        draft: str | Path | None = None,
+        gguf_file: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.gguf_file = gguf_file
+        self.device = device
+        self.dtype = dtype
+        self.engine: Any = None
+        self.load_seconds: float | None = None
+
+    def load(self) -> Any:
+        """Load the engine once; configuration problems raise UsageError (exit code 2)."""
+        if self.engine is None:
+            from ddtree_diag.engine import load_engine
+
+            started = time.perf_counter()
+            self.engine = load_engine(
+                self.target, draft=self.draft, gguf_file=self.gguf_file, device=self.device, dtype=self.dtype
+            )
+            self.load_seconds = time.perf_counter() - started
+        return self.engine
+
+    def prepare(self, cases: list[ProbeCase]) -> list[str]:
+        engine = self.load()
+        info = engine.info()
+        loaded = f"loaded in {self.load_seconds:.1f}s"
+        notes = [f"engine: {info['model']} on {info['device']} ({info['dtype']}), {loaded}"]
+        if engine.draft is None:
+            notes.append("engine: no draft loaded, every case decodes autoregressively (tree_budget 0)")
+        return notes
+
+    def run(self, case: ProbeCase) -> ProbeResult:
+        engine = self.load()
+        extra = case.extra or {}
+        try:
+            gen = engine.generate(
+                messages=case.messages,
+                enable_thinking=case.enable_thinking,
+                tree_budget=case.tree_budget,
+                temperature=case.temperature,
+                max_tokens=case.max_tokens,
+                seed=extra.get("seed"),
+                stop=extra.get("stop"),
+                top_logprobs=int(extra.get("top_logprobs", 0) or 0),
+            )
+        except (DiagError, RuntimeError, ValueError, IndexError, TypeError) as exc:
+            message = str(exc).strip().splitlines()
+            line = message[0] if message else type(exc).__name__
+            return ProbeResult(
+                case=case, status=STATUS_ENGINE_ERROR, error=f"{type(exc).__name__}: {line}", dialect="engine"
+            )
+        answer, reasoning = split_reasoning(gen.text)
+        spec = SpecMetrics(
+            decode_rounds=gen.decode_rounds,
+            mean_acceptance_length=gen.mean_acceptance_length,
+            acceptance_lengths=list(gen.acceptance_lengths),
+            draft_tokens=sum(gen.tree_sizes),
+            accepted_tokens=sum(n - 1 for n in gen.acceptance_lengths),
+            server_tokens_per_second=None,
+            tree_budget=gen.tree_budget,
+            source="engine",
+        )
+        timings = Timings(
+            e2e_s=gen.e2e_s,
+            ttft_s=gen.ttft_s,
+            decode_tokens_per_second=gen.decode_tokens_per_second,
+            stages=dict(gen.stage_times),
+        )
+        extras: dict[str, Any] = {
+            "tree_sizes": list(gen.tree_sizes),
+            "mode": gen.mode,
+            "token_ids": list(gen.token_ids),
+            "raw_text": gen.text,
+        }
+        if gen.top_logprobs is not None:
+            extras["top_logprobs"] = [[list(pair) for pair in row] for row in gen.top_logprobs]
+        return ProbeResult(
+            case=case,
+            dialect="engine",
+            model=engine.info().get("model"),
+            output=answer,
+            reasoning=reasoning,
+            finish_reason=gen.finish_reason,
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=gen.completion_tokens,
+            timings=timings,
+            spec=spec,
+            extras=extras,
+        )
+
+    def target_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "backend": "engine",
+            "target": str(self.target),
+            "draft": str(self.draft) if self.draft is not None else None,
+            "gguf_file": self.gguf_file,
+            "dialect": "engine",
+        }
+        if self.engine is not None:
+            engine_info = self.engine.info()
+            info.update(
+                model=engine_info.get("model"),
+                device=engine_info.get("device"),
+                dtype=engine_info.get("dtype"),
+                block_size=(engine_info.get("draft") or {}).get("block_size"),
+                default_tree_budget=engine_info.get("default_tree_budget"),
+            )
+        return info
+
+    def close(self) -> None:
+        if self.engine is not None:
+            on_cuda = self.engine.device.type == "cuda"
+            self.engine = None
+            if on_cuda:
+                import torch
+
+                torch.cuda.empty_cache()

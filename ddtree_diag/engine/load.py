@@ -1,0 +1,188 @@
+"""Load an engine: target (HF directory or GGUF), tokenizer + chat template, optional DFlash draft.
+
+Public API (others build on it)::
+
+    from ddtree_diag.engine import load_engine
+    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None)
+    engine.info() -> dict                 # layers, hidden, draft ids/mask/block, dtype, device, memory
+    engine.tokenizer                      # HF tokenizer of the target
+    engine.render_prompt(messages, enable_thinking) -> list[int]
+    gen = engine.generate(messages=..., enable_thinking=None, tree_budget=None, temperature=0.0,
+                          max_tokens=256, seed=None, stop=None, top_logprobs=0, on_token=None,
+                          mode="auto", prompt_ids=None) -> Generation
+    engine.greedy_reference(prompt_ids, max_tokens, stop_ids=None) -> list[int]
+
+``tree_budget=None`` = 64 with a draft, 0 (AR) without. ``device=None`` = cuda when available
+else cpu; ``dtype=None`` = bfloat16 on cuda, float32 on cpu. Nothing is fetched from the network:
+every path must exist locally. Mismatched inputs raise ``UsageError`` with one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddtree_diag.errors import UsageError
+
+DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+}
+
+
+def resolve_device(device: str | None) -> Any:
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise UsageError(f"unknown device {device!r}") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {device!r} requested but CUDA is not available on this machine")
+    if resolved.type not in ("cuda", "cpu"):
+        raise UsageError(f"device {device!r} is not supported (cuda or cpu)")
+    return resolved
+
+
+def resolve_dtype(dtype: str | None, device: Any) -> Any:
+    import torch
+
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    name = DTYPES.get(str(dtype).lower().removeprefix("torch."))
+    if name is None:
+        raise UsageError(f"unknown dtype {dtype!r} (choose from bf16, fp16, fp32)")
+    return getattr(torch, name)
+
+
+def _target_location(target: str | Path, gguf_file: str | None) -> tuple[Path, str | None]:
+    """(directory, gguf file name or None), accepting a .gguf path as target or as gguf_file."""
+    target = Path(target).expanduser()
+    if gguf_file is None and target.suffix == ".gguf":
+        gguf_file = str(target)
+        target = target.parent
+    if gguf_file is not None:
+        gguf_path = Path(gguf_file).expanduser()
+        if not gguf_path.is_absolute() and not gguf_path.is_file():
+            gguf_path = target / gguf_path
+        if not gguf_path.is_file():
+            raise UsageError(f"GGUF file not found: {gguf_file}")
+        try:
+            import gguf  # noqa: F401
+        except ImportError as exc:
+            raise UsageError("loading a GGUF target needs the 'gguf' package (pip install gguf)") from exc
+        return gguf_path.parent, gguf_path.name
+    if not target.is_dir():
+        raise UsageError(f"target model directory not found: {target}")
+    if not (target / "config.json").is_file():
+        raise UsageError(f"target directory has no config.json (pass --gguf for a GGUF file): {target}")
+    return target, None
+
+
+def _stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(i) for i in eos)
+    from ddtree_diag.engine.generate import END_OF_TURN_TOKENS
+
+    vocab = tokenizer.get_vocab()
+    for token in END_OF_TURN_TOKENS:
+        if token in vocab:
+            ids.add(int(vocab[token]))
+    return sorted(ids)
+
+
+def check_draft_fits(draft_config: Any, target_config: Any, tokenizer_vocab: int) -> None:
+    """One-line errors for a draft that cannot work with this target."""
+    hidden = target_config.hidden_size
+    layers = target_config.num_hidden_layers
+    if draft_config.hidden_size != hidden:
+        raise UsageError(f"draft hidden size {draft_config.hidden_size} does not match the target's {hidden}")
+    bad = [i for i in draft_config.target_layer_ids if not 0 <= i < layers]
+    if bad:
+        raise UsageError(
+            f"draft target_layer_ids {bad} do not exist in the target ({layers} layers: 0..{layers - 1})"
+        )
+    vocab = target_config.vocab_size
+    if draft_config.vocab_size is not None and draft_config.vocab_size != vocab:
+        raise UsageError(
+            f"draft vocabulary size {draft_config.vocab_size} does not match the target's {vocab}"
+        )
+    if not 0 <= draft_config.mask_token_id < vocab:
+        raise UsageError(
+            f"draft mask_token_id {draft_config.mask_token_id} is outside the target vocabulary ({vocab})"
+        )
+    if tokenizer_vocab > vocab:
+        raise UsageError(f"tokenizer has {tokenizer_vocab} tokens but the target's vocabulary is {vocab}")
+    if draft_config.block_size < 2:
+        raise UsageError(f"draft block_size {draft_config.block_size} must be at least 2")
+
+
+def load_engine(
+    target: str | Path,
+    draft: str | Path | None = None,
+    gguf_file: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+):
+    """Load target (+ draft) into an ``Engine``; see the module docstring."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from ddtree_diag.engine.draft import load_draft
+    from ddtree_diag.engine.generate import Engine
+    from ddtree_diag.engine.target import TargetModel, check_supported
+
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    directory, gguf_name = _target_location(target, gguf_file)
+    if draft is not None and not Path(draft).expanduser().is_dir():
+        raise UsageError(f"draft directory not found: {draft}")
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_name is not None:
+        kwargs["gguf_file"] = gguf_name
+    try:
+        config = AutoConfig.from_pretrained(directory, **kwargs)
+    except Exception as exc:  # transformers raises many types for unknown/broken files
+        what = f"GGUF file {gguf_name}" if gguf_name else f"config in {directory}"
+        raise UsageError(f"transformers cannot load the {what}: {_first_line(exc)}") from exc
+    check_supported(config)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
+    except Exception as exc:
+        raise UsageError(f"cannot load the target from {directory}: {_first_line(exc)}") from exc
+    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    draft_model = None
+    if draft is not None:
+        draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
+        check_draft_fits(draft_model.config, model.config, len(tokenizer))
+    info = {
+        "model": str(Path(target).name if gguf_name is None else gguf_name),
+        "target_path": str(directory if gguf_name is None else directory / gguf_name),
+        "draft_path": str(draft) if draft is not None else None,
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+    }
+    return Engine(
+        TargetModel(model, max_len=256),
+        tokenizer,
+        draft=draft_model,
+        stop_token_ids=_stop_token_ids(model, tokenizer),
+        info=info,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,96 @@
+"""Tiny random-weight Qwen3 target + DFlash draft, written to disk in their real formats.
+
+Used by the engine tests: the engine then loads them through its real loader (HF directory with
+tokenizer and chat template; z-lab draft directory).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 300
+HIDDEN = 64
+TARGET_LAYERS = 4
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def make_tokenizer(directory: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_tokens = list(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(sorted(byte_tokens))}
+    for tok in SPECIALS:
+        vocab[tok] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIALS,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3") -> Path:
+    """Random Qwen3 (or Llama) target with weights large enough that argmax gaps are not tiny."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tokenizer(directory)
+    common = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=TARGET_LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    if model_type == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
+    model.save_pretrained(directory)
+    return directory
+
+
+def make_draft(
+    directory: Path, block_size: int = 4, layer_ids=(0, 2), layers: int = 2, seed: int = 1
+) -> Path:
+    from ddtree_diag.engine.draft import DFlashDraft, DraftConfig, save_draft
+
+    mask_id = VOCAB - 1  # unused by the tokenizer, like z-lab's dedicated mask token
+    config = DraftConfig(
+        hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, target_layer_ids=list(layer_ids), mask_token_id=mask_id,
+        block_size=block_size, num_target_layers=TARGET_LAYERS, head_dim=16, vocab_size=VOCAB,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = DFlashDraft(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.2)
+    save_draft(model, config, directory)
+    return directory
+
+
+def edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))

@@ -1,0 +1,220 @@
+"""Engine correctness on a tiny random Qwen3 target + random DFlash draft (CPU, fp32).
+
+The ground truth is HF's own greedy decode of the same target (``generate(do_sample=False)`` and
+``Engine.greedy_reference``, which runs HF's forward and cache, not ours).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import engine_fixtures as fx  # noqa: E402
+
+from ddtree_diag.engine import load_engine  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+BLOCK_SIZES = (2, 4, 8)
+BUDGETS = (0, 1, 2, 4, 16, 64)
+PROMPTS = ([257, 84, 82, 68], [5, 9, 200, 31, 31, 7, 118, 64, 3], list(range(40, 57)))
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny matmuls on a shared 2-core box: extra intra-op threads only spin against each other.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    target = fx.make_target(root / "target")
+    drafts = {bs: fx.make_draft(root / f"draft{bs}", block_size=bs) for bs in BLOCK_SIZES}
+    return root, target, drafts
+
+
+@pytest.fixture(scope="module")
+def engines(models):
+    _, target, drafts = models
+    return {bs: load_engine(target, drafts[bs], device="cpu", dtype="fp32") for bs in BLOCK_SIZES}
+
+
+@pytest.fixture(scope="module")
+def references(engines):
+    engine = engines[4]
+    return {tuple(p): engine.greedy_reference(p, MAX_TOKENS, stop_ids=[]) for p in PROMPTS}
+
+
+def check_accounting(gen) -> None:
+    assert gen.decode_rounds == len(gen.acceptance_lengths) == len(gen.tree_sizes)
+    assert sum(gen.acceptance_lengths) == gen.completion_tokens - 1
+    assert gen.completion_tokens == len(gen.token_ids)
+    assert all(n >= 1 for n in gen.acceptance_lengths)
+
+
+def test_greedy_reference_matches_hf_generate_and_our_forward_matches_hf_logits(engines):
+    engine = engines[4]
+    prompt = PROMPTS[1]
+    hf = engine.target.hf
+    expected = hf.generate(
+        torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, min_new_tokens=0
+    )
+    generated = expected[0, len(prompt) :].tolist()
+    eos = hf.config.eos_token_id
+    reference = engine.greedy_reference(prompt, MAX_TOKENS, stop_ids=[eos])
+    assert reference == generated[: len(reference)]
+    # our forward, prefill then one-token steps, gives HF's logits
+    with torch.no_grad():
+        full = hf(torch.tensor([prompt])).logits[0]
+    engine.target.reset(64)
+    ours, _ = engine.target.forward(torch.tensor(prompt[:5]), torch.arange(5))
+    engine.target.commit(list(range(5)))
+    rest, _ = engine.target.forward(torch.tensor(prompt[5:]), torch.arange(5, len(prompt)))
+    torch.testing.assert_close(torch.cat([ours, rest]), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_lossless_random_draft_all_budgets(engines, references, block_size):
+    engine = engines[block_size]
+    for prompt in PROMPTS:
+        for budget in BUDGETS:
+            gen = engine.generate(prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop=None)
+            gen_ids = gen.token_ids
+            ref = references[tuple(prompt)]
+            ref = ref[: len(gen_ids)] if gen.finish_reason == "stop" else ref
+            assert gen_ids == ref, (block_size, prompt, budget)
+            check_accounting(gen)
+            assert gen.mode == ("ar" if budget == 0 else "tree")
+            assert all(size <= budget for size in gen.tree_sizes)
+        chain = engine.generate(prompt_ids=prompt, mode="chain", max_tokens=MAX_TOKENS)
+        check_accounting(chain)
+
+
+def test_lossless_with_stop_tokens(engines, references):
+    engine = engines[4]
+    for prompt in PROMPTS:
+        ref = references[tuple(prompt)]
+        stop_token = ref[len(ref) // 2]
+        cut = ref[: ref.index(stop_token) + 1]
+        for budget in BUDGETS:
+            gen = engine.generate_ids(
+                prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[stop_token]
+            )
+            assert gen.token_ids == cut and gen.finish_reason == "stop", (prompt, budget)
+            check_accounting(gen)
+        assert engine.greedy_reference(prompt, MAX_TOKENS, stop_ids=[stop_token]) == cut
+
+
+class Oracle:
+    """Replaces the draft with one that knows the target's greedy continuation.
+
+    ``demote``: depths (1-based) at which the right token is ranked second instead of first —
+    chains then miss, a tree with enough budget still finds it (non-contiguous compaction).
+    """
+
+    def __init__(self, engine, prompt, demote=()):
+        self.engine, self.demote = engine, set(demote)
+        self.full = list(prompt) + engine.greedy_reference(prompt, 200, stop_ids=[])
+
+    def __call__(self, root, start, context, context_positions, depth):
+        assert self.full[start] == root  # the committed prefix is the greedy one
+        vocab = self.engine.target.config.vocab_size
+        logits = torch.zeros(depth, vocab)
+        for d in range(1, depth + 1):
+            right = self.full[start + d]
+            wrong = (right + 1) % vocab
+            logits[d - 1, right] = 20.0 if d not in self.demote else 19.0
+            if d in self.demote:
+                logits[d - 1, wrong] = 20.0
+        return torch.log_softmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("block_size", (4, 8))
+def test_oracle_draft_accepts_full_blocks(engines, monkeypatch, block_size):
+    engine = engines[block_size]
+    prompt = PROMPTS[0]
+    monkeypatch.setattr(engine, "_draft_logprobs", Oracle(engine, prompt))
+    max_tokens = 1 + 3 * block_size + 2
+    for mode, budget in (("tree", block_size - 1), ("tree", 64), ("chain", None)):
+        gen = engine.generate(prompt_ids=prompt, tree_budget=budget, mode=mode, max_tokens=max_tokens)
+        assert gen.acceptance_lengths == [block_size] * 3 + [2]  # last round clipped at max_tokens
+        assert gen.finish_reason == "length"
+        assert gen.token_ids == Oracle(engine, prompt).full[len(prompt) : len(prompt) + max_tokens]
+        check_accounting(gen)
+
+
+def test_demoted_oracle_tree_finds_second_rank_chain_does_not(engines, monkeypatch):
+    engine = engines[8]
+    prompt = PROMPTS[2]
+    oracle = Oracle(engine, prompt, demote=(2, 5))
+    monkeypatch.setattr(engine, "_draft_logprobs", oracle)
+    expected = oracle.full[len(prompt) : len(prompt) + 17]
+    chain = engine.generate(prompt_ids=prompt, mode="chain", max_tokens=17)
+    tree = engine.generate(prompt_ids=prompt, tree_budget=64, max_tokens=17)
+    small = engine.generate(prompt_ids=prompt, tree_budget=3, max_tokens=17)
+    for gen in (chain, tree, small):
+        assert gen.token_ids == expected
+        check_accounting(gen)
+    assert set(chain.acceptance_lengths) == {2}  # depth 2 is always wrong for the chain
+    assert tree.acceptance_lengths == [8, 8]  # the tree holds the 2nd-ranked tokens too
+    assert max(small.acceptance_lengths) < 8
+
+
+def test_sampling_is_seeded_and_stays_on_target_support(engines):
+    engine = engines[4]
+    prompt = PROMPTS[1]
+    kwargs = dict(prompt_ids=prompt, tree_budget=16, temperature=0.8, max_tokens=MAX_TOKENS)
+    first = engine.generate(seed=7, **kwargs)
+    assert engine.generate(seed=7, **kwargs).token_ids == first.token_ids
+    assert any(engine.generate(seed=s, **kwargs).token_ids != first.token_ids for s in range(8, 12))
+    check_accounting(first)
+    assert first.token_ids != engine.greedy_reference(prompt, MAX_TOKENS, stop_ids=[])
+
+
+def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypatch):
+    """At T=1 with a draft whose accepted nodes are mostly later siblings (the ones a wrong tree
+    mask or position would corrupt), the distribution each output token was drawn from (reported
+    as top_logprobs) must equal HF's conditional given the committed prefix."""
+    engine = engines[8]
+    prompt = PROMPTS[0]
+    hf = engine.target.hf
+
+    def likely_draft(root, start, context, positions, depth):
+        with torch.no_grad():
+            full = torch.tensor([[*prompt, *committed[0]]])
+            logits = hf(full).logits[0, -1:].float()
+        # First rank a token the target almost never picks, then the target's likely tokens.
+        logits[0, logits[0].argmin()] = logits.max() + 1
+        return torch.log_softmax(logits.repeat(depth, 1), -1)
+
+    committed: list[list[int]] = [[]]
+
+    def record(new_ids, _text):
+        committed[0] = committed[0] + list(new_ids)
+        return True
+
+    monkeypatch.setattr(engine, "_draft_logprobs", likely_draft)
+    accepted_rounds = 0
+    for seed in range(6):
+        committed[0] = []
+        gen = engine.generate_ids(
+            prompt, tree_budget=12, temperature=1.0, max_tokens=16, seed=seed, top_logprobs=5,
+            stop_token_ids=[], on_token=record,
+        )  # fmt: skip
+        accepted_rounds += sum(n > 1 for n in gen.acceptance_lengths)
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + gen.token_ids])).logits[0].float()
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).topk(5)
+        for i, top in enumerate(gen.top_logprobs):
+            assert [t for t, _ in top] == expected.indices[i].tolist(), (seed, i)
+            torch.testing.assert_close(
+                torch.tensor([lp for _, lp in top]), expected.values[i], atol=1e-4, rtol=0
+            )
+    assert accepted_rounds > 5  # tree nodes were accepted, so their verify rows were used
