@@ -54,6 +54,7 @@ class TrainSettings:
     mask_token_id: int = SMOLLM2_MASK_TOKEN_ID
     max_prompts: int | None = None
     max_new_tokens: int = 256
+    follow_up_tokens: int = 0  # > 0: also generate a second turn per prompt (FOLLOW_UPS), this long
     gen_batch_size: int = 128
     steps: int = 2000
     max_seconds: float | None = None  # wall-clock cap for the training loop (GPU budget)
@@ -89,9 +90,11 @@ def stop_token_ids(tokenizer) -> list[int]:
     return [i for i in ids if i is not None and i >= 0]
 
 
-def render_prompt_ids(tokenizer, prompt: str, enable_thinking: bool) -> list[int]:
+def render_prompt_ids(tokenizer, prompt: str | list[dict], enable_thinking: bool) -> list[int]:
+    """Token ids of a user prompt (or a whole conversation) with the generation prompt appended."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}],
+        messages,
         tokenize=False,
         add_generation_prompt=True,
         enable_thinking=enable_thinking,
@@ -103,13 +106,14 @@ def render_prompt_ids(tokenizer, prompt: str, enable_thinking: bool) -> list[int
 def generate_greedy(
     model,
     tokenizer,
-    prompts: list[str],
+    prompts: list[str] | list[list[dict]],
     max_new_tokens: int,
     batch_size: int,
     enable_thinking: bool = False,
 ) -> list[dict]:
-    """Greedy continuations, batched with left padding. Each record is ``{"prompt": str,
-    "prompt_ids": [...], "response_ids": [...]}``; a response ends at its first stop token."""
+    """Greedy continuations, batched with left padding. ``prompts``: user prompts or whole
+    conversations (message lists). Each record is ``{"prompt": str | list, "prompt_ids": [...],
+    "response_ids": [...]}``; a response ends at its first stop token."""
     device = next(model.parameters()).device
     stops = stop_token_ids(tokenizer)
     pad_id = stops[0]
@@ -141,6 +145,45 @@ def generate_greedy(
                     break
             records[i] = {"prompt": encoded[i][0], "prompt_ids": encoded[i][1], "response_ids": response}
     return [r for r in records if r is not None]
+
+
+# Second turns for the self-distillation data: the same prompts give twice the text, and the
+# draft sees multi-turn contexts like those a chat probe sends.
+FOLLOW_UPS = (
+    "Can you explain that more simply?",
+    "Give me an example.",
+    "Summarize that in one sentence.",
+    "Why is that?",
+    "Tell me more.",
+    "Can you make it shorter?",
+    "What else should I know?",
+    "Thanks! Can you give me a few more details?",
+    "Could you put that as a numbered list?",
+    "Is there anything people often get wrong about this?",
+    "Can you say that in a more formal tone?",
+    "What would be a good next step?",
+)
+
+
+def follow_up_conversations(records: list[dict], tokenizer, max_chars: int = 1500) -> list[list[dict]]:
+    """For each first-turn record: [user, assistant (its greedy answer), user (a follow-up)]."""
+    stops = set(stop_token_ids(tokenizer))
+    conversations = []
+    for index, record in enumerate(records):
+        if not isinstance(record["prompt"], str):
+            continue
+        answer_ids = [t for t in record["response_ids"] if t not in stops]
+        answer = tokenizer.decode(answer_ids, skip_special_tokens=True).strip()[:max_chars]
+        if not answer:
+            continue
+        conversations.append(
+            [
+                {"role": "user", "content": record["prompt"]},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": FOLLOW_UPS[index % len(FOLLOW_UPS)]},
+            ]
+        )
+    return conversations
 
 
 def target_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: list[int]):
@@ -393,6 +436,11 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         records = generate_greedy(
             target, tokenizer, prompts, settings.max_new_tokens, settings.gen_batch_size
         )
+        if settings.follow_up_tokens > 0:
+            conversations = follow_up_conversations(records, tokenizer)
+            records += generate_greedy(
+                target, tokenizer, conversations, settings.follow_up_tokens, settings.gen_batch_size
+            )
         n_tokens = sum(len(r["response_ids"]) for r in records)
         log(f"generated {len(records)} greedy continuations, {n_tokens} tokens, {time.time() - t0:.1f}s")
         if data_path is not None:

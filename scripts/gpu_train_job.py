@@ -23,9 +23,13 @@ from ddtree_diag.embedded import ensure_target_dir
 out = Path(os.environ.get("OUT", "/tmp/gpu_job_out"))
 out.mkdir(parents=True, exist_ok=True)
 tiny = os.environ.get("JOB_TINY") == "1"
-seconds = float(os.environ.get("JOB_SECONDS", "120"))
+seconds = float(os.environ.get("JOB_SECONDS", "150"))
 # Runs as "block_size:init", init = random (standard recipe) or target (copy the last target layers).
-runs = [r.split(":") for r in os.environ.get("JOB_RUNS", "16:random,8:random,16:target").split(",")]
+runs = [r.split(":") for r in os.environ.get("JOB_RUNS", "8:random").split(",")]
+max_new = int(os.environ.get("JOB_MAX_NEW", "384"))
+follow_up_tokens = int(os.environ.get("JOB_FOLLOW_UP", "256"))  # 0 = first turns only
+batch_size = int(os.environ.get("JOB_BATCH", "32"))
+weight_decay = float(os.environ.get("JOB_WD", "0.01"))
 data_dir = Path(__file__).resolve().parents[1] / "ddtree_diag" / "data" / "prompts"
 log_file = open(out / "log.txt", "a")  # noqa: SIM115 (open for the whole job)
 
@@ -55,7 +59,10 @@ heldout = ["Say hello in one short sentence.", *dt.load_prompts(data_dir / "held
 if tiny:
     prompts, heldout = prompts[:3], heldout[:1]
 t1 = time.time()
-records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else 256, 256)
+records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, 512)
+if follow_up_tokens:
+    conversations = dt.follow_up_conversations(records, tokenizer)
+    records += dt.generate_greedy(target, tokenizer, conversations, 8 if tiny else follow_up_tokens, 512)
 log(
     f"train data: {len(records)} seqs, {sum(len(r['response_ids']) for r in records)} tokens, "
     f"{time.time() - t1:.1f}s"
@@ -82,7 +89,8 @@ for bs_text, init in runs:
         block_size=bs,
         steps=3 if tiny else 100000,
         max_seconds=None if tiny else seconds,
-        batch_size=2 if tiny else 32,
+        batch_size=2 if tiny else batch_size,
+        weight_decay=weight_decay,
         anchors_per_seq=4 if tiny else 32,
         data_file=str(data_file),
         device=device,
