@@ -1,8 +1,10 @@
 """One device call: generate self-distillation data once, train drafts for several block sizes,
 evaluate simulated DDTree acceptance on the held-aside prompts, write everything to $OUT.
 
-Used for the committed draft (see ddtree_diag/data/draft-smollm2/README.md). Env knobs make a
-tiny CPU smoke run possible: JOB_TINY=1.
+Used for the committed draft (ddtree_diag/data/draft-smollm2/README.md gives the exact knobs).
+Knobs (env): JOB_RUNS ("8:random,16:random,..." block size and init per run), JOB_SECONDS
+(training seconds per run), JOB_MAX_PROMPTS, JOB_MAX_NEW, JOB_FOLLOW_UP (second-turn tokens,
+0 = none), JOB_BATCH, JOB_WD, JOB_GEN_BATCH; JOB_TINY=1 for a CPU smoke run.
 """
 
 import gzip
@@ -30,6 +32,8 @@ max_new = int(os.environ.get("JOB_MAX_NEW", "384"))
 follow_up_tokens = int(os.environ.get("JOB_FOLLOW_UP", "256"))  # 0 = first turns only
 batch_size = int(os.environ.get("JOB_BATCH", "32"))
 weight_decay = float(os.environ.get("JOB_WD", "0.01"))
+max_prompts = int(os.environ.get("JOB_MAX_PROMPTS", "0")) or None  # first N lines of train.txt
+gen_batch = int(os.environ.get("JOB_GEN_BATCH", "512"))
 data_dir = Path(__file__).resolve().parents[1] / "ddtree_diag" / "data" / "prompts"
 log_file = open(out / "log.txt", "a")  # noqa: SIM115 (open for the whole job)
 
@@ -54,15 +58,17 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 if device == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
 target, tokenizer = dt.load_target(target_dir, device)
-prompts = dt.load_prompts(data_dir / "train.txt")
+prompts = dt.load_prompts(data_dir / "train.txt")[:max_prompts]
 heldout = ["Say hello in one short sentence.", *dt.load_prompts(data_dir / "heldout.txt")]
 if tiny:
     prompts, heldout = prompts[:3], heldout[:1]
 t1 = time.time()
-records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, 512)
+records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, gen_batch)
 if follow_up_tokens:
     conversations = dt.follow_up_conversations(records, tokenizer)
-    records += dt.generate_greedy(target, tokenizer, conversations, 8 if tiny else follow_up_tokens, 512)
+    records += dt.generate_greedy(
+        target, tokenizer, conversations, 8 if tiny else follow_up_tokens, gen_batch
+    )
 log(
     f"train data: {len(records)} seqs, {sum(len(r['response_ids']) for r in records)} tokens, "
     f"{time.time() - t1:.1f}s"

@@ -95,7 +95,7 @@ def test_loss_weights_depths_and_falls_when_training_on_a_fixed_batch():
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_gamma_follows_the_papers_choice_per_block_size():
+def test_gamma_follows_the_public_recipe_per_block_size():
     base = dict(prompts_file="p", out_dir="o")
     assert dt.TrainSettings(block_size=16, **base).gamma() == 7.0
     assert dt.TrainSettings(block_size=8, **base).gamma() == 4.0
