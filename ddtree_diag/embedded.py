@@ -92,6 +92,12 @@ def default_draft_dir() -> Path:
     return Path(str(_data_path().joinpath("draft-smollm2")))
 
 
+def default_model(cache_dir: Path | str | None = None) -> tuple[Path, Path]:
+    """(target directory, draft directory) of the embedded default, building the cache if needed.
+    What ``probe --engine`` / ``serve`` use when no model flags are given."""
+    return ensure_target_dir(cache_dir), default_draft_dir()
+
+
 def _expected_stamp(gguf: Path) -> dict:
     stat = gguf.stat()
     return {

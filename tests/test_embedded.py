@@ -116,6 +116,14 @@ def test_cache_is_built_once_then_reused(fake_build, tmp_path):
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [embedded.TARGET_DIR_NAME]
 
 
+def test_default_model_is_the_cached_target_and_the_packaged_draft(fake_build, tmp_path):
+    target, draft = embedded.default_model(tmp_path / "cache")
+    assert (
+        target == tmp_path / "cache" / embedded.TARGET_DIR_NAME and (target / "model.safetensors").is_file()
+    )
+    assert draft == embedded.default_draft_dir() and (draft / "config.json").is_file()
+
+
 def test_changed_template_or_format_rebuilds_the_cache(fake_build, tmp_path, monkeypatch):
     target = embedded.ensure_target_dir(tmp_path / "cache")
     monkeypatch.setattr(embedded, "chat_template", lambda: "{{ 'changed' }}")
