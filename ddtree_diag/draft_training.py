@@ -54,7 +54,8 @@ class TrainSettings:
     mask_token_id: int = SMOLLM2_MASK_TOKEN_ID
     max_prompts: int | None = None
     max_new_tokens: int = 256
-    follow_up_tokens: int = 0  # > 0: also generate a second turn per prompt (FOLLOW_UPS), this long
+    follow_up_tokens: int = 0  # > 0: also generate second turns (FOLLOW_UPS), this long
+    follow_ups_per_prompt: int = 1
     gen_batch_size: int = 128
     steps: int = 2000
     max_seconds: float | None = None  # wall-clock cap for the training loop (GPU budget)
@@ -71,6 +72,11 @@ class TrainSettings:
     save_dtype: str = "bfloat16"
     log_every: int = 25
     data_file: str | None = None  # cache of generated token ids (JSON); reused when present
+    # Early stopping against memorisation: hold out this fraction of the generated sequences,
+    # measure simulated acceptance (budget 64) on them every eval_every_seconds, keep the best.
+    val_fraction: float = 0.0
+    eval_every_seconds: float = 30.0  # validation time is not counted against max_seconds
+    val_sequences: int = 32
 
     def gamma(self) -> float:
         if self.loss_gamma is not None:
@@ -166,8 +172,11 @@ FOLLOW_UPS = (
 )
 
 
-def follow_up_conversations(records: list[dict], tokenizer, max_chars: int = 1500) -> list[list[dict]]:
-    """For each first-turn record: [user, assistant (its greedy answer), user (a follow-up)]."""
+def follow_up_conversations(
+    records: list[dict], tokenizer, per_record: int = 1, max_chars: int = 1500
+) -> list[list[dict]]:
+    """For each first-turn record, ``per_record`` conversations [user, assistant (its greedy
+    answer), user (a follow-up)], with different follow-ups."""
     stops = set(stop_token_ids(tokenizer))
     conversations = []
     for index, record in enumerate(records):
@@ -177,13 +186,15 @@ def follow_up_conversations(records: list[dict], tokenizer, max_chars: int = 150
         answer = tokenizer.decode(answer_ids, skip_special_tokens=True).strip()[:max_chars]
         if not answer:
             continue
-        conversations.append(
-            [
-                {"role": "user", "content": record["prompt"]},
-                {"role": "assistant", "content": answer},
-                {"role": "user", "content": FOLLOW_UPS[index % len(FOLLOW_UPS)]},
-            ]
-        )
+        for extra in range(per_record):
+            follow_up = FOLLOW_UPS[(index * per_record + extra) % len(FOLLOW_UPS)]
+            conversations.append(
+                [
+                    {"role": "user", "content": record["prompt"]},
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": follow_up},
+                ]
+            )
     return conversations
 
 
@@ -406,6 +417,30 @@ def simulate_acceptance(
     return lengths
 
 
+@torch.no_grad()
+def validation_acceptance(draft: DFlashDraft, target, records: list[dict], budget: int = 64) -> float:
+    """Simulated mean acceptance at ``budget`` on held-back training sequences (first 128 tokens)."""
+    lengths: list[int] = []
+    for record in records:
+        record = {**record, "response_ids": record["response_ids"][:128]}
+        values, indices = depth_topk(draft, target, record, draft.config.mask_token_id, budget)
+        lengths += simulate_acceptance(record["response_ids"], values, indices, budget)
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def _keep_best(draft, target, val_records, settings, best: dict, step: int, log) -> None:
+    was_training = draft.training
+    draft.eval()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=next(draft.parameters()).is_cuda):
+        score = validation_acceptance(draft, target, val_records)
+    draft.train(was_training)
+    log(json.dumps({"step": step, "val_acceptance_b64": round(score, 3)}))
+    if best["val_acceptance"] is None or score > best["val_acceptance"]:
+        best.update(
+            val_acceptance=score, step=step, state={k: v.clone() for k, v in draft.state_dict().items()}
+        )
+
+
 def _lr_at(progress: float, settings: TrainSettings, step: int) -> float:
     warm = min(1.0, (step + 1) / max(settings.warmup_steps, 1))
     return settings.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
@@ -438,7 +473,7 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
             target, tokenizer, prompts, settings.max_new_tokens, settings.gen_batch_size
         )
         if settings.follow_up_tokens > 0:
-            conversations = follow_up_conversations(records, tokenizer)
+            conversations = follow_up_conversations(records, tokenizer, settings.follow_ups_per_prompt)
             records += generate_greedy(
                 target, tokenizer, conversations, settings.follow_up_tokens, settings.gen_batch_size
             )
@@ -448,6 +483,12 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
             data_path.parent.mkdir(parents=True, exist_ok=True)
             data_path.write_text(json.dumps(records))
     records = [r for r in records if len(r["response_ids"]) >= 2]
+    val_records: list[dict] = []
+    if settings.val_fraction > 0:
+        shuffled = records[:]
+        random.Random(settings.seed + 1).shuffle(shuffled)
+        n_val = max(1, int(len(shuffled) * settings.val_fraction))
+        val_records, records = shuffled[:n_val][: settings.val_sequences], shuffled[n_val:]
 
     draft = new_draft(target.config, settings).to(device)
     if settings.init_from_target:
@@ -457,10 +498,13 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
     use_bf16 = device.startswith("cuda")
     pad_id = stop_token_ids(tokenizer)[0]
     history = []
+    best: dict = {"val_acceptance": None}
+    last_eval = time.time()
+    eval_seconds = 0.0
     t_start = time.time()
     step = 0
     for step in range(settings.steps):
-        elapsed = time.time() - t_start
+        elapsed = time.time() - t_start - eval_seconds
         progress = step / settings.steps
         if settings.max_seconds:
             progress = max(progress, elapsed / settings.max_seconds)
@@ -504,7 +548,17 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
             }
             history.append(entry)
             log(json.dumps(entry))
+        if val_records and time.time() - last_eval >= settings.eval_every_seconds:
+            eval_start = time.time()
+            _keep_best(draft, target, val_records, settings, best, step, log)
+            last_eval = time.time()
+            eval_seconds += last_eval - eval_start
     steps_done = step + 1
+    if val_records:
+        _keep_best(draft, target, val_records, settings, best, step, log)
+        draft.load_state_dict(best["state"])
+        log(f"kept the step-{best['step']} draft: validation acceptance {best['val_acceptance']:.3f}")
+        del best["state"]
     draft.eval()
     save_dtype = getattr(torch, settings.save_dtype)
     save_draft(draft.to(save_dtype), None, out_dir)
@@ -515,6 +569,7 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         "sequences": len(records),
         "response_tokens": sum(len(r["response_ids"]) for r in records),
         "final": history[-1] if history else None,
+        "validation": {k: v for k, v in best.items() if k != "state"} if val_records else None,
     }
     (out_dir / "train_log.json").write_text(json.dumps({"summary": summary, "history": history}, indent=1))
     draft.to(torch.float32)

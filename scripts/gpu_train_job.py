@@ -4,7 +4,8 @@ evaluate simulated DDTree acceptance on the held-aside prompts, write everything
 Used for the committed draft (ddtree_diag/data/draft-smollm2/README.md gives the exact knobs).
 Knobs (env): JOB_RUNS ("8:random,16:random,..." block size and init per run), JOB_SECONDS
 (training seconds per run), JOB_MAX_PROMPTS, JOB_MAX_NEW, JOB_FOLLOW_UP (second-turn tokens,
-0 = none), JOB_BATCH, JOB_WD, JOB_GEN_BATCH; JOB_TINY=1 for a CPU smoke run.
+0 = none), JOB_FOLLOW_UPS_PER, JOB_BATCH, JOB_WD, JOB_GEN_BATCH, JOB_VAL (fraction of sequences
+held back for early stopping); JOB_TINY=1 for a CPU smoke run.
 """
 
 import gzip
@@ -34,6 +35,8 @@ batch_size = int(os.environ.get("JOB_BATCH", "32"))
 weight_decay = float(os.environ.get("JOB_WD", "0.01"))
 max_prompts = int(os.environ.get("JOB_MAX_PROMPTS", "0")) or None  # first N lines of train.txt
 gen_batch = int(os.environ.get("JOB_GEN_BATCH", "512"))
+follow_ups_per_prompt = int(os.environ.get("JOB_FOLLOW_UPS_PER", "2"))
+val_fraction = float(os.environ.get("JOB_VAL", "0.05"))  # early stopping on held-back sequences
 data_dir = Path(__file__).resolve().parents[1] / "ddtree_diag" / "data" / "prompts"
 log_file = open(out / "log.txt", "a")  # noqa: SIM115 (open for the whole job)
 
@@ -65,7 +68,7 @@ if tiny:
 t1 = time.time()
 records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, gen_batch)
 if follow_up_tokens:
-    conversations = dt.follow_up_conversations(records, tokenizer)
+    conversations = dt.follow_up_conversations(records, tokenizer, follow_ups_per_prompt)
     records += dt.generate_greedy(
         target, tokenizer, conversations, 8 if tiny else follow_up_tokens, gen_batch
     )
@@ -97,6 +100,8 @@ for bs_text, init in runs:
         max_seconds=None if tiny else seconds,
         batch_size=2 if tiny else batch_size,
         weight_decay=weight_decay,
+        val_fraction=val_fraction,
+        eval_every_seconds=2 if tiny else 30,
         anchors_per_seq=4 if tiny else 32,
         data_file=str(data_file),
         device=device,
