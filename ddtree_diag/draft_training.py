@@ -1,0 +1,676 @@
+"""Train a small DFlash draft for a target by self-distillation (the embedded SmolLM2 draft).
+
+Recipe (facts from the DFlash paper / public training code; the code here is our own):
+
+1. Data: the target's own greedy continuations (T=0, fixture template, thinking off) of a varied
+   prompt set, so the draft learns exactly the distribution it is asked to predict at T=0.
+2. Context features: the target's hidden states after decoder layers ``target_layer_ids``
+   (HF ``hidden_states[id + 1]``), concatenated, recomputed each step with the frozen target.
+3. Block-diffusion objective: sample anchor positions in the response; each anchor gives a noise
+   block ``[token at anchor, mask x (block_size-1)]`` at positions anchor..anchor+block_size-1.
+   The block sees the context features of positions strictly before the anchor (at inference the
+   anchor is the last committed token, whose hidden state the target has not computed yet) and
+   its own block bidirectionally, never other blocks. Block position k predicts the token at
+   anchor+k (k >= 1) through the target's frozen ``lm_head``; cross-entropy weighted by
+   exp(-(k-1)/gamma), because an early miss makes every later position worthless.
+
+Many blocks per sequence share one draft forward through a block attention mask, so a step costs
+one target forward plus one draft forward over ``batch x anchors x block_size`` queries.
+
+Also here: ``simulate_acceptance`` replays DDTree decoding at T=0 on teacher-forced draft
+predictions (the greedy continuation is known, so each round's acceptance follows from the
+draft's per-depth distribution alone); the real engine is the reference (bench/bench_default.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ddtree_diag.engine.draft import DFlashDraft, DraftConfig, save_draft
+from ddtree_diag.engine.tree import build_tree
+
+# <empty_output> (id 16): a StarCoder-era Jupyter marker in SmolLM2's vocabulary that chat never
+# produces, so using its embedding as the mask token collides with no real text.
+SMOLLM2_MASK_TOKEN_ID = 16
+
+
+@dataclass
+class TrainSettings:
+    prompts_file: str
+    out_dir: str
+    target_dir: str | None = None  # None = the embedded SmolLM2 (ensure_target_dir)
+    block_size: int = 8  # beat 16 at budget 64 on held-out prompts (model card)
+    num_draft_layers: int = 2
+    target_layer_ids: list[int] = field(default_factory=lambda: [1, 8, 14, 20, 27])
+    mask_token_id: int = SMOLLM2_MASK_TOKEN_ID
+    max_prompts: int | None = None
+    max_new_tokens: int = 256
+    follow_up_tokens: int = 0  # > 0: also generate second turns (FOLLOW_UPS), this long
+    follow_ups_per_prompt: int = 1
+    gen_batch_size: int = 128
+    steps: int = 2000
+    max_seconds: float | None = None  # wall-clock cap for the training loop (GPU budget)
+    batch_size: int = 32  # sequences per step
+    anchors_per_seq: int = 32
+    lr: float = 6e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    loss_gamma: float | None = None  # None = 7 for block 16, 5 for 10, 4 for 8 (public DFlash recipe)
+    # Draft layers start as copies of the target's last layers (tried: no better than random init).
+    init_from_target: bool = False
+    seed: int = 0
+    device: str | None = None
+    save_dtype: str = "bfloat16"
+    log_every: int = 25
+    data_file: str | None = None  # cache of generated token ids (JSON); reused when present
+    # Early stopping against memorisation: hold out this fraction of the generated sequences,
+    # measure simulated acceptance (budget 64) on them every eval_every_seconds, keep the best.
+    val_fraction: float = 0.0
+    eval_every_seconds: float = 30.0  # validation time is not counted against max_seconds
+    val_sequences: int = 32
+
+    def gamma(self) -> float:
+        if self.loss_gamma is not None:
+            return self.loss_gamma
+        return {16: 7.0, 10: 5.0, 8: 4.0}.get(self.block_size, max(self.block_size / 2.3, 1.0))
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    """One prompt per line; blank lines and lines starting with '#' are skipped."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    from ddtree_diag.embedded import STOP_TOKENS
+
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
+    return [i for i in ids if i is not None and i >= 0]
+
+
+def render_prompt_ids(tokenizer, prompt: str | list[dict], enable_thinking: bool) -> list[int]:
+    """Token ids of a user prompt (or a whole conversation) with the generation prompt appended."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    text = tokenizer.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=enable_thinking,
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@torch.no_grad()
+def generate_greedy(
+    model,
+    tokenizer,
+    prompts: list[str] | list[list[dict]],
+    max_new_tokens: int,
+    batch_size: int,
+    enable_thinking: bool = False,
+) -> list[dict]:
+    """Greedy continuations, batched with left padding. ``prompts``: user prompts or whole
+    conversations (message lists). Each record is ``{"prompt": str | list, "prompt_ids": [...],
+    "response_ids": [...]}``; a response ends at its first stop token."""
+    device = next(model.parameters()).device
+    stops = stop_token_ids(tokenizer)
+    pad_id = stops[0]
+    encoded = [(p, render_prompt_ids(tokenizer, p, enable_thinking)) for p in prompts]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))  # similar lengths together
+    records: list[dict | None] = [None] * len(encoded)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(encoded[i][1]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            seq = encoded[i][1]
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stops,
+            pad_token_id=pad_id,
+        )
+        for row, i in enumerate(chunk):
+            response = out[row, width:].tolist()
+            for pos, tok in enumerate(response):
+                if tok in stops:
+                    response = response[: pos + 1]
+                    break
+            records[i] = {"prompt": encoded[i][0], "prompt_ids": encoded[i][1], "response_ids": response}
+    return [r for r in records if r is not None]
+
+
+# Second turns for the self-distillation data: the same prompts give twice the text, and the
+# draft sees multi-turn contexts like those a chat probe sends.
+FOLLOW_UPS = (
+    "Can you explain that more simply?",
+    "Give me an example.",
+    "Summarize that in one sentence.",
+    "Why is that?",
+    "Tell me more.",
+    "Can you make it shorter?",
+    "What else should I know?",
+    "Thanks! Can you give me a few more details?",
+    "Could you put that as a numbered list?",
+    "Is there anything people often get wrong about this?",
+    "Can you say that in a more formal tone?",
+    "What would be a good next step?",
+)
+
+
+def follow_up_conversations(
+    records: list[dict], tokenizer, per_record: int = 1, max_chars: int = 1500
+) -> list[list[dict]]:
+    """For each first-turn record, ``per_record`` conversations [user, assistant (its greedy
+    answer), user (a follow-up)], with different follow-ups."""
+    stops = set(stop_token_ids(tokenizer))
+    conversations = []
+    for index, record in enumerate(records):
+        if not isinstance(record["prompt"], str):
+            continue
+        answer_ids = [t for t in record["response_ids"] if t not in stops]
+        answer = tokenizer.decode(answer_ids, skip_special_tokens=True).strip()[:max_chars]
+        if not answer:
+            continue
+        for extra in range(per_record):
+            follow_up = FOLLOW_UPS[(index * per_record + extra) % len(FOLLOW_UPS)]
+            conversations.append(
+                [
+                    {"role": "user", "content": record["prompt"]},
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": follow_up},
+                ]
+            )
+    return conversations
+
+
+def target_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: list[int]):
+    """[B, T, len(layer_ids) * hidden]: the target's hidden states after the given decoder layers."""
+    out = model.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def pad_batch(records: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """Right-padded ids, attention mask, prompt lengths, total lengths."""
+    seqs = [r["prompt_ids"] + r["response_ids"] for r in records]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    return ids, mask, [len(r["prompt_ids"]) for r in records], [len(s) for s in seqs]
+
+
+def sample_anchors(
+    prompt_lens: list[int], seq_lens: list[int], n_anchors: int, rng: random.Random
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchors in [prompt_len, seq_len-2] (a response token with at least one token after it).
+    Returns anchors [B, N] (0 where unused) and a validity mask [B, N]."""
+    anchors = torch.zeros((len(seq_lens), n_anchors), dtype=torch.long)
+    valid = torch.zeros((len(seq_lens), n_anchors), dtype=torch.bool)
+    for row, (p, n) in enumerate(zip(prompt_lens, seq_lens, strict=True)):
+        candidates = list(range(p, n - 1))
+        chosen = sorted(rng.sample(candidates, min(n_anchors, len(candidates))))
+        anchors[row, : len(chosen)] = torch.tensor(chosen, dtype=torch.long)
+        valid[row, : len(chosen)] = True
+    return anchors, valid
+
+
+def block_attention_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """[B, 1, N*bs, context_len + N*bs] bool: a block sees the context strictly before its anchor
+    and its own block (bidirectionally), never another block."""
+    batch, n_blocks = anchors.shape
+    device = anchors.device
+    q_block = torch.arange(n_blocks * block_size, device=device) // block_size  # [Q]
+    q_anchor = anchors[:, q_block]  # [B, Q]
+    ctx = torch.arange(context_len, device=device)
+    see_ctx = ctx.view(1, 1, -1) < q_anchor.unsqueeze(-1)  # [B, Q, S]
+    see_block = (q_block.view(-1, 1) == q_block.view(1, -1)).unsqueeze(0).expand(batch, -1, -1)
+    return torch.cat([see_ctx, see_block], dim=-1).unsqueeze(1)
+
+
+def draft_block_hidden(
+    draft: DFlashDraft,
+    embed_tokens: torch.nn.Module,
+    features: torch.Tensor,
+    input_ids: torch.Tensor,
+    anchors: torch.Tensor,
+    mask_token_id: int,
+) -> torch.Tensor:
+    """Draft output hidden states for every block: [B, N, block_size, hidden]."""
+    bs = draft.block_size
+    batch, n_blocks = anchors.shape
+    context_len = features.shape[1]
+    device = features.device
+    noise_ids = torch.full((batch, n_blocks, bs), mask_token_id, dtype=torch.long, device=device)
+    noise_ids[:, :, 0] = torch.gather(input_ids, 1, anchors)
+    noise_positions = (anchors.unsqueeze(-1) + torch.arange(bs, device=device)).view(batch, -1)
+    context_positions = torch.arange(context_len, device=device)
+    param_dtype = draft.fc.weight.dtype
+    hidden = draft(
+        embed_tokens(noise_ids.view(batch, -1)).to(param_dtype),
+        features.to(param_dtype),
+        noise_positions,
+        context_positions,
+        attention_mask=block_attention_mask(anchors, context_len, bs),
+    )
+    return hidden.view(batch, n_blocks, bs, -1)
+
+
+def block_loss(
+    draft: DFlashDraft,
+    embed_tokens: torch.nn.Module,
+    lm_head: torch.nn.Module,
+    features: torch.Tensor,
+    input_ids: torch.Tensor,
+    seq_lens: list[int],
+    anchors: torch.Tensor,
+    valid: torch.Tensor,
+    mask_token_id: int,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted CE over block positions 1..bs-1; also returns per-depth top-1 accuracy [bs-1]."""
+    bs = draft.block_size
+    device = features.device
+    hidden = draft_block_hidden(draft, embed_tokens, features, input_ids, anchors, mask_token_id)
+    logits = lm_head(hidden[:, :, 1:].to(lm_head.weight.dtype)).float()  # [B, N, bs-1, V]
+    label_pos = anchors.unsqueeze(-1) + torch.arange(1, bs, device=device)  # [B, N, bs-1]
+    lens = torch.tensor(seq_lens, device=device).view(-1, 1, 1)
+    in_range = (label_pos < lens) & valid.to(device).unsqueeze(-1)
+    labels = torch.gather(
+        input_ids.unsqueeze(1).expand(-1, anchors.shape[1], -1),
+        2,
+        label_pos.clamp(max=input_ids.shape[1] - 1),
+    )
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(labels)
+    depth_weight = torch.exp(-torch.arange(bs - 1, device=device, dtype=torch.float32) / gamma)
+    weights = in_range.float() * depth_weight
+    loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == labels) & in_range
+        acc = correct.sum((0, 1)).float() / in_range.sum((0, 1)).clamp(min=1).float()
+    return loss, acc
+
+
+def new_draft(target_config, settings: TrainSettings) -> DFlashDraft:
+    cfg = DraftConfig(
+        hidden_size=target_config.hidden_size,
+        num_hidden_layers=settings.num_draft_layers,
+        num_attention_heads=target_config.num_attention_heads,
+        num_key_value_heads=target_config.num_key_value_heads,
+        head_dim=getattr(target_config, "head_dim", None)
+        or target_config.hidden_size // target_config.num_attention_heads,
+        intermediate_size=target_config.intermediate_size,
+        target_layer_ids=list(settings.target_layer_ids),
+        mask_token_id=settings.mask_token_id,
+        block_size=settings.block_size,
+        num_target_layers=target_config.num_hidden_layers,
+        rms_norm_eps=target_config.rms_norm_eps,
+        rope_theta=_rope_theta(target_config),
+        vocab_size=target_config.vocab_size,
+        max_position_embeddings=target_config.max_position_embeddings,
+    )
+    return DFlashDraft(cfg)
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", 10000.0))
+
+
+@torch.no_grad()
+def init_draft_from_target(draft: DFlashDraft, target) -> None:
+    """Start each draft layer as a copy of one of the target's last decoder layers (same shapes
+    in a Llama target), and the draft's final norm as the target's: its output already lives in
+    the space the frozen lm_head reads. q_norm/k_norm (absent in Llama) stay at ones; fc is random."""
+    layers = target.model.layers
+    offset = len(layers) - len(draft.layers)
+    for index, layer in enumerate(draft.layers):
+        source = layers[offset + index]
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(layer.self_attn, name).weight.copy_(getattr(source.self_attn, name).weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(layer.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
+        layer.input_layernorm.weight.copy_(source.input_layernorm.weight)
+        layer.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
+    draft.norm.weight.copy_(target.model.norm.weight)
+
+
+def load_target(target_dir: str | Path, device: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tokenizer
+
+
+@torch.no_grad()
+def depth_topk(
+    draft: DFlashDraft,
+    target,
+    record: dict,
+    mask_token_id: int,
+    top_k: int = 256,
+    chunk: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft log-prob top-k at depths 1..bs-1 for every response anchor of one greedy sequence:
+    values/ids [n_response, bs-1, top_k] (anchor i = the i-th response token)."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([record["prompt_ids"] + record["response_ids"]], device=device)
+    features = target_features(target, ids, torch.ones_like(ids), draft.config.target_layer_ids)
+    p = len(record["prompt_ids"])
+    all_anchors = torch.arange(p, ids.shape[1], device=device)
+    values, indices = [], []
+    for start in range(0, len(all_anchors), chunk):
+        anchors = all_anchors[start : start + chunk].unsqueeze(0)
+        hidden = draft_block_hidden(draft, target.model.embed_tokens, features, ids, anchors, mask_token_id)
+        logp = torch.log_softmax(target.lm_head(hidden[0, :, 1:].to(target.lm_head.weight.dtype)).float(), -1)
+        v, i = logp.topk(top_k, dim=-1)
+        values.append(v.cpu())
+        indices.append(i.cpu())
+    return torch.cat(values), torch.cat(indices)
+
+
+def simulate_acceptance(
+    response_ids: list[int], values: torch.Tensor, indices: torch.Tensor, budget: int
+) -> list[int]:
+    """Acceptance length of every DDTree round at T=0 when the target's greedy output is
+    ``response_ids`` (the first one comes from prefill). The tree is built from the draft's top-k
+    (enough for budget <= top_k); the walk follows the known greedy tokens."""
+    n = len(response_ids)
+    lengths: list[int] = []
+    i = 0  # index of the last committed response token (the round's root)
+    while i < n - 1:
+        matched = 0
+        if budget > 0:
+            tree = build_tree(response_ids[i], values[i], budget)
+            rank_of = [dict(zip(row.tolist(), range(len(row)), strict=True)) for row in indices[i]]
+            node = 0
+            while i + matched + 1 < n and matched < values.shape[1]:
+                rank = rank_of[matched].get(response_ids[i + matched + 1])
+                child = tree.children[node].get(rank) if rank is not None else None
+                if child is None:
+                    break
+                node, matched = child, matched + 1
+        step = min(matched + 1, n - 1 - i)
+        lengths.append(step)
+        i += step
+    return lengths
+
+
+@torch.no_grad()
+def validation_acceptance(draft: DFlashDraft, target, records: list[dict], budget: int = 64) -> float:
+    """Simulated mean acceptance at ``budget`` on held-back training sequences (first 128 tokens)."""
+    lengths: list[int] = []
+    for record in records:
+        record = {**record, "response_ids": record["response_ids"][:128]}
+        values, indices = depth_topk(draft, target, record, draft.config.mask_token_id, budget)
+        lengths += simulate_acceptance(record["response_ids"], values, indices, budget)
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def _keep_best(draft, target, val_records, settings, best: dict, step: int, log) -> None:
+    was_training = draft.training
+    draft.eval()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=next(draft.parameters()).is_cuda):
+        score = validation_acceptance(draft, target, val_records)
+    draft.train(was_training)
+    log(json.dumps({"step": step, "val_acceptance_b64": round(score, 3)}))
+    if best["val_acceptance"] is None or score > best["val_acceptance"]:
+        best.update(
+            val_acceptance=score, step=step, state={k: v.clone() for k, v in draft.state_dict().items()}
+        )
+
+
+def _lr_at(progress: float, settings: TrainSettings, step: int) -> float:
+    warm = min(1.0, (step + 1) / max(settings.warmup_steps, 1))
+    return settings.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_draft(settings: TrainSettings, log=print) -> dict:
+    """Generate data (or reuse ``data_file``), train, save the draft to ``out_dir``; returns a summary."""
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+    target_dir = settings.target_dir
+    if target_dir is None:
+        from ddtree_diag.embedded import ensure_target_dir
+
+        target_dir = str(ensure_target_dir())
+    target, tokenizer = load_target(target_dir, device)
+    out_dir = Path(settings.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    data_path = Path(settings.data_file) if settings.data_file else None
+    if data_path is not None and data_path.is_file():
+        records = json.loads(data_path.read_text())
+        log(f"reusing {len(records)} generated sequences from {data_path}")
+    else:
+        prompts = load_prompts(settings.prompts_file)[: settings.max_prompts]
+        t0 = time.time()
+        records = generate_greedy(
+            target, tokenizer, prompts, settings.max_new_tokens, settings.gen_batch_size
+        )
+        if settings.follow_up_tokens > 0:
+            conversations = follow_up_conversations(records, tokenizer, settings.follow_ups_per_prompt)
+            records += generate_greedy(
+                target, tokenizer, conversations, settings.follow_up_tokens, settings.gen_batch_size
+            )
+        n_tokens = sum(len(r["response_ids"]) for r in records)
+        log(f"generated {len(records)} greedy continuations, {n_tokens} tokens, {time.time() - t0:.1f}s")
+        if data_path is not None:
+            data_path.parent.mkdir(parents=True, exist_ok=True)
+            data_path.write_text(json.dumps(records))
+    records = [r for r in records if len(r["response_ids"]) >= 2]
+    val_records: list[dict] = []
+    if settings.val_fraction > 0:
+        shuffled = records[:]
+        random.Random(settings.seed + 1).shuffle(shuffled)
+        n_val = max(1, int(len(shuffled) * settings.val_fraction))
+        val_records, records = shuffled[:n_val][: settings.val_sequences], shuffled[n_val:]
+
+    draft = new_draft(target.config, settings).to(device)
+    if settings.init_from_target:
+        init_draft_from_target(draft, target)
+    draft.train()
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    use_bf16 = device.startswith("cuda")
+    pad_id = stop_token_ids(tokenizer)[0]
+    history = []
+    best: dict = {"val_acceptance": None}
+    last_eval = time.time()
+    eval_seconds = 0.0
+    t_start = time.time()
+    step = 0
+    for step in range(settings.steps):
+        elapsed = time.time() - t_start - eval_seconds
+        progress = step / settings.steps
+        if settings.max_seconds:
+            progress = max(progress, elapsed / settings.max_seconds)
+            if progress >= 1.0:
+                break
+        lr = _lr_at(progress, settings, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = rng.sample(records, min(settings.batch_size, len(records)))
+        ids, mask, prompt_lens, seq_lens = pad_batch(batch, pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        anchors, valid = sample_anchors(prompt_lens, seq_lens, settings.anchors_per_seq, rng)
+        anchors, valid = anchors.to(device), valid.to(device)
+        with torch.no_grad():
+            features = target_features(target, ids, mask, settings.target_layer_ids)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+            loss, acc = block_loss(
+                draft,
+                target.model.embed_tokens,
+                target.lm_head,
+                features,
+                ids,
+                seq_lens,
+                anchors,
+                valid,
+                settings.mask_token_id,
+                settings.gamma(),
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        if step % settings.log_every == 0 or step == settings.steps - 1:
+            entry = {
+                "step": step,
+                "loss": round(loss.item(), 4),
+                "lr": round(lr, 7),
+                "acc_d1": round(acc[0].item(), 3),
+                "acc_d4": round(acc[min(3, len(acc) - 1)].item(), 3),
+                "seconds": round(time.time() - t_start, 1),
+            }
+            history.append(entry)
+            log(json.dumps(entry))
+        if val_records and time.time() - last_eval >= settings.eval_every_seconds:
+            eval_start = time.time()
+            _keep_best(draft, target, val_records, settings, best, step, log)
+            last_eval = time.time()
+            eval_seconds += last_eval - eval_start
+    steps_done = step + 1
+    if val_records:
+        _keep_best(draft, target, val_records, settings, best, step, log)
+        draft.load_state_dict(best["state"])
+        log(f"kept the step-{best['step']} draft: validation acceptance {best['val_acceptance']:.3f}")
+        del best["state"]
+    draft.eval()
+    save_dtype = getattr(torch, settings.save_dtype)
+    save_draft(draft.to(save_dtype), None, out_dir)
+    summary = {
+        "settings": asdict(settings),
+        "steps_done": steps_done,
+        "train_seconds": round(time.time() - t_start, 1),
+        "sequences": len(records),
+        "response_tokens": sum(len(r["response_ids"]) for r in records),
+        "final": history[-1] if history else None,
+        "validation": {k: v for k, v in best.items() if k != "state"} if val_records else None,
+    }
+    (out_dir / "train_log.json").write_text(json.dumps({"summary": summary, "history": history}, indent=1))
+    draft.to(torch.float32)
+    return {"summary": summary, "draft": draft, "target": target, "tokenizer": tokenizer}
+
+
+def evaluate(
+    draft: DFlashDraft,
+    target,
+    tokenizer,
+    prompts: list[str] | None,
+    budgets: list[int],
+    max_new_tokens: int = 128,
+    thinking: tuple[bool, ...] = (False, True),
+    records_by_mode: dict[bool, list[dict]] | None = None,
+) -> dict:
+    """Simulated mean acceptance (committed tokens / rounds, pooled over prompts) per
+    (thinking, budget). ``records_by_mode`` reuses greedy sequences generated once."""
+    table = {}
+    for enable_thinking in thinking:
+        if records_by_mode is not None and enable_thinking in records_by_mode:
+            records = records_by_mode[enable_thinking]
+        else:
+            records = generate_greedy(target, tokenizer, prompts or [], max_new_tokens, 64, enable_thinking)
+        per_budget: dict[int, list[int]] = {b: [] for b in budgets}
+        for record in records:
+            if len(record["response_ids"]) < 2:
+                continue
+            values, indices = depth_topk(
+                draft, target, record, draft.config.mask_token_id, max(max(budgets), 1)
+            )
+            for b in budgets:
+                per_budget[b] += simulate_acceptance(record["response_ids"], values, indices, b)
+        table[f"thinking={'on' if enable_thinking else 'off'}"] = {
+            str(b): round(sum(v) / len(v), 3) if v else None for b, v in per_budget.items()
+        }
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train a DFlash draft for the embedded SmolLM2 target")
+    parser.add_argument("--prompts", default=None, help="training prompts (default: packaged train.txt)")
+    parser.add_argument("--out", required=True, help="output draft directory (config.json + safetensors)")
+    parser.add_argument("--target-dir", default=None, help="HF target directory (default: embedded SmolLM2)")
+    for name, default in (
+        ("block-size", 8),
+        ("draft-layers", 2),
+        ("max-prompts", None),
+        ("max-new-tokens", 256),
+        ("gen-batch-size", 128),
+        ("steps", 2000),
+        ("batch-size", 32),
+        ("anchors", 32),
+        ("seed", 0),
+    ):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--follow-up-tokens", type=int, default=0, help="> 0: add a second turn per prompt")
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--max-seconds", type=float, default=None)
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--data-file", default=None, help="JSON cache of generated sequences")
+    parser.add_argument("--init-from-target", action="store_true", help="copy the target's last layers")
+    parser.add_argument("--eval-prompts", default=None, help="evaluate simulated acceptance on these")
+    parser.add_argument("--eval-out", default=None, help="write the evaluation table (JSON) here")
+    args = parser.parse_args(argv)
+    from importlib import resources
+
+    prompts = args.prompts or str(resources.files("ddtree_diag").joinpath("data", "prompts", "train.txt"))
+    settings = TrainSettings(
+        prompts_file=prompts,
+        out_dir=args.out,
+        target_dir=args.target_dir,
+        block_size=args.block_size,
+        num_draft_layers=args.draft_layers,
+        max_prompts=args.max_prompts,
+        max_new_tokens=args.max_new_tokens,
+        gen_batch_size=args.gen_batch_size,
+        steps=args.steps,
+        max_seconds=args.max_seconds,
+        batch_size=args.batch_size,
+        anchors_per_seq=args.anchors,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        data_file=args.data_file,
+        init_from_target=args.init_from_target,
+        follow_up_tokens=args.follow_up_tokens,
+        weight_decay=args.weight_decay,
+    )
+    result = train_draft(settings)
+    print(json.dumps(result["summary"], indent=1))
+    if args.eval_prompts:
+        table = evaluate(
+            result["draft"],
+            result["target"],
+            result["tokenizer"],
+            load_prompts(args.eval_prompts),
+            [0, 4, 16, 64, 256],
+        )
+        print(json.dumps(table, indent=1))
+        if args.eval_out:
+            Path(args.eval_out).write_text(json.dumps(table, indent=1))
+    return 0

@@ -1,0 +1,137 @@
+"""One device call: generate self-distillation data once, train drafts for several block sizes,
+evaluate simulated DDTree acceptance on the held-aside prompts, write everything to $OUT.
+
+Used for the committed draft (ddtree_diag/data/draft-smollm2/README.md gives the exact knobs).
+Knobs (env): JOB_RUNS ("8:random,16:random,..." block size and init per run), JOB_SECONDS
+(training seconds per run), JOB_MAX_PROMPTS, JOB_MAX_NEW, JOB_FOLLOW_UP (second-turn tokens,
+0 = none), JOB_FOLLOW_UPS_PER, JOB_BATCH, JOB_WD, JOB_GEN_BATCH, JOB_VAL (fraction of sequences
+held back for early stopping); JOB_TINY=1 for a CPU smoke run.
+"""
+
+import gzip
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from ddtree_diag import draft_training as dt
+from ddtree_diag.embedded import ensure_target_dir
+
+out = Path(os.environ.get("OUT", "/tmp/gpu_job_out"))
+out.mkdir(parents=True, exist_ok=True)
+tiny = os.environ.get("JOB_TINY") == "1"
+seconds = float(os.environ.get("JOB_SECONDS", "150"))
+# Runs as "block_size:init", init = random (standard recipe) or target (copy the last target layers).
+runs = [r.split(":") for r in os.environ.get("JOB_RUNS", "8:random").split(",")]
+max_new = int(os.environ.get("JOB_MAX_NEW", "384"))
+follow_up_tokens = int(os.environ.get("JOB_FOLLOW_UP", "256"))  # 0 = first turns only
+batch_size = int(os.environ.get("JOB_BATCH", "32"))
+weight_decay = float(os.environ.get("JOB_WD", "0.01"))
+max_prompts = int(os.environ.get("JOB_MAX_PROMPTS", "0")) or None  # first N lines of train.txt
+gen_batch = int(os.environ.get("JOB_GEN_BATCH", "512"))
+follow_ups_per_prompt = int(os.environ.get("JOB_FOLLOW_UPS_PER", "2"))
+val_fraction = float(os.environ.get("JOB_VAL", "0.05"))  # early stopping on held-back sequences
+data_dir = Path(__file__).resolve().parents[1] / "ddtree_diag" / "data" / "prompts"
+log_file = open(out / "log.txt", "a")  # noqa: SIM115 (open for the whole job)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+    log_file.write(msg + "\n")
+    log_file.flush()
+
+
+t0 = time.time()
+log(
+    f"torch {torch.__version__} cuda {torch.cuda.is_available()} "
+    f"{torch.cuda.get_device_name() if torch.cuda.is_available() else ''}"
+)
+import transformers  # noqa: E402
+
+log(f"transformers {transformers.__version__}")
+target_dir = ensure_target_dir()
+log(f"target dir built in {time.time() - t0:.1f}s")
+device = "cuda" if torch.cuda.is_available() else "cpu"
+if device == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True
+target, tokenizer = dt.load_target(target_dir, device)
+prompts = dt.load_prompts(data_dir / "train.txt")[:max_prompts]
+heldout = ["Say hello in one short sentence.", *dt.load_prompts(data_dir / "heldout.txt")]
+if tiny:
+    prompts, heldout = prompts[:3], heldout[:1]
+t1 = time.time()
+records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, gen_batch)
+if follow_up_tokens:
+    conversations = dt.follow_up_conversations(records, tokenizer, follow_ups_per_prompt)
+    records += dt.generate_greedy(
+        target, tokenizer, conversations, 8 if tiny else follow_up_tokens, gen_batch
+    )
+log(
+    f"train data: {len(records)} seqs, {sum(len(r['response_ids']) for r in records)} tokens, "
+    f"{time.time() - t1:.1f}s"
+)
+data_file = out / "train_data.json"
+data_file.write_text(json.dumps(records))
+eval_records = {
+    m: dt.generate_greedy(target, tokenizer, heldout, 8 if tiny else 128, 64, m) for m in (False, True)
+}
+with gzip.open(out / "eval_data.json.gz", "wt") as fh:
+    json.dump({str(m): r for m, r in eval_records.items()}, fh)
+log(f"eval data ready at {time.time() - t0:.1f}s")
+del target
+
+results = {}
+for bs_text, init in runs:
+    bs = int(bs_text)
+    name = f"b{bs}-{init}"
+    run_dir = Path(f"/tmp/draft-{name}")
+    settings = dt.TrainSettings(
+        prompts_file=str(data_dir / "train.txt"),
+        out_dir=str(run_dir),
+        target_dir=str(target_dir),
+        block_size=bs,
+        steps=3 if tiny else 100000,
+        max_seconds=None if tiny else seconds,
+        batch_size=2 if tiny else batch_size,
+        weight_decay=weight_decay,
+        val_fraction=val_fraction,
+        eval_every_seconds=2 if tiny else 30,
+        anchors_per_seq=4 if tiny else 32,
+        data_file=str(data_file),
+        device=device,
+        init_from_target=init == "target",
+        log_every=1 if tiny else 50,
+    )
+    res = dt.train_draft(settings, log=log)
+    table = dt.evaluate(
+        res["draft"], res["target"], res["tokenizer"], None, [0, 4, 16, 64, 256], records_by_mode=eval_records
+    )
+    results[name] = {"summary": res["summary"], "acceptance": table}
+    log(f"{name}: {json.dumps(table)}  (at {time.time() - t0:.1f}s)")
+    # Files come back at most 16 MiB each: split the tar right away (a timeout still returns it).
+    tar_path = out / f"draft-{name}.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(run_dir, arcname=f"draft-{name}")
+    data = tar_path.read_bytes()
+    for index in range(0, len(data), 15 * 2**20):
+        (out / f"{tar_path.name}.part{index // (15 * 2**20)}").write_bytes(data[index : index + 15 * 2**20])
+    tar_path.unlink()
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    del res
+    if device == "cuda":
+        torch.cuda.empty_cache()
+with gzip.open(out / "train_data.json.gz", "wt") as fh:
+    json.dump(records, fh)
+data_file.unlink()
+log(f"done in {time.time() - t0:.1f}s")
+log_file.close()
+with tarfile.open(out / "meta.tar", "w") as tar:
+    for name in ("log.txt", "results.json", "train_data.json.gz", "eval_data.json.gz"):
+        tar.add(out / name, arcname=name)
+        (out / name).unlink()

@@ -1,0 +1,135 @@
+"""Draft training: the block-diffusion training forward matches inference, the loss learns,
+anchors and masks are right, and the simulated DDTree acceptance walks trees correctly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ddtree_diag import draft_training as dt  # noqa: E402
+from ddtree_diag.engine.draft import DFlashDraft, DraftConfig  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+HIDDEN, VOCAB = 32, 50
+
+
+def tiny_draft(block_size: int = 4, layers: int = 2) -> DFlashDraft:
+    torch.manual_seed(0)
+    config = DraftConfig(
+        hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, intermediate_size=64, target_layer_ids=[0, 1], mask_token_id=VOCAB - 1,
+        block_size=block_size, rope_theta=10000.0,
+    )  # fmt: skip
+    return DFlashDraft(config).eval()
+
+
+def test_block_mask_sees_context_strictly_before_the_anchor_and_only_its_own_block():
+    mask = dt.block_attention_mask(torch.tensor([[2, 4]]), context_len=6, block_size=2)
+    assert mask.shape == (1, 1, 4, 6 + 4)
+    expected_first_block = [1, 1, 0, 0, 0, 0, 1, 1, 0, 0]  # context (6) | blocks (2 x 2)
+    expected_second_block = [1, 1, 1, 1, 0, 0, 0, 0, 1, 1]
+    assert mask[0, 0, 0].int().tolist() == expected_first_block
+    assert mask[0, 0, 1].int().tolist() == expected_first_block
+    assert mask[0, 0, 2].int().tolist() == expected_second_block
+    assert mask[0, 0, 3].int().tolist() == expected_second_block
+
+
+def test_training_forward_equals_one_inference_call_per_anchor():
+    """Many blocks in one masked forward must give what the engine computes for each block alone:
+    context = features of positions < anchor, noise block at anchor.., no mask."""
+    draft = tiny_draft()
+    embed = torch.nn.Embedding(VOCAB, HIDDEN)
+    seq_len = 12
+    features = torch.randn(1, seq_len, 2 * HIDDEN)
+    input_ids = torch.randint(0, VOCAB - 1, (1, seq_len))
+    anchors = torch.tensor([[3, 4, 9]])
+    with torch.no_grad():
+        batched = dt.draft_block_hidden(
+            draft, embed, features, input_ids, anchors, draft.config.mask_token_id
+        )
+        for index, anchor in enumerate(anchors[0].tolist()):
+            block = torch.full((1, draft.block_size), draft.config.mask_token_id)
+            block[0, 0] = input_ids[0, anchor]
+            alone = draft(
+                embed(block), features[:, :anchor],
+                torch.arange(anchor, anchor + draft.block_size), torch.arange(anchor),
+            )  # fmt: skip
+            torch.testing.assert_close(batched[0, index], alone[0], rtol=1e-5, atol=1e-5)
+
+
+def test_anchors_lie_in_the_response_with_a_token_after_them():
+    rng = random.Random(0)
+    anchors, valid = dt.sample_anchors([3, 5], [10, 8], n_anchors=4, rng=rng)
+    first = anchors[0][valid[0]].tolist()
+    second = anchors[1][valid[1]].tolist()
+    assert len(first) == 4 and all(3 <= a <= 8 for a in first) and first == sorted(set(first))
+    assert second == [5, 6]  # only two candidates: positions 5 and 6 (seq_len 8)
+    assert valid[1].tolist() == [True, True, False, False]
+
+
+def test_loss_weights_depths_and_falls_when_training_on_a_fixed_batch():
+    draft = tiny_draft()
+    draft.train()
+    embed = torch.nn.Embedding(VOCAB, HIDDEN).requires_grad_(False)
+    lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False).requires_grad_(False)
+    torch.manual_seed(1)
+    features = torch.randn(2, 16, 2 * HIDDEN)
+    input_ids = torch.randint(0, VOCAB - 1, (2, 16))
+    anchors = torch.tensor([[4, 8, 11], [5, 6, 12]])
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    optimizer = torch.optim.Adam(draft.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss, acc = dt.block_loss(
+            draft, embed, lm_head, features, input_ids, [16, 14], anchors, valid, VOCAB - 1, gamma=4.0
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert acc.shape == (draft.block_size - 1,)
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_gamma_follows_the_public_recipe_per_block_size():
+    base = dict(prompts_file="p", out_dir="o")
+    assert dt.TrainSettings(block_size=16, **base).gamma() == 7.0
+    assert dt.TrainSettings(block_size=8, **base).gamma() == 4.0
+    assert dt.TrainSettings(block_size=8, loss_gamma=2.5, **base).gamma() == 2.5
+
+
+def one_hot_topk(rows: list[list[int]], vocab: int = 10, depth: int = 3, k: int = 4):
+    """Draft top-k per anchor: at each depth the listed tokens in rank order, logprob -(rank+1)."""
+    values = torch.full((len(rows), depth, k), -50.0)
+    indices = torch.zeros((len(rows), depth, k), dtype=torch.long)
+    for a, per_depth in enumerate(rows):
+        for d in range(depth):
+            ranked = per_depth[d] if d < len(per_depth) else []
+            rest = [t for t in range(vocab) if t not in ranked]
+            order = (list(ranked) + rest)[:k]
+            indices[a, d] = torch.tensor(order)
+            values[a, d, : len(ranked)] = -torch.arange(1, len(ranked) + 1, dtype=torch.float)
+    return values, indices
+
+
+def test_simulated_acceptance_walks_the_tree_along_the_greedy_tokens():
+    response = [5, 1, 2, 3, 4, 7, 8]
+    # A perfect draft: top-1 at every depth is the next greedy token.
+    perfect = [
+        [[response[i + d + 1]] if i + d + 1 < len(response) else [] for d in range(3)] for i in range(7)
+    ]
+    values, indices = one_hot_topk(perfect)
+    assert dt.simulate_acceptance(response, values, indices, budget=0) == [1] * 6
+    assert dt.simulate_acceptance(response, values, indices, budget=3) == [
+        4,
+        2,
+    ]  # 3 drafted + bonus, then the end
+    # The right first token only at rank 2: a budget of 1 misses it, a budget of 2 finds it.
+    second = [[[9, response[i + 1]] if i + 1 < len(response) else []] for i in range(7)]
+    values, indices = one_hot_topk(second)
+    assert dt.simulate_acceptance(response, values, indices, budget=1) == [1] * 6
+    assert dt.simulate_acceptance(response, values, indices, budget=2) == [2, 2, 2]

@@ -1,0 +1,100 @@
+"""The embedded default on the real SmolLM2-135M-Instruct (CPU, fp32): cache fidelity, lossless
+DDTree decoding with the packaged draft, the thinking axis, and that the draft is trained.
+
+Slow (about a minute on 2 cores after the first ~30 s cache build): marked real_model."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from ddtree_diag import embedded  # noqa: E402
+from ddtree_diag.errors import UsageError  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.real_model]
+
+SMOKE = [{"role": "user", "content": "Say hello in one short sentence."}]
+HELDOUT = [{"role": "user", "content": "Explain how a credit card works."}]
+# From ddtree_diag/data/prompts/train.txt: the draft saw the target's answer to it in training.
+TRAINING = [{"role": "user", "content": "Write a short paragraph about batteries."}]
+
+
+@pytest.fixture(scope="session")
+def target_dir():
+    try:
+        embedded.find_gguf()
+    except UsageError as exc:
+        pytest.skip(str(exc))
+    pytest.importorskip("gguf")
+    return embedded.ensure_target_dir()
+
+
+@pytest.fixture(scope="session")
+def engine(target_dir):
+    from ddtree_diag.engine import load_engine
+
+    return load_engine(target_dir, draft=embedded.default_draft_dir(), device="cpu", dtype="fp32")
+
+
+def test_cached_fp32_weights_are_exactly_the_gguf_weights(target_dir):
+    from transformers import AutoModelForCausalLM
+
+    gguf = embedded.find_gguf()
+    from_gguf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cached = AutoModelForCausalLM.from_pretrained(target_dir)
+    assert cached.dtype == torch.float32
+    assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()  # still tied
+    ids = torch.tensor([[1, 4093, 198, 36218, 33662, 281, 582, 1890, 6330, 30, 2]])
+    with torch.no_grad():
+        assert torch.equal(from_gguf(ids).logits, cached(ids).logits)
+
+
+def test_thinking_on_and_off_render_different_prompts(engine):
+    off = engine.render_prompt(SMOKE, enable_thinking=False)
+    on = engine.render_prompt(SMOKE, enable_thinking=True)
+    assert off != on and off[: len(on)] == on  # off = on + the empty think block
+    assert engine.tokenizer.decode(off[len(on) :]) == "<think>\n\n</think>\n\n"
+    assert engine.render_prompt(SMOKE) == on  # unset = thinking on (Qwen3 default)
+
+
+@pytest.mark.parametrize(
+    ("messages", "thinking", "budget"),
+    [(SMOKE, False, 64), (HELDOUT, False, 16), (SMOKE, True, 64)],
+    ids=["smoke", "heldout", "think"],
+)
+def test_ddtree_output_equals_smollm2_greedy(engine, messages, thinking, budget):
+    gen = engine.generate(messages=messages, enable_thinking=thinking, tree_budget=budget, max_tokens=24)
+    assert gen.mode == "tree" and gen.decode_rounds >= 1
+    reference = engine.greedy_reference(engine.render_prompt(messages, enable_thinking=thinking), 24)
+    assert gen.token_ids == reference
+    assert gen.text.strip()
+
+
+def test_trained_draft_gets_tokens_accepted(engine):
+    # On text like its training data the draft must carry several tokens per round; an untrained
+    # draft stays at ~1.0 (every round commits only the bonus token).
+    gen = engine.generate(messages=TRAINING, enable_thinking=False, tree_budget=64, max_tokens=32)
+    assert gen.mean_acceptance_length > 1.5
+    assert gen.token_ids == engine.greedy_reference(engine.render_prompt(TRAINING, enable_thinking=False), 32)
+
+
+def test_tiny_draft_training_run_on_cpu_writes_a_loadable_draft(target_dir, tmp_path):
+    from ddtree_diag import draft_training as dt
+    from ddtree_diag.engine.draft import load_draft
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Name a color.\nSay hi.\n")
+    settings = dt.TrainSettings(
+        prompts_file=str(prompts), out_dir=str(tmp_path / "draft"), target_dir=str(target_dir),
+        block_size=4, num_draft_layers=1, max_new_tokens=6, steps=2, batch_size=2, anchors_per_seq=2,
+        device="cpu", log_every=1, follow_up_tokens=4,
+    )  # fmt: skip
+    lines: list[str] = []
+    result = dt.train_draft(settings, log=lines.append)
+    assert result["summary"]["steps_done"] == 2 and result["summary"]["sequences"] >= 3
+    assert any('"loss"' in line for line in lines)
+    draft = load_draft(tmp_path / "draft")
+    assert draft.config.block_size == 4 and draft.config.target_layer_ids == [1, 8, 14, 20, 27]
+    assert draft.config.mask_token_id == dt.SMOLLM2_MASK_TOKEN_ID
