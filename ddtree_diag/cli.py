@@ -257,6 +257,25 @@ def demo(
                               no_color=no_color))
 
 
+@app.command(
+    "train-draft",
+    add_help_option=False,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def train_draft(ctx: typer.Context) -> None:
+    """Train a DFlash draft by self-distillation (block-diffusion objective); --help for its flags."""
+    from ddtree_diag.models import require_engine_extra
+
+    require_engine_extra()
+    from ddtree_diag.draft_training import main as train_main
+
+    try:
+        code = train_main(list(ctx.args))
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        code = exc.code if isinstance(exc.code, int) else 2
+    raise typer.Exit(code)
+
+
 def _click_exit_code(exc: Exception) -> int | None:
     """Exit code for click's own exceptions, or None for anything else. typer >= 0.26 bundles its
     own copy of click, so these are matched by shape rather than by class."""

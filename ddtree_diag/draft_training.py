@@ -610,7 +610,9 @@ def evaluate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train a DFlash draft for the embedded SmolLM2 target")
+    parser = argparse.ArgumentParser(
+        prog="ddtree-diag train-draft", description="Train a DFlash draft for the embedded SmolLM2 target"
+    )
     parser.add_argument("--prompts", default=None, help="training prompts (default: packaged train.txt)")
     parser.add_argument("--out", required=True, help="output draft directory (config.json + safetensors)")
     parser.add_argument("--target-dir", default=None, help="HF target directory (default: embedded SmolLM2)")
