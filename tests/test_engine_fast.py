@@ -91,6 +91,17 @@ def test_vectorised_tree_is_proven_on_bf16_rounded_logprobs():
             assert assert_same_tree(logprobs, budget, 2), (scale, budget)
 
 
+def test_ranked_top_k_is_a_stable_descending_sort():
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randint(-3, 3, (4, 50), generator=gen).float() / 2
+    rows[0, :5] = float("-inf")
+    rows[1, 7] = -0.0
+    values, ids = torch.sort(rows, dim=-1, descending=True, stable=True)
+    for k in (1, 7, 50):
+        top_values, top_ids = fast.ranked_top_k(rows, k)
+        assert torch.equal(top_ids, ids[:, :k]) and torch.equal(top_values, values[:, :k])
+
+
 def test_ancestor_mask_from_parent_tensor():
     tree = build_tree(7, torch.log_softmax(torch.randn(4, 6, generator=torch.Generator().manual_seed(2)), -1), 30)
     parents = torch.tensor(tree.parents)

@@ -63,6 +63,18 @@ def tree_node_count(budget: int, depth: int, vocab: int) -> int:
 # ---- vectorised tree build --------------------------------------------------------------------
 
 
+def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` of a stable descending sort of each row (equal values: lower index first),
+    via ``topk`` on unique int64 keys (order-preserving float bits, then the inverted index) —
+    a full sort of a 150k vocabulary per depth is what this avoids."""
+    bits = (values.float() + 0.0).contiguous().view(torch.int32).long()  # + 0.0: -0.0 ties 0.0, as in sort
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # float order as signed ints
+    index = torch.arange(values.shape[-1], device=values.device)
+    keys = ordered * (1 << 32) + ((1 << 32) - 1 - index)
+    ids = torch.topk(keys, k, dim=-1, sorted=True).indices
+    return values.gather(-1, ids), ids
+
+
 def build_tree_tensors(
     depth_logprobs: torch.Tensor, budget: int, depth_limit: torch.Tensor | int, refine_steps: int = REFINE_STEPS
 ) -> dict[str, torch.Tensor]:
@@ -86,10 +98,10 @@ def build_tree_tensors(
     device = depth_logprobs.device
     max_depth, vocab = depth_logprobs.shape
     top_k = min(budget, vocab)
-    values, ids = torch.sort(depth_logprobs.float(), dim=-1, descending=True, stable=True)
-    values, ids = values[:, :top_k].double(), ids[:, :top_k]
+    values, ids = ranked_top_k(depth_logprobs.float(), top_k)
+    values = values.double()
     limit = torch.as_tensor(depth_limit, device=device)
-    inf = torch.tensor(float("inf"), dtype=torch.float64, device=device)
+    inf = torch.full((), float("inf"), dtype=torch.float64, device=device)
 
     # depth 1: every rank, in rank order; pool index = position in these concatenated arrays
     scores = [values[0]]
@@ -608,7 +620,7 @@ class FastDecoder:
                 assert result[0], "the exact host tree must be accepted"
             count, bonus = result[1], result[2]
             keep = result[3 : 3 + count]
-            new_tokens = [*result[3 + self.block + 1:3 + self.block + count], bonus]
+            new_tokens = [*result[3 + self.block + 1 : 3 + self.block + count], bonus]
             if top_logprobs > 0:
                 logprob_rows.extend(self.outputs[rows]["logits"][keep].float())
             t.length += count
