@@ -122,14 +122,14 @@ def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) ->
         result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=6, stop_token_ids=[])
     rounds = max(result.decode_rounds, 1)
     wall_ms = 1000 * (result.e2e_s - result.ttft_s) / rounds
-    sort_by = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     say(f"-- profile: fast path, budget {budget}, {rounds} rounds after prefill "
         f"(profiler on: {wall_ms:.2f} ms/round incl. profiler overhead)")  # fmt: skip
     table = prof.key_averages().table(sort_by=sort_by, row_limit=18, max_name_column_width=60)
     for line in table.splitlines():
         say(line)
     if cuda:
-        kernel_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+        kernel_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type.name == "CUDA")
         e2e_ms = 1000 * result.e2e_s
         say(f"device kernel time {kernel_us / 1000:.2f} ms over a {e2e_ms:.2f} ms generation (prefill + "
             f"{rounds} rounds): device busy {100 * kernel_us / 1000 / e2e_ms:.0f}% of the wall time")  # fmt: skip
