@@ -85,7 +85,8 @@ def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_la
 
 def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], new_tokens: int, shape: str,
              bound_ms: float) -> None:  # fmt: skip
-    engine.fast = path == "fast"
+    engine.fast = path.startswith("fast")
+    engine.cuda_graphs = path != "fast-nograph"  # fast-nograph: the same rounds without CUDA graphs
     for budget in [0, *budgets]:
         # warm-up: same shapes (and, fast on CUDA, graph capture) before the timed run
         engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, 24), stop_token_ids=[])
@@ -96,6 +97,8 @@ def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], n
         tau = result.mean_acceptance_length or 0
         share = 100 * bound_ms / per["verify"] if per["verify"] > 0 else 0.0
         fallbacks = result.extras.get("fast_tree_fallbacks", "-")
+        for error in result.extras.get("cuda_graph_errors", []):
+            say(f"  (a stage ran without a CUDA graph: {error})")
         say(
             f"{path:>5} {budget if budget else 'AR':>6} {result.decode_rounds:>6} {tau:>5.2f} "
             f"{ms_round:>9.2f} {per['draft']:>7.2f} {per['tree']:>7.2f} {per['verify']:>7.2f} "
@@ -115,7 +118,7 @@ def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) ->
     device was — the evidence of what bounds a round."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine.fast = True
+    engine.fast, engine.cuda_graphs = True, True
     engine.generate_ids(prompt, tree_budget=budget, max_tokens=8, stop_token_ids=[])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
@@ -151,7 +154,7 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(1)
     vocab = engine.target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (args.prompt_tokens,), generator=gen).tolist()
-    header = f"{'path':>5} {'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} "
+    header = f"{'path':>12} {'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} "
     say(header + f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5}")
     for path in args.paths:
         tokens = args.eager_tokens if path == "eager" else args.new_tokens
@@ -174,7 +177,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if cuda else "cpu")
     parser.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     parser.add_argument("--budgets", default="16,64,256")
-    parser.add_argument("--paths", default="eager,fast")
+    parser.add_argument("--paths", default="eager,fast", help="eager, fast, fast-nograph (comma list)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per fast run (default 256; small 32)")

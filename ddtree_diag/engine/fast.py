@@ -212,6 +212,7 @@ class _Stage:
 
     def __init__(self, fn: Callable[[], None], graphs: bool, pool: Any = None) -> None:
         self.fn, self.graph, self.pool = fn, None, pool
+        self.error: str | None = None
         if graphs:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -219,9 +220,14 @@ class _Stage:
                 for _ in range(2):  # warm-up (allocator, cuBLAS handles) outside the capture
                     fn()
             torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
-                fn()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=pool):
+                    fn()
+                self.graph = graph
+            except RuntimeError as exc:  # an op that cannot be captured: stay correct, run eagerly
+                torch.cuda.synchronize()
+                self.error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
     def run(self) -> None:
         if self.graph is not None:
@@ -673,7 +679,12 @@ class FastDecoder:
             tree_budget=budget if mode == "tree" else 0,
             mode=mode,
             top_logprobs=top,
-            extras={"fast": True, "cuda_graphs": self.graphs, "fast_tree_fallbacks": fallbacks},
+            extras={
+                "fast": True,
+                "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
+                "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
+                "fast_tree_fallbacks": fallbacks,
+            },
         )
 
     def _finish(self, stages: dict[str, _Stage], padded: int, rows: int, temperature: float, generator) -> None:

@@ -83,6 +83,7 @@ class Engine:
         # fast: the static-shape rounds of engine/fast.py (CUDA graphs on a GPU); None = on CUDA
         # only, so the CPU path stays this readable loop unless asked for.
         self.fast = (self.device.type == "cuda") if fast is None else bool(fast)
+        self.cuda_graphs = True  # fast path on CUDA: capture its stages as CUDA graphs
         self._fast_decoder = None
 
     # ---- description -------------------------------------------------------------------------
@@ -385,10 +386,11 @@ class Engine:
         )
 
     def _fast(self):
-        if self._fast_decoder is None:
+        graphs = self.cuda_graphs and self.device.type == "cuda"
+        if self._fast_decoder is None or self._fast_decoder.graphs != graphs:
             from ddtree_diag.engine.fast import FastDecoder
 
-            self._fast_decoder = FastDecoder(self)
+            self._fast_decoder = FastDecoder(self, graphs=graphs)
         return self._fast_decoder
 
     def _text(self, token_ids: list[int], stops: set[int]) -> str:
