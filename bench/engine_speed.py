@@ -9,7 +9,7 @@ round verifies a full tree — this is the cost of a round, not a speedup.
 
     PYTHONPATH=. python bench/engine_speed.py                 # CUDA: 0.6b and 8b, bf16 (~5 min on an H200)
     PYTHONPATH=. python bench/engine_speed.py --small         # CPU smoke run: a small shape, fp32
-    PYTHONPATH=. python bench/engine_speed.py --profile       # + torch.profiler top ops of fast rounds
+    PYTHONPATH=. python bench/engine_speed.py --small --profile   # + torch.profiler top ops (on by default with CUDA)
 
 With $OUT set, the printed report is also written to $OUT/engine_speed.txt (and .json).
 """
@@ -36,6 +36,7 @@ SHAPES = {
     "small": (256, 6, 8, 4, 32, 768, 8192, False),  # CPU smoke run
 }
 HBM_BYTES_PER_S = 4.8e12  # H200
+WARMUP_TOKENS = 24  # per config before the timed run (small runs: the whole run, shapes fully warm)
 LINES: list[str] = []
 RECORDS: list[dict] = []
 
@@ -89,7 +90,7 @@ def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], n
     engine.cuda_graphs = path != "fast-nograph"  # fast-nograph: the same rounds without CUDA graphs
     for budget in [0, *budgets]:
         # warm-up: same shapes (and, fast on CUDA, graph capture) before the timed run
-        engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, 24), stop_token_ids=[])
+        engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[])
         result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=new_tokens, stop_token_ids=[])
         rounds = max(result.decode_rounds, 1)
         per = {k: 1000 * v / rounds for k, v in result.stage_times.items()}
@@ -183,17 +184,23 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per fast run (default 256; small 32)")
     parser.add_argument("--eager-tokens", type=int, default=None, help="tokens per eager run (default 64; small 32)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--profile", action="store_true", help="torch.profiler top ops of fast rounds per shape")
+    parser.add_argument(
+        "--profile", action=argparse.BooleanOptionalAction, default=None,
+        help="torch.profiler top ops of fast rounds per shape (default: on with CUDA)",
+    )  # fmt: skip
     args = parser.parse_args()
     small = args.small or not args.device.startswith("cuda")
     args.shapes = (args.shapes or ("small" if small else "0.6b,8b")).split(",")
     args.dtype = args.dtype or ("fp32" if small else "bf16")
+    args.profile = (not small) if args.profile is None else args.profile
     args.new_tokens = args.new_tokens or (32 if small else 256)
     args.eager_tokens = args.eager_tokens or (32 if small else 64)
     args.budgets = [int(b) for b in args.budgets.split(",")]
     args.paths = args.paths.split(",")
     if small:
-        torch.set_num_threads(min(2, torch.get_num_threads()))
+        torch.set_num_threads(1)  # a shared CPU: one thread gives steadier figures
+        global WARMUP_TOKENS
+        WARMUP_TOKENS = args.new_tokens
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     say(f"engine_speed: torch {torch.__version__}, device {name}, stage columns in ms per round")
     started = time.perf_counter()

@@ -275,3 +275,58 @@ def test_fast_equals_eager_with_an_oracle_draft_accepting_deep_paths(engines, mo
                 assert max(quick.acceptance_lengths) == 8
     finally:
         decoder.stages.clear()
+
+
+def test_round_stages_never_read_device_values_on_the_host(engines):
+    """The CPU twin of "no host sync inside a round": while any stage function runs (the
+    functions that are captured as CUDA graphs on a GPU), reading a tensor's value into Python
+    raises; the only read is the decoder's one ``tolist`` after the stages."""
+    engine = engines[4]
+    engine.fast = True
+    decoder = engine._fast()
+    banned = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy")
+    originals = {name: getattr(torch.Tensor, name) for name in banned}
+
+    def refuse(name):
+        def method(*args, **kwargs):
+            raise AssertionError(f"host read Tensor.{name} inside a round stage")
+
+        return method
+
+    def guarded(fn):
+        def run():
+            for name in banned:
+                setattr(torch.Tensor, name, refuse(name))
+            try:
+                fn()
+            finally:
+                for name, method in originals.items():
+                    setattr(torch.Tensor, name, method)
+
+        return run
+
+    try:
+        for mode, budget in (("tree", 16), ("chain", None), ("ar", 0)):
+            engine.generate_ids(PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=6, stop_token_ids=[])
+        stages = list(decoder.stages.values())
+        assert len(stages) >= 7  # draft, tree (tree/chain/ar), verify and commit shapes
+        for stage in stages:
+            stage.fn = guarded(stage.fn)
+        for mode, budget in (("tree", 16), ("chain", None), ("ar", 0)):
+            eager_engine_tokens = engine.generate_ids(
+                PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[]
+            ).token_ids
+            engine.fast = False
+            assert (
+                eager_engine_tokens
+                == engine.generate_ids(
+                    PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[]
+                ).token_ids
+            )
+            engine.fast = True
+        assert all(stage.fn.__name__ == "run" for stage in decoder.stages.values())  # still guarded
+        with pytest.raises(AssertionError, match=r"Tensor\.item"):
+            guarded(lambda: decoder.start.item())()
+    finally:
+        engine.fast = False
+        decoder.stages.clear()
