@@ -207,6 +207,17 @@ def ancestors_from_parents(parents: torch.Tensor, rounds: int) -> torch.Tensor:
 # ---- the stages -------------------------------------------------------------------------------
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
+    """SDPA; on CUDA pinned to the memory-efficient kernel (takes a boolean mask, capturable in a
+    CUDA graph, no per-shape planning), math as the fallback. CPU: PyTorch's own choice."""
+    if q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
 class _Stage:
     """A stage function over static buffers; on CUDA captured once as a graph and replayed."""
 
@@ -357,7 +368,7 @@ class FastDecoder:
             cache_k.index_copy_(2, slots, k)
             cache_v.index_copy_(2, slots, v)
             q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
-            out = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask, scale=t.scaling)
+            out = _attend(q, cache_k, cache_v, mask, t.scaling)
             out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
             hidden = hidden + attn.o_proj(out)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -413,7 +424,7 @@ class FastDecoder:
             self.draft_k[index].index_copy_(2, noise_slots, k)
             self.draft_v[index].index_copy_(2, noise_slots, v)
             q = q.reshape(1, kv_heads, (heads // kv_heads) * block, head_dim)
-            out = F.scaled_dot_product_attention(q, self.draft_k[index], self.draft_v[index], attn_mask=mask)
+            out = _attend(q, self.draft_k[index], self.draft_v[index], mask)
             out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
             hidden = hidden + attn.o_proj(out)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
