@@ -279,7 +279,8 @@ class FastDecoder:
         t, dev = self.target, self.device
         if capacity <= self.max_len and t.cache_k is self._cache_k:
             return
-        t.reset(-(-capacity // CACHE_ROUNDING) * CACHE_ROUNDING)
+        # a whole number of CACHE_ROUNDING slots (aligned attention masks), never less than allocated
+        t.reset(-(-max(capacity, t.max_len) // CACHE_ROUNDING) * CACHE_ROUNDING)
         self.max_len, self._cache_k = t.max_len, t.cache_k
         self.stages.clear()
         if self.graphs:
