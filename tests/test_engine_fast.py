@@ -330,3 +330,24 @@ def test_round_stages_never_read_device_values_on_the_host(engines):
     finally:
         engine.fast = False
         decoder.stages.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_fast_path_equals_eager_in_fp32(tmp_path):
+    """On a GPU: the captured stages replay to the eager path's tokens (fp32), every stage was
+    captured, and the engine defaults to the fast path there."""
+    target = fx.make_target(tmp_path / "target")
+    engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="fp32")
+    assert engine.fast is True
+    for prompt in PROMPTS:
+        for budget in BUDGETS:
+            for temperature in (0.0, 0.8):
+                eager, quick = both(
+                    engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[],
+                    temperature=temperature, seed=1,
+                )  # fmt: skip
+                if temperature == 0:
+                    assert_same(eager, quick, (prompt, budget))
+                assert quick.extras["cuda_graph_errors"] == []
+                assert quick.extras["cuda_graphs"]
