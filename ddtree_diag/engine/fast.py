@@ -17,8 +17,14 @@ GPU, gpt-fast style:
   one small tensor per round (accepted count, bonus, kept nodes, their tokens).
 
 On CUDA each stage (draft, tree, verify, and the T=0 accept/commit) is captured as a CUDA graph
-the first time a shape is used; ``_Stage.run`` replays it. Everywhere else the very same stage
+once per shape, before the prefill of the first request that needs it (a capture's warm-up runs
+scribble on the caches); ``_Stage.run`` replays it. A stage whose capture fails runs eagerly and
+says so in ``Generation.extras["cuda_graph_errors"]``. Everywhere else the very same stage
 functions run eagerly, which is what the CPU tests exercise.
+
+T>0: rows are sampled with ``torch.multinomial`` in the eager path's order; on CPU the generator is
+the eager path's, so a seed gives the same tokens; on CUDA it lives on the GPU (a different, equally
+valid stream), and that sampling step runs outside the graphs.
 """
 
 from __future__ import annotations
