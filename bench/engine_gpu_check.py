@@ -2,8 +2,10 @@
 
 fp32: every case must match exactly. bf16: counts the cases that differ and, for each, reports the
 target's top-2 logit gap at the first divergent token (a near-tie flip vs a real bug).
+``--paths eager,fast`` (default: both) runs every case through both decode paths; fast must also
+equal eager token for token in fp32.
 
-    PYTHONPATH=. python bench/engine_gpu_check.py [--device cuda] [--quick]
+    PYTHONPATH=. python bench/engine_gpu_check.py [--device cuda] [--quick] [--paths fast]
 
 Targets: the tiny test fixture (written to disk, loaded through the real loader) and a medium
 random Qwen3 (HF default init, where near-ties are common) built in memory.
@@ -63,28 +65,39 @@ def top2_gap(engine: Engine, prefix: list[int]) -> float:
     return float(top[0] - top[1])
 
 
+PATHS: list[str] = ["eager", "fast"]
+
+
 def check(
     name: str, engines: dict[int, Engine], prompts: list[list[int]], max_tokens: int
 ) -> tuple[int, int]:
-    cases = differ = 0
+    """Returns (cases, cases that differ from greedy or, fast vs eager, from each other)."""
+    cases = differ = fallbacks = 0
     for prompt in prompts:
         any_engine = next(iter(engines.values()))
         reference = any_engine.greedy_reference(prompt, max_tokens, stop_ids=[])
         for block_size, engine in engines.items():
             for budget in BUDGETS:
-                gen = engine.generate_ids(
-                    prompt, tree_budget=budget, max_tokens=max_tokens, stop_token_ids=[]
-                )
-                cases += 1
-                at = first_divergence(gen.token_ids, reference)
-                if at is not None:
+                outputs = {}
+                for path in PATHS:
+                    engine.fast = path == "fast"
+                    gen = engine.generate_ids(prompt, tree_budget=budget, max_tokens=max_tokens, stop_token_ids=[])
+                    outputs[path] = gen.token_ids
+                    fallbacks += gen.extras.get("fast_tree_fallbacks", 0)
+                    cases += 1
+                    at = first_divergence(gen.token_ids, reference)
+                    if at is not None:
+                        differ += 1
+                        gap = top2_gap(engine, prompt + reference[:at])
+                        print(
+                            f"  DIFF {name} {path} block={block_size} budget={budget} prompt_len={len(prompt)}: "
+                            f"first divergence at token {at}, reference top-2 logit gap there {gap:.4f}"
+                        )
+                if len(outputs) == 2 and outputs["fast"] != outputs["eager"]:
                     differ += 1
-                    gap = top2_gap(engine, prompt + reference[:at])
-                    print(
-                        f"  DIFF {name} block={block_size} budget={budget} prompt_len={len(prompt)}: "
-                        f"first divergence at token {at}, reference top-2 logit gap there {gap:.4f}"
-                    )
-    print(f"{name}: {differ}/{cases} cases differ from the target's greedy decode")
+                    at = first_divergence(outputs["fast"], outputs["eager"])
+                    print(f"  FAST != EAGER {name} block={block_size} budget={budget}: first divergence at {at}")
+    print(f"{name} ({'+'.join(PATHS)}): {differ}/{cases} cases differ; fast tree fallbacks {fallbacks}")
     return cases, differ
 
 
@@ -92,7 +105,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer prompts/tokens (CPU smoke run)")
+    parser.add_argument("--paths", default="eager,fast", help="decode paths to check: eager, fast or both")
     args = parser.parse_args()
+    PATHS[:] = args.paths.split(",")
     gen = torch.Generator().manual_seed(0)
     n_prompts, max_tokens = (2, 16) if args.quick else (4, 48)
     started = time.perf_counter()

@@ -1,17 +1,27 @@
-"""Engine speed baseline: random-weight Qwen3-0.6B / Qwen3-8B-shaped targets, 5-layer DFlash draft.
+"""Engine speed: eager vs fast rounds on random-weight Qwen3-0.6B / Qwen3-8B-shaped targets.
 
-Prints ms per decode round with the stage breakdown (draft, tree, verify, commit) for tree
-budgets 16/64/256 at block size 16, and AR tokens/s. Random weights: acceptance is ~1 token per
-round, so every round verifies a full tree — this measures per-round cost, not speedup.
+Prints, per shape and decode path (eager = the readable reference loop, fast = engine/fast.py:
+static caches, device tree/accept, CUDA graphs on a GPU), ms per decode round with the stage
+breakdown (draft, tree, verify, commit), tok/s and TTFT for AR and tree budgets 16/64/256 at
+block size 16, plus the memory-bandwidth bound of one target forward (weight bytes / 4.8 TB/s,
+H200 HBM3e) and verify's share of it. Random weights: acceptance is ~1 token per round, so every
+round verifies a full tree — this is the cost of a round, not a speedup.
 
-    PYTHONPATH=. python bench/engine_speed.py [--shapes 0.6b,8b] [--new-tokens 256] [--device cuda]
+    PYTHONPATH=. python bench/engine_speed.py                 # CUDA: 0.6b and 8b, bf16 (~5 min on an H200)
+    PYTHONPATH=. python bench/engine_speed.py --small         # CPU smoke run: a small shape, fp32
+    PYTHONPATH=. python bench/engine_speed.py --small --profile   # + torch.profiler top ops (on by default with CUDA)
+
+With $OUT set, the printed report is also written to $OUT/engine_speed.txt (and .json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -23,8 +33,17 @@ SHAPES = {
     # name: (hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, tied embeddings)
     "0.6b": (1024, 28, 16, 8, 128, 3072, 151936, True),
     "8b": (4096, 36, 32, 8, 128, 12288, 151936, False),
-    "tiny": (128, 4, 4, 2, 32, 256, 1024, False),  # CPU smoke run
+    "small": (256, 6, 8, 4, 32, 768, 8192, False),  # CPU smoke run
 }
+HBM_BYTES_PER_S = 4.8e12  # H200
+WARMUP_TOKENS = 24  # per config before the timed run (small runs: the whole run, shapes fully warm)
+LINES: list[str] = []
+RECORDS: list[dict] = []
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+    LINES.append(line)
 
 
 def draft_layer_ids(target_layers: int, draft_layers: int) -> list[int]:
@@ -65,36 +84,86 @@ def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_la
     return Engine(TargetModel(model, max_len=1024), tokenizer=None, draft=draft)
 
 
+def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], new_tokens: int, shape: str,
+             bound_ms: float) -> None:  # fmt: skip
+    engine.fast = path.startswith("fast")
+    engine.cuda_graphs = path != "fast-nograph"  # fast-nograph: the same rounds without CUDA graphs
+    for budget in [0, *budgets]:
+        # warm-up: same shapes (and, fast on CUDA, graph capture) before the timed run
+        engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[])
+        result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=new_tokens, stop_token_ids=[])
+        rounds = max(result.decode_rounds, 1)
+        per = {k: 1000 * v / rounds for k, v in result.stage_times.items()}
+        ms_round = 1000 * (result.e2e_s - result.ttft_s) / rounds
+        tau = result.mean_acceptance_length or 0
+        share = 100 * bound_ms / per["verify"] if per["verify"] > 0 else 0.0
+        fallbacks = result.extras.get("fast_tree_fallbacks", "-")
+        for error in result.extras.get("cuda_graph_errors", []):
+            say(f"  (a stage ran without a CUDA graph: {error})")
+        say(
+            f"{path:>5} {budget if budget else 'AR':>6} {result.decode_rounds:>6} {tau:>5.2f} "
+            f"{ms_round:>9.2f} {per['draft']:>7.2f} {per['tree']:>7.2f} {per['verify']:>7.2f} "
+            f"{per['commit']:>7.2f} {result.decode_tokens_per_second or 0:>8.1f} {1000 * result.ttft_s:>8.1f} "
+            f"{share:>6.0f}% {fallbacks!s:>5}"
+        )
+        RECORDS.append({
+            "shape": shape, "path": path, "budget": budget, "rounds": result.decode_rounds, "tau": tau,
+            "ms_per_round": ms_round, "stage_ms_per_round": per,
+            "tokens_per_second": result.decode_tokens_per_second, "ttft_ms": 1000 * result.ttft_s,
+            "verify_bandwidth_share": share / 100, "tree_fallbacks": fallbacks,
+        })  # fmt: skip
+
+
+def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) -> None:
+    """torch.profiler over a few fast rounds: top ops by device (or CPU) time, and how busy the
+    device was — the evidence of what bounds a round."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.fast, engine.cuda_graphs = True, True
+    engine.generate_ids(prompt, tree_budget=budget, max_tokens=8, stop_token_ids=[])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=6, stop_token_ids=[])
+    rounds = max(result.decode_rounds, 1)
+    wall_ms = 1000 * (result.e2e_s - result.ttft_s) / rounds
+    sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+    say(f"-- profile: fast path, budget {budget}, {rounds} rounds after prefill "
+        f"(profiler on: {wall_ms:.2f} ms/round incl. profiler overhead)")  # fmt: skip
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=18, max_name_column_width=60)
+    for line in table.splitlines():
+        say(line)
+    if cuda:
+        kernel_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type.name == "CUDA")
+        e2e_ms = 1000 * result.e2e_s
+        say(f"device kernel time {kernel_us / 1000:.2f} ms over a {e2e_ms:.2f} ms generation (prefill + "
+            f"{rounds} rounds): device busy {100 * kernel_us / 1000 / e2e_ms:.0f}% of the wall time")  # fmt: skip
+
+
 def run_shape(shape: str, args: argparse.Namespace) -> None:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     started = time.perf_counter()
     engine = build(shape, args.device, dtype, args.block_size, args.draft_layers)
     built = time.perf_counter() - started
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.target.hf.parameters())
+    bound_ms = 1000 * weight_bytes / HBM_BYTES_PER_S
     params = sum(p.numel() for p in engine.target.hf.parameters()) / 1e9
-    print(f"\n== Qwen3-{shape}-shaped random target ({params:.2f}B params), {args.draft_layers}-layer draft, "
-          f"block {args.block_size}, {args.dtype} on {args.device} (built in {built:.1f}s)")  # fmt: skip
+    say(f"\n== Qwen3-{shape}-shaped random target ({params:.2f}B params, {weight_bytes / 2**30:.2f} GiB), "
+        f"{args.draft_layers}-layer draft, block {args.block_size}, {args.dtype} on {args.device} "
+        f"(built in {built:.1f}s)")  # fmt: skip
+    say(f"bandwidth bound of one target forward: {weight_bytes / 1e9:.2f} GB / 4.8 TB/s = {bound_ms:.2f} ms "
+        "(verify 'bw%' = this / verify ms)")  # fmt: skip
     gen = torch.Generator().manual_seed(1)
     vocab = engine.target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (args.prompt_tokens,), generator=gen).tolist()
-    engine.generate_ids(prompt, tree_budget=16, max_tokens=8, stop_token_ids=[])  # warm-up
-    engine.generate_ids(prompt, tree_budget=0, max_tokens=8, stop_token_ids=[])
-    header = f"{'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} {'verify':>7} "
-    print(header + f"{'commit':>7} {'tok/s':>8} {'TTFT ms':>8}")
-    for budget in [0, *args.budgets]:
-        result = engine.generate_ids(
-            prompt, tree_budget=budget, max_tokens=args.new_tokens, stop_token_ids=[]
-        )
-        rounds = max(result.decode_rounds, 1)
-        per = {k: 1000 * v / rounds for k, v in result.stage_times.items()}
-        ms_round = 1000 * (result.e2e_s - result.ttft_s) / rounds
-        tau = result.mean_acceptance_length or 0
-        print(
-            f"{budget if budget else 'AR':>6} {result.decode_rounds:>6} {tau:>5.2f} "
-            f"{ms_round:>9.2f} {per['draft']:>7.2f} {per['tree']:>7.2f} {per['verify']:>7.2f} "
-            f"{per['commit']:>7.2f} {result.decode_tokens_per_second or 0:>8.1f} {1000 * result.ttft_s:>8.1f}"
-        )
+    header = f"{'path':>12} {'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} "
+    say(header + f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5}")
+    for path in args.paths:
+        tokens = args.eager_tokens if path == "eager" else args.new_tokens
+        run_path(engine, path, prompt, args.budgets, tokens, shape, bound_ms)
+    if args.profile:
+        profile_round(engine, prompt, 64 if 64 in args.budgets else args.budgets[0], args.device.startswith("cuda"))
     if args.device.startswith("cuda"):
-        print(f"peak CUDA memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+        say(f"peak CUDA memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     del engine
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -102,21 +171,47 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default="0.6b,8b")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="small shape, fp32, few tokens (default without CUDA)")
+    parser.add_argument("--shapes", default=None, help="comma list of " + ", ".join(SHAPES))
+    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    parser.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     parser.add_argument("--budgets", default="16,64,256")
+    parser.add_argument("--paths", default="eager,fast", help="eager, fast, fast-nograph (comma list)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=5)
-    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens per fast run (default 256; small 32)")
+    parser.add_argument("--eager-tokens", type=int, default=None, help="tokens per eager run (default 64; small 32)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument(
+        "--profile", action=argparse.BooleanOptionalAction, default=None,
+        help="torch.profiler top ops of fast rounds per shape (default: on with CUDA)",
+    )  # fmt: skip
     args = parser.parse_args()
+    small = args.small or not args.device.startswith("cuda")
+    args.shapes = (args.shapes or ("small" if small else "0.6b,8b")).split(",")
+    args.dtype = args.dtype or ("fp32" if small else "bf16")
+    args.profile = (not small) if args.profile is None else args.profile
+    args.new_tokens = args.new_tokens or (32 if small else 256)
+    args.eager_tokens = args.eager_tokens or (32 if small else 64)
     args.budgets = [int(b) for b in args.budgets.split(",")]
+    args.paths = args.paths.split(",")
+    if small:
+        torch.set_num_threads(1)  # a shared CPU: one thread gives steadier figures
+        global WARMUP_TOKENS
+        WARMUP_TOKENS = args.new_tokens
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"engine_speed: torch {torch.__version__}, device {name}")
-    for shape in args.shapes.split(","):
+    say(f"engine_speed: torch {torch.__version__}, device {name}, stage columns in ms per round")
+    started = time.perf_counter()
+    for shape in args.shapes:
         run_shape(shape.strip(), args)
+    say(f"\nengine_speed done in {time.perf_counter() - started:.0f}s")
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "engine_speed.txt").write_text("\n".join(LINES) + "\n")
+        (Path(out) / "engine_speed.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
     return 0
 
 

@@ -3,7 +3,7 @@
 Importing this package is light: torch/transformers load only when ``load_engine`` is called.
 
     from ddtree_diag.engine import load_engine
-    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None)
+    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None, fast=None)
     engine.info(); engine.tokenizer; engine.render_prompt(messages, enable_thinking)
     gen = engine.generate(messages=..., enable_thinking=None, tree_budget=None, temperature=0.0,
                           max_tokens=256, seed=None, stop=None, top_logprobs=0, on_token=None,
@@ -12,6 +12,7 @@ Importing this package is light: torch/transformers load only when ``load_engine
 
 Modules: ``draft`` (DFlash draft + z-lab format), ``target`` (our target forward and KV cache),
 ``tree`` (best-first tree, mask, accept walk), ``generate`` (the decode loop, ``Engine``),
+``fast`` (the same rounds with static shapes, device-side tree/accept and CUDA graphs),
 ``load`` (paths, GGUF, tokenizer, checks). An Engine runs one generation at a time (it owns one
 KV cache): callers that serve concurrent requests must serialise them.
 """
@@ -31,11 +32,13 @@ def load_engine(
     gguf_file: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
+    fast: bool | None = None,
 ) -> Engine:
-    """Load a target (HF directory or GGUF) and an optional DFlash draft; see ``load.load_engine``."""
+    """Load a target (HF directory or GGUF) and an optional DFlash draft; see ``load.load_engine``.
+    ``fast=None``: the static-shape fast rounds (``engine/fast.py``) on CUDA, eager on CPU."""
     from ddtree_diag.engine.load import load_engine as _load
 
-    return _load(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype)
+    return _load(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype, fast=fast)
 
 
 __all__ = ["load_engine"]

@@ -69,6 +69,7 @@ class Engine:
         draft: DFlashDraft | None = None,
         stop_token_ids: list[int] | None = None,
         info: dict[str, Any] | None = None,
+        fast: bool | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
@@ -79,6 +80,11 @@ class Engine:
         self.dtype = target.dtype
         self.context_length = int(getattr(target.config, "max_position_embeddings", 0) or 1 << 20)
         self._draft_cache = None
+        # fast: the static-shape rounds of engine/fast.py (CUDA graphs on a GPU); None = on CUDA
+        # only, so the CPU path stays this readable loop unless asked for.
+        self.fast = (self.device.type == "cuda") if fast is None else bool(fast)
+        self.cuda_graphs = True  # fast path on CUDA: capture its stages as CUDA graphs
+        self._fast_decoder = None
 
     # ---- description -------------------------------------------------------------------------
     @property
@@ -240,6 +246,10 @@ class Engine:
             raise UsageError(f"prompt has {prompt_len} tokens, the target's context is {self.context_length}")
         max_tokens = min(max_tokens, self.context_length - prompt_len)
         stops = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
+        if self.fast:
+            return self._fast().generate_ids(
+                prompt_ids, budget, mode, temperature, max_tokens, seed, stop, top_logprobs, on_token, stops
+            )
         block = self.draft.config.block_size if self.draft is not None else 1
         feature_layers = list(self.draft.config.target_layer_ids) if mode != "ar" else None
         generator = None
@@ -374,6 +384,14 @@ class Engine:
             mode=mode,
             top_logprobs=top,
         )
+
+    def _fast(self):
+        graphs = self.cuda_graphs and self.device.type == "cuda"
+        if self._fast_decoder is None or self._fast_decoder.graphs != graphs:
+            from ddtree_diag.engine.fast import FastDecoder
+
+            self._fast_decoder = FastDecoder(self, graphs=graphs)
+        return self._fast_decoder
 
     def _text(self, token_ids: list[int], stops: set[int]) -> str:
         if self.tokenizer is None:

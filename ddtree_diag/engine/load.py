@@ -3,7 +3,7 @@
 Public API (others build on it)::
 
     from ddtree_diag.engine import load_engine
-    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None)
+    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None, fast=None)
     engine.info() -> dict                 # layers, hidden, draft ids/mask/block, dtype, device, memory
     engine.tokenizer                      # HF tokenizer of the target
     engine.render_prompt(messages, enable_thinking) -> list[int]
@@ -13,7 +13,9 @@ Public API (others build on it)::
     engine.greedy_reference(prompt_ids, max_tokens, stop_ids=None) -> list[int]
 
 ``tree_budget=None`` = 64 with a draft, 0 (AR) without. ``device=None`` = cuda when available
-else cpu; ``dtype=None`` = bfloat16 on cuda, float32 on cpu. Nothing is fetched from the network:
+else cpu; ``dtype=None`` = bfloat16 on cuda, float32 on cpu; ``fast=None`` = the fast rounds of
+``engine/fast.py`` (static shapes, CUDA graphs) on cuda, the eager reference loop on cpu
+(``engine.fast`` may be flipped between requests). Nothing is fetched from the network:
 every path must exist locally. Mismatched inputs raise ``UsageError`` with one line.
 """
 
@@ -136,6 +138,7 @@ def load_engine(
     gguf_file: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
+    fast: bool | None = None,
 ):
     """Load target (+ draft) into an ``Engine``; see the module docstring."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -184,6 +187,7 @@ def load_engine(
         draft=draft_model,
         stop_token_ids=_stop_token_ids(model, tokenizer),
         info=info,
+        fast=fast,
     )
 
 

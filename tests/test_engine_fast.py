@@ -1,0 +1,353 @@
+"""Fast decode path (engine/fast.py) == the eager reference, on CPU in fp32.
+
+The vectorised tree build must reproduce ``tree.build_tree`` node for node (order, parents,
+tie-breaking); the fast rounds must give the eager rounds' tokens, acceptance and tree sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import engine_fixtures as fx  # noqa: E402
+
+from ddtree_diag.engine import fast, load_engine  # noqa: E402
+from ddtree_diag.engine.tree import ancestor_mask, build_tree  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+BUDGETS = (0, 1, 2, 4, 16, 64)
+PROMPTS = ([257, 84, 82, 68], [5, 9, 200, 31, 31, 7, 118, 64, 3], list(range(40, 57)))
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- vectorised tree build ----------------------------------------------------------------------
+
+
+def assert_same_tree(logprobs: torch.Tensor, budget: int, depth: int) -> bool:
+    """Compare with build_tree on the first ``depth`` rows; returns the build's ``exact`` flag."""
+    built = fast.build_tree_tensors(logprobs, budget, depth)
+    reference = build_tree(7, logprobs[:depth], budget)
+    n = reference.size
+    assert int(built["count"]) == n == fast.tree_node_count(budget, depth, logprobs.shape[1])
+    assert built["valid"].tolist() == [True] * n + [False] * (budget - n)
+    if not bool(built["exact"]):
+        return False
+    assert built["tokens"][:n].tolist() == reference.tokens[1:]
+    assert built["parents"][:n].tolist() == reference.parents[1:]
+    assert built["depths"][:n].tolist() == reference.depths[1:]
+    return True
+
+
+def test_vectorised_tree_equals_heap_on_random_logprobs():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(12):
+        depth_rows, vocab = (3, 7, 15)[trial % 3], (5, 40, 300)[trial % 3]
+        logprobs = torch.log_softmax(torch.randn(depth_rows, vocab, generator=gen) * (1 + trial % 4), -1)
+        for budget in (1, 2, 3, 5, 16, 64, 100):
+            for depth in sorted({1, depth_rows // 2 or 1, depth_rows}):
+                assert assert_same_tree(logprobs, budget, depth), (trial, budget, depth)
+
+
+def test_vectorised_tree_equals_heap_with_ties_and_zero_logprobs():
+    """Quantised logits (many equal log-probs per depth, equal path sums across depths) and
+    one-hot rows (log-prob exactly 0, so a child ties its parent): the tie-breaking cases."""
+    gen = torch.Generator().manual_seed(1)
+    exact = total = 0
+    for trial in range(16):
+        depth_rows, vocab = (4, 6, 15)[trial % 3], (6, 30, 300)[trial % 3]
+        logits = torch.randint(0, 3 + trial % 3, (depth_rows, vocab), generator=gen).float()
+        if trial % 4 == 1:
+            logits[::2] = 0.0
+            logits[::2, trial % vocab] = 200.0  # log-prob 0.0 exactly for that token
+        if trial % 4 == 2:
+            logits[:] = 0.0  # uniform: every path of a depth ties
+        logprobs = torch.log_softmax(logits, -1)
+        for budget in (1, 2, 5, 16, 64):
+            for depth in (1, depth_rows):
+                total += 1
+                exact += assert_same_tree(logprobs, budget, depth)
+    assert exact >= 0.9 * total  # unresolved ties are rare (and then the decoder rebuilds exactly)
+
+
+def test_vectorised_tree_is_proven_on_bf16_rounded_logprobs():
+    """bf16 logits (the GPU case) tie often within a depth; the refinement must still settle."""
+    gen = torch.Generator().manual_seed(4)
+    for scale in (1.0, 4.0):
+        logprobs = torch.log_softmax((torch.randn(15, 8192, generator=gen) * scale).bfloat16().float(), -1)
+        assert logprobs.unique().numel() < logprobs.numel() // 4  # plenty of exact ties
+        for budget in (16, 64, 256):
+            assert assert_same_tree(logprobs, budget, 15), (scale, budget)
+            assert assert_same_tree(logprobs, budget, 2), (scale, budget)
+
+
+def test_ranked_top_k_is_a_stable_descending_sort():
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randint(-3, 3, (4, 50), generator=gen).float() / 2
+    rows[0, :5] = float("-inf")
+    rows[1, 7] = -0.0
+    values, ids = torch.sort(rows, dim=-1, descending=True, stable=True)
+    for k in (1, 7, 50):
+        top_values, top_ids = fast.ranked_top_k(rows, k)
+        assert torch.equal(top_ids, ids[:, :k]) and torch.equal(top_values, values[:, :k])
+
+
+def test_ancestor_mask_from_parent_tensor():
+    tree = build_tree(7, torch.log_softmax(torch.randn(4, 6, generator=torch.Generator().manual_seed(2)), -1), 30)
+    parents = torch.tensor(tree.parents)
+    assert torch.equal(fast.ancestors_from_parents(parents, 4), ancestor_mask(tree.parents))
+
+
+def test_bucket_and_node_count():
+    assert [fast.bucket_size(n) for n in (1, 2, 16, 17, 65, 257)] == [1, 16, 16, 32, 80, 272]
+    assert fast.tree_node_count(64, 15, 151936) == 64
+    assert fast.tree_node_count(64, 2, 5) == 5 + 25
+    assert fast.tree_node_count(3, 0, 10) == 0
+
+
+# ---- fast decoder == eager decoder ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fast")
+    target = fx.make_target(root / "target")
+    made = {}
+    for block in (2, 4, 8):
+        made[block] = load_engine(
+            target, fx.make_draft(root / f"d{block}", block_size=block), device="cpu", dtype="fp32"
+        )
+    return made
+
+
+def both(engine, **kwargs):
+    engine.fast = False
+    eager = engine.generate_ids(**kwargs)
+    engine.fast = True
+    try:
+        quick = engine.generate_ids(**kwargs)
+    finally:
+        engine.fast = False
+    return eager, quick
+
+
+def assert_same(eager, quick, what):
+    assert quick.token_ids == eager.token_ids, what
+    assert quick.acceptance_lengths == eager.acceptance_lengths, what
+    assert quick.tree_sizes == eager.tree_sizes, what
+    assert quick.finish_reason == eager.finish_reason, what
+    assert quick.mode == eager.mode and quick.extras["fast"] is True
+    assert set(quick.stage_times) == {"draft", "tree", "verify", "commit"}
+    assert quick.decode_rounds == len(quick.acceptance_lengths)
+
+
+@pytest.mark.parametrize("block", (2, 4, 8))
+def test_fast_equals_eager_greedy_all_budgets(engines, block):
+    engine = engines[block]
+    for prompt in PROMPTS:
+        for budget in BUDGETS:
+            eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
+            assert_same(eager, quick, (block, prompt, budget))
+            assert quick.extras["fast_tree_fallbacks"] == 0
+        eager, quick = both(engine, prompt_ids=prompt, mode="chain", max_tokens=MAX_TOKENS, stop_token_ids=[])
+        assert_same(eager, quick, (block, prompt, "chain"))
+
+
+def test_fast_equals_eager_with_stops_lengths_and_top_logprobs(engines):
+    engine = engines[4]
+    reference = engine.greedy_reference(PROMPTS[1], MAX_TOKENS, stop_ids=[])
+    stop_token = reference[len(reference) // 2]
+    for budget in (0, 4, 64):
+        for max_tokens in (1, 2, 5, MAX_TOKENS):
+            eager, quick = both(
+                engine, prompt_ids=PROMPTS[1], tree_budget=budget, max_tokens=max_tokens,
+                stop_token_ids=[stop_token], top_logprobs=3,
+            )  # fmt: skip
+            assert_same(eager, quick, (budget, max_tokens))
+            for row_eager, row_quick in zip(eager.top_logprobs, quick.top_logprobs, strict=True):
+                assert [t for t, _ in row_quick] == [t for t, _ in row_eager]
+                torch.testing.assert_close(
+                    torch.tensor([lp for _, lp in row_quick]), torch.tensor([lp for _, lp in row_eager])
+                )
+
+
+def test_fast_sampling_uses_the_same_seeded_draws(engines):
+    """On CPU the fast path samples the same rows with the same generator: same seed, same tokens."""
+    engine = engines[8]
+    for budget in (0, 2, 16):
+        for seed in (3, 4):
+            eager, quick = both(
+                engine, prompt_ids=PROMPTS[0], tree_budget=budget, temperature=0.9, seed=seed,
+                max_tokens=MAX_TOKENS, stop_token_ids=[],
+            )  # fmt: skip
+            assert_same(eager, quick, (budget, seed))
+
+
+def test_unproven_tree_order_falls_back_to_the_exact_host_build(engines, monkeypatch):
+    engine = engines[4]
+    real = fast.build_tree_tensors
+
+    def doubtful(*args, **kwargs):
+        built = real(*args, **kwargs)
+        built["exact"] = torch.zeros((), dtype=torch.bool)
+        # a wrong order too: the fallback must not commit anything from this round
+        built["tokens"] = built["tokens"].flip(0)
+        return built
+
+    monkeypatch.setattr(fast, "build_tree_tensors", doubtful)
+    for temperature in (0.0, 0.9):
+        eager, quick = both(
+            engine, prompt_ids=PROMPTS[2], tree_budget=16, temperature=temperature, seed=5,
+            max_tokens=MAX_TOKENS, stop_token_ids=[],
+        )  # fmt: skip
+        assert_same(eager, quick, temperature)
+        assert quick.extras["fast_tree_fallbacks"] == quick.decode_rounds - (quick.tree_sizes[-1] == 0)
+
+
+def test_fast_engine_reuses_buffers_across_requests_and_grows(engines):
+    engine = engines[4]
+    engine.fast = True
+    try:
+        decoder = engine._fast()
+        engine.generate_ids(PROMPTS[0], tree_budget=16, max_tokens=8, stop_token_ids=[])
+        first_len = decoder.max_len
+        engine.generate_ids(PROMPTS[1], tree_budget=16, max_tokens=8, stop_token_ids=[])
+        assert decoder.max_len == first_len  # same static buffers
+        long_prompt = list(range(10, 250)) * 2
+        quick = engine.generate_ids(long_prompt, tree_budget=16, max_tokens=8, stop_token_ids=[])
+        assert decoder.max_len > first_len
+    finally:
+        engine.fast = False
+    assert (
+        quick.token_ids == engine.generate_ids(long_prompt, tree_budget=16, max_tokens=8, stop_token_ids=[]).token_ids
+    )
+
+
+def test_fast_defaults_to_cuda_only(engines):
+    assert all(engine.fast is False for engine in engines.values())  # loaded on CPU: eager by default
+
+
+@pytest.mark.parametrize("demote", ((), (2, 5)))
+def test_fast_equals_eager_with_an_oracle_draft_accepting_deep_paths(engines, monkeypatch, demote):
+    """A draft that knows the greedy continuation (``demote``: right token ranked second at those
+    depths): many tokens accepted per round, kept nodes non-contiguous, so the in-place KV
+    compaction and the accept walk on the device are exercised."""
+    engine = engines[8]
+    prompt = PROMPTS[2]
+    full = list(prompt) + engine.greedy_reference(prompt, 200, stop_ids=[])
+    vocab = engine.target.config.vocab_size
+
+    def oracle_logprobs(start: int, depth: int) -> torch.Tensor:
+        logits = torch.zeros(depth, vocab)
+        for d in range(1, depth + 1):
+            right = full[start + d]
+            logits[d - 1, right] = 19.0 if d in demote else 20.0
+            if d in demote:
+                logits[d - 1, (right + 1) % vocab] = 20.0
+        return torch.log_softmax(logits, -1)
+
+    monkeypatch.setattr(engine, "_draft_logprobs", lambda root, start, ctx, pos, depth: oracle_logprobs(start, depth))
+    decoder = engine._fast()
+
+    def fast_draft() -> None:
+        decoder.logprobs.copy_(oracle_logprobs(int(decoder.start), decoder.block - 1))
+
+    monkeypatch.setattr(decoder, "_draft", fast_draft)
+    decoder.stages.clear()
+    try:
+        for mode, budget in (("tree", 64), ("tree", 3), ("chain", None)):
+            eager, quick = both(
+                engine, prompt_ids=prompt, tree_budget=budget, mode=mode, max_tokens=21, stop_token_ids=[]
+            )
+            assert_same(eager, quick, (mode, budget))
+            assert quick.token_ids == full[len(prompt) : len(prompt) + 21]
+            if mode == "tree" and budget == 64:
+                assert max(quick.acceptance_lengths) == 8
+    finally:
+        decoder.stages.clear()
+
+
+def test_round_stages_never_read_device_values_on_the_host(engines):
+    """The CPU twin of "no host sync inside a round": while any stage function runs (the
+    functions that are captured as CUDA graphs on a GPU), reading a tensor's value into Python
+    raises; the only read is the decoder's one ``tolist`` after the stages."""
+    engine = engines[4]
+    engine.fast = True
+    decoder = engine._fast()
+    banned = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy")
+    originals = {name: getattr(torch.Tensor, name) for name in banned}
+
+    def refuse(name):
+        def method(*args, **kwargs):
+            raise AssertionError(f"host read Tensor.{name} inside a round stage")
+
+        return method
+
+    def guarded(fn):
+        def run():
+            for name in banned:
+                setattr(torch.Tensor, name, refuse(name))
+            try:
+                fn()
+            finally:
+                for name, method in originals.items():
+                    setattr(torch.Tensor, name, method)
+
+        return run
+
+    try:
+        for mode, budget in (("tree", 16), ("chain", None), ("ar", 0)):
+            engine.generate_ids(PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=6, stop_token_ids=[])
+        stages = list(decoder.stages.values())
+        assert len(stages) >= 7  # draft, tree (tree/chain/ar), verify and commit shapes
+        for stage in stages:
+            stage.fn = guarded(stage.fn)
+        for mode, budget in (("tree", 16), ("chain", None), ("ar", 0)):
+            eager_engine_tokens = engine.generate_ids(
+                PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[]
+            ).token_ids
+            engine.fast = False
+            assert (
+                eager_engine_tokens
+                == engine.generate_ids(
+                    PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[]
+                ).token_ids
+            )
+            engine.fast = True
+        assert all(stage.fn.__name__ == "run" for stage in decoder.stages.values())  # still guarded
+        with pytest.raises(AssertionError, match=r"Tensor\.item"):
+            guarded(lambda: decoder.start.item())()
+    finally:
+        engine.fast = False
+        decoder.stages.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_fast_path_equals_eager_in_fp32(tmp_path):
+    """On a GPU: the captured stages replay to the eager path's tokens (fp32), every stage was
+    captured, and the engine defaults to the fast path there."""
+    target = fx.make_target(tmp_path / "target")
+    engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="fp32")
+    assert engine.fast is True
+    for prompt in PROMPTS:
+        for budget in BUDGETS:
+            for temperature in (0.0, 0.8):
+                eager, quick = both(
+                    engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[],
+                    temperature=temperature, seed=1,
+                )  # fmt: skip
+                if temperature == 0:
+                    assert_same(eager, quick, (prompt, budget))
+                assert quick.extras["cuda_graph_errors"] == []
+                assert quick.extras["cuda_graphs"]
