@@ -83,7 +83,10 @@ class Engine:
         # fast: the static-shape rounds of engine/fast.py (CUDA graphs on a GPU); None = on CUDA
         # only, so the CPU path stays this readable loop unless asked for.
         self.fast = (self.device.type == "cuda") if fast is None else bool(fast)
-        self.cuda_graphs = True  # fast path on CUDA: capture its stages as CUDA graphs
+        # CUDA-graph capture of the fast path's stages: off by default, because on the H200 image
+        # (torch 2.11) the capture failed and left the device's RNG state unusable (measured,
+        # bench/RESULTS-engine.md); the fast rounds without graphs are lossless there.
+        self.cuda_graphs = False
         self._fast_decoder = None
 
     # ---- description -------------------------------------------------------------------------
