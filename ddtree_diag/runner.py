@@ -20,25 +20,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def assess_result(result: ProbeResult) -> None:
-    """Attach the text-quality verdict to a finished result."""
-    if not result.ok:
-        return
-    from ddtree_diag.quality import assess
-
-    case = result.case
-    verdict = assess(
-        result.output,
-        prompt=case.prompt_text,
-        finish_reason=result.finish_reason,
-        completion_tokens=result.completion_tokens,
-        max_tokens=case.max_tokens,
-        thinking=case.enable_thinking,
-        reasoning=result.reasoning,
-    )
-    result.quality = verdict.to_dict()
-
-
 def run_cases(
     backend: Backend,
     cases: list[ProbeCase],
@@ -51,6 +32,8 @@ def run_cases(
     marked interrupted, so the caller can still write it."""
     report.tool_version = __version__
     report.started_at = report.started_at or _now()
+
+    from ddtree_diag.quality import assess_result
 
     def finished(result: ProbeResult) -> None:
         assess_result(result)

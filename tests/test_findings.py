@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ddtree_diag import findings
+from ddtree_diag.quality import assess_result
 from ddtree_diag.records import RunReport
-from ddtree_diag.runner import assess_result
 from tests.gatekit import finding_ids, gate_run
 
 STORY_GARBAGE = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."

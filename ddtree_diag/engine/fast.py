@@ -542,8 +542,6 @@ class FastDecoder:
         on_token: Callable[[list[int], str], bool] | None,
         stops: set[int],
     ) -> Generation:
-        from ddtree_diag.engine.generate import Generation
-
         engine, t = self.engine, self.target
         cuda = self.device.type == "cuda"
         prompt_len = len(prompt_ids)
@@ -668,42 +666,16 @@ class FastDecoder:
             timer.mark("commit")
             timer.add_to(stage_times)
 
-        e2e = time.perf_counter() - t_start
-        text = engine._text(output, stops)
-        if stop:
-            cuts = [text.find(s) for s in stop if s and s in text]
-            if cuts:
-                text, finish = text[: min(cuts)], "stop"
-        decode_time = e2e - ttft
-        top = None
-        if top_logprobs > 0:
-            top = []
-            for row in logprob_rows[: len(output)]:
-                values, ids = torch.log_softmax(row, dim=-1).topk(top_logprobs)
-                top.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
-        return Generation(
-            token_ids=output,
-            text=text,
-            finish_reason=finish,
-            prompt_tokens=prompt_len,
-            completion_tokens=len(output),
-            acceptance_lengths=acceptance_lengths,
-            tree_sizes=tree_sizes,
-            decode_rounds=len(acceptance_lengths),
-            stage_times=stage_times,
-            ttft_s=ttft,
-            decode_tokens_per_second=(len(output) - 1) / decode_time if len(output) > 1 and decode_time > 0 else None,
-            e2e_s=e2e,
-            tree_budget=budget if mode == "tree" else 0,
-            mode=mode,
-            top_logprobs=top,
+        return engine.assemble(
+            output, stops, stop, finish, prompt_len, t_start, ttft, acceptance_lengths, tree_sizes,
+            stage_times, logprob_rows, top_logprobs, budget if mode == "tree" else 0, mode,
             extras={
                 "fast": True,
                 "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
                 "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
                 "fast_tree_fallbacks": fallbacks,
             },
-        )
+        )  # fmt: skip
 
     def _finish(self, stages: dict[str, _Stage], padded: int, rows: int, temperature: float, generator) -> None:
         if "commit" in stages:  # T=0: argmax + accept + commit captured together

@@ -355,6 +355,31 @@ class Engine:
             stage_times["verify"] += t3 - t2
             stage_times["commit"] += t4 - t3
 
+        return self.assemble(
+            output, stops, stop, finish, prompt_len, t_start, ttft, acceptance_lengths, tree_sizes,
+            stage_times, logprob_rows, top_logprobs, budget if mode == "tree" else 0, mode,
+        )  # fmt: skip
+
+    def assemble(
+        self,
+        output: list[int],
+        stops: set[int],
+        stop: list[str] | None,
+        finish: str,
+        prompt_len: int,
+        t_start: float,
+        ttft: float,
+        acceptance_lengths: list[int],
+        tree_sizes: list[int],
+        stage_times: dict[str, float],
+        logprob_rows: list[torch.Tensor],
+        top_logprobs: int,
+        tree_budget: int,
+        mode: str,
+        extras: dict[str, Any] | None = None,
+    ) -> Generation:
+        """The Generation record at the end of a decode (eager and fast paths alike): final text
+        cut at a stop string, timings, and the per-token top log-probs when asked."""
         e2e = time.perf_counter() - t_start
         text = self._text(output, stops)
         if stop:
@@ -379,13 +404,12 @@ class Engine:
             decode_rounds=len(acceptance_lengths),
             stage_times=stage_times,
             ttft_s=ttft,
-            decode_tokens_per_second=(len(output) - 1) / decode_time
-            if len(output) > 1 and decode_time > 0
-            else None,
+            decode_tokens_per_second=(len(output) - 1) / decode_time if len(output) > 1 and decode_time > 0 else None,
             e2e_s=e2e,
-            tree_budget=budget if mode == "tree" else 0,
+            tree_budget=tree_budget,
             mode=mode,
             top_logprobs=top,
+            extras=extras or {},
         )
 
     def _fast(self):
