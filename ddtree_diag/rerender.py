@@ -55,7 +55,12 @@ def run_diff(
         raise UsageError("tolerances must be >= 0")
     a, b = load_report(a_path), load_report(b_path)
     result = diff_runs(a, b, Tolerances(acceptance_tolerance, tps_tolerance, fail_on_text_change))
-    render_diff(make_console(sys.stdout, no_color=no_color), result, a_path, b_path)
-    if json_path:
-        write_atomic(json_path, json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n")
+    # With --json -, stdout carries the JSON alone and the comparison table goes to stderr.
+    to_stdout = json_path == "-"
+    render_diff(make_console(sys.stderr if to_stdout else sys.stdout, no_color=no_color), result, a_path, b_path)
+    text = json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    if to_stdout:
+        sys.stdout.write(text)
+    elif json_path:
+        write_atomic(json_path, text)
     return EXIT_CHECK_FAILED if result.regressed else EXIT_OK

@@ -168,6 +168,13 @@ def test_diff_flags_a_real_regression(runs, tmp_path):
     assert data["regressed"] is True and len(data["regressions"]) == 8
 
 
+def test_diff_json_to_stdout_is_only_json(runs):
+    result = run_cli("diff", str(runs["healthy"]["json"]), str(runs["lossy"]["json"]), "--json", "-")
+    assert result.code == 1
+    assert json.loads(result.stdout)["regressed"] is True  # nothing but JSON on stdout
+    assert "text changed" in result.stderr
+
+
 def write_altered(runs, tmp_path, change) -> str:
     report = load(runs["healthy"]["json"])
     for r in report.results:
