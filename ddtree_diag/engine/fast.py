@@ -165,7 +165,10 @@ def build_tree_tensors(
     n = min(budget, pool)
     count = torch.clamp((1 - invalid).sum(), max=budget)
     selected = order[:n]
-    cut = score[order[(count - 1).clamp(min=0)]]
+    # index_select with a 1-element tensor: indexing with a 0-d tensor goes through __index__,
+    # a host sync that CUDA-graph capture refuses (seen on the H200: cudaErrorStreamCaptureUnsupported).
+    last = order.index_select(0, (count - 1).clamp(min=0).reshape(1))
+    cut = score.index_select(0, last).squeeze(0)
     # One more pass moving none of the first `count` nodes proves them (induction on position:
     # a correct prefix fixes the next node's key, so an unchanged prefix is the heap's).
     exact = ((order[:n] == previous[:n]) | (positions[:n] >= count)).all()
