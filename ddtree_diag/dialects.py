@@ -135,6 +135,10 @@ def parse_body(dialect: str, body: dict[str, Any], case: ProbeCase) -> ParsedRes
     the body is not a usable chat completion."""
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        error = body.get("error")
+        if error:  # some servers answer 200 with an error object
+            message = error.get("message", error) if isinstance(error, dict) else error
+            raise ValueError(f"server error in a 200 answer: {str(message).splitlines()[0][:200]}")
         raise ValueError("response has no choices[0]")
     choice = choices[0]
     message = choice.get("message")

@@ -142,6 +142,11 @@ def test_unusable_bodies_raise_one_line(bad):
     assert "\n" not in str(info.value)
 
 
+def test_error_object_in_a_200_answer_is_named():
+    with pytest.raises(ValueError, match="server error in a 200 answer: out of memory"):
+        dialects.parse_body("openai", {"error": {"message": "out of memory\nat ..."}}, case())
+
+
 def test_stream_accumulator_merges_late_extras():
     acc = dialects.StreamAccumulator()
     acc.feed({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
