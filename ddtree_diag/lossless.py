@@ -329,11 +329,16 @@ def make_baseline_backend(spec: BaselineSpec, backend: Any, options: Any) -> tup
         if getattr(backend, "name", "") == "engine":
             return backend, True  # budget 0 = plain AR through the same engine
         from ddtree_diag.backends.engine import EngineBackend
-        from ddtree_diag.models import choose_models
+        from ddtree_diag.models import EMBEDDED_MODEL_NAME, choose_models
 
-        # The target alone (no draft): --target/--gguf, else the embedded default model.
-        choice = choose_models(getattr(options, "target", None), None, getattr(options, "gguf", None),
-                               use_draft=False)  # fmt: skip
+        # The target alone (no draft): --target/--gguf, else the embedded default model, which
+        # is only the right baseline when the server runs that model.
+        target, gguf = getattr(options, "target", None), getattr(options, "gguf", None)
+        if target is None and gguf is None and getattr(backend, "model", None) != EMBEDDED_MODEL_NAME:
+            raise UsageError(
+                "--baseline engine needs the server's target model: --target DIR or --gguf FILE"
+            )
+        choice = choose_models(target, None, gguf, use_draft=False)
         return (
             EngineBackend(target=choice.target, draft=None, gguf_file=choice.gguf_file,
                           device=getattr(options, "device", None), dtype=getattr(options, "dtype", None)),

@@ -242,3 +242,11 @@ def test_readme_documents_every_gate_key():
                 "tokens_per_second_source", "max_garbage", "max_failed", "min_completion_tokens",
                 "lossless", "allow_near_ties", "fail_on_findings"):  # fmt: skip
         assert key in readme, key
+
+
+def test_engine_baseline_for_a_remote_model_needs_its_target(standin, cli):
+    """The embedded model is only the baseline of a server that runs it; anything else must be named."""
+    server = standin("--dialect", "ddtree")
+    result = cli("probe", "--url", server.url, "--baseline", "engine", "--thinking", "off", "--budget", "16")
+    assert result.code == 2
+    assert "--baseline engine needs the server's target model" in result.stderr
