@@ -9,7 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
+
+# Shared by the engine test modules.
+BUDGETS = (0, 1, 2, 4, 16, 64)
+PROMPTS = ([257, 84, 82, 68], [5, 9, 200, 31, 31, 7, 118, 64, 3], list(range(40, 57)))
+MAX_TOKENS = 24
 
 VOCAB = 300
 HIDDEN = 64
@@ -94,3 +100,12 @@ def edit_json(path: Path, **changes) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls on a shared 2-core box: extra intra-op threads only spin against each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

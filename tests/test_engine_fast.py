@@ -12,23 +12,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import engine_fixtures as fx  # noqa: E402
+from engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS, one_thread  # noqa: E402, F401 - one_thread is a fixture
 
 from ddtree_diag.engine import fast, load_engine  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask, build_tree  # noqa: E402
 
-pytestmark = pytest.mark.engine
-
-BUDGETS = (0, 1, 2, 4, 16, 64)
-PROMPTS = ([257, 84, 82, 68], [5, 9, 200, 31, 31, 7, 118, 64, 3], list(range(40, 57)))
-MAX_TOKENS = 24
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
 
 
 # ---- vectorised tree build ----------------------------------------------------------------------

@@ -12,24 +12,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import engine_fixtures as fx  # noqa: E402
+from engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS, one_thread  # noqa: E402, F401 - one_thread is a fixture
 
 from ddtree_diag.engine import load_engine  # noqa: E402
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
 BLOCK_SIZES = (2, 4, 8)
-BUDGETS = (0, 1, 2, 4, 16, 64)
-PROMPTS = ([257, 84, 82, 68], [5, 9, 200, 31, 31, 7, 118, 64, 3], list(range(40, 57)))
-MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matmuls on a shared 2-core box: extra intra-op threads only spin against each other.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

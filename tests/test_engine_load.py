@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import engine_fixtures as fx  # noqa: E402
+from engine_fixtures import one_thread  # noqa: E402, F401 - one_thread is a fixture
 
 from ddtree_diag.backends.engine import EngineBackend, split_reasoning  # noqa: E402
 from ddtree_diag.engine import load_engine  # noqa: E402
@@ -20,15 +21,9 @@ from ddtree_diag.engine_info import run_engine_info  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -603,16 +603,7 @@ class FastDecoder:
         acceptance_lengths: list[int] = []
         tree_sizes: list[int] = []
         fallbacks = 0
-        finish = None
-        if first in stops:
-            finish = "stop"
-        elif len(output) >= max_tokens:
-            finish = "length"
-        text_so_far = ""
-        if on_token is not None:
-            text_so_far = engine._text(output, stops)
-            if on_token([first], text_so_far) is False:
-                finish = finish or "cancelled"
+        finish, text_so_far = engine._after_first_token(first, stops, max_tokens, on_token)
         timer = _Timer(cuda)
         while finish is None:
             remaining = max_tokens - len(output)

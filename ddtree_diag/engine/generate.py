@@ -285,16 +285,7 @@ class Engine:
         context, context_positions = features, positions
         acceptance_lengths: list[int] = []
         tree_sizes: list[int] = []
-        finish = None
-        if first in stops:
-            finish = "stop"
-        elif len(output) >= max_tokens:
-            finish = "length"
-        text_so_far = ""
-        if on_token is not None:
-            text_so_far = self._text(output, stops)
-            if on_token([first], text_so_far) is False:
-                finish = finish or "cancelled"
+        finish, text_so_far = self._after_first_token(first, stops, max_tokens, on_token)
 
         while finish is None:
             start = self.target.length
@@ -359,6 +350,18 @@ class Engine:
             output, stops, stop, finish, prompt_len, t_start, ttft, acceptance_lengths, tree_sizes,
             stage_times, logprob_rows, top_logprobs, budget if mode == "tree" else 0, mode,
         )  # fmt: skip
+
+    def _after_first_token(
+        self, first: int, stops: set[int], max_tokens: int, on_token: Callable[[list[int], str], bool] | None
+    ) -> tuple[str | None, str]:
+        """(finish reason or None, text so far) once the prefill has sampled the first token."""
+        finish = "stop" if first in stops else "length" if max_tokens <= 1 else None
+        text_so_far = ""
+        if on_token is not None:
+            text_so_far = self._text([first], stops)
+            if on_token([first], text_so_far) is False:
+                finish = finish or "cancelled"
+        return finish, text_so_far
 
     def assemble(
         self,
