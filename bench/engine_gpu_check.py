@@ -30,7 +30,7 @@ from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
 from ddtree_diag.engine.generate import Engine
 from ddtree_diag.engine.target import TargetModel
 
-BUDGETS = (0, 1, 2, 4, 16, 64)
+BUDGETS = [0, 1, 2, 4, 16, 64]
 
 
 def medium_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
@@ -80,7 +80,7 @@ def check(
             for budget in BUDGETS:
                 outputs = {}
                 for path in PATHS:
-                    engine.fast = path == "fast"
+                    engine.use_path(path)
                     gen = engine.generate_ids(prompt, tree_budget=budget, max_tokens=max_tokens, stop_token_ids=[])
                     outputs[path] = gen.token_ids
                     fallbacks += gen.extras.get("fast_tree_fallbacks", 0)
@@ -93,10 +93,11 @@ def check(
                             f"  DIFF {name} {path} block={block_size} budget={budget} prompt_len={len(prompt)}: "
                             f"first divergence at token {at}, reference top-2 logit gap there {gap:.4f}"
                         )
-                if len(outputs) == 2 and outputs["fast"] != outputs["eager"]:
-                    differ += 1
-                    at = first_divergence(outputs["fast"], outputs["eager"])
-                    print(f"  FAST != EAGER {name} block={block_size} budget={budget}: first divergence at {at}")
+                for path, tokens in outputs.items():
+                    if "eager" in outputs and path != "eager" and tokens != outputs["eager"]:
+                        differ += 1
+                        at = first_divergence(tokens, outputs["eager"])
+                        print(f"  {path} != eager {name} block={block_size} budget={budget}: first divergence at {at}")
     print(f"{name} ({'+'.join(PATHS)}): {differ}/{cases} cases differ; fast tree fallbacks {fallbacks}")
     return cases, differ
 
@@ -105,9 +106,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer prompts/tokens (CPU smoke run)")
-    parser.add_argument("--paths", default="eager,fast", help="decode paths to check: eager, fast or both")
+    parser.add_argument("--paths", default="eager,fast", help="decode paths: " + ", ".join(Engine.DECODE_PATHS))
+    parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="tree budgets (0 = AR)")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 or both")
     args = parser.parse_args()
     PATHS[:] = args.paths.split(",")
+    BUDGETS[:] = [int(b) for b in args.budgets.split(",")]
+    dtypes = args.dtypes.split(",")
     gen = torch.Generator().manual_seed(0)
     n_prompts, max_tokens = (2, 16) if args.quick else (4, 48)
     started = time.perf_counter()
@@ -119,7 +124,7 @@ def main() -> int:
         tiny_prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in (5, 13, 31, 60)][
             :n_prompts
         ]
-        for dtype in ("fp32", "bf16"):
+        for dtype in dtypes:
             engines = {
                 bs: load_engine(target, d, device=args.device, dtype=dtype) for bs, d in drafts.items()
             }
@@ -128,7 +133,7 @@ def main() -> int:
     medium_prompts = [torch.randint(0, 8000, (n,), generator=gen).tolist() for n in (7, 50, 200, 9)][
         :n_prompts
     ]
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in [{"fp32": torch.float32, "bf16": torch.bfloat16}[name] for name in dtypes]:
         engines = {bs: medium_engine(args.device, dtype, bs) for bs in (8, 16)}
         label = "medium-" + ("fp32" if dtype == torch.float32 else "bf16")
         _, differ = check(label, engines, medium_prompts, max_tokens)

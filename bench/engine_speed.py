@@ -39,6 +39,7 @@ HBM_BYTES_PER_S = 4.8e12  # H200
 WARMUP_TOKENS = 24  # per config before the timed run (small runs: the whole run, shapes fully warm)
 LINES: list[str] = []
 RECORDS: list[dict] = []
+EAGER_TOKENS: dict[tuple[str, int], list[int]] = {}
 
 
 def say(line: str = "") -> None:
@@ -86,12 +87,21 @@ def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_la
 
 def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], new_tokens: int, shape: str,
              bound_ms: float) -> None:  # fmt: skip
-    engine.fast = path.startswith("fast")
-    engine.cuda_graphs = path != "fast-nograph"  # fast-nograph: the same rounds without CUDA graphs
+    engine.use_path(path)
     for budget in [0, *budgets]:
         # warm-up: same shapes (and, fast on CUDA, graph capture) before the timed run
         engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[])
         result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=new_tokens, stop_token_ids=[])
+        # tokens vs the eager path's at this budget (bf16: an exact near-tie may flip; fp32: must match)
+        key = (shape, budget)
+        if path == "eager":
+            EAGER_TOKENS[key] = result.token_ids
+        reference = EAGER_TOKENS.get(key)
+        same = "-"
+        if reference is not None and path != "eager":
+            n = min(len(reference), len(result.token_ids))
+            diverge = next((i for i in range(n) if reference[i] != result.token_ids[i]), None)
+            same = "yes" if diverge is None else f"@{diverge}"
         rounds = max(result.decode_rounds, 1)
         per = {k: 1000 * v / rounds for k, v in result.stage_times.items()}
         ms_round = 1000 * (result.e2e_s - result.ttft_s) / rounds
@@ -101,16 +111,16 @@ def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], n
         for error in result.extras.get("cuda_graph_errors", []):
             say(f"  (a stage ran without a CUDA graph: {error})")
         say(
-            f"{path:>5} {budget if budget else 'AR':>6} {result.decode_rounds:>6} {tau:>5.2f} "
+            f"{path:>12} {budget if budget else 'AR':>6} {result.decode_rounds:>6} {tau:>5.2f} "
             f"{ms_round:>9.2f} {per['draft']:>7.2f} {per['tree']:>7.2f} {per['verify']:>7.2f} "
             f"{per['commit']:>7.2f} {result.decode_tokens_per_second or 0:>8.1f} {1000 * result.ttft_s:>8.1f} "
-            f"{share:>6.0f}% {fallbacks!s:>5}"
+            f"{share:>6.0f}% {fallbacks!s:>5} {same:>5}"
         )
         RECORDS.append({
             "shape": shape, "path": path, "budget": budget, "rounds": result.decode_rounds, "tau": tau,
             "ms_per_round": ms_round, "stage_ms_per_round": per,
             "tokens_per_second": result.decode_tokens_per_second, "ttft_ms": 1000 * result.ttft_s,
-            "verify_bandwidth_share": share / 100, "tree_fallbacks": fallbacks,
+            "verify_bandwidth_share": share / 100, "tree_fallbacks": fallbacks, "same_as_eager": same,
         })  # fmt: skip
 
 
@@ -156,10 +166,14 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
     vocab = engine.target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (args.prompt_tokens,), generator=gen).tolist()
     header = f"{'path':>12} {'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} "
-    say(header + f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5}")
+    say(header + f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5} {'=eag':>5}")
     for path in args.paths:
         tokens = args.eager_tokens if path == "eager" else args.new_tokens
-        run_path(engine, path, prompt, args.budgets, tokens, shape, bound_ms)
+        try:
+            run_path(engine, path, prompt, args.budgets, tokens, shape, bound_ms)
+        except Exception as exc:  # one path failing (say torch.compile) must not lose the others' figures
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            say(f"{path:>12} failed: {type(exc).__name__}: {first_line}")
     if args.profile:
         profile_round(engine, prompt, 64 if 64 in args.budgets else args.budgets[0], args.device.startswith("cuda"))
     if args.device.startswith("cuda"):
@@ -178,7 +192,9 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if cuda else "cpu")
     parser.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     parser.add_argument("--budgets", default="16,64,256")
-    parser.add_argument("--paths", default="eager,fast", help="eager, fast, fast-nograph (comma list)")
+    parser.add_argument(
+        "--paths", default="eager,fast,fast-compile", help="comma list of " + ", ".join(Engine.DECODE_PATHS)
+    )
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per fast run (default 256; small 32)")

@@ -5,7 +5,9 @@ Used for the committed draft (ddtree_diag/data/draft-smollm2/README.md gives the
 Knobs (env): JOB_RUNS ("8:random,16:random,..." block size and init per run), JOB_SECONDS
 (training seconds per run), JOB_MAX_PROMPTS, JOB_MAX_NEW, JOB_FOLLOW_UP (second-turn tokens,
 0 = none), JOB_FOLLOW_UPS_PER, JOB_BATCH, JOB_WD, JOB_GEN_BATCH, JOB_VAL (fraction of sequences
-held back for early stopping); JOB_TINY=1 for a CPU smoke run.
+held back for early stopping), JOB_ANCHORS (blocks per sequence per step), JOB_DEADLINE (seconds
+after the job's start by which everything must be written: the last run's training time shrinks
+to fit, keeping JOB_RESERVE seconds for its evaluation and packing); JOB_TINY=1 for a CPU smoke run.
 """
 
 import gzip
@@ -37,6 +39,9 @@ max_prompts = int(os.environ.get("JOB_MAX_PROMPTS", "0")) or None  # first N lin
 gen_batch = int(os.environ.get("JOB_GEN_BATCH", "512"))
 follow_ups_per_prompt = int(os.environ.get("JOB_FOLLOW_UPS_PER", "2"))
 val_fraction = float(os.environ.get("JOB_VAL", "0.05"))  # early stopping on held-back sequences
+anchors_per_seq = int(os.environ.get("JOB_ANCHORS", "32"))
+deadline = float(os.environ.get("JOB_DEADLINE", "0"))  # 0: no deadline
+reserve = float(os.environ.get("JOB_RESERVE", "75"))
 data_dir = Path(__file__).resolve().parents[1] / "ddtree_diag" / "data" / "prompts"
 log_file = open(out / "log.txt", "a")  # noqa: SIM115 (open for the whole job)
 
@@ -91,29 +96,29 @@ for bs_text, init in runs:
     bs = int(bs_text)
     name = f"b{bs}-{init}"
     run_dir = Path(f"/tmp/draft-{name}")
+    run_seconds = seconds
+    if deadline and not tiny:
+        # validation passes are not counted in max_seconds: leave them ~15 % on top
+        run_seconds = min(seconds, (deadline - (time.time() - t0) - reserve) / 1.15)
+        log(f"{name}: {run_seconds:.0f}s of training fit before the deadline")
     settings = dt.TrainSettings(
         prompts_file=str(data_dir / "train.txt"),
         out_dir=str(run_dir),
         target_dir=str(target_dir),
         block_size=bs,
         steps=3 if tiny else 100000,
-        max_seconds=None if tiny else seconds,
+        max_seconds=None if tiny else max(run_seconds, 10.0),
         batch_size=2 if tiny else batch_size,
         weight_decay=weight_decay,
         val_fraction=val_fraction,
         eval_every_seconds=2 if tiny else 30,
-        anchors_per_seq=4 if tiny else 32,
+        anchors_per_seq=4 if tiny else anchors_per_seq,
         data_file=str(data_file),
         device=device,
         init_from_target=init == "target",
         log_every=1 if tiny else 50,
     )
     res = dt.train_draft(settings, log=log)
-    table = dt.evaluate(
-        res["draft"], res["target"], res["tokenizer"], None, [0, 4, 16, 64, 256], records_by_mode=eval_records
-    )
-    results[name] = {"summary": res["summary"], "acceptance": table}
-    log(f"{name}: {json.dumps(table)}  (at {time.time() - t0:.1f}s)")
     # Files come back at most 16 MiB each: split the tar right away (a timeout still returns it).
     tar_path = out / f"draft-{name}.tar"
     with tarfile.open(tar_path, "w") as tar:
@@ -122,6 +127,12 @@ for bs_text, init in runs:
     for index in range(0, len(data), 15 * 2**20):
         (out / f"{tar_path.name}.part{index // (15 * 2**20)}").write_bytes(data[index : index + 15 * 2**20])
     tar_path.unlink()
+    # evaluated after packing: a timeout during the evaluation still returns the weights
+    table = dt.evaluate(
+        res["draft"], res["target"], res["tokenizer"], None, [0, 4, 16, 64, 256], records_by_mode=eval_records
+    )
+    results[name] = {"summary": res["summary"], "acceptance": table}
+    log(f"{name}: {json.dumps(table)}  (at {time.time() - t0:.1f}s)")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     del res
     if device == "cuda":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -216,6 +217,45 @@ def ancestors_from_parents(parents: torch.Tensor, rounds: int) -> torch.Tensor:
 # ---- the stages -------------------------------------------------------------------------------
 
 
+def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int):
+    """A decoder layer up to attention: norm, q/k/v projections, q/k norms (Qwen3), rotary.
+    Returns q, k, v as [1, heads, rows, head_dim]. A pure function of its inputs, so on CUDA it can
+    be compiled once and reused by every layer (the layer's weights are inputs, not constants)."""
+    attn = layer.self_attn
+    rows = hidden.shape[1]
+    x = layer.input_layernorm(hidden)
+    q = attn.q_proj(x).view(1, rows, heads, head_dim)
+    k = attn.k_proj(x).view(1, rows, kv_heads, head_dim)
+    v = attn.v_proj(x).view(1, rows, kv_heads, head_dim)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q, k, v
+
+
+def target_post_attention(layer, hidden, attn_out):
+    """The rest of a decoder layer: output projection, residual, norm, MLP, residual."""
+    hidden = hidden + layer.self_attn.o_proj(attn_out)
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def draft_pre_attention(layer, hidden, cos, sin, heads: int, head_dim: int):
+    """A draft layer up to attention, for the noise block (see ``target_pre_attention``)."""
+    attn = layer.self_attn
+    x = layer.input_layernorm(hidden)
+    q = attn.q_norm(attn.q_proj(x).view(1, hidden.shape[1], heads, head_dim)).transpose(1, 2)
+    k, v = attn._kv(x, cos, sin)
+    return apply_rope(q, cos, sin), k, v
+
+
+def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean attention mask (True = may attend) as the additive bias SDPA would build from it."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
     """SDPA; on CUDA pinned to the memory-efficient kernel (takes a boolean mask, capturable in a
     CUDA graph, no per-shape planning), math as the fallback. CPU: PyTorch's own choice."""
@@ -228,26 +268,44 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 class _Stage:
-    """A stage function over static buffers; on CUDA captured once as a graph and replayed."""
+    """A stage function over static buffers; on CUDA captured once as a graph and replayed.
+
+    The second warm-up run (outside the capture) uses ``torch.cuda.set_sync_debug_mode("error")``: an op
+    that would synchronise with the host, which a capture refuses, raises there with its stack
+    instead of breaking the capture. A failed capture can leave the graph memory pool in a
+    "recording" state that breaks every later capture, so after one the decoder stops capturing
+    (``FastDecoder.capture_broken``) and the remaining stages run eagerly: slower, never wrong.
+    """
 
     def __init__(self, fn: Callable[[], None], graphs: bool, pool: Any = None) -> None:
         self.fn, self.graph, self.pool = fn, None, pool
         self.error: str | None = None
+        self.capture_failed = False
         if graphs:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up (allocator, cuBLAS handles) outside the capture
-                    fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
+            previous = torch.cuda.get_sync_debug_mode()
             try:
-                with torch.cuda.graph(graph, pool=pool):
-                    fn()
-                self.graph = graph
-            except RuntimeError as exc:  # an op that cannot be captured: stay correct, run eagerly
+                with torch.cuda.stream(stream):
+                    fn()  # warm-up outside the capture: allocator, cuBLAS handles, compilation + autotuning
+                    torch.cuda.set_sync_debug_mode("error")
+                    fn()  # the same again, now any host sync raises
+            except RuntimeError as exc:
+                self.error = "host sync in the warm-up: " + _where(exc)
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+                torch.cuda.current_stream().wait_stream(stream)
                 torch.cuda.synchronize()
-                self.error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if self.error is None:
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(graph, pool=pool):
+                        fn()
+                    self.graph = graph
+                except RuntimeError as exc:  # an op that cannot be captured: stay correct, run eagerly
+                    self.capture_failed = True
+                    self.error = "capture: " + _where(exc)
+                    torch.cuda.synchronize()
 
     def run(self) -> None:
         if self.graph is not None:
@@ -256,10 +314,22 @@ class _Stage:
             self.fn()
 
 
+def _where(exc: BaseException) -> str:
+    """First line of an error plus the innermost frame of this package that raised it."""
+    import traceback
+
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "ddtree_diag" in f.filename]
+    if frames:
+        frame = frames[-1]
+        message += f" (at {Path(frame.filename).name}:{frame.lineno} {frame.line})"
+    return message
+
+
 class FastDecoder:
     """Runs ``Engine.generate_ids`` rounds the fast way; see the module docstring."""
 
-    def __init__(self, engine: Engine, graphs: bool | None = None) -> None:
+    def __init__(self, engine: Engine, graphs: bool | None = None, torch_compile: bool = False) -> None:
         self.engine = engine
         self.target = engine.target
         self.draft = engine.draft
@@ -270,6 +340,20 @@ class FastDecoder:
         self.stages: dict[tuple, _Stage] = {}
         self._pool = None
         self.capturing = False
+        self.capture_broken = False  # a failed capture: capture nothing more (see _Stage)
+        # torch_compile: torch.compile the two halves of a decoder layer (norms, rotary, SwiGLU
+        # fused into a few kernels) and the tree build. One compiled graph per row count serves
+        # every layer, since the layer is an input (inlined nn.Modules). The compiled kernels then
+        # run inside the stage's CUDA graph. The prefill (its length varies) stays uncompiled.
+        self.torch_compile = torch_compile
+        self._pre_attention, self._post_attention = target_pre_attention, target_post_attention
+        self._draft_pre_attention = draft_pre_attention
+        self._build_tree = build_tree_tensors
+        if torch_compile:
+            self._pre_attention = torch.compile(target_pre_attention, dynamic=False)
+            self._post_attention = torch.compile(target_post_attention, dynamic=False)
+            self._draft_pre_attention = torch.compile(draft_pre_attention, dynamic=False)
+            self._build_tree = torch.compile(build_tree_tensors, dynamic=False)
         t = self.target
         self.rep = t.heads // t.kv_heads
         if self.draft is not None:
@@ -337,16 +421,23 @@ class FastDecoder:
     def _stage(self, key: tuple, fn: Callable[[], None]) -> _Stage:
         stage = self.stages.get(key)
         if stage is None:
-            stage = self.stages[key] = _Stage(fn, self.graphs and self.capturing, self._pool)
+            capture = self.graphs and self.capturing and not self.capture_broken
+            stage = self.stages[key] = _Stage(fn, capture, self._pool)
+            self.capture_broken = self.capture_broken or stage.capture_failed
         return stage
 
     # ---- target -------------------------------------------------------------------------------
     def _target_forward(
-        self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, with_features: bool
+        self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, with_features: bool,
+        compiled: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``tokens`` at positions start+depth, K/V written at slots start.., attention over
-        the whole cache: committed slots plus the rows' ancestors (``anc``)."""
+        the whole cache: committed slots plus the rows' ancestors (``anc``). ``compiled=False``
+        (the prefill, whose length varies) never uses the compiled layer halves."""
         t = self.target
+        pre, post = (self._pre_attention, self._post_attention) if compiled else (
+            target_pre_attention, target_post_attention,
+        )  # fmt: skip
         rows = tokens.shape[0]
         positions = self.start + depths
         slots = self.start + self.slot_index[:rows]
@@ -357,31 +448,22 @@ class FastDecoder:
             key_pos.index_copy_(0, slots, positions)
             mask &= key_pos[None, :] > positions[:, None] - t.sliding_window
         # GQA without copying the cache: the query heads of one KV head become extra query rows.
-        mask = mask.repeat(self.rep, 1)[None, None]
+        # The boolean mask becomes an additive bias once here rather than inside SDPA in every layer.
+        bias = _additive_mask(mask.repeat(self.rep, 1)[None, None], t.dtype)
         hidden = t.embed(tokens[None])
         cos, sin = t.inner.rotary_emb(hidden, positions[None])
         cos, sin = cos[:, None], sin[:, None]
         wanted = set(self.feature_layers) if with_features else set()
         features: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(t.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(1, rows, t.heads, t.head_dim)
-            k = attn.k_proj(x).view(1, rows, t.kv_heads, t.head_dim)
-            v = attn.v_proj(x).view(1, rows, t.kv_heads, t.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k, v = pre(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim)
             cache_k, cache_v = t.cache_k[index], t.cache_v[index]
             cache_k.index_copy_(2, slots, k)
             cache_v.index_copy_(2, slots, v)
             q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
-            out = _attend(q, cache_k, cache_v, mask, t.scaling)
+            out = _attend(q, cache_k, cache_v, bias, t.scaling)
             out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
-            hidden = hidden + attn.o_proj(out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = post(layer, hidden, out)
             if index in wanted and index != t.num_layers - 1:
                 features[index] = hidden
         hidden = t.inner.norm(hidden)
@@ -426,18 +508,13 @@ class FastDecoder:
         rope = d._rope(self.start + self.slot_index[:block], 1, hidden.dtype)
         heads, kv_heads, head_dim = self.d_heads, self.d_kv_heads, self.d_head_dim
         for index, layer in enumerate(d.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_norm(attn.q_proj(x).view(1, block, heads, head_dim)).transpose(1, 2)
-            q = apply_rope(q, *rope)
-            k, v = attn._kv(x, *rope)
+            q, k, v = self._draft_pre_attention(layer, hidden, *rope, heads, head_dim)
             self.draft_k[index].index_copy_(2, noise_slots, k)
             self.draft_v[index].index_copy_(2, noise_slots, v)
             q = q.reshape(1, kv_heads, (heads // kv_heads) * block, head_dim)
             out = _attend(q, self.draft_k[index], self.draft_v[index], mask)
             out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
-            hidden = hidden + attn.o_proj(out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = self._post_attention(layer, hidden, out)
         hidden = d.norm(hidden)
         logits = self.target.lm_head(hidden[0, 1:])
         self.logprobs.copy_(torch.log_softmax(logits.float(), dim=-1))
@@ -451,7 +528,7 @@ class FastDecoder:
             tokens, parents, depths = self.logprobs.argmax(dim=-1), depth_rows - 1, depth_rows
             valid = depth_rows <= self.depth_limit
         else:
-            built = build_tree_tensors(self.logprobs, budget, self.depth_limit)
+            built = self._build_tree(self.logprobs, budget, self.depth_limit)
             tokens, parents, depths, valid = built["tokens"], built["parents"], built["depths"], built["valid"]
             exact = built["exact"]
         pad = padded - 1 - tokens.shape[0]
@@ -580,7 +657,7 @@ class FastDecoder:
         self.start.zero_()
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
         positions = torch.arange(prompt_len, device=self.device)
-        logits, features = self._target_forward(prompt, positions, causal, with_features)
+        logits, features = self._target_forward(prompt, positions, causal, with_features, compiled=False)
         self.start.fill_(prompt_len)
         t.length = prompt_len
         last_logits = logits[-1:].float()

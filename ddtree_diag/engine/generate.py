@@ -87,6 +87,8 @@ class Engine:
         # (torch 2.11) the capture failed and left the device's RNG state unusable (measured,
         # bench/RESULTS-engine.md); the fast rounds without graphs are lossless there.
         self.cuda_graphs = False
+        # torch.compile the decoder-layer halves inside the fast path (CUDA; opt-in, see fast.py)
+        self.torch_compile = False
         self._fast_decoder = None
 
     # ---- description -------------------------------------------------------------------------
@@ -415,12 +417,25 @@ class Engine:
             extras=extras or {},
         )
 
+    DECODE_PATHS = ("eager", "fast", "fast-nograph", "fast-compile")
+
+    def use_path(self, path: str) -> None:
+        """Select a decode path by name: ``eager`` (the readable reference loop), ``fast``
+        (engine/fast.py, CUDA graphs on a GPU), ``fast-nograph`` (the same rounds, no graphs),
+        ``fast-compile`` (fast + torch.compile'd layer halves and tree build)."""
+        if path not in self.DECODE_PATHS:
+            raise ValueError(f"unknown decode path {path!r} (one of {', '.join(self.DECODE_PATHS)})")
+        self.fast = path != "eager"
+        self.cuda_graphs = path in ("fast", "fast-compile")
+        self.torch_compile = path == "fast-compile"
+
     def _fast(self):
         graphs = self.cuda_graphs and self.device.type == "cuda"
-        if self._fast_decoder is None or self._fast_decoder.graphs != graphs:
+        decoder = self._fast_decoder
+        if decoder is None or decoder.graphs != graphs or decoder.torch_compile != self.torch_compile:
             from ddtree_diag.engine.fast import FastDecoder
 
-            self._fast_decoder = FastDecoder(self, graphs=graphs)
+            self._fast_decoder = FastDecoder(self, graphs=graphs, torch_compile=self.torch_compile)
         return self._fast_decoder
 
     def _text(self, token_ids: list[int], stops: set[int]) -> str:
