@@ -348,7 +348,7 @@ class FastDecoder:
         self.torch_compile = torch_compile
         self._pre_attention, self._post_attention = target_pre_attention, target_post_attention
         self._draft_pre_attention = draft_pre_attention
-        self._build_tree = build_tree_tensors
+        self._build_tree = None  # None: the module's build_tree_tensors, looked up per call
         if torch_compile:
             self._pre_attention = torch.compile(target_pre_attention, dynamic=False)
             self._post_attention = torch.compile(target_post_attention, dynamic=False)
@@ -528,7 +528,7 @@ class FastDecoder:
             tokens, parents, depths = self.logprobs.argmax(dim=-1), depth_rows - 1, depth_rows
             valid = depth_rows <= self.depth_limit
         else:
-            built = self._build_tree(self.logprobs, budget, self.depth_limit)
+            built = (self._build_tree or build_tree_tensors)(self.logprobs, budget, self.depth_limit)
             tokens, parents, depths, valid = built["tokens"], built["parents"], built["depths"], built["valid"]
             exact = built["exact"]
         pad = padded - 1 - tokens.shape[0]
