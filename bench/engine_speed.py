@@ -175,7 +175,13 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
             first_line = (str(exc).strip().splitlines() or [""])[0]
             say(f"{path:>12} failed: {type(exc).__name__}: {first_line}")
     if args.profile:
-        profile_round(engine, prompt, 64 if 64 in args.budgets else args.budgets[0], args.device.startswith("cuda"))
+        budget = 64 if 64 in args.budgets else args.budgets[0]
+        try:
+            profile_round(engine, prompt, budget, args.device.startswith("cuda"))
+        except Exception as exc:  # e.g. a failed compile of the last path: profile the plain fast path
+            say(f"profile with {args.paths[-1]} failed ({type(exc).__name__}); profiling 'fast' instead")
+            engine.use_path("fast")
+            profile_round(engine, prompt, budget, args.device.startswith("cuda"))
     if args.device.startswith("cuda"):
         say(f"peak CUDA memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     del engine

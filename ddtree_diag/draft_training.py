@@ -67,6 +67,8 @@ class TrainSettings:
     loss_gamma: float | None = None  # None = 7 for block 16, 5 for 10, 4 for 8 (public DFlash recipe)
     # Draft layers start as copies of the target's last layers (tried: no better than random init).
     init_from_target: bool = False
+    # Continue from a trained draft directory (z-lab format) instead of a fresh initialisation.
+    init_from: str | None = None
     seed: int = 0
     device: str | None = None
     save_dtype: str = "bfloat16"
@@ -491,7 +493,13 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         val_records, records = shuffled[:n_val][: settings.val_sequences], shuffled[n_val:]
 
     draft = new_draft(target.config, settings).to(device)
-    if settings.init_from_target:
+    if settings.init_from:
+        from ddtree_diag.engine.draft import load_draft
+
+        start = load_draft(settings.init_from, device=device)
+        draft.load_state_dict(start.state_dict())
+        log(f"continuing from {settings.init_from}")
+    elif settings.init_from_target:
         init_draft_from_target(draft, target)
     draft.train()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)

@@ -7,7 +7,9 @@ Knobs (env): JOB_RUNS ("8:random,16:random,..." block size and init per run), JO
 0 = none), JOB_FOLLOW_UPS_PER, JOB_BATCH, JOB_WD, JOB_GEN_BATCH, JOB_VAL (fraction of sequences
 held back for early stopping), JOB_ANCHORS (blocks per sequence per step), JOB_DEADLINE (seconds
 after the job's start by which everything must be written: the last run's training time shrinks
-to fit, keeping JOB_RESERVE seconds for its evaluation and packing); JOB_TINY=1 for a CPU smoke run.
+to fit, keeping JOB_RESERVE seconds for its evaluation and packing); JOB_INIT (continue from
+this draft directory), JOB_LR, JOB_DATA / JOB_EVAL_DATA (the .json.gz data of an earlier job:
+no generation); JOB_TINY=1 for a CPU smoke run.
 """
 
 import gzip
@@ -41,6 +43,10 @@ follow_ups_per_prompt = int(os.environ.get("JOB_FOLLOW_UPS_PER", "2"))
 val_fraction = float(os.environ.get("JOB_VAL", "0.05"))  # early stopping on held-back sequences
 anchors_per_seq = int(os.environ.get("JOB_ANCHORS", "32"))
 deadline = float(os.environ.get("JOB_DEADLINE", "0"))  # 0: no deadline
+init_from = os.environ.get("JOB_INIT") or None  # continue from this draft directory
+learning_rate = float(os.environ.get("JOB_LR", "6e-4"))
+reuse_data = os.environ.get("JOB_DATA") or None  # train_data.json.gz of an earlier job: skip generation
+reuse_eval = os.environ.get("JOB_EVAL_DATA") or None  # eval_data.json.gz of an earlier job
 reserve = float(os.environ.get("JOB_RESERVE", "75"))
 data_dir = Path(__file__).resolve().parents[1] / "ddtree_diag" / "data" / "prompts"
 log_file = open(out / "log.txt", "a")  # noqa: SIM115 (open for the whole job)
@@ -71,21 +77,29 @@ heldout = ["Say hello in one short sentence.", *dt.load_prompts(data_dir / "held
 if tiny:
     prompts, heldout = prompts[:3], heldout[:1]
 t1 = time.time()
-records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, gen_batch)
-if follow_up_tokens:
-    conversations = dt.follow_up_conversations(records, tokenizer, follow_ups_per_prompt)
-    records += dt.generate_greedy(
-        target, tokenizer, conversations, 8 if tiny else follow_up_tokens, gen_batch
-    )
+if reuse_data:
+    with gzip.open(reuse_data, "rt") as fh:
+        records = json.load(fh)
+else:
+    records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, gen_batch)
+    if follow_up_tokens:
+        conversations = dt.follow_up_conversations(records, tokenizer, follow_ups_per_prompt)
+        records += dt.generate_greedy(
+            target, tokenizer, conversations, 8 if tiny else follow_up_tokens, gen_batch
+        )
 log(
     f"train data: {len(records)} seqs, {sum(len(r['response_ids']) for r in records)} tokens, "
     f"{time.time() - t1:.1f}s"
 )
 data_file = out / "train_data.json"
 data_file.write_text(json.dumps(records))
-eval_records = {
-    m: dt.generate_greedy(target, tokenizer, heldout, 8 if tiny else 128, 64, m) for m in (False, True)
-}
+if reuse_eval:
+    with gzip.open(reuse_eval, "rt") as fh:
+        eval_records = {m == "True": r for m, r in json.load(fh).items()}
+else:
+    eval_records = {
+        m: dt.generate_greedy(target, tokenizer, heldout, 8 if tiny else 128, 64, m) for m in (False, True)
+    }
 with gzip.open(out / "eval_data.json.gz", "wt") as fh:
     json.dump({str(m): r for m, r in eval_records.items()}, fh)
 log(f"eval data ready at {time.time() - t0:.1f}s")
@@ -116,6 +130,8 @@ for bs_text, init in runs:
         data_file=str(data_file),
         device=device,
         init_from_target=init == "target",
+        init_from=init_from,
+        lr=learning_rate,
         log_every=1 if tiny else 50,
     )
     res = dt.train_draft(settings, log=log)

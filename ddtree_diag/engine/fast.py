@@ -76,8 +76,9 @@ def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     a full sort of a 150k vocabulary per depth is what this avoids."""
     bits = (values.float() + 0.0).contiguous().view(torch.int32).long()  # + 0.0: -0.0 ties 0.0, as in sort
     ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # float order as signed ints
-    index = torch.arange(values.shape[-1], device=values.device)
-    keys = ordered * (1 << 32) + ((1 << 32) - 1 - index)
+    # inverted index (vocab-1-index, not 2**32-1-index: a constant over int32 breaks Triton codegen)
+    inverted = values.shape[-1] - 1 - torch.arange(values.shape[-1], device=values.device)
+    keys = ordered * (1 << 32) + inverted
     ids = torch.topk(keys, k, dim=-1, sorted=True).indices
     return values.gather(-1, ids), ids
 
