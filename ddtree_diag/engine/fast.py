@@ -29,6 +29,7 @@ valid stream), and that sampling step runs outside the graphs.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -257,13 +258,20 @@ def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 
+# SDPA backend on CUDA: memory-efficient (takes a mask, capturable) by default; DDTREE_ATTENTION=
+# cudnn | math picks another first (the speed bench compares them).
+ATTENTION_BACKEND = os.environ.get("DDTREE_ATTENTION", "efficient")
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):
-    """SDPA; on CUDA pinned to the memory-efficient kernel (takes a boolean mask, capturable in a
-    CUDA graph, no per-shape planning), math as the fallback. CPU: PyTorch's own choice."""
+    """SDPA; on CUDA pinned to ATTENTION_BACKEND with math as the fallback. CPU: PyTorch's own choice."""
     if q.is_cuda:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        first = {"cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}.get(
+            ATTENTION_BACKEND, SDPBackend.EFFICIENT_ATTENTION
+        )
+        with sdpa_kernel([first, SDPBackend.MATH]):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
@@ -351,6 +359,11 @@ class FastDecoder:
         self._draft_pre_attention = draft_pre_attention
         self._build_tree = None  # None: the module's build_tree_tensors, looked up per call
         if torch_compile:
+            import torch._dynamo
+
+            # one compiled graph per row count and model: AR, draft block, each budget's bucket, for
+            # every model in the process; the default limit (8) sends the rest back to eager
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._pre_attention = torch.compile(target_pre_attention, dynamic=False)
             self._post_attention = torch.compile(target_post_attention, dynamic=False)
             self._draft_pre_attention = torch.compile(draft_pre_attention, dynamic=False)
