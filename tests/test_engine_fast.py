@@ -327,10 +327,11 @@ def test_round_stages_never_read_device_values_on_the_host(engines):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fast_path_without_graphs_equals_eager_on_cuda_fp32(tmp_path):
-    """On a GPU, the default fast path (no CUDA graphs) gives the eager path's tokens in fp32."""
+    """On a GPU, the fast rounds without CUDA graphs give the eager path's tokens in fp32."""
     target = fx.make_target(tmp_path / "target")
     engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="fp32")
-    assert engine.fast is True and engine.cuda_graphs is False
+    assert engine.fast is True and engine.cuda_graphs is True  # the defaults on CUDA
+    engine.use_path("fast-nograph")
     for prompt in PROMPTS:
         for budget in BUDGETS:
             eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
@@ -340,7 +341,6 @@ def test_fast_path_without_graphs_equals_eager_on_cuda_fp32(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.xfail(reason="capture fails on the H200 image (torch 2.11): see bench/RESULTS-engine.md", strict=False)
 def test_cuda_graphs_fast_path_equals_eager_in_fp32(tmp_path):
     """On a GPU: the captured stages replay to the eager path's tokens (fp32), every stage was
     captured, and the engine defaults to the fast path there."""
@@ -359,3 +359,54 @@ def test_cuda_graphs_fast_path_equals_eager_in_fp32(tmp_path):
                     assert_same(eager, quick, (prompt, budget))
                 assert quick.extras["cuda_graph_errors"] == []
                 assert quick.extras["cuda_graphs"]
+
+
+def test_decode_paths_by_name(engines):
+    engine = engines[4]
+    engine.use_path("fast-nograph")
+    assert (engine.fast, engine.cuda_graphs, engine.torch_compile) == (True, False, False)
+    engine.use_path("fast-compile")
+    assert (engine.fast, engine.cuda_graphs, engine.torch_compile) == (True, True, True)
+    engine.use_path("eager")
+    assert engine.fast is False
+    with pytest.raises(ValueError, match="unknown decode path 'turbo'"):
+        engine.use_path("turbo")
+    engine.use_path("fast")
+    engine.fast = False
+
+
+def test_compiled_fast_path_equals_eager_on_cpu(engines):
+    """The CPU twin of the CUDA fast-compile path: torch.compile'd layer halves and tree build give
+    the eager path's tokens, and the compiled graphs are shared by all layers (no per-layer
+    recompiles: one graph per row count and function)."""
+    from torch._dynamo.utils import counters
+
+    engine = engines[8]
+    engine.use_path("fast-compile")
+    graphs_before = counters["stats"]["unique_graphs"]
+    try:
+        for budget in (0, 4):
+            engine.fast = False
+            eager = engine.generate_ids(PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
+            engine.fast = True
+            quick = engine.generate_ids(PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
+            assert_same(eager, quick, budget)
+        assert engine._fast_decoder.torch_compile is True
+        # AR: pre+post at 1 row; budget 4: target pre+post at 16 rows, draft pre+post at 8, the tree
+        # build: 7 graphs for the 4 target and 2 draft layers, never one per layer
+        assert counters["stats"]["unique_graphs"] - graphs_before <= 7
+    finally:
+        engine.use_path("fast")
+        engine.fast = False
+
+
+def test_decode_path_from_the_environment(tmp_path, monkeypatch):
+    from ddtree_diag.errors import UsageError
+
+    target = fx.make_target(tmp_path / "target")
+    monkeypatch.setenv("DDTREE_DIAG_DECODE", "fast-nograph")
+    engine = load_engine(target, device="cpu", dtype="fp32")
+    assert (engine.fast, engine.cuda_graphs) == (True, False)
+    monkeypatch.setenv("DDTREE_DIAG_DECODE", "warp")
+    with pytest.raises(UsageError, match="DDTREE_DIAG_DECODE: unknown decode path 'warp'"):
+        load_engine(target, device="cpu", dtype="fp32")

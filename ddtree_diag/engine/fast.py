@@ -20,7 +20,9 @@ On CUDA each stage (draft, tree, verify, and the T=0 accept/commit) is captured 
 once per shape, before the prefill of the first request that needs it (a capture's warm-up runs
 scribble on the caches); ``_Stage.run`` replays it. A stage whose capture fails runs eagerly and
 says so in ``Generation.extras["cuda_graph_errors"]``. Everywhere else the very same stage
-functions run eagerly, which is what the CPU tests exercise.
+functions run eagerly, which is what the CPU tests exercise. ``torch_compile`` (the
+``fast-compile`` decode path) additionally compiles the decoder-layer halves and the tree build;
+the CPU tests run that too.
 
 T>0: rows are sampled with ``torch.multinomial`` in the eager path's order; on CPU the generator is
 the eager path's, so a seed gives the same tokens; on CUDA it lives on the GPU (a different, equally

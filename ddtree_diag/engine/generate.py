@@ -83,10 +83,9 @@ class Engine:
         # fast: the static-shape rounds of engine/fast.py (CUDA graphs on a GPU); None = on CUDA
         # only, so the CPU path stays this readable loop unless asked for.
         self.fast = (self.device.type == "cuda") if fast is None else bool(fast)
-        # CUDA-graph capture of the fast path's stages: off by default, because on the H200 image
-        # (torch 2.11) the capture failed and left the device's RNG state unusable (measured,
-        # bench/RESULTS-engine.md); the fast rounds without graphs are lossless there.
-        self.cuda_graphs = False
+        # CUDA-graph capture of the fast path's stages (on a GPU). Every stage captures on the H200
+        # (bench/RESULTS-engine.md); a stage that cannot runs eagerly and says so in the extras.
+        self.cuda_graphs = True
         # torch.compile the decoder-layer halves inside the fast path (CUDA; opt-in, see fast.py)
         self.torch_compile = False
         self._fast_decoder = None

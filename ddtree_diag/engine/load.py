@@ -21,6 +21,7 @@ every path must exist locally. Mismatched inputs raise ``UsageError`` with one l
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ def load_engine(
         "draft_path": str(draft) if draft is not None else None,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
-    return Engine(
+    engine = Engine(
         TargetModel(model, max_len=256),
         tokenizer,
         draft=draft_model,
@@ -189,6 +190,14 @@ def load_engine(
         info=info,
         fast=fast,
     )
+    # DDTREE_DIAG_DECODE=eager|fast|fast-nograph|fast-compile overrides the device's default path
+    decode_path = os.environ.get("DDTREE_DIAG_DECODE")
+    if decode_path:
+        try:
+            engine.use_path(decode_path)
+        except ValueError as exc:
+            raise UsageError(f"DDTREE_DIAG_DECODE: {exc}") from exc
+    return engine
 
 
 def _first_line(exc: BaseException) -> str:
