@@ -733,23 +733,11 @@ class FastDecoder:
             if top_logprobs > 0:
                 logprob_rows.extend(self.outputs[rows]["logits"][keep].float())
             t.length += count
-            for i, token in enumerate(new_tokens):
-                if token in stops:
-                    new_tokens, finish = new_tokens[: i + 1], "stop"
-                    break
-            if len(output) + len(new_tokens) >= max_tokens:
-                new_tokens = new_tokens[: max_tokens - len(output)]
-                finish = finish or "length"
-            output.extend(new_tokens)
-            acceptance_lengths.append(len(new_tokens))
+            finish, text_so_far, committed = engine._after_round(
+                output, new_tokens, stops, stop, max_tokens, on_token, text_so_far
+            )
+            acceptance_lengths.append(committed)
             tree_sizes.append(nodes)
-            if on_token is not None:
-                text = engine._text(output, stops)
-                delta, text_so_far = text[len(text_so_far) :], text
-                if on_token(new_tokens, delta) is False:
-                    finish = finish or "cancelled"
-            if stop and finish is None and any(s in engine._text(output, stops) for s in stop):
-                finish = "stop"
             timer.mark("commit")
             timer.add_to(stage_times)
 

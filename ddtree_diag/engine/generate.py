@@ -323,24 +323,11 @@ class Engine:
             if feature_layers is not None:
                 keep_index = torch.tensor(keep, device=self.device)
                 context, context_positions = features[keep_index], node_positions[keep_index]
-            # clip at the first stop token and at max_tokens
-            for i, token in enumerate(new_tokens):
-                if token in stops:
-                    new_tokens, finish = new_tokens[: i + 1], "stop"
-                    break
-            if len(output) + len(new_tokens) >= max_tokens:
-                new_tokens = new_tokens[: max_tokens - len(output)]
-                finish = finish or "length"
-            output.extend(new_tokens)
-            acceptance_lengths.append(len(new_tokens))
+            finish, text_so_far, committed = self._after_round(
+                output, new_tokens, stops, stop, max_tokens, on_token, text_so_far
+            )
+            acceptance_lengths.append(committed)
             tree_sizes.append(tree.size)
-            if on_token is not None:
-                text = self._text(output, stops)
-                delta, text_so_far = text[len(text_so_far) :], text
-                if on_token(new_tokens, delta) is False:
-                    finish = finish or "cancelled"
-            if stop and finish is None and any(s in self._text(output, stops) for s in stop):
-                finish = "stop"
             t4 = time.perf_counter()
             stage_times["draft"] += t1 - t0
             stage_times["tree"] += t2 - t1
@@ -363,6 +350,37 @@ class Engine:
             if on_token([first], text_so_far) is False:
                 finish = finish or "cancelled"
         return finish, text_so_far
+
+    def _after_round(
+        self,
+        output: list[int],
+        new_tokens: list[int],
+        stops: set[int],
+        stop: list[str] | None,
+        max_tokens: int,
+        on_token: Callable[[list[int], str], bool] | None,
+        text_so_far: str,
+    ) -> tuple[str | None, str, int]:
+        """Append a round's tokens to ``output``, clipped at the first stop token and at
+        ``max_tokens``; stream them; check stop strings. Returns (finish reason or None, text so
+        far, tokens committed) — the same bookkeeping for the eager and the fast loop."""
+        finish = None
+        for i, token in enumerate(new_tokens):
+            if token in stops:
+                new_tokens, finish = new_tokens[: i + 1], "stop"
+                break
+        if len(output) + len(new_tokens) >= max_tokens:
+            new_tokens = new_tokens[: max_tokens - len(output)]
+            finish = finish or "length"
+        output.extend(new_tokens)
+        if on_token is not None:
+            text = self._text(output, stops)
+            delta, text_so_far = text[len(text_so_far) :], text
+            if on_token(new_tokens, delta) is False:
+                finish = finish or "cancelled"
+        if stop and finish is None and any(s in self._text(output, stops) for s in stop):
+            finish = "stop"
+        return finish, text_so_far, len(new_tokens)
 
     def assemble(
         self,
