@@ -26,6 +26,7 @@ app = typer.Typer(
 )
 
 _DEBUG_HELP = "Show tracebacks instead of one-line errors."
+_DEBUG = typer.Option(False, "--debug", help=_DEBUG_HELP)
 
 
 def _version(value: bool) -> None:
@@ -38,7 +39,7 @@ def _version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    debug: bool = _DEBUG,
 ) -> None:
     """ddtree-diag"""
 
@@ -55,6 +56,21 @@ _NEAR_TIE_HELP = "Top-2 logprob gap (nats) under which a T=0 divergence is a num
 _API_KEY = typer.Option(None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENAI_API_KEY"],
                         show_default=False, show_envvar=True,
                         help="Bearer token (never printed or saved).")  # fmt: skip
+
+# Options shared by several commands (typer only reads these defaults).
+_NO_COLOR = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too).")
+_NEAR_TIE_GAP = typer.Option(None, "--near-tie-gap", help=_NEAR_TIE_HELP)
+_ENGINE = typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft).")
+_ENGINE_TARGET = typer.Option(None, "--target", help="Engine: target HF model dir.")
+_ENGINE_GGUF = typer.Option(None, "--gguf", help="Engine: target GGUF file.")
+_ENGINE_DRAFT = typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format).")
+_ENGINE_DEVICE = typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present).")
+_ENGINE_DTYPE = typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32.")
+_TARGET = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2).")
+_GGUF = typer.Option(None, "--gguf", help="Target GGUF file.")
+_DRAFT = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one).")
+_DEVICE = typer.Option(None, "--device", help="cuda or cpu (default: cuda if present).")
+_DTYPE = typer.Option(None, "--dtype", help="bf16, fp16 or fp32.")
 
 
 @app.command()
@@ -84,16 +100,16 @@ def probe(
                                     help="Parallel requests (default 1: clean per-request numbers)."),
     json_path: str | None = typer.Option(None, "--json",
                                             help="Write the JSON report to PATH ('-' = stdout only)."),
-    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
-    engine: bool = typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft)."),
-    target: str | None = typer.Option(None, "--target", help="Engine: target HF model dir."),
-    gguf: str | None = typer.Option(None, "--gguf", help="Engine: target GGUF file."),
-    draft: str | None = typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format)."),
-    device: str | None = typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present)."),
-    dtype: str | None = typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32."),
+    no_color: bool = _NO_COLOR,
+    engine: bool = _ENGINE,
+    target: str | None = _ENGINE_TARGET,
+    gguf: str | None = _ENGINE_GGUF,
+    draft: str | None = _ENGINE_DRAFT,
+    device: str | None = _ENGINE_DEVICE,
+    dtype: str | None = _ENGINE_DTYPE,
     baseline: str | None = typer.Option(None, "--baseline", help=_BASELINE_HELP),
-    near_tie_gap: float | None = typer.Option(None, "--near-tie-gap", help=_NEAR_TIE_HELP),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    near_tie_gap: float | None = _NEAR_TIE_GAP,
+    debug: bool = _DEBUG,
 ) -> None:
     """Run a probe matrix against a server (--url) or the in-process engine (--engine)."""
     from ddtree_diag.probe import ProbeOptions, run_probe
@@ -115,7 +131,7 @@ def text_check(
     finish_reason: str | None = typer.Option(None, "--finish-reason", help="The server's finish_reason."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSON lines {text, prompt, finish_reason, ...}."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    debug: bool = _DEBUG,
 ) -> None:
     """Flag text no healthy model would write (loops, leaks, script switches...): exit 1 if garbage."""
     from ddtree_diag.textcheck import run_text_check
@@ -136,19 +152,19 @@ def gate(
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT."),
     baseline: str | None = typer.Option(None, "--baseline",
                                         help=_BASELINE_HELP + " Overrides the matrix's \\[baseline]."),
-    near_tie_gap: float | None = typer.Option(None, "--near-tie-gap", help=_NEAR_TIE_HELP),
+    near_tie_gap: float | None = _NEAR_TIE_GAP,
     junit: str | None = typer.Option(None, "--junit", help="Write JUnit XML (one testcase per case × check)."),
     summary: str | None = typer.Option(None, "--summary",
                                        help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY)."),
     json_path: str | None = typer.Option(None, "--json", help="Write the JSON report to PATH ('-' = stdout only)."),
-    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
-    engine: bool = typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft)."),
-    target: str | None = typer.Option(None, "--target", help="Engine: target HF model dir."),
-    gguf: str | None = typer.Option(None, "--gguf", help="Engine: target GGUF file."),
-    draft: str | None = typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format)."),
-    device: str | None = typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present)."),
-    dtype: str | None = typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    no_color: bool = _NO_COLOR,
+    engine: bool = _ENGINE,
+    target: str | None = _ENGINE_TARGET,
+    gguf: str | None = _ENGINE_GGUF,
+    draft: str | None = _ENGINE_DRAFT,
+    device: str | None = _ENGINE_DEVICE,
+    dtype: str | None = _ENGINE_DTYPE,
+    debug: bool = _DEBUG,
 ) -> None:
     """Run a matrix and apply its \\[gate] thresholds: exit 0 pass, 1 fail (2 usage, 3 unreachable)."""
     from ddtree_diag.probe import ProbeOptions, run_probe
@@ -167,8 +183,8 @@ def report(
     run: str = typer.Argument(..., help="A JSON report written by probe/gate --json."),
     format: str = typer.Option("table", "--format", "-f", help="table | markdown | junit"),
     output: str | None = typer.Option(None, "--output", "-o", help="Write to PATH instead of stdout."),
-    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    no_color: bool = _NO_COLOR,
+    debug: bool = _DEBUG,
 ) -> None:
     """Re-render a saved run (exit code as the run's: 0 pass, 1 a check failed)."""
     from ddtree_diag.rerender import rerender
@@ -187,8 +203,8 @@ def diff(
     fail_on_text_change: bool = typer.Option(False, "--fail-on-text-change",
                                              help="A changed T=0 text is a regression too."),
     json_path: str | None = typer.Option(None, "--json", help="Write the comparison as JSON to PATH."),
-    no_color: bool = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too)."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    no_color: bool = _NO_COLOR,
+    debug: bool = _DEBUG,
 ) -> None:
     """Compare two runs case by case; exit 1 on a regression beyond the tolerances."""
     from ddtree_diag.rerender import run_diff
@@ -200,19 +216,19 @@ def diff(
 
 @app.command()
 def serve(
-    target: str | None = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2)."),
-    gguf: str | None = typer.Option(None, "--gguf", help="Target GGUF file."),
-    draft: str | None = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one)."),
+    target: str | None = _TARGET,
+    gguf: str | None = _GGUF,
+    draft: str | None = _DRAFT,
     no_draft: bool = typer.Option(False, "--no-draft", help="Serve the target alone (plain AR)."),
-    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if present)."),
-    dtype: str | None = typer.Option(None, "--dtype", help="bf16, fp16 or fp32."),
+    device: str | None = _DEVICE,
+    dtype: str | None = _DTYPE,
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
     port: int = typer.Option(30000, "--port", help="TCP port."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="DDTREE_DIAG_SERVE_API_KEY",
                                           show_default=False, help="Require this Bearer token."),
     model_name: str | None = typer.Option(None, "--model-name", help="Model id to report."),
     tree_budget: int | None = typer.Option(None, "--tree-budget", help="Default tree budget per request."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    debug: bool = _DEBUG,
 ) -> None:
     """Serve the in-process engine as an OpenAI-compatible server (the reference to compare with)."""
     from ddtree_diag.serve_cmd import run_serve
@@ -223,13 +239,13 @@ def serve(
 
 @app.command("engine-info")
 def engine_info(
-    target: str | None = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2)."),
-    gguf: str | None = typer.Option(None, "--gguf", help="Target GGUF file."),
-    draft: str | None = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one)."),
-    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda if present)."),
-    dtype: str | None = typer.Option(None, "--dtype", help="bf16, fp16 or fp32."),
+    target: str | None = _TARGET,
+    gguf: str | None = _GGUF,
+    draft: str | None = _DRAFT,
+    device: str | None = _DEVICE,
+    dtype: str | None = _DTYPE,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    debug: bool = _DEBUG,
 ) -> None:
     """Load a target (+ draft) and print what was loaded: layers, target layer ids, mask token, memory."""
     from ddtree_diag.engine_info import run_engine_info
@@ -244,11 +260,11 @@ def engine_info(
 def demo(
     matrix: str = typer.Option("smoke", "--matrix", "-m", help="Matrix file or built-in name."),
     json_path: str | None = typer.Option(None, "--json", help="Write the JSON report to PATH ('-' = stdout)."),
-    target: str | None = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2)."),
-    draft: str | None = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one)."),
+    target: str | None = _TARGET,
+    draft: str | None = _DRAFT,
     device: str | None = typer.Option(None, "--device", help="cuda or cpu."),
     no_color: bool = typer.Option(False, "--no-color", help="No colour."),
-    debug: bool = typer.Option(False, "--debug", help=_DEBUG_HELP),
+    debug: bool = _DEBUG,
 ) -> None:
     """Start the reference server with the embedded model, probe it over HTTP, stop it."""
     from ddtree_diag.demo import run_demo
