@@ -482,12 +482,7 @@ class FastDecoder:
             hidden = post(layer, hidden, out)
             if index in wanted and index != t.num_layers - 1:
                 features[index] = hidden
-        hidden = t.inner.norm(hidden)
-        if t.num_layers - 1 in wanted:
-            features[t.num_layers - 1] = hidden
-        logits = t.lm_head(hidden)[0]
-        feats = torch.cat([features[i] for i in self.feature_layers], dim=-1)[0] if wanted else None
-        return logits, feats
+        return t.head(hidden, features, self.feature_layers if with_features else None)
 
     def _verify(self, padded: int, with_features: bool) -> None:
         tree, out = self.trees[padded], self.outputs[padded]

@@ -156,8 +156,15 @@ class TargetModel:
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
             if index in wanted and index != self.num_layers - 1:
                 features[index] = hidden
+        return self.head(hidden, features, feature_layers)
+
+    def head(
+        self, hidden: torch.Tensor, features: dict[int, torch.Tensor], feature_layers: list[int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """After the last layer: final norm (the last layer's feature is taken after it, as in HF),
+        LM head, and the wanted layers' hidden states concatenated [T, n*H] (None if none)."""
         hidden = self.inner.norm(hidden)
-        if self.num_layers - 1 in wanted:
+        if feature_layers and self.num_layers - 1 in feature_layers:
             features[self.num_layers - 1] = hidden
         logits = self.lm_head(hidden)[0]
         feats = torch.cat([features[i] for i in feature_layers], dim=-1)[0] if feature_layers else None
