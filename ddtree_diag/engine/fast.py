@@ -289,7 +289,7 @@ class _Stage:
     """
 
     def __init__(self, fn: Callable[[], None], graphs: bool, pool: Any = None) -> None:
-        self.fn, self.graph, self.pool = fn, None, pool
+        self.fn, self.graph = fn, None
         self.error: str | None = None
         self.capture_failed = False
         if graphs:
