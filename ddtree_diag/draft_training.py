@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -198,6 +199,106 @@ def follow_up_conversations(
                 ]
             )
     return conversations
+
+
+# Openers for sampled user turns: starting some turns with a word steers the target away from
+# its favourite few question shapes (most unprompted samples begin "What is ...").
+PROMPT_OPENERS = (
+    "", "", "", "", "How", "Why", "Can you", "Write", "Explain", "Give me", "Describe", "Tell me",
+    "List", "I", "My", "What", "Is it", "Should I", "Help me", "Compare", "Summarize", "Create",
+    "Suggest", "Which", "When", "Who", "Do you", "Translate", "Make", "Plan",
+)
+
+
+def _user_turn_prefix(tokenizer) -> str:
+    """The chat-template text that precedes a user message's content (template-agnostic:
+    render a one-message conversation around a sentinel and cut there)."""
+    sentinel = "\x00SENTINEL\x00"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=False
+    )
+    return text[: text.index(sentinel)]
+
+
+def _word_set(text: str) -> set[str]:
+    # crude normalisation: plural/verb "s" dropped, 1-2 letter words ignored
+    words = re.findall(r"\w+", text.lower())
+    return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words if len(w) > 2}
+
+
+def too_similar(prompt: str, others: list[str], threshold: float = 0.6) -> bool:
+    """True when ``prompt`` shares >= ``threshold`` of its words (Jaccard) with any of ``others``:
+    used to keep sampled training prompts away from the held-aside evaluation prompts."""
+    words = _word_set(prompt)
+    for other in others:
+        other_words = _word_set(other)
+        union = words | other_words
+        if union and len(words & other_words) / len(union) >= threshold:
+            return True
+    return False
+
+
+@torch.no_grad()
+def sample_user_prompts(
+    model,
+    tokenizer,
+    count: int,
+    batch_size: int,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    max_new_tokens: int = 48,
+    exclude: list[str] | None = None,
+) -> list[str]:
+    """User prompts written by the target itself (the Magpie recipe): sample the content of a user
+    turn from the bare user-turn prefix of the chat template, half of them after an opener word.
+    Keeps finished turns of 3-60 words, de-duplicated, none too similar to ``exclude``."""
+    device = next(model.parameters()).device
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    stops = stop_token_ids(tokenizer)
+    prefix = _user_turn_prefix(tokenizer)
+    exclude = exclude or []
+    seen: set[str] = set()
+    prompts: list[str] = []
+    attempts = 0
+    while len(prompts) < count and attempts < 4 * count:
+        openers = [rng.choice(PROMPT_OPENERS) for _ in range(batch_size)]
+        encoded = [tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in openers]
+        width = max(len(e) for e in encoded)
+        ids = torch.full((batch_size, width), stops[0], dtype=torch.long)
+        mask = torch.zeros((batch_size, width), dtype=torch.long)
+        for row, seq in enumerate(encoded):
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            eos_token_id=stops,
+            pad_token_id=stops[0],
+        )
+        attempts += batch_size
+        for row, opener in enumerate(openers):
+            response = out[row, width:].tolist()
+            if not any(t in stops for t in response):
+                continue  # cut off mid-sentence
+            response = response[: min(response.index(t) for t in stops if t in response)]
+            text = " ".join((opener + tokenizer.decode(response, skip_special_tokens=True)).split())
+            key = text.lower()
+            if not 3 <= len(text.split()) <= 60 or key in seen or "<|" in text:
+                continue
+            if too_similar(text, exclude):
+                continue
+            seen.add(key)
+            prompts.append(text)
+            if len(prompts) >= count:
+                break
+    return prompts
 
 
 def target_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: list[int]):

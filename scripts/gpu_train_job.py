@@ -9,7 +9,9 @@ held back for early stopping), JOB_ANCHORS (blocks per sequence per step), JOB_D
 after the job's start by which everything must be written: the last run's training time shrinks
 to fit, keeping JOB_RESERVE seconds for its evaluation and packing); JOB_INIT (continue from
 this draft directory), JOB_LR, JOB_DATA / JOB_EVAL_DATA (the .json.gz data of an earlier job:
-no generation); JOB_TINY=1 for a CPU smoke run.
+no generation); JOB_SAMPLED (add this many user prompts written by the target itself,
+``draft_training.sample_user_prompts``, kept away from the held-aside prompts; saved to
+sampled_prompts.txt); JOB_TINY=1 for a CPU smoke run.
 """
 
 import gzip
@@ -48,6 +50,7 @@ learning_rate = float(os.environ.get("JOB_LR", "6e-4"))
 reuse_data = os.environ.get("JOB_DATA") or None  # train_data.json.gz of an earlier job: skip generation
 reuse_eval = os.environ.get("JOB_EVAL_DATA") or None  # eval_data.json.gz of an earlier job
 reserve = float(os.environ.get("JOB_RESERVE", "75"))
+sampled_count = int(os.environ.get("JOB_SAMPLED", "0"))
 data_dir = Path(__file__).resolve().parents[1] / "ddtree_diag" / "data" / "prompts"
 log_file = open(out / "log.txt", "a")  # noqa: SIM115 (open for the whole job)
 
@@ -81,6 +84,14 @@ if reuse_data:
     with gzip.open(reuse_data, "rt") as fh:
         records = json.load(fh)
 else:
+    if sampled_count:
+        sampled = dt.sample_user_prompts(
+            target, tokenizer, 4 if tiny else sampled_count, min(gen_batch, 1024), seed=1,
+            temperature=0.9, exclude=heldout,
+        )  # fmt: skip
+        (out / "sampled_prompts.txt").write_text("\n".join(sampled) + "\n")
+        log(f"sampled {len(sampled)} user prompts in {time.time() - t1:.1f}s")
+        prompts = prompts + sampled
     records = dt.generate_greedy(target, tokenizer, prompts, 8 if tiny else max_new, gen_batch)
     if follow_up_tokens:
         conversations = dt.follow_up_conversations(records, tokenizer, follow_ups_per_prompt)
@@ -93,6 +104,8 @@ log(
 )
 data_file = out / "train_data.json"
 data_file.write_text(json.dumps(records))
+with gzip.open(out / "train_data.json.gz", "wt") as fh:  # early: a timeout still returns it
+    json.dump(records, fh)
 if reuse_eval:
     with gzip.open(reuse_eval, "rt") as fh:
         eval_records = {m == "True": r for m, r in json.load(fh).items()}
@@ -153,12 +166,12 @@ for bs_text, init in runs:
     del res
     if device == "cuda":
         torch.cuda.empty_cache()
-with gzip.open(out / "train_data.json.gz", "wt") as fh:
-    json.dump(records, fh)
 data_file.unlink()
 log(f"done in {time.time() - t0:.1f}s")
 log_file.close()
 with tarfile.open(out / "meta.tar", "w") as tar:
-    for name in ("log.txt", "results.json", "train_data.json.gz", "eval_data.json.gz"):
+    for name in ("log.txt", "results.json", "train_data.json.gz", "eval_data.json.gz", "sampled_prompts.txt"):
+        if not (out / name).exists():
+            continue
         tar.add(out / name, arcname=name)
         (out / name).unlink()

@@ -133,3 +133,11 @@ def test_simulated_acceptance_walks_the_tree_along_the_greedy_tokens():
     values, indices = one_hot_topk(second)
     assert dt.simulate_acceptance(response, values, indices, budget=1) == [1] * 6
     assert dt.simulate_acceptance(response, values, indices, budget=2) == [2, 2, 2]
+
+
+def test_too_similar_flags_rewordings_of_held_aside_prompts_only():
+    held = ["Explain how a credit card works.", "Why do onions make people cry?"]
+    assert dt.too_similar("explain how a credit card works", held)
+    assert dt.too_similar("Explain how credit cards work.", held)
+    assert not dt.too_similar("How does a debit card differ from cash?", held)
+    assert not dt.too_similar("anything at all", [])

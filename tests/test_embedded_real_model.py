@@ -98,3 +98,18 @@ def test_tiny_draft_training_run_on_cpu_writes_a_loadable_draft(target_dir, tmp_
     draft = load_draft(tmp_path / "draft")
     assert draft.config.block_size == 4 and draft.config.target_layer_ids == [1, 8, 14, 20, 27]
     assert draft.config.mask_token_id == dt.SMOLLM2_MASK_TOKEN_ID
+
+
+def test_sampled_user_prompts_are_finished_distinct_and_avoid_excluded_ones(target_dir):
+    from ddtree_diag import draft_training as dt
+
+    model, tokenizer = dt.load_target(target_dir, "cpu")
+    excluded = ["What is the capital of France?"]
+    prompts = dt.sample_user_prompts(model, tokenizer, 6, batch_size=8, seed=3, exclude=excluded)
+    assert 1 <= len(prompts) <= 6
+    assert len({p.lower() for p in prompts}) == len(prompts)
+    for prompt in prompts:
+        assert 3 <= len(prompt.split()) <= 60 and "<|" not in prompt
+        assert not dt.too_similar(prompt, excluded)
+    # same seed, same prompts: the training data can be regenerated
+    assert dt.sample_user_prompts(model, tokenizer, 6, batch_size=8, seed=3, exclude=excluded) == prompts
