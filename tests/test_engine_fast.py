@@ -20,9 +20,6 @@ from ddtree_diag.engine.tree import ancestor_mask, build_tree  # noqa: E402
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
 
-
-
-
 # ---- vectorised tree build ----------------------------------------------------------------------
 
 
@@ -225,6 +222,48 @@ def test_fast_engine_reuses_buffers_across_requests_and_grows(engines):
     )
 
 
+def test_fast_attention_window_grows_with_the_context_and_changes_nothing(engines):
+    """A request whose context crosses a WINDOW boundary switches to the next window's stages
+    mid-request; tokens stay equal to eager's."""
+    engine = engines[4]
+    decoder = engine._fast()
+    prompt = [(7 * i) % 250 + 10 for i in range(fast.WINDOW - 40)]
+    for budget in (0, 16):
+        decoder.stages.clear()
+        eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=60, stop_token_ids=[])
+        assert_same(eager, quick, budget)
+        windows = {key[-1] for key in decoder.stages if key[0] == "verify"}
+        assert windows == {fast.WINDOW, 2 * fast.WINDOW}, windows
+    assert fast.attention_window(1, 4096) == fast.WINDOW
+    assert fast.attention_window(fast.WINDOW + 1, 4096) == 2 * fast.WINDOW
+    assert fast.attention_window(5000, 1024) == 1024
+
+
+def test_fused_projections_share_the_modules_weights(engines):
+    engine = engines[2]
+    decoder = engine._fast()
+    layer, fused = engine.target.layers[0], decoder.fused[0]
+    attn = layer.self_attn
+    assert fused is not None and fused.gate_up_weight is not None
+    # the modules now compute with row slices of the fused tensors: no copy, same values
+    assert attn.q_proj.weight.data_ptr() == fused.qkv_weight.data_ptr()
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == fused.qkv_weight.untyped_storage().data_ptr()
+    assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up_weight.untyped_storage().data_ptr()
+    t = engine.target
+    hidden, attn_out = torch.randn(1, 3, t.hidden_size), torch.randn(1, 3, attn.o_proj.in_features)
+    cos, sin = t.inner.rotary_emb(hidden, torch.arange(3)[None])
+    cos, sin = cos[:, None], sin[:, None]
+    with torch.no_grad():
+        one_gemm = fast.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
+        modules = fast.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim)
+        for a, b in zip(one_gemm, modules, strict=True):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(
+            fast.target_post_attention(layer, hidden, attn_out, fused),
+            fast.target_post_attention(layer, hidden, attn_out),
+        )
+
+
 def test_fast_defaults_to_cuda_only(engines):
     assert all(engine.fast is False for engine in engines.values())  # loaded on CPU: eager by default
 
@@ -251,7 +290,7 @@ def test_fast_equals_eager_with_an_oracle_draft_accepting_deep_paths(engines, mo
     monkeypatch.setattr(engine, "_draft_logprobs", lambda root, start, ctx, pos, depth: oracle_logprobs(start, depth))
     decoder = engine._fast()
 
-    def fast_draft() -> None:
+    def fast_draft(window: int) -> None:
         decoder.logprobs.copy_(oracle_logprobs(int(decoder.start), decoder.block - 1))
 
     monkeypatch.setattr(decoder, "_draft", fast_draft)

@@ -50,6 +50,14 @@ if TYPE_CHECKING:
 BUCKET = 16  # verify batches are padded to a multiple of this
 REFINE_STEPS = 4  # tie-break refinement passes of the vectorised tree build
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
+# Attention reads only the first `window` cache slots, rounded up to this step: a round attends
+# over about what is used (one graph per window) instead of the whole preallocated cache.
+WINDOW = 256
+
+
+def attention_window(needed: int, max_len: int) -> int:
+    """Cache slots a round attends over when its highest used slot is below ``needed``."""
+    return min(max_len, -(-needed // WINDOW) * WINDOW)
 
 
 def bucket_size(tokens: int) -> int:
@@ -221,16 +229,21 @@ def ancestors_from_parents(parents: torch.Tensor, rounds: int) -> torch.Tensor:
 # ---- the stages -------------------------------------------------------------------------------
 
 
-def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int):
+def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None):
     """A decoder layer up to attention: norm, q/k/v projections, q/k norms (Qwen3), rotary.
     Returns q, k, v as [1, heads, rows, head_dim]. A pure function of its inputs, so on CUDA it can
-    be compiled once and reused by every layer (the layer's weights are inputs, not constants)."""
+    be compiled once and reused by every layer (the layer's weights are inputs, not constants).
+    ``fused``: the layer's ``FusedWeights`` (one q|k|v GEMM instead of three)."""
     attn = layer.self_attn
     rows = hidden.shape[1]
     x = layer.input_layernorm(hidden)
-    q = attn.q_proj(x).view(1, rows, heads, head_dim)
-    k = attn.k_proj(x).view(1, rows, kv_heads, head_dim)
-    v = attn.v_proj(x).view(1, rows, kv_heads, head_dim)
+    if fused is not None:
+        q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
+    else:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    q = q.view(1, rows, heads, head_dim)
+    k = k.view(1, rows, kv_heads, head_dim)
+    v = v.view(1, rows, kv_heads, head_dim)
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -239,25 +252,82 @@ def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, hea
     return q, k, v
 
 
-def target_post_attention(layer, hidden, attn_out):
+def target_post_attention(layer, hidden, attn_out, fused=None):
     """The rest of a decoder layer: output projection, residual, norm, MLP, residual."""
     hidden = hidden + layer.self_attn.o_proj(attn_out)
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    x = layer.post_attention_layernorm(hidden)
+    if fused is None or fused.gate_up_weight is None:
+        return hidden + layer.mlp(x)
+    gate, up = F.linear(x, fused.gate_up_weight).chunk(2, dim=-1)
+    return hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
 
-def draft_pre_attention(layer, hidden, cos, sin, heads: int, head_dim: int):
+class FusedWeights(torch.nn.Module):
+    """One layer's q|k|v (and gate|up) projection weights as single tensors, so a verify batch runs
+    one GEMM where the HF modules run three (two): fewer launches, and wide GEMMs that need no
+    split-K at a few dozen rows. The modules' own weights become row slices (views) of the fused
+    tensors, so memory does not grow and the eager path computes with the very same values.
+    An nn.Module (tensors as buffers) so that a compiled layer half treats them as inputs, like the
+    layer's own weights: one compiled graph for every layer."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.qkv_sizes = [p.out_features for p in projections]
+        self.register_buffer("qkv_weight", _fuse(projections, "weight"), persistent=False)
+        bias = _fuse(projections, "bias") if projections[0].bias is not None else None
+        self.register_buffer("qkv_bias", bias, persistent=False)
+        self.register_buffer("gate_up_weight", None, persistent=False)
+        gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+        if (
+            gate is not None and up is not None and gate.bias is None and up.bias is None
+            and hasattr(mlp, "down_proj") and hasattr(mlp, "act_fn") and gate.out_features == up.out_features
+        ):  # fmt: skip
+            self.gate_up_weight = _fuse([gate, up], "weight")  # a registered buffer: assignment keeps it one
+
+    @staticmethod
+    def supported(layer: torch.nn.Module) -> bool:
+        attn = getattr(layer, "self_attn", None)
+        projections = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+        if not all(isinstance(p, torch.nn.Linear) and type(p) is torch.nn.Linear for p in projections):
+            return False  # quantised or wrapped linears: leave them alone
+        weights = [p.weight for p in projections]
+        biases = {p.bias is None for p in projections}
+        return len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and len(biases) == 1
+
+
+def _fuse(linears: list[torch.nn.Linear], name: str) -> torch.Tensor:
+    """Concatenate the linears' ``name`` tensors along the output rows and rebind each linear's
+    parameter to its slice of the result."""
+    fused = torch.cat([getattr(lin, name).detach() for lin in linears], dim=0)
+    row = 0
+    for lin in linears:
+        rows = getattr(lin, name).shape[0]
+        setattr(lin, name, torch.nn.Parameter(fused[row : row + rows], requires_grad=False))
+        row += rows
+    return fused
+
+
+def draft_pre_attention(layer, hidden, cos, sin, heads: int, head_dim: int, fused=None):
     """A draft layer up to attention, for the noise block (see ``target_pre_attention``)."""
     attn = layer.self_attn
     x = layer.input_layernorm(hidden)
-    q = attn.q_norm(attn.q_proj(x).view(1, hidden.shape[1], heads, head_dim)).transpose(1, 2)
-    k, v = attn._kv(x, cos, sin)
-    return apply_rope(q, cos, sin), k, v
+    rows = hidden.shape[1]
+    if fused is None:
+        q = attn.q_norm(attn.q_proj(x).view(1, rows, heads, head_dim)).transpose(1, 2)
+        k, v = attn._kv(x, cos, sin)
+        return apply_rope(q, cos, sin), k, v
+    q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
+    q = attn.q_norm(q.view(1, rows, heads, head_dim)).transpose(1, 2)
+    k = attn.k_norm(k.view(1, rows, -1, head_dim)).transpose(1, 2)  # as DraftAttention._kv
+    v = v.view(1, rows, -1, head_dim).transpose(1, 2)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean attention mask (True = may attend) as the additive bias SDPA would build from it."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
 
 
 # SDPA backend on CUDA: memory-efficient (takes a mask, capturable) by default; DDTREE_ATTENTION=
@@ -372,8 +442,12 @@ class FastDecoder:
             self._build_tree = torch.compile(build_tree_tensors, dynamic=False)
         t = self.target
         self.rep = t.heads // t.kv_heads
+        self.fused = [FusedWeights(layer) if FusedWeights.supported(layer) else None for layer in t.layers]
         if self.draft is not None:
             dc = self.draft.config
+            self.draft_fused = [
+                FusedWeights(layer) if FusedWeights.supported(layer) else None for layer in self.draft.layers
+            ]
             self.block = dc.block_size
             self.feature_layers = list(dc.target_layer_ids)
             self.d_heads, self.d_kv_heads, self.d_head_dim = (
@@ -444,12 +518,17 @@ class FastDecoder:
 
     # ---- target -------------------------------------------------------------------------------
     def _target_forward(
-        self, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor, with_features: bool,
+        self,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        anc: torch.Tensor,
+        with_features: bool,
+        window: int,
         compiled: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``tokens`` at positions start+depth, K/V written at slots start.., attention over
-        the whole cache: committed slots plus the rows' ancestors (``anc``). ``compiled=False``
-        (the prefill, whose length varies) never uses the compiled layer halves."""
+        the cache slots [0, window): committed slots plus the rows' ancestors (``anc``).
+        ``compiled=False`` (the prefill, whose length varies) never uses the compiled layer halves."""
         t = self.target
         pre, post = (self._pre_attention, self._post_attention) if compiled else (
             target_pre_attention, target_post_attention,
@@ -457,10 +536,11 @@ class FastDecoder:
         rows = tokens.shape[0]
         positions = self.start + depths
         slots = self.start + self.slot_index[:rows]
-        mask = (self.slot_index < self.start).unsqueeze(0).expand(rows, self.max_len).clone()
+        key_slots = self.slot_index[:window]
+        mask = (key_slots < self.start).unsqueeze(0).expand(rows, window).clone()
         mask.index_copy_(1, slots, anc)
         if t.sliding_window is not None:
-            key_pos = self.slot_index.clone()
+            key_pos = key_slots.clone()
             key_pos.index_copy_(0, slots, positions)
             mask &= key_pos[None, :] > positions[:, None] - t.sliding_window
         # GQA without copying the cache: the query heads of one KV head become extra query rows.
@@ -472,21 +552,22 @@ class FastDecoder:
         wanted = set(self.feature_layers) if with_features else set()
         features: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(t.layers):
-            q, k, v = pre(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim)
+            fused = self.fused[index]
+            q, k, v = pre(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
             cache_k, cache_v = t.cache_k[index], t.cache_v[index]
             cache_k.index_copy_(2, slots, k)
             cache_v.index_copy_(2, slots, v)
             q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
-            out = _attend(q, cache_k, cache_v, bias, t.scaling)
+            out = _attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
             out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
-            hidden = post(layer, hidden, out)
+            hidden = post(layer, hidden, out, fused)
             if index in wanted and index != t.num_layers - 1:
                 features[index] = hidden
         return t.head(hidden, features, self.feature_layers if with_features else None)
 
-    def _verify(self, padded: int, with_features: bool) -> None:
+    def _verify(self, padded: int, with_features: bool, window: int) -> None:
         tree, out = self.trees[padded], self.outputs[padded]
-        logits, feats = self._target_forward(tree["tokens"], tree["depths"], tree["anc"], with_features)
+        logits, feats = self._target_forward(tree["tokens"], tree["depths"], tree["anc"], with_features, window)
         out["logits"].copy_(logits)
         if feats is not None:
             out["features"].copy_(feats)
@@ -505,13 +586,15 @@ class FastDecoder:
             self.draft_v[index].index_copy_(2, slots, v)
         return slots
 
-    def _draft(self) -> None:
-        """Pending context into the draft cache, then the noise block → per-depth log-probs."""
+    def _draft(self, window: int) -> None:
+        """Pending context into the draft cache, then the noise block → per-depth log-probs.
+        Attends over the draft cache slots [0, window)."""
         d, block = self.draft, self.block
         ctx_slots = self._write_context(self.pending, self.ctx_len)
         noise_slots = ctx_slots + block  # scratch region after the (padded) context
-        visible = (self.slot_index < self.ctx_len + self.pending_count) | (
-            (self.slot_index >= noise_slots[0]) & (self.slot_index < noise_slots[0] + block)
+        key_slots = self.slot_index[:window]
+        visible = (key_slots < self.ctx_len + self.pending_count) | (
+            (key_slots >= noise_slots[0]) & (key_slots < noise_slots[0] + block)
         )
         mask = visible[None, None, None, :]
         noise_ids = torch.cat([self.root, self.mask_tail])
@@ -519,13 +602,14 @@ class FastDecoder:
         rope = d._rope(self.start + self.slot_index[:block], 1, hidden.dtype)
         heads, kv_heads, head_dim = self.d_heads, self.d_kv_heads, self.d_head_dim
         for index, layer in enumerate(d.layers):
-            q, k, v = self._draft_pre_attention(layer, hidden, *rope, heads, head_dim)
+            fused = self.draft_fused[index]
+            q, k, v = self._draft_pre_attention(layer, hidden, *rope, heads, head_dim, fused)
             self.draft_k[index].index_copy_(2, noise_slots, k)
             self.draft_v[index].index_copy_(2, noise_slots, v)
             q = q.reshape(1, kv_heads, (heads // kv_heads) * block, head_dim)
-            out = _attend(q, self.draft_k[index], self.draft_v[index], mask)
+            out = _attend(q, self.draft_k[index][:, :, :window], self.draft_v[index][:, :, :window], mask)
             out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
-            hidden = self._post_attention(layer, hidden, out)
+            hidden = self._post_attention(layer, hidden, out, fused)
         hidden = d.norm(hidden)
         logits = self.target.lm_head(hidden[0, 1:])
         self.logprobs.copy_(torch.log_softmax(logits.float(), dim=-1))
@@ -645,7 +729,8 @@ class FastDecoder:
             padded = bucket_size(self.block)
         else:
             padded = 1
-        self._allocate(prompt_len + max_tokens + max(padded, 2 * self.block) + 2)
+        reach = max(padded, 2 * self.block) + 1  # a round uses cache slots below start + reach
+        self._allocate(prompt_len + max_tokens + reach + 1)
         generator = None
         if temperature > 0:
             generator = torch.Generator(device=self.device).manual_seed(
@@ -656,9 +741,12 @@ class FastDecoder:
         # runs scribble on the caches and counters, which the prefill then resets.
         for value in (self.start, self.root, *((self.ctx_len, self.pending_count) if self.draft else ())):
             value.zero_()
+        # One set per attention window the request can reach (the window grows with the context).
         self.capturing = True
-        steady = self._stages_for(padded, budget, mode, temperature, with_features)
-        last = self._stages_for(1, budget, "ar", temperature, with_features)
+        first_window = attention_window(prompt_len + reach, self.max_len)
+        windows = range(first_window, attention_window(prompt_len + max_tokens + reach, self.max_len) + 1, WINDOW)
+        steady = {w: self._stages_for(padded, budget, mode, temperature, with_features, w) for w in windows}
+        last = {w: self._stages_for(1, budget, "ar", temperature, with_features, w) for w in windows}
         self.capturing = False
 
         stage_times = {"draft": 0.0, "tree": 0.0, "verify": 0.0, "commit": 0.0}
@@ -668,7 +756,10 @@ class FastDecoder:
         self.start.zero_()
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
         positions = torch.arange(prompt_len, device=self.device)
-        logits, features = self._target_forward(prompt, positions, causal, with_features, compiled=False)
+        prefill_window = attention_window(prompt_len, self.max_len)
+        logits, features = self._target_forward(
+            prompt, positions, causal, with_features, prefill_window, compiled=False
+        )
         self.start.fill_(prompt_len)
         t.length = prompt_len
         last_logits = logits[-1:].float()
@@ -696,11 +787,12 @@ class FastDecoder:
         while finish is None:
             remaining = max_tokens - len(output)
             depth = min(self.block - 1, remaining - 1) if mode != "ar" else 0
+            window = attention_window(t.length + reach, self.max_len)
             if depth <= 0:
-                nodes, stages, rows = 0, last, 1
+                nodes, stages, rows = 0, last[window], 1
             else:
                 nodes = depth if mode == "chain" else tree_node_count(budget, depth, vocab)
-                stages, rows = steady, padded
+                stages, rows = steady[window], padded
             timer.start()
             if "draft" in stages:
                 self.depth_limit.fill_(depth)
@@ -755,18 +847,21 @@ class FastDecoder:
             self._commit(padded)
 
     def _stages_for(
-        self, padded: int, budget: int, mode: str, temperature: float, with_features: bool
+        self, padded: int, budget: int, mode: str, temperature: float, with_features: bool, window: int
     ) -> dict[str, _Stage]:
-        """The stage callables of one round shape (created, and captured on CUDA, on first use)."""
+        """The stage callables of one round shape and attention window (created, and captured on
+        CUDA, on first use)."""
         self._tree_buffers(padded)
         stages: dict[str, _Stage] = {}
         if mode != "ar":
-            stages["draft"] = self._stage(("draft",), self._draft)
+            stages["draft"] = self._stage(("draft", window), lambda: self._draft(window))
         if mode == "ar":
             stages["tree"] = self._stage(("tree-ar", padded), lambda: self._ar_tree(padded))
         else:
             stages["tree"] = self._stage(("tree", mode, budget, padded), lambda: self._tree(padded, budget, mode))
-        stages["verify"] = self._stage(("verify", padded, with_features), lambda: self._verify(padded, with_features))
+        stages["verify"] = self._stage(
+            ("verify", padded, with_features, window), lambda: self._verify(padded, with_features, window)
+        )
         if temperature <= 0:
 
             def commit() -> None:
