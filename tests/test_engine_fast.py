@@ -414,6 +414,22 @@ def test_decode_paths_by_name(engines):
     engine.fast = False
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_fast_path_equals_eager_on_cuda_fp32(tmp_path):
+    """fast-compile on a GPU (compiled layer halves and tree build inside the captured stages)
+    gives the eager path's tokens in fp32; every stage captured."""
+    target = fx.make_target(tmp_path / "target")
+    engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="fp32")
+    engine.use_path("fast-compile")
+    for prompt in PROMPTS[:2]:
+        for budget in (0, 16):
+            eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
+                                stop_token_ids=[])  # fmt: skip
+            assert_same(eager, quick, (prompt, budget))
+            assert quick.extras["cuda_graph_errors"] == [] and quick.extras["cuda_graphs"]
+
+
 def test_compiled_fast_path_equals_eager_on_cpu(engines):
     """The CPU twin of the CUDA fast-compile path: torch.compile'd layer halves and tree build give
     the eager path's tokens, and the compiled graphs are shared by all layers (no per-layer

@@ -5,9 +5,11 @@ with the same outputs (T=0: token for token; T>0 on CPU: the same seeded draws) 
 GPU, gpt-fast style:
 
 - Static KV caches (target and draft) written in place with ``index_copy_`` at slot tensors, and
-  attention over the whole preallocated cache [0, max_len) with a boolean mask built on the
-  device from a cache-length tensor. Shapes never change between rounds, so kernels do not
-  re-plan and every stage can be captured once as a CUDA graph.
+  attention over a window [0, window) of the preallocated cache (the used slots rounded up to
+  ``WINDOW``) with a mask built on the device from a cache-length tensor. Shapes change only when
+  the window grows, so kernels do not re-plan and every stage is captured once per window as a
+  CUDA graph.
+- q|k|v and gate|up projections run as one GEMM each (``FusedWeights``).
 - Trees padded to budget buckets (multiples of 16): the verify batch has the same shape every round.
 - The best-first tree is built with tensor ops (``build_tree_tensors``), reproducing
   ``tree.build_tree``'s node order and tie-breaking exactly (see its docstring for why); when it
