@@ -251,7 +251,7 @@ def sample_user_prompts(
     exclude: list[str] | None = None,
 ) -> list[str]:
     """User prompts written by the target itself (the Magpie recipe): sample the content of a user
-    turn from the bare user-turn prefix of the chat template, half of them after an opener word.
+    turn from the bare user-turn prefix of the chat template, most of them after an opener word.
     Keeps finished turns of 3-60 words, de-duplicated, none too similar to ``exclude``."""
     device = next(model.parameters()).device
     rng = random.Random(seed)
