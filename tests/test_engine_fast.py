@@ -249,6 +249,14 @@ def test_fused_projections_share_the_modules_weights(engines):
     assert attn.q_proj.weight.data_ptr() == fused.qkv_weight.data_ptr()
     assert attn.v_proj.weight.untyped_storage().data_ptr() == fused.qkv_weight.untyped_storage().data_ptr()
     assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up_weight.untyped_storage().data_ptr()
+    # another decode path builds a new decoder: it reuses the fused tensors (no second copy)
+    engine.use_path("fast-compile")
+    engine.fast = True
+    try:
+        assert engine._fast() is not decoder and engine._fast().fused[0] is fused
+    finally:
+        engine.use_path("fast")
+        engine.fast = False
     t = engine.target
     hidden, attn_out = torch.randn(1, 3, t.hidden_size), torch.randn(1, 3, attn.o_proj.in_features)
     cos, sin = t.inner.rotary_emb(hidden, torch.arange(3)[None])

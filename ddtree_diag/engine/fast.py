@@ -288,6 +288,16 @@ class FusedWeights(torch.nn.Module):
         ):  # fmt: skip
             self.gate_up_weight = _fuse([gate, up], "weight")  # a registered buffer: assignment keeps it one
 
+    @classmethod
+    def for_layer(cls, layer: torch.nn.Module) -> FusedWeights | None:
+        """The layer's fused weights, made once per layer: a decoder built later (another decode
+        path) reuses them instead of fusing the views again (which would copy the weights)."""
+        fused = layer.__dict__.get("_ddtree_fused")
+        if fused is None and cls.supported(layer):
+            fused = cls(layer)
+            object.__setattr__(layer, "_ddtree_fused", fused)  # not a registered submodule
+        return fused
+
     @staticmethod
     def supported(layer: torch.nn.Module) -> bool:
         attn = getattr(layer, "self_attn", None)
@@ -444,12 +454,10 @@ class FastDecoder:
             self._build_tree = torch.compile(build_tree_tensors, dynamic=False)
         t = self.target
         self.rep = t.heads // t.kv_heads
-        self.fused = [FusedWeights(layer) if FusedWeights.supported(layer) else None for layer in t.layers]
+        self.fused = [FusedWeights.for_layer(layer) for layer in t.layers]
         if self.draft is not None:
             dc = self.draft.config
-            self.draft_fused = [
-                FusedWeights(layer) if FusedWeights.supported(layer) else None for layer in self.draft.layers
-            ]
+            self.draft_fused = [FusedWeights.for_layer(layer) for layer in self.draft.layers]
             self.block = dc.block_size
             self.feature_layers = list(dc.target_layer_ids)
             self.d_heads, self.d_kv_heads, self.d_head_dim = (
