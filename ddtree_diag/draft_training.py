@@ -54,6 +54,9 @@ class TrainSettings:
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 8, 14, 20, 27])
     mask_token_id: int = SMOLLM2_MASK_TOKEN_ID
     max_prompts: int | None = None
+    # > 0: add this many user prompts written by the target itself (sample_user_prompts), kept
+    # away from the held-aside evaluation prompts
+    sampled_prompts: int = 0
     max_new_tokens: int = 256
     follow_up_tokens: int = 0  # > 0: also generate second turns (FOLLOW_UPS), this long
     follow_ups_per_prompt: int = 1
@@ -572,6 +575,17 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
     else:
         prompts = load_prompts(settings.prompts_file)[: settings.max_prompts]
         t0 = time.time()
+        if settings.sampled_prompts > 0:
+            from importlib import resources
+
+            heldout = resources.files("ddtree_diag").joinpath("data", "prompts", "heldout.txt")
+            exclude = ["Say hello in one short sentence.", *load_prompts(str(heldout))]  # smoke + held-out
+            before = len(prompts)
+            prompts += sample_user_prompts(
+                target, tokenizer, settings.sampled_prompts, settings.gen_batch_size, seed=settings.seed + 1,
+                temperature=0.9, exclude=exclude,
+            )  # fmt: skip
+            log(f"sampled {len(prompts) - before} user prompts")
         records = generate_greedy(
             target, tokenizer, prompts, settings.max_new_tokens, settings.gen_batch_size
         )
@@ -738,6 +752,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--follow-up-tokens", type=int, default=0, help="> 0: add a second turn per prompt")
+    parser.add_argument(
+        "--sampled-prompts", type=int, default=0, help="add N prompts the target writes itself (Magpie)"
+    )
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--max-seconds", type=float, default=None)
     parser.add_argument("--lr", type=float, default=6e-4)
@@ -770,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         init_from_target=args.init_from_target,
         follow_up_tokens=args.follow_up_tokens,
         weight_decay=args.weight_decay,
+        sampled_prompts=args.sampled_prompts,
     )
     result = train_draft(settings)
     print(json.dumps(result["summary"], indent=1))

@@ -89,12 +89,13 @@ def test_tiny_draft_training_run_on_cpu_writes_a_loadable_draft(target_dir, tmp_
     settings = dt.TrainSettings(
         prompts_file=str(prompts), out_dir=str(tmp_path / "draft"), target_dir=str(target_dir),
         block_size=4, num_draft_layers=1, max_new_tokens=6, steps=2, batch_size=2, anchors_per_seq=2,
-        device="cpu", log_every=1, follow_up_tokens=4,
+        device="cpu", log_every=1, follow_up_tokens=4, sampled_prompts=2, gen_batch_size=4,
     )  # fmt: skip
     lines: list[str] = []
     result = dt.train_draft(settings, log=lines.append)
     assert result["summary"]["steps_done"] == 2 and result["summary"]["sequences"] >= 3
     assert any('"loss"' in line for line in lines)
+    assert any(line.startswith("sampled ") for line in lines)  # prompts the target wrote itself
     draft = load_draft(tmp_path / "draft")
     assert draft.config.block_size == 4 and draft.config.target_layer_ids == [1, 8, 14, 20, 27]
     assert draft.config.mask_token_id == dt.SMOLLM2_MASK_TOKEN_ID
