@@ -115,6 +115,39 @@ def render_prompt_ids(tokenizer, prompt: str | list[dict], enable_thinking: bool
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+SMOKE_PROMPT = "Say hello in one short sentence."  # probes/smoke.toml's prompt
+
+
+def evaluation_prompts() -> list[str]:
+    """The smoke prompt and the packaged held-out prompts: acceptance is measured on them, so
+    no training prompt may be one of them (or too close to one)."""
+    from importlib import resources
+
+    heldout = resources.files("ddtree_diag").joinpath("data", "prompts", "heldout.txt")
+    return [SMOKE_PROMPT, *load_prompts(str(heldout))]
+
+
+def _generate_left_padded(model, sequences: list[list[int]], pad_id: int, **generate_args) -> list[list[int]]:
+    """``model.generate`` over token-id sequences of different lengths (left padding); returns
+    each row's new tokens."""
+    device = next(model.parameters()).device
+    width = max(len(seq) for seq in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, width - len(seq) :] = torch.tensor(seq)
+        mask[row, width - len(seq) :] = 1
+    out = model.generate(
+        input_ids=ids.to(device), attention_mask=mask.to(device), pad_token_id=pad_id, **generate_args
+    )
+    return [row[width:] for row in out.tolist()]
+
+
+def _first_stop(tokens: list[int], stops: list[int]) -> int | None:
+    """Index of the first stop token in ``tokens``, None when the generation was cut off."""
+    return next((pos for pos, tok in enumerate(tokens) if tok in stops), None)
+
+
 @torch.no_grad()
 def generate_greedy(
     model,
@@ -127,35 +160,20 @@ def generate_greedy(
     """Greedy continuations, batched with left padding. ``prompts``: user prompts or whole
     conversations (message lists). Each record is ``{"prompt": str | list, "prompt_ids": [...],
     "response_ids": [...]}``; a response ends at its first stop token."""
-    device = next(model.parameters()).device
     stops = stop_token_ids(tokenizer)
-    pad_id = stops[0]
     encoded = [(p, render_prompt_ids(tokenizer, p, enable_thinking)) for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))  # similar lengths together
     records: list[dict | None] = [None] * len(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        width = max(len(encoded[i][1]) for i in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            seq = encoded[i][1]
-            ids[row, width - len(seq) :] = torch.tensor(seq)
-            mask[row, width - len(seq) :] = 1
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=stops,
-            pad_token_id=pad_id,
-        )
-        for row, i in enumerate(chunk):
-            response = out[row, width:].tolist()
-            for pos, tok in enumerate(response):
-                if tok in stops:
-                    response = response[: pos + 1]
-                    break
+        responses = _generate_left_padded(
+            model, [encoded[i][1] for i in chunk], stops[0],
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops,
+        )  # fmt: skip
+        for i, response in zip(chunk, responses, strict=True):
+            stop_at = _first_stop(response, stops)
+            if stop_at is not None:
+                response = response[: stop_at + 1]
             records[i] = {"prompt": encoded[i][0], "prompt_ids": encoded[i][1], "response_ids": response}
     return [r for r in records if r is not None]
 
@@ -256,7 +274,6 @@ def sample_user_prompts(
     """User prompts written by the target itself (the Magpie recipe): sample the content of a user
     turn from the bare user-turn prefix of the chat template, most of them after an opener word.
     Keeps finished turns of 3-60 words, de-duplicated, none too similar to ``exclude``."""
-    device = next(model.parameters()).device
     rng = random.Random(seed)
     torch.manual_seed(seed)
     stops = stop_token_ids(tokenizer)
@@ -268,30 +285,16 @@ def sample_user_prompts(
     while len(prompts) < count and attempts < 4 * count:
         openers = [rng.choice(PROMPT_OPENERS) for _ in range(batch_size)]
         encoded = [tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in openers]
-        width = max(len(e) for e in encoded)
-        ids = torch.full((batch_size, width), stops[0], dtype=torch.long)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for row, seq in enumerate(encoded):
-            ids[row, width - len(seq) :] = torch.tensor(seq)
-            mask[row, width - len(seq) :] = 1
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=0,
-            eos_token_id=stops,
-            pad_token_id=stops[0],
-        )
+        responses = _generate_left_padded(
+            model, encoded, stops[0], max_new_tokens=max_new_tokens, do_sample=True,
+            temperature=temperature, top_p=top_p, top_k=0, eos_token_id=stops,
+        )  # fmt: skip
         attempts += batch_size
-        for row, opener in enumerate(openers):
-            response = out[row, width:].tolist()
-            if not any(t in stops for t in response):
+        for opener, response in zip(openers, responses, strict=True):
+            stop_at = _first_stop(response, stops)
+            if stop_at is None:
                 continue  # cut off mid-sentence
-            response = response[: min(response.index(t) for t in stops if t in response)]
-            text = " ".join((opener + tokenizer.decode(response, skip_special_tokens=True)).split())
+            text = " ".join((opener + tokenizer.decode(response[:stop_at], skip_special_tokens=True)).split())
             key = text.lower()
             if not 3 <= len(text.split()) <= 60 or key in seen or "<|" in text:
                 continue
@@ -576,14 +579,10 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         prompts = load_prompts(settings.prompts_file)[: settings.max_prompts]
         t0 = time.time()
         if settings.sampled_prompts > 0:
-            from importlib import resources
-
-            heldout = resources.files("ddtree_diag").joinpath("data", "prompts", "heldout.txt")
-            exclude = ["Say hello in one short sentence.", *load_prompts(str(heldout))]  # smoke + held-out
             before = len(prompts)
             prompts += sample_user_prompts(
                 target, tokenizer, settings.sampled_prompts, settings.gen_batch_size, seed=settings.seed + 1,
-                temperature=0.9, exclude=exclude,
+                temperature=0.9, exclude=evaluation_prompts(),
             )  # fmt: skip
             log(f"sampled {len(prompts) - before} user prompts")
         records = generate_greedy(

@@ -76,7 +76,7 @@ if device == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
 target, tokenizer = dt.load_target(target_dir, device)
 prompts = dt.load_prompts(data_dir / "train.txt")[:max_prompts]
-heldout = ["Say hello in one short sentence.", *dt.load_prompts(data_dir / "heldout.txt")]
+heldout = dt.evaluation_prompts()  # the smoke prompt first
 if tiny:
     prompts, heldout = prompts[:3], heldout[:1]
 t1 = time.time()
