@@ -42,8 +42,8 @@ def heavy_imports() -> list[str]:
 def request_overhead(count: int = 200) -> tuple[float, float]:
     import httpx
 
+    from ddtree_diag.backends.dialects import build_request
     from ddtree_diag.backends.http import HttpBackend
-    from ddtree_diag.dialects import build_request
     from ddtree_diag.records import ProbeCase
 
     server = start_standin("--dialect", "ddtree")

@@ -51,8 +51,8 @@ def _strip_stop(ids: list[int], stops: set[int]) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from ddtree_diag.embedded import default_draft_dir, ensure_target_dir
     from ddtree_diag.engine import load_engine
+    from ddtree_diag.engine.embedded import default_draft_dir, ensure_target_dir
 
     t0 = time.time()
     target_dir = ensure_target_dir()
@@ -126,9 +126,9 @@ def run_simulated(args: argparse.Namespace) -> dict:
     nothing is checked for losslessness. Agrees with the engine up to fp32 rounding."""
     import torch
 
-    from ddtree_diag import draft_training as dt
-    from ddtree_diag.embedded import default_draft_dir, ensure_target_dir
     from ddtree_diag.engine.draft import load_draft
+    from ddtree_diag.engine.embedded import default_draft_dir, ensure_target_dir
+    from ddtree_diag.training import draft as dt
 
     t0 = time.time()
     target_dir = ensure_target_dir()

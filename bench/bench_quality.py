@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ddtree_diag.quality import assess  # noqa: E402
+from ddtree_diag.checks.quality import assess  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "quality"
 KEYS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")

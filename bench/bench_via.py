@@ -32,8 +32,8 @@ def per_request(backend, case, runs: int) -> tuple[list[float], list[float]]:
 
 def main(runs: int = 40) -> None:
     from ddtree_diag.backends.http import HttpBackend
+    from ddtree_diag.backends.via import AgentTransport
     from ddtree_diag.records import ProbeCase
-    from ddtree_diag.via import AgentTransport
 
     server = start_standin("--dialect", "ddtree")
     try:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +308,64 @@ def _resolve_prompt(
         raise UsageError("--prompt: empty prompt")
     prompt_id = "prompt" if count == 1 else f"prompt{index + 1}"
     return prompt_id, [{"role": "user", "content": prompt}]
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in matrices (package data in ddtree_diag/matrices) and the matrix a run asks for
+
+DEFAULT_MATRIX = "smoke"
+
+
+def builtin_names() -> list[str]:
+    """Names of the matrices shipped with the tool."""
+    folder = resources.files("ddtree_diag.matrices")
+    return sorted(entry.name[: -len(".toml")] for entry in folder.iterdir() if entry.name.endswith(".toml"))
+
+
+def builtin_matrix(name: str) -> Matrix | None:
+    """A built-in matrix by bare name, or None. Read through importlib.resources, so it works from
+    an installed package, a checkout and the single-file zipapp alike."""
+    candidate = resources.files("ddtree_diag.matrices") / f"{name}.toml"
+    if not candidate.is_file():
+        return None
+    return matrix_from_dict(tomllib.loads(candidate.read_text(encoding="utf-8")), source=f"{name} (built-in)")
+
+
+@dataclass
+class MatrixRequest:
+    """What a command asked for: a matrix (file or built-in name) and the flags that override it."""
+
+    matrix: str | None = None
+    prompts: list[str] = field(default_factory=list)
+    thinking: str | None = None
+    budget: str | None = None
+    temperature: str | None = None
+    max_tokens: str | None = None
+    repeat: int | None = None
+
+
+def resolve_matrix(request: MatrixRequest) -> Matrix:
+    """The matrix file (path or built-in name) with flag overrides applied."""
+    spec = request.matrix
+    if spec is None and not request.prompts:
+        spec = DEFAULT_MATRIX
+    if spec is None:
+        matrix = Matrix()
+    elif not Path(spec).exists() and os.sep not in spec and not spec.endswith(".toml"):
+        found = builtin_matrix(spec)
+        if found is None:
+            raise UsageError(
+                f"matrix {spec!r} is neither a file nor a built-in matrix (built-in: {', '.join(builtin_names())})"
+            )
+        matrix = found
+    else:
+        matrix = load_matrix(spec)
+    return apply_overrides(
+        matrix,
+        prompts=request.prompts,
+        thinking=request.thinking,
+        budget=request.budget,
+        temperature=request.temperature,
+        max_tokens=request.max_tokens,
+        repeat=request.repeat,
+    )

@@ -98,6 +98,241 @@ class Timings:
     stages: dict[str, float] | None = None
 
 
+# ---------------------------------------------------------------------------------------------
+# Check results. Typed here (every backend, check and renderer shares them); their dict forms are
+# the JSON report's, unchanged.
+
+GARBAGE_THRESHOLD = 0.5  # a verdict's score at or above this means garbage
+SEVERITY_HARD, SEVERITY_SOFT, SEVERITY_INFO = "hard", "soft", "info"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One named quality signal. Unpacks as ``(code, detail, evidence)``."""
+
+    code: str
+    detail: str
+    evidence: str = ""
+    weight: float = 0.0
+    span: tuple[int, int] | None = None
+    source: str = "text"  # "text" (the answer) or "reasoning"
+
+    @property
+    def severity(self) -> str:
+        if self.weight <= 0:
+            return SEVERITY_INFO
+        return SEVERITY_HARD if self.weight >= GARBAGE_THRESHOLD else SEVERITY_SOFT
+
+    def __iter__(self):
+        return iter((self.code, self.detail, self.evidence))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.code, self.detail, self.evidence)[index]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "detail": self.detail,
+            "evidence": self.evidence,
+            "severity": self.severity,
+            "weight": round(self.weight, 3),
+            "span": list(self.span) if self.span is not None else None,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reason:
+        span = data.get("span")
+        weight = data.get("weight")
+        if weight is None:  # an older/foreign dict: recover a weight from the severity
+            weight = {"hard": 0.7, "soft": 0.3}.get(data.get("severity", ""), 0.0)
+        return cls(
+            code=str(data["code"]),
+            detail=str(data.get("detail", "")),
+            evidence=str(data.get("evidence", "")),
+            weight=float(weight),
+            span=(int(span[0]), int(span[1])) if span else None,
+            source=str(data.get("source", "text")),
+        )
+
+
+@dataclass
+class Verdict:
+    """The quality check's answer for one text."""
+
+    garbage: bool
+    score: float
+    reasons: list[Reason] = field(default_factory=list)
+    truncated: bool = False
+
+    @property
+    def top_reason(self) -> Reason | None:
+        """The heaviest reason (info reasons only when nothing else was found)."""
+        if not self.reasons:
+            return None
+        return max(self.reasons, key=lambda r: r.weight)
+
+    @property
+    def counting_reasons(self) -> list[Reason]:
+        """Reasons other than ``truncated`` (which never makes a text garbage)."""
+        return [r for r in self.reasons if r.code != "truncated"]
+
+    @property
+    def mark(self) -> str:
+        return "✗" if self.garbage else "✓"
+
+    def summary(self, width: int | None = None) -> str:
+        """One short line for a table cell: ``✓``, ``✓ truncated`` or ``✗ token_loop: …``,
+        cut to ``width`` characters when given."""
+        top = self.top_reason
+        if top is None or (not self.garbage and top.weight > 0):
+            line = self.mark
+        elif not self.garbage:
+            line = f"{self.mark} {top.code}"
+        else:
+            line = f"{self.mark} {top.code}: {top.detail}"
+        if width is not None and len(line) > width:
+            line = line[: max(1, width - 1)] + "…"
+        return line
+
+    @property
+    def codes(self) -> list[str]:
+        return [r.code for r in self.reasons]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "garbage": self.garbage,
+            "score": round(self.score, 3),
+            "truncated": self.truncated,
+            "reasons": [r.to_dict() for r in self.reasons],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        return cls(
+            garbage=bool(data["garbage"]),
+            score=float(data.get("score", 0.0)),
+            reasons=[Reason.from_dict(r) for r in data.get("reasons", []) if isinstance(r, dict)],
+            truncated=bool(data.get("truncated", False)),
+        )
+
+
+# BaselineComparison.verdict values
+IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near_tie", "mismatch"
+SKIPPED = "skipped"  # T>0 or the case itself failed: nothing to compare
+BASELINE_ERROR = "error"  # the baseline request failed
+
+
+@dataclass
+class BaselineComparison:
+    """The lossless check's answer for one case: its text against the non-speculative baseline's."""
+
+    mode: str
+    verdict: str
+    detail: str = ""
+    source: str | None = None  # the baseline, in words
+    baseline_case_id: str | None = None
+    baseline_output: str | None = None
+    baseline_reasoning: str | None = None
+    logprobs: str | None = None  # a note when the baseline server refused logprobs
+    field: str | None = None  # "output" | "reasoning": where the texts differ
+    char_index: int | None = None
+    token_index: int | None = None
+    expected: str | None = None  # the baseline around the divergence (…before⟨after…)
+    actual: str | None = None
+    logprob_gap: float | None = None
+    top_logprobs: list[dict[str, Any]] | None = None
+
+    @property
+    def matches(self) -> bool | None:
+        """True (identical or a near-tie), False (a mismatch), None (nothing was compared)."""
+        if self.verdict in (IDENTICAL, NEAR_TIE):
+            return True
+        return False if self.verdict == MISMATCH else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        # Only what was found: a skipped case carries mode, verdict and detail alone.
+        keep = {"mode", "verdict", "detail"}
+        if self.field is not None:
+            keep |= {"field", "char_index", "token_index", "expected", "actual"}
+        return {k: v for k, v in data.items() if k in keep or v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BaselineComparison:
+        fields = _known_fields(cls, data)
+        fields.setdefault("mode", "")
+        fields.setdefault("verdict", "")
+        return cls(**fields)
+
+
+SEVERITIES = ("error", "warning", "info")  # finding severities, most severe first
+
+
+@dataclass
+class Finding:
+    """A rule's conclusion about the whole run: a likely cause, the evidence, what to check."""
+
+    id: str
+    severity: str  # one of SEVERITIES
+    title: str
+    evidence: str
+    check: str
+    cases: list[str] = field(default_factory=list)
+
+    def at_least(self, threshold: str) -> bool:
+        """Whether this finding is as severe as ``threshold`` or more."""
+        return SEVERITIES.index(self.severity) <= SEVERITIES.index(threshold)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        fields = _known_fields(cls, data)
+        if fields.get("severity") not in SEVERITIES:
+            fields["severity"] = "info"
+        for key in ("id", "title", "evidence", "check"):
+            fields[key] = str(fields.get(key) or "")
+        fields["cases"] = [str(c) for c in fields.get("cases") or []]
+        return cls(**fields)
+
+
+@dataclass
+class GateCheck:
+    """One gate threshold applied to the run; ``cases`` are the case ids that made it fail."""
+
+    name: str
+    passed: bool
+    detail: str
+    cases: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    checks: list[GateCheck] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GateResult:
+        checks = [
+            GateCheck(str(c.get("name", "")), bool(c.get("passed")), str(c.get("detail", "")),
+                      [str(x) for x in c.get("cases") or []])
+            for c in data.get("checks") or [] if isinstance(c, dict)
+        ]  # fmt: skip
+        return cls(bool(data.get("passed")), checks)
+
+
+# ---------------------------------------------------------------------------------------------
+# One case's result
+
+
 @dataclass
 class ProbeResult:
     case: ProbeCase
@@ -114,8 +349,8 @@ class ProbeResult:
     timings: Timings = field(default_factory=Timings)
     spec: SpecMetrics = field(default_factory=SpecMetrics)
     extras: dict[str, Any] = field(default_factory=dict)  # raw server extras, kept for the JSON
-    quality: dict[str, Any] | None = None  # quality verdict as a dict (see quality.py)
-    baseline: dict[str, Any] | None = None  # lossless comparison against a baseline
+    quality: Verdict | None = None  # the garbage-text verdict (None when the request failed)
+    baseline: BaselineComparison | None = None  # the lossless comparison, when a baseline ran
     findings: list[str] = field(default_factory=list)  # ids of run findings naming this case
 
     @property
@@ -126,9 +361,23 @@ class ProbeResult:
     def case_id(self) -> str:
         return self.case.case_id
 
+    @property
+    def garbage(self) -> bool:
+        return bool(self.quality is not None and self.quality.garbage)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.spec.mean_acceptance_length
+
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["case"]["case_id"] = self.case.case_id
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["case"] = {**dataclasses.asdict(self.case), "case_id": self.case.case_id}
+        data["timings"] = dataclasses.asdict(self.timings)
+        data["spec"] = dataclasses.asdict(self.spec)
+        data["extras"] = dict(self.extras)
+        data["quality"] = self.quality.to_dict() if self.quality is not None else None
+        data["baseline"] = self.baseline.to_dict() if self.baseline is not None else None
+        data["findings"] = list(self.findings)
         return data
 
     @classmethod
@@ -138,7 +387,14 @@ class ProbeResult:
         case = ProbeCase(**_known_fields(ProbeCase, case_data))
         timings = Timings(**_known_fields(Timings, data.pop("timings", None) or {}))
         spec = SpecMetrics(**_known_fields(SpecMetrics, data.pop("spec", None) or {}))
-        return cls(case=case, timings=timings, spec=spec, **_known_fields(cls, data))
+        quality = data.pop("quality", None)
+        baseline = data.pop("baseline", None)
+        return cls(
+            case=case, timings=timings, spec=spec,
+            quality=Verdict.from_dict(quality) if isinstance(quality, dict) else None,
+            baseline=BaselineComparison.from_dict(baseline) if isinstance(baseline, dict) else None,
+            **_known_fields(cls, data),
+        )  # fmt: skip
 
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -157,8 +413,8 @@ class RunReport:
     finished_at: str | None = None
     interrupted: bool = False  # Ctrl-C or a fatal error: results are partial
     notes: list[str] = field(default_factory=list)  # run-level remarks (e.g. dialect detection)
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    gate: dict[str, Any] | None = None
+    findings: list[Finding] = field(default_factory=list)
+    gate: GateResult | None = None
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
 
@@ -172,8 +428,8 @@ class RunReport:
             "target": self.target,
             "notes": self.notes,
             "results": [r.to_dict() for r in self.results],
-            "findings": self.findings,
-            "gate": self.gate,
+            "findings": [f.to_dict() for f in self.findings],
+            "gate": self.gate.to_dict() if self.gate is not None else None,
         }
 
     @classmethod
@@ -183,4 +439,7 @@ class RunReport:
             raise ValueError(f"unsupported report schema_version {version!r} (expected {SCHEMA_VERSION})")
         fields = _known_fields(cls, data)
         fields["results"] = [ProbeResult.from_dict(r) for r in data.get("results", [])]
+        fields["findings"] = [Finding.from_dict(f) for f in data.get("findings") or [] if isinstance(f, dict)]
+        gate = data.get("gate")
+        fields["gate"] = GateResult.from_dict(gate) if isinstance(gate, dict) else None
         return cls(**fields)

@@ -38,9 +38,11 @@ TARGET_PYTHON = "3.10"  # the oldest Python the tool supports: pulls tomli, exce
 EXTENSION_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
 # Modules the remote path imports at run time; the smoke test imports each from the zip.
 REMOTE_MODULES = [
-    "ddtree_diag.cli", "ddtree_diag.probe", "ddtree_diag.matrix", "ddtree_diag.runner",
-    "ddtree_diag.render", "ddtree_diag.report", "ddtree_diag.backends.http", "ddtree_diag.via",
-    "ddtree_diag.quality", "httpx", "httpx_sse", "rich.table", "prometheus_client.parser", "ftfy",
+    "ddtree_diag.cli", "ddtree_diag.orchestrator", "ddtree_diag.matrix", "ddtree_diag.commands.run",
+    "ddtree_diag.output.console", "ddtree_diag.output.reportfile", "ddtree_diag.output.junit",
+    "ddtree_diag.backends.http", "ddtree_diag.backends.via", "ddtree_diag.checks.quality",
+    "ddtree_diag.checks.findings", "ddtree_diag.checks.gate",
+    "httpx", "httpx_sse", "rich.table", "prometheus_client.parser", "ftfy",
 ]  # fmt: skip
 MAIN = """import sys
 
@@ -83,12 +85,7 @@ def install(staging: Path) -> None:
 
 def copy_package(staging: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(ROOT / "ddtree_diag", staging / "ddtree_diag", ignore=ignore)
-    probes = staging / "ddtree_diag" / "probes"  # the repo's probes/ is ddtree_diag.probes when installed
-    probes.mkdir(exist_ok=True)
-    for path in sorted((ROOT / "probes").glob("*")):
-        if path.suffix in (".toml", ".py"):
-            shutil.copy2(path, probes / path.name)
+    shutil.copytree(ROOT / "ddtree_diag", staging / "ddtree_diag", ignore=ignore)  # built-in matrices too
     (staging / "__main__.py").write_text(MAIN, encoding="utf-8")
 
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from ddtree_diag import draft_training as dt
-from ddtree_diag.embedded import ensure_target_dir
+from ddtree_diag.engine.embedded import ensure_target_dir
+from ddtree_diag.training import draft as dt
 
 out = Path(os.environ.get("OUT", "/tmp/gpu_job_out"))
 out.mkdir(parents=True, exist_ok=True)

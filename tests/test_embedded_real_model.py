@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from ddtree_diag import embedded  # noqa: E402
+from ddtree_diag.engine import embedded  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
@@ -81,8 +81,8 @@ def test_trained_draft_gets_tokens_accepted(engine):
 
 
 def test_tiny_draft_training_run_on_cpu_writes_a_loadable_draft(target_dir, tmp_path):
-    from ddtree_diag import draft_training as dt
     from ddtree_diag.engine.draft import load_draft
+    from ddtree_diag.training import draft as dt
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Name a color.\nSay hi.\n")
@@ -102,7 +102,7 @@ def test_tiny_draft_training_run_on_cpu_writes_a_loadable_draft(target_dir, tmp_
 
 
 def test_sampled_user_prompts_are_finished_distinct_and_avoid_excluded_ones(target_dir):
-    from ddtree_diag import draft_training as dt
+    from ddtree_diag.training import draft as dt
 
     model, tokenizer = dt.load_target(target_dir, "cpu")
     excluded = ["What is the capital of France?"]

@@ -15,9 +15,9 @@ import engine_fixtures as fx  # noqa: E402
 from engine_fixtures import one_thread  # noqa: E402, F401 - one_thread is a fixture
 
 from ddtree_diag.backends.engine import EngineBackend, split_reasoning  # noqa: E402
+from ddtree_diag.commands.engine_info import run_engine_info  # noqa: E402
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.target import check_supported  # noqa: E402
-from ddtree_diag.engine_info import run_engine_info  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
 
@@ -206,9 +206,9 @@ def test_split_reasoning():
 
 
 def test_engine_info_json_and_table(paths, capsys):
-    assert run_engine_info(paths.target, paths.draft, as_json=True) == 0
+    assert run_engine_info(str(paths.target), None, str(paths.draft), None, None, as_json=True) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["draft"]["block_size"] == 4 and data["layers"] == fx.TARGET_LAYERS
-    assert run_engine_info(paths.target, None) == 0
+    assert run_engine_info(str(paths.target), None, None, None, None, as_json=False) == 0
     out = capsys.readouterr().out
     assert "none (AR only)" in out and "target layers" in out

@@ -6,10 +6,12 @@ wire), and a real healthy run's records with one field altered (margins and nois
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from ddtree_diag import findings
-from ddtree_diag.quality import assess_result
+from ddtree_diag.checks import findings
+from ddtree_diag.checks.quality import assess_result
 from ddtree_diag.records import RunReport
 from tests.gatekit import finding_ids, gate_run
 
@@ -51,12 +53,12 @@ def test_every_rule_is_quiet_on_a_healthy_run(healthy, rule):
 def test_each_rule_fires_on_a_server_with_the_fault(tmp_path, flags, expected):
     _code, report, stdout = gate_run(tmp_path, flags)
     assert expected in finding_ids(report), (finding_ids(report), stdout[-2000:])
-    item = next(f for f in report.findings if f["id"] == expected)
-    assert item["severity"] in findings.SEVERITIES and item["title"] and item["evidence"] and item["check"]
-    assert item["cases"], "a finding names the cases it is about"
+    item = next(f for f in report.findings if f.id == expected)
+    assert item.severity in findings.SEVERITIES and item.title and item.evidence and item.check
+    assert item.cases, "a finding names the cases it is about"
     by_id = {r.case_id: r for r in report.results}
-    assert all(expected in by_id[c].findings for c in item["cases"])
-    assert item["title"] in stdout  # shown under the table
+    assert all(expected in by_id[c].findings for c in item.cases)
+    assert item.title in stdout  # shown under the table
 
 
 def test_story_run_names_thinking_and_early_stop(tmp_path):
@@ -64,8 +66,8 @@ def test_story_run_names_thinking_and_early_stop(tmp_path):
     _code, report, _ = gate_run(tmp_path, ("--early-stop", "--thinking-garbage"))
     ids = finding_ids(report)
     assert "early-stop" in ids and "garbage-only-thinking" not in ids  # off is garbage too
-    early = next(f for f in report.findings if f["id"] == "early-stop")
-    assert "'Hello,'" in early["evidence"] and all("think=off" in c for c in early["cases"])
+    early = next(f for f in report.findings if f.id == "early-stop")
+    assert "'Hello,'" in early.evidence and all("think=off" in c for c in early.cases)
 
 
 # --- records from a real run with one field altered: margins ----------------------------------
@@ -76,7 +78,7 @@ def test_rounds_accounting_margin(healthy):
     target = run.results[0]
     target.spec.decode_rounds += 4  # 7 rounds × 2.33 = 16 for 7 tokens
     hits = findings.rounds_accounting(run)
-    assert [f["cases"] for f in hits] == [[target.case_id]]
+    assert [f.cases for f in hits] == [[target.case_id]]
     run = altered(healthy)
     for r in run.results:  # off by less than one token: the prefill token, rounding
         r.spec.mean_acceptance_length = (r.completion_tokens + 0.9) / r.spec.decode_rounds
@@ -90,7 +92,7 @@ def test_speed_mismatch_margin(healthy):
     assert findings.server_client_speed_mismatch(run) == []
     for r in run.results:
         r.spec.server_tokens_per_second = r.timings.decode_tokens_per_second / 5
-    assert [f["id"] for f in findings.server_client_speed_mismatch(run)] == ["server-client-speed-mismatch"]
+    assert [f.id for f in findings.server_client_speed_mismatch(run)] == ["server-client-speed-mismatch"]
 
 
 def test_budget_margin(healthy):
@@ -103,7 +105,7 @@ def test_budget_margin(healthy):
         if r.case.tree_budget == 64:
             r.spec.mean_acceptance_length -= 0.6
     hit = findings.acceptance_not_rising_with_budget(run)
-    assert hit and all("budget=64" in c or "budget=16" in c for c in hit[0]["cases"])
+    assert hit and all("budget=64" in c or "budget=16" in c for c in hit[0].cases)
 
 
 def test_thinking_acceptance_margin(healthy):
@@ -116,7 +118,7 @@ def test_thinking_acceptance_margin(healthy):
         if r.case.enable_thinking:
             r.spec.mean_acceptance_length = 1.2
     hit = findings.thinking_acceptance_drop(run)
-    assert hit and "1.20 on vs 2.33 off" in hit[0]["evidence"]
+    assert hit and "1.20 on vs 2.33 off" in hit[0].evidence
 
 
 def test_repeat_drop_margin(healthy):
@@ -138,10 +140,10 @@ def test_garbage_high_acceptance_needs_high_acceptance(healthy):
     loop.finish_reason = "length"
     loop.completion_tokens = 32
     assess_result(loop)
-    assert loop.quality["garbage"]
+    assert loop.quality.garbage
     assert findings.garbage_with_high_acceptance(run) == []  # a loop at normal acceptance
     loop.spec.mean_acceptance_length = 6.0
-    assert findings.garbage_with_high_acceptance(run)[0]["cases"] == [loop.case_id]
+    assert findings.garbage_with_high_acceptance(run)[0].cases == [loop.case_id]
 
 
 def test_garbage_only_thinking_needs_clean_thinking_off(healthy):
@@ -151,7 +153,7 @@ def test_garbage_only_thinking_needs_clean_thinking_off(healthy):
             r.output = STORY_GARBAGE
             assess_result(r)
     hit = findings.garbage_only_with_thinking(run)
-    assert hit and len(hit[0]["cases"]) == 4
+    assert hit and len(hit[0].cases) == 4
     off = next(r for r in run.results if r.case.enable_thinking is False)
     off.output = STORY_GARBAGE
     assess_result(off)
@@ -166,7 +168,7 @@ def test_early_stop_is_quiet_on_a_complete_short_answer(healthy):
     assert findings.early_stop(run) == []
     short.output = "Hello,"
     assess_result(short)
-    assert findings.early_stop(run)[0]["cases"] == [short.case_id]
+    assert findings.early_stop(run)[0].cases == [short.case_id]
 
 
 def test_repeats_disagree_from_altered_text(healthy):
@@ -174,16 +176,16 @@ def test_repeats_disagree_from_altered_text(healthy):
     r1 = next(r for r in run.results if r.case.repeat == 1)
     r1.output = r1.output.replace("nice", "good")
     hit = findings.repeats_disagree(run)
-    assert hit and r1.case_id in hit[0]["cases"] and "char 13" in hit[0]["evidence"]
+    assert hit and r1.case_id in hit[0].cases and "char 13" in hit[0].evidence
 
 
 def test_analyse_orders_by_severity_and_tags_results(healthy):
     run = altered(healthy)
     for r in run.results:
         r.spec.server_tokens_per_second = 1.0  # warning
-    run.results[0].baseline = {**run.results[0].baseline, "verdict": "mismatch", "char_index": 0,
-                               "expected": "⟨a", "actual": "⟨b", "detail": "x"}  # fmt: skip
+    run.results[0].baseline = dataclasses.replace(run.results[0].baseline, verdict="mismatch", field="output",
+                                                  char_index=0, expected="⟨a", actual="⟨b", detail="x")  # fmt: skip
     out = findings.analyse(run)
-    assert [f["id"] for f in out] == ["lossless-mismatch", "server-client-speed-mismatch"]
+    assert [f.id for f in out] == ["lossless-mismatch", "server-client-speed-mismatch"]
     assert run.results[0].findings == ["lossless-mismatch", "server-client-speed-mismatch"]
     assert run.findings is out

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_diag import findings, formats, gate
-from ddtree_diag.records import RunReport
+from ddtree_diag.checks import findings, gate
+from ddtree_diag.output import junit, markdown
+from ddtree_diag.records import RunReport, Verdict
 from tests.conftest import run_cli, start_standin
 from tests.gatekit import ALL_CHECKS, write_matrix
 
@@ -57,14 +58,14 @@ def test_junit_counts_match_the_gate(runs):
     assert root.tag == "testsuites"
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
-    checks = report.gate["checks"]
+    checks = report.gate.checks
     assert len(cases) == len(checks) * len(report.results) == int(root.get("tests")) == int(suite.get("tests"))
     failed = [c for c in cases if c.find("failure") is not None]
     # lossless (every case) and findings (lossless-mismatch is an error) fail; nothing else does
     assert {c.get("classname") for c in failed} == {"ddtree-diag.lossless", "ddtree-diag.findings"}
     assert len(failed) == int(root.get("failures")) == 16
     lossless_failure = next(c for c in failed if c.get("classname") == "ddtree-diag.lossless").find("failure")
-    assert lossless_failure.get("message") == next(c for c in checks if c["name"] == "lossless")["detail"]
+    assert lossless_failure.get("message") == next(c for c in checks if c.name == "lossless").detail
     assert "expected: Hello! It is ⟨nice to meet you." in lossless_failure.text
     assert "T=0 output differs" in suite.findtext("system-out")
 
@@ -77,13 +78,13 @@ def test_junit_of_a_healthy_run_has_no_failures(runs):
 
 def test_junit_run_level_failure_and_xml_unsafe_text():
     report = RunReport()  # no case ran: the gate fails with no case to blame
-    from ddtree_diag.gate import GateConfig, evaluate
+    from ddtree_diag.checks.gate import GateConfig, evaluate
 
     report.gate = evaluate(report, GateConfig(max_failed=0))
-    root = ET.fromstring(formats.junit_xml(report).encode())
+    root = ET.fromstring(junit.junit_xml(report).encode())
     case = root.find("testsuite/testcase")
     assert case.get("name") == "(run)" and case.find("failure").get("message") == "no case ran"
-    assert formats._xml_safe("a\x00b\x1bc") == "a\\x00b\\x1bc"
+    assert junit._xml_safe("a\x00b\x1bc") == "a\\x00b\\x1bc"
 
 
 def normalised(report: RunReport) -> RunReport:
@@ -106,8 +107,8 @@ def test_markdown_summary_snapshot(runs):
     lossy = runs["lossy"]
     report = load(lossy["json"])
     written = lossy["md"].read_text()
-    assert written == formats.markdown_summary(report, 1), "the file is the report's summary"
-    text = formats.markdown_summary(normalised(report), 1)
+    assert written == markdown.markdown_summary(report, 1), "the file is the report's summary"
+    text = markdown.markdown_summary(normalised(report), 1)
     snapshot = DATA / "gate_summary_lossy.md"
     if os.environ.get("UPDATE_SNAPSHOTS"):
         snapshot.write_text(text)
@@ -208,7 +209,7 @@ def test_diff_speed_tolerance(runs, tmp_path):
 
 def test_diff_new_garbage_and_missing_case(runs, tmp_path):
     report = load(runs["healthy"]["json"])
-    report.results[0].quality = {"garbage": True, "reasons": [{"code": "token_loop"}]}
+    report.results[0].quality = Verdict.from_dict({"garbage": True, "reasons": [{"code": "token_loop"}]})
     dropped = report.results.pop()
     path = tmp_path / "b.json"
     path.write_text(json.dumps(report.to_dict()))

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
+from ddtree_diag.checks.gate import GateConfig, evaluate, parse_gate
 from ddtree_diag.errors import UsageError
-from ddtree_diag.gate import GateConfig, evaluate, parse_gate
 from tests.conftest import ROOT
 from tests.gatekit import check, finding_ids, gate_run, write_matrix
 
@@ -22,11 +22,11 @@ CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min
 def test_healthy_run_passes_every_check(tmp_path):
     code, report, stdout = gate_run(tmp_path)
     assert code == 0, stdout
-    assert report.gate["passed"] is True
-    assert sorted(c["name"] for c in report.gate["checks"]) == sorted(CHECKS)
-    assert all(c["passed"] and not c["cases"] for c in report.gate["checks"])
+    assert report.gate.passed is True
+    assert sorted(c.name for c in report.gate.checks) == sorted(CHECKS)
+    assert all(c.passed and not c.cases for c in report.gate.checks)
     assert report.findings == []
-    assert all(r.baseline["verdict"] == "identical" for r in report.results)
+    assert all(r.baseline.verdict == "identical" for r in report.results)
     assert "gate: PASSED" in stdout
 
 
@@ -35,8 +35,8 @@ def test_shipped_gate_matrix_passes_a_healthy_server(tmp_path):
     assert code == 0, stdout
     assert len(report.results) == 24  # 3 prompts × thinking 2 × budgets 2 × repeat 2
     assert {r.case.max_tokens for r in report.results} == {64}
-    assert report.target["matrix"].endswith("gate.toml")
-    names = {c["name"] for c in report.gate["checks"]}
+    assert report.target["matrix"] == "gate (built-in)"
+    names = {c.name for c in report.gate.checks}
     assert {"lossless", "max_garbage", "max_failed", "findings"} <= names
 
 
@@ -47,57 +47,57 @@ def test_failed_requests_fail_max_failed(tmp_path):
     code, report, _ = gate_run(tmp_path, matrix=matrix)
     assert code == 1
     failed = check(report, "max_failed")
-    assert not failed["passed"] and failed["cases"] == ["boom/think=off/budget=default/T=0/max=48/r0"]
-    assert "HTTP 500" in failed["detail"]
+    assert not failed.passed and failed.cases == ["boom/think=off/budget=default/T=0/max=48/r0"]
+    assert "HTTP 500" in failed.detail
 
 
 def test_garbage_fails_max_garbage(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--thinking-garbage",))
     assert code == 1
     garbage = check(report, "max_garbage")
-    assert not garbage["passed"]
-    assert garbage["cases"] and all("think=on" in c for c in garbage["cases"])
-    assert "4 garbage case(s), max 0" in garbage["detail"]
+    assert not garbage.passed
+    assert garbage.cases and all("think=on" in c for c in garbage.cases)
+    assert "4 garbage case(s), max 0" in garbage.detail
 
 
 def test_lossy_server_fails_lossless(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--lossy",))
     assert code == 1
     lossless = check(report, "lossless")
-    assert not lossless["passed"] and len(lossless["cases"]) == 8
-    assert "0/8 T=0 case(s) match" in lossless["detail"]
+    assert not lossless.passed and len(lossless.cases) == 8
+    assert "0/8 T=0 case(s) match" in lossless.detail
 
 
 def test_repeats_that_disagree_fail_lossless(tmp_path):
     # budget0 baseline agrees with one of the two alternating answers; repeats never agree.
     code, report, _ = gate_run(tmp_path, ("--flaky-text",))
     assert code == 1
-    assert "repeat pair(s) disagree" in check(report, "lossless")["detail"]
+    assert "repeat pair(s) disagree" in check(report, "lossless").detail
 
 
 def test_early_stop_fails_min_completion_tokens(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--early-stop",))
     assert code == 1
     short = check(report, "min_completion_tokens")
-    assert not short["passed"] and all("think=off" in c for c in short["cases"])
+    assert not short.passed and all("think=off" in c for c in short.cases)
 
 
 def test_low_acceptance_fails_mean_and_group_checks(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--thinking-low-acceptance",))
     assert code == 1
     mean = check(report, "min_mean_acceptance")
-    assert not mean["passed"] and "mean acceptance 1.67" in mean["detail"]
+    assert not mean.passed and "mean acceptance 1.67" in mean.detail
     group = check(report, "min_group_acceptance")
-    assert not group["passed"]
-    assert "budget=16 think=on" in group["detail"] and "budget=64 think=on" in group["detail"]
-    assert all("think=on" in c for c in group["cases"]) and len(group["cases"]) == 4
+    assert not group.passed
+    assert "budget=16 think=on" in group.detail and "budget=64 think=on" in group.detail
+    assert all("think=on" in c for c in group.cases) and len(group.cases) == 4
 
 
 def test_slow_server_fails_min_tokens_per_second(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--seconds-per-token", "0.04"))
     assert code == 1
     speed = check(report, "min_tokens_per_second")
-    assert not speed["passed"] and "mean client tok/s" in speed["detail"]
+    assert not speed.passed and "mean client tok/s" in speed.detail
     assert all(r.timings.decode_tokens_per_second < 50 for r in report.results)
 
 
@@ -105,7 +105,7 @@ def test_server_side_speed_source(tmp_path):
     matrix = write_matrix(tmp_path, '[gate]\nmin_tokens_per_second = 1000\ntokens_per_second_source = "server"\n')
     code, report, _ = gate_run(tmp_path, matrix=matrix)
     assert code == 1
-    assert "mean server tok/s" in check(report, "min_tokens_per_second")["detail"]
+    assert "mean server tok/s" in check(report, "min_tokens_per_second").detail
 
 
 def test_error_finding_fails_findings_check(tmp_path):
@@ -113,12 +113,12 @@ def test_error_finding_fails_findings_check(tmp_path):
     assert code == 1
     assert "garbage-high-acceptance" in finding_ids(report)
     findings = check(report, "findings")
-    assert not findings["passed"] and "Garbage with high acceptance" in findings["detail"]
+    assert not findings.passed and "Garbage with high acceptance" in findings.detail
 
 
 def test_warning_finding_fails_only_at_warning_level(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--inverse-budget",))
-    assert code == 1 and not check(report, "findings")["passed"]
+    assert code == 1 and not check(report, "findings").passed
     lenient = write_matrix(tmp_path, '[gate]\nfail_on_findings = "error"\n', name="lenient.toml")
     code, report, _ = gate_run(tmp_path, ("--inverse-budget",), matrix=lenient)
     assert code == 0 and "acceptance-not-rising-with-budget" in finding_ids(report)
@@ -127,23 +127,23 @@ def test_warning_finding_fails_only_at_warning_level(tmp_path):
 def test_near_tie_passes_lossless_unless_the_gap_is_tightened(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--lossy", "--tie-gap", "0.01"))
     assert code == 0
-    assert all(r.baseline["verdict"] == "near_tie" for r in report.results)
-    assert all(r.baseline["logprob_gap"] == pytest.approx(0.01) for r in report.results)
-    assert check(report, "lossless")["passed"] and "8 near-tie(s) allowed" in check(report, "lossless")["detail"]
-    assert [(f["id"], f["severity"]) for f in report.findings] == [("lossless-near-tie", "info")]
+    assert all(r.baseline.verdict == "near_tie" for r in report.results)
+    assert all(r.baseline.logprob_gap == pytest.approx(0.01) for r in report.results)
+    assert check(report, "lossless").passed and "8 near-tie(s) allowed" in check(report, "lossless").detail
+    assert [(f.id, f.severity) for f in report.findings] == [("lossless-near-tie", "info")]
     code, report, _ = gate_run(tmp_path, ("--lossy", "--tie-gap", "0.01"), args=("--near-tie-gap", "0.001"))
-    assert all(r.baseline["verdict"] == "mismatch" for r in report.results)
-    assert code == 1 and not check(report, "lossless")["passed"]
+    assert all(r.baseline.verdict == "mismatch" for r in report.results)
+    assert code == 1 and not check(report, "lossless").passed
 
 
 def test_url_baseline_against_a_second_server(tmp_path, standin):
     plain = standin("--dialect", "openai")
     matrix = write_matrix(tmp_path, f'[gate]\nlossless = true\n[baseline]\nmode = "url"\nurl = "{plain.url}"\n')
     code, report, _ = gate_run(tmp_path, matrix=matrix)
-    assert code == 0 and all(r.baseline["verdict"] == "identical" for r in report.results)
-    assert all(r.baseline["mode"] == "url" for r in report.results)
+    assert code == 0 and all(r.baseline.verdict == "identical" for r in report.results)
+    assert all(r.baseline.mode == "url" for r in report.results)
     code, report, _ = gate_run(tmp_path, ("--lossy",), matrix=matrix, dialect="vllm")
-    assert code == 1 and all(r.baseline["verdict"] == "mismatch" for r in report.results)
+    assert code == 1 and all(r.baseline.verdict == "mismatch" for r in report.results)
     # the baseline server got no tree budget and was asked for logprobs
     sent = [r for r in plain.requests() if r.get("max_tokens") == 32]
     assert sent and all("tree_budget" not in r and r.get("logprobs") is True for r in sent)
@@ -159,7 +159,7 @@ def test_baseline_server_that_refuses_logprobs(tmp_path, standin):
     matrix = write_matrix(tmp_path, f'[gate]\nlossless = true\n[baseline]\nmode = "url"\nurl = "{strict.url}"\n')
     code, report, _ = gate_run(tmp_path, matrix=matrix)
     assert code == 0, report.notes
-    assert all(r.baseline["verdict"] == "identical" for r in report.results)
+    assert all(r.baseline.verdict == "identical" for r in report.results)
     assert any("refused logprobs" in n for n in report.notes)
 
 
@@ -200,7 +200,7 @@ def test_bad_gate_config_is_exit_2_naming_the_key(cli, tmp_path, table, needle):
 def test_budget0_baseline_refused_for_a_server_without_budget(standin, cli, tmp_path):
     server = standin("--dialect", "vllm")
     result = cli("probe", "--url", server.url, "--baseline", "budget0", "--thinking", "off")
-    assert result.code == 2 and "fixes speculation at server start" in result.stderr
+    assert result.code == 2 and "needs a server that takes a per-request tree budget" in result.stderr
     assert not [r for r in server.requests() if r.get("max_tokens") == 48], "refused before the run"
 
 
@@ -233,7 +233,7 @@ def test_gate_config_unit():
     from ddtree_diag.records import RunReport
 
     verdict = evaluate(RunReport(), GateConfig())
-    assert verdict["passed"] is False and verdict["checks"][0]["name"] == "ran_cases"
+    assert verdict.passed is False and verdict.checks[0].name == "ran_cases"
 
 
 def test_readme_documents_every_gate_key():

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree_diag import dialects, lossless
+from ddtree_diag.backends import dialects
+from ddtree_diag.checks import lossless
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import ProbeCase, ProbeResult, RunReport
 
@@ -40,35 +41,35 @@ def test_first_difference_and_context():
 
 def test_identical():
     record = lossless.compare_result(result("The cat sat"), result("The cat sat", logprobs=BASE_TOKENS), SPEC)
-    assert record["verdict"] == "identical" and record["baseline_output"] == "The cat sat"
+    assert record.verdict == "identical" and record.baseline_output == "The cat sat"
 
 
 def test_near_tie_when_the_runner_up_is_within_the_gap():
     record = lossless.compare_result(result("The dog sat"), result("The cat sat", logprobs=BASE_TOKENS), SPEC)
-    assert record["verdict"] == "near_tie"
-    assert record["char_index"] == 4 and record["token_index"] == 1
-    assert record["logprob_gap"] == pytest.approx(0.02)
-    assert record["expected"] == "The ⟨cat sat" and record["actual"] == "The ⟨dog sat"
+    assert record.verdict == "near_tie"
+    assert record.char_index == 4 and record.token_index == 1
+    assert record.logprob_gap == pytest.approx(0.02)
+    assert record.expected == "The ⟨cat sat" and record.actual == "The ⟨dog sat"
 
 
 def test_mismatch_when_the_gap_is_large_or_the_token_is_not_a_candidate():
     spec = lossless.BaselineSpec(mode="budget0", near_tie_gap=0.01)
     record = lossless.compare_result(result("The dog sat"), result("The cat sat", logprobs=BASE_TOKENS), spec)
-    assert record["verdict"] == "mismatch" and "not a near-tie" in record["detail"]
+    assert record.verdict == "mismatch" and "not a near-tie" in record.detail
     record = lossless.compare_result(result("The cow sat"), result("The cat sat", logprobs=BASE_TOKENS), SPEC)
-    assert record["verdict"] == "mismatch" and "not among the baseline's top 2" in record["detail"]
+    assert record.verdict == "mismatch" and "not among the baseline's top 2" in record.detail
 
 
 def test_mismatch_without_logprobs_says_it_cannot_classify():
     record = lossless.compare_result(result("The dog sat"), result("The cat sat"), SPEC)
-    assert record["verdict"] == "mismatch" and record["token_index"] is None
-    assert "no logprobs" in record["detail"]
+    assert record.verdict == "mismatch" and record.token_index is None
+    assert "no logprobs" in record.detail
 
 
 def test_token_ids_locate_the_divergence_without_logprobs():
     record = lossless.compare_result(result("The dog sat", token_ids=[1, 9, 3]),
                                      result("The cat sat", token_ids=[1, 2, 3]), SPEC)  # fmt: skip
-    assert record["token_index"] == 1 and record["verdict"] == "mismatch"
+    assert record.token_index == 1 and record.verdict == "mismatch"
 
 
 def test_divergence_in_the_answer_after_separated_reasoning():
@@ -76,26 +77,26 @@ def test_divergence_in_the_answer_after_separated_reasoning():
     tokens = [entry("Think", -0.1), entry(".", -0.1), entry("Yes", -0.5, ("No", -0.51))]
     record = lossless.compare_result(result("No", reasoning="Think."),
                                      result("Yes", reasoning="Think.", logprobs=tokens), SPEC)  # fmt: skip
-    assert record["field"] == "output" and record["token_index"] == 2 and record["verdict"] == "near_tie"
+    assert record.field == "output" and record.token_index == 2 and record.verdict == "near_tie"
 
 
 def test_reasoning_divergence_is_found_first():
     record = lossless.compare_result(result("Yes", reasoning="Hmm"), result("Yes", reasoning="Hm!"), SPEC)
-    assert record["field"] == "reasoning" and record["char_index"] == 2
+    assert record.field == "reasoning" and record.char_index == 2
 
 
 def test_failed_baseline_is_an_error_not_a_mismatch():
     base = result("")
     base.status, base.error = "http_error", "HTTP 500: boom"
     record = lossless.compare_result(result("x"), base, SPEC)
-    assert record["verdict"] == "error" and "HTTP 500" in record["detail"]
+    assert record.verdict == "error" and "HTTP 500" in record.detail
 
 
 def test_repeat_disagreements_only_at_temperature_zero():
     report = RunReport(results=[result("a b c"), result("a b d", repeat=1),
                                 result("x", temperature=0.7), result("y", temperature=0.7, repeat=1)])  # fmt: skip
     found = lossless.repeat_disagreements(report)
-    assert len(found) == 1 and found[0]["char_index"] == 4 and found[0]["cases"][1].endswith("/r1")
+    assert len(found) == 1 and found[0].char_index == 4 and found[0].cases[1].endswith("/r1")
 
 
 @pytest.mark.parametrize(
@@ -121,7 +122,7 @@ def test_dialects_keep_logprobs_in_bodies_and_streams():
     content = [entry("Hi", -0.1), entry("!", -0.2)]
     body = {"choices": [{"message": {"content": "Hi!"}, "finish_reason": "stop", "logprobs": {"content": content}}]}
     assert dialects.parse_body("openai", body, case).extras["logprobs"] == {"content": content}
-    stream = dialects.StreamAccumulator()
+    stream = dialects.get("openai").accumulator()
     for item in content:
         stream.feed({"choices": [{"delta": {"content": item["token"]}, "logprobs": {"content": [item]}}]})
-    assert stream.result("openai", case).extras["logprobs"] == {"content": content}
+    assert stream.result(case).extras["logprobs"] == {"content": content}

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ddtree_diag.errors import UsageError
-from ddtree_diag.matrix import Matrix, apply_overrides, load_matrix, matrix_from_dict
-from ddtree_diag.probe import ProbeOptions, resolve_matrix
+from ddtree_diag.matrix import Matrix, MatrixRequest, apply_overrides, load_matrix, matrix_from_dict, resolve_matrix
 
 
 def test_smoke_matrix_is_the_story_probe():
-    cases = resolve_matrix(ProbeOptions(matrix="smoke")).cases()
+    cases = resolve_matrix(MatrixRequest(matrix="smoke")).cases()
     assert [(c.enable_thinking, c.tree_budget) for c in cases] == [
         (False, 16), (False, 64), (True, 16), (True, 64)]  # fmt: skip
     assert {c.max_tokens for c in cases} == {48} and {c.temperature for c in cases} == {0.0}
@@ -18,7 +17,7 @@ def test_smoke_matrix_is_the_story_probe():
 
 
 def test_default_without_matrix_or_prompt_is_smoke():
-    assert len(resolve_matrix(ProbeOptions()).cases()) == 4
+    assert len(resolve_matrix(MatrixRequest()).cases()) == 4
 
 
 def test_order_is_stable_prompt_thinking_budget_temperature_max_repeat():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree_diag.promdelta import parse_spec_counters
+from ddtree_diag.backends.metrics import parse_spec_counters
 
 PAGE = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts counter

@@ -45,8 +45,8 @@ def essentials(report: dict) -> list[tuple]:
 
 def test_pyz_vendors_no_compiled_module_and_no_engine_dependency(pyz):
     names = zipfile.ZipFile(pyz).namelist()
-    assert "__main__.py" in names and "ddtree_diag/agent.py" in names
-    assert "ddtree_diag/probes/smoke.toml" in names, "built-in matrices travel with the tool"
+    assert "__main__.py" in names and "ddtree_diag/backends/agent.py" in names
+    assert "ddtree_diag/matrices/smoke.toml" in names, "built-in matrices travel with the tool"
     assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]
     tops = {n.split("/")[0] for n in names}
     assert not tops & {"torch", "transformers", "regex", "pydantic_core"}

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree_diag.quality import (
+from ddtree_diag.checks.quality import (
     GARBAGE_THRESHOLD,
     REASON_CODES,
     Reason,
@@ -553,7 +553,7 @@ def test_assess_result_stores_the_verdict_on_the_probe_result():
     )
     result = ProbeResult(case=case, output="Hello,", finish_reason="stop", completion_tokens=3)
     verdict = assess_result(result)
-    assert verdict.garbage and result.quality == verdict.to_dict()
+    assert verdict.garbage and result.quality == verdict
     # and the record still round-trips with it
     assert ProbeResult.from_dict(result.to_dict()).quality == result.quality
     failed = ProbeResult(case=case, status="transport_error", error="refused")
@@ -621,7 +621,7 @@ def test_long_text_with_a_loop_late_in_it():
 
 def test_import_is_light():
     code = (
-        "import sys, ddtree_diag.quality\n"
+        "import sys, ddtree_diag.checks.quality\n"
         "heavy = [m for m in ('torch', 'transformers', 'httpx', 'ftfy', 'rich') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
@@ -708,7 +708,7 @@ def test_each_planted_fault_is_caught(fault):
 
 def test_same_verdicts_without_the_regex_module(monkeypatch):
     """The single-file build has no `regex` (compiled): the stdlib fallback must agree on the corpus."""
-    from ddtree_diag import quality
+    from ddtree_diag.checks import quality
 
     keys = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
     rows = _corpus_rows()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_diag.commands.textcheck import run_text_check
 from ddtree_diag.errors import UsageError
-from ddtree_diag.textcheck import run_text_check
 
 ROOT = Path(__file__).parent.parent
 STORY = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_diag import via
+from ddtree_diag.backends import via
 from ddtree_diag.errors import UsageError
 from tests.conftest import ROOT, free_port
 

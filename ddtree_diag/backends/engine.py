@@ -31,8 +31,10 @@ class EngineBackend:
         gguf_file: str | None = None,
         device: str | None = None,
         dtype: str | None = None,
+        model_name: str | None = None,
     ) -> None:
         self.target = target
+        self.model = model_name  # the id results and the report show (None: the engine's own)
         self.draft = draft
         self.gguf_file = gguf_file
         self.device = device
@@ -110,7 +112,7 @@ class EngineBackend:
         return ProbeResult(
             case=case,
             dialect="engine",
-            model=engine.info().get("model"),
+            model=self.model or engine.info().get("model"),
             output=answer,
             reasoning=reasoning,
             finish_reason=gen.finish_reason,
@@ -132,7 +134,7 @@ class EngineBackend:
         if self.engine is not None:
             engine_info = self.engine.info()
             info.update(
-                model=engine_info.get("model"),
+                model=self.model or engine_info.get("model"),
                 device=engine_info.get("device"),
                 dtype=engine_info.get("dtype"),
                 block_size=(engine_info.get("draft") or {}).get("block_size"),

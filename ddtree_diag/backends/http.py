@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import httpx
 from httpx_sse import EventSource
 
-from ddtree_diag import dialects
+from ddtree_diag.backends import dialects
+from ddtree_diag.backends.metrics import SpecCounters, parse_spec_counters
 from ddtree_diag.errors import TransportError, UsageError
-from ddtree_diag.promdelta import SpecCounters, parse_spec_counters
 from ddtree_diag.records import (
     STATUS_HTTP_ERROR,
     STATUS_OK,
@@ -27,12 +27,6 @@ from ddtree_diag.records import (
     ProbeCase,
     ProbeResult,
 )
-
-# Fields we add beyond the OpenAI core; a strict server may reject them (HTTP 400 naming one).
-_OPTIONAL_FIELDS = (
-    "chat_template_kwargs", "chat_template_args", "enable_thinking", "tree_budget",
-    "return_spec_tokens_details", "stream_options", "speculative.n_max",
-)  # fmt: skip
 
 
 def normalise_url(url: str) -> str:
@@ -115,11 +109,12 @@ class HttpBackend:
             raise UsageError(
                 f"unknown --dialect {dialect!r}; choose auto or one of {', '.join(dialects.DIALECTS)}"
             )
+        # None until prepare() detects it (dialect "auto")
         if timeout <= 0:
             raise UsageError("--timeout must be > 0 seconds")
         self.base_url = normalise_url(url)
         self.model = model
-        self.dialect = dialect
+        self.dialect: dialects.Dialect | None = None if dialect == "auto" else dialects.get(dialect)
         self.stream = stream
         self.timeout = timeout
         self.concurrency = concurrency
@@ -145,7 +140,7 @@ class HttpBackend:
         if hasattr(self.transport, "note"):
             notes.append(self.transport.note())
         owned_by = None
-        if self.model is None or self.dialect == "auto":
+        if self.model is None or self.dialect is None:
             models = self._list_models()
             if self.model is None:
                 if not models:
@@ -157,12 +152,13 @@ class HttpBackend:
             for entry in models:
                 if entry.get("id") == self.model:
                     owned_by = entry.get("owned_by")
-        if self.dialect == "auto":
-            self.dialect, why = self._detect(cases[0] if cases else None, owned_by)
-            self.detection_note = f"dialect: {self.dialect} (auto: {why})"
+        if self.dialect is None:
+            name, why = self._detect(cases[0] if cases else None, owned_by)
+            self.dialect = dialects.get(name)
+            self.detection_note = f"dialect: {name} (auto: {why})"
             notes.append(self.detection_note)
         else:
-            notes.append(f"dialect: {self.dialect} (--dialect)")
+            notes.append(f"dialect: {self.dialect.name} (--dialect)")
         counters = self._scrape_metrics()
         if counters is not None:
             self.metrics_prefix = counters.prefix
@@ -171,12 +167,10 @@ class HttpBackend:
                 "concurrency > 1: server-wide /metrics counters mix requests, so they are not "
                 "attributed to cases"
             )
-        if not dialects.budget_is_sent(self.dialect) and any(
-            c.tree_budget is not None for c in cases
-        ):
+        if not self.dialect.sends_budget and any(c.tree_budget is not None for c in cases):
             notes.append(
-                f"{self.dialect} fixes its draft length at server start: the budget axis is a "
-                "label only and is not sent"
+                f"{self.dialect.name}: {self.dialect.budget_knob}, so the budget axis is a label only "
+                "and is not sent"
             )
         return notes
 
@@ -225,8 +219,8 @@ class HttpBackend:
     # -- one case ----------------------------------------------------------------------------
 
     def run(self, case: ProbeCase) -> ProbeResult:
-        assert self.model is not None and self.dialect != "auto", "prepare() first"
-        result = ProbeResult(case=case, dialect=self.dialect, model=self.model)
+        assert self.model is not None and self.dialect is not None, "prepare() first"
+        result = ProbeResult(case=case, dialect=self.dialect.name, model=self.model)
         use_counters = self.metrics_prefix is not None and self.concurrency == 1
         if use_counters:
             with self._metrics_lock:
@@ -239,12 +233,12 @@ class HttpBackend:
             result.status == STATUS_HTTP_ERROR
             and result.http_status == 400
             and not minimal
-            and any(f in (result.error or "") for f in _OPTIONAL_FIELDS)
+            and any(f in (result.error or "") for f in self._added_fields(case))
         ):
             # A strict server rejected a field it does not know: retry with the OpenAI core only.
             self.strict_fields_dropped = True
             rejected = result.error
-            result = ProbeResult(case=case, dialect=self.dialect, model=self.model)
+            result = ProbeResult(case=case, dialect=self.dialect.name, model=self.model)
             self._request(case, result, minimal=True)
             result.extras["retried_without_extra_fields"] = rejected
         if before is not None and result.ok and not result.spec.known:
@@ -253,13 +247,16 @@ class HttpBackend:
                 result.spec = after.delta(before)
         return result
 
+    def _added_fields(self, case: ProbeCase) -> set[str]:
+        """The fields this dialect adds beyond the OpenAI core (a strict server may reject one)."""
+        full = self.dialect.build_request(case, "", stream=self.stream)
+        return set(full) - set(self.dialect.build_request(case, "", stream=self.stream, minimal=True))
+
     def _request(self, case: ProbeCase, result: ProbeResult, *, minimal: bool) -> None:
         url = f"{self.base_url}/v1/chat/completions"
-        body = dialects.build_request(
-            self.dialect, case, self.model or "", stream=self.stream, minimal=minimal
-        )
-        # llama.cpp closes the connection after a streamed answer; do not reuse it.
-        headers = {"Connection": "close"} if self.dialect == "llamacpp" else None
+        body = self.dialect.build_request(case, self.model or "", stream=self.stream, minimal=minimal)
+        # Some servers (llama.cpp) close the connection after a streamed answer: do not reuse it.
+        headers = {"Connection": "close"} if self.dialect.close_after_stream else None
         started = time.perf_counter()
         for attempt in (1, 2):
             try:
@@ -303,7 +300,7 @@ class HttpBackend:
             result.status, result.error = STATUS_HTTP_ERROR, "response body is not a JSON object"
             return
         try:
-            parsed = dialects.parse_body(self.dialect, payload, case)
+            parsed = self.dialect.parse_body(payload, case)
         except ValueError as exc:
             result.status, result.error = STATUS_HTTP_ERROR, str(exc)
             return
@@ -329,7 +326,7 @@ class HttpBackend:
                 self._from_json_body(response, case, result)
                 result.extras.setdefault("stream_ignored_by_server", True)
                 return
-            accumulator = dialects.StreamAccumulator()
+            accumulator = self.dialect.accumulator()
             first_token_at = last_token_at = None
             far = response.extensions.get("via_stream")  # --via: the agent's clock, no pipe latency
             far_ttft = None
@@ -358,7 +355,7 @@ class HttpBackend:
             if far is not None:
                 result.extras["via_far_side"] = {"ttft_s": far_ttft, "e2e_s": far.elapsed()}
         ended = time.perf_counter()
-        parsed = accumulator.result(self.dialect, case)
+        parsed = accumulator.result(case)
         self._fill(result, parsed)
         timings = result.timings
         timings.e2e_s = ended - started
@@ -410,7 +407,7 @@ class HttpBackend:
             **({"via": via} if via else {}),
             "url": self.base_url,
             "model": self.model,
-            "dialect": self.dialect,
+            "dialect": self.dialect.name if self.dialect is not None else None,
             "dialect_detection": self.detection_note,
             "stream": self.stream,
             "metrics_counters": self.metrics_prefix,

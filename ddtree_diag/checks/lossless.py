@@ -21,19 +21,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddtree_diag.errors import UsageError
-from ddtree_diag.records import STATUS_HTTP_ERROR, ProbeCase, ProbeResult, RunReport
+from ddtree_diag.records import (
+    BASELINE_ERROR,
+    IDENTICAL,
+    MISMATCH,
+    NEAR_TIE,
+    SKIPPED,
+    STATUS_HTTP_ERROR,
+    BaselineComparison,
+    ProbeCase,
+    ProbeResult,
+    RunReport,
+)
+
+__all__ = [
+    "ERROR", "IDENTICAL", "MISMATCH", "NEAR_TIE", "SKIPPED", "BaselineSpec", "baseline_case", "check_possible",
+    "classify_divergence", "compare_result", "parse_baseline", "repeat_disagreements",
+]  # fmt: skip
 
 MODES = ("budget0", "url", "engine")
 DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the top-2 logprobs; bf16 rounding moves logits ~1e-2
 DEFAULT_TOP_LOGPROBS = 5
 CONTEXT_CHARS = 30  # characters shown either side of a divergence
 
-# result.baseline["verdict"] values
-IDENTICAL = "identical"
-NEAR_TIE = "near_tie"
-MISMATCH = "mismatch"
-SKIPPED = "skipped"  # T>0 or the case itself failed: nothing to compare
-ERROR = "error"  # the baseline request failed
+ERROR = BASELINE_ERROR  # the baseline request failed
 
 _BASELINE_KEYS = {"mode", "url", "near_tie_gap", "top_logprobs"}
 
@@ -210,21 +221,19 @@ def classify_divergence(
     )
 
 
-def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpec) -> dict[str, Any]:
-    """The ``result.baseline`` record for one T=0 case against its baseline run."""
-    record: dict[str, Any] = {
-        "mode": spec.mode,
-        "source": spec.describe(),
-        "baseline_case_id": baseline.case_id,
-    }
+def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpec) -> BaselineComparison:
+    """The lossless comparison of one T=0 case with its baseline run."""
+    record = BaselineComparison(
+        mode=spec.mode, verdict=IDENTICAL, source=spec.describe(), baseline_case_id=baseline.case_id
+    )
     if not baseline.ok:
-        record.update(verdict=ERROR, detail=f"baseline request failed: {baseline.status}: {baseline.error}")
+        record.verdict = ERROR
+        record.detail = f"baseline request failed: {baseline.status}: {baseline.error}"
         return record
-    record["baseline_output"] = baseline.output
-    if baseline.reasoning:
-        record["baseline_reasoning"] = baseline.reasoning
+    record.baseline_output = baseline.output
+    record.baseline_reasoning = baseline.reasoning or None
     if baseline.extras.get("logprobs_rejected"):
-        record["logprobs"] = "not accepted by the baseline server"
+        record.logprobs = "not accepted by the baseline server"
     fields = []
     if result.reasoning or baseline.reasoning:
         fields.append(("reasoning", result.reasoning or "", baseline.reasoning or ""))
@@ -233,35 +242,30 @@ def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpe
         index = first_difference(actual, expected)
         if index is None:
             continue
-        record.update(
-            verdict=MISMATCH,
-            field=field,
-            char_index=index,
-            token_index=None,
-            expected=around(expected, index),
-            actual=around(actual, index),
-        )
+        record.verdict = MISMATCH
+        record.field, record.char_index = field, index
+        record.expected, record.actual = around(expected, index), around(actual, index)
         detail = f"{field} differs from the baseline at character {index}"
         ids, base_ids = _token_ids(result), _token_ids(baseline)
         if ids is not None and base_ids is not None:
-            record["token_index"] = first_difference_list(ids, base_ids)
+            record.token_index = first_difference_list(ids, base_ids)
         entries = logprob_entries(baseline)
         located = _locate_token(entries, expected, field, index) if entries else None
         if located is not None:
             token_index, token_start = located
-            record["token_index"] = token_index
+            record.token_index = token_index
             verdict, why, gap, top = classify_divergence(
                 entries[token_index], actual[token_start:], spec.near_tie_gap
             )
-            record.update(verdict=verdict, logprob_gap=gap, top_logprobs=top)
+            record.verdict, record.logprob_gap, record.top_logprobs = verdict, gap, top
             detail += f" (token {token_index}): {why}"
-        elif record["token_index"] is not None:
-            detail += f" (token {record['token_index']}); no logprobs to classify it"
+        elif record.token_index is not None:
+            detail += f" (token {record.token_index}); no logprobs to classify it"
         else:
             detail += "; no logprobs to tell a near-tie from a bug"
-        record["detail"] = detail
+        record.detail = detail
         return record
-    record.update(verdict=IDENTICAL, detail="identical to the baseline")
+    record.detail = "identical to the baseline"
     return record
 
 
@@ -272,7 +276,19 @@ def first_difference_list(a: list[Any], b: list[Any]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def repeat_disagreements(report: RunReport) -> list[dict[str, Any]]:
+@dataclass
+class RepeatDisagreement:
+    """Two T=0 repeats of one case whose texts differ."""
+
+    group: str  # the case id without its repeat index
+    cases: list[str]  # [first repeat, the one that differs]
+    field: str  # "reasoning" | "output"
+    char_index: int
+    first: str  # the first repeat around the divergence
+    other: str
+
+
+def repeat_disagreements(report: RunReport) -> list[RepeatDisagreement]:
     """T=0 repeats of one case whose texts differ from the first repeat's."""
     groups: dict[str, list[ProbeResult]] = {}
     for result in report.results:
@@ -286,139 +302,62 @@ def repeat_disagreements(report: RunReport) -> list[dict[str, Any]]:
                 expected, actual = getattr(first, field) or "", getattr(other, field) or ""
                 index = first_difference(actual, expected)
                 if index is not None:
-                    out.append({
-                        "group": group, "cases": [first.case_id, other.case_id], "field": field,
-                        "char_index": index, "first": around(expected, index), "other": around(actual, index),
-                    })  # fmt: skip
+                    out.append(RepeatDisagreement(
+                        group, [first.case_id, other.case_id], field, index, around(expected, index),
+                        around(actual, index),
+                    ))  # fmt: skip
                     break
     return out
 
 
 # ---------------------------------------------------------------------------------------------
-# Running the baseline
+# What the baseline runs (the orchestrator runs it)
 
 
 def check_possible(spec: BaselineSpec, backend: Any) -> None:
     """Refuse a baseline that cannot mean anything for this target (before the run starts)."""
     if spec.mode != "budget0" or getattr(backend, "name", "") == "engine":
         return
-    from ddtree_diag.dialects import budget_is_sent
-
     dialect = getattr(backend, "dialect", None)
-    if dialect not in (None, "auto") and not budget_is_sent(dialect):
+    if dialect is not None and not dialect.sends_budget:
         raise UsageError(
-            f"--baseline budget0 needs a server that takes a per-request tree budget "
-            f"(ddtree, ddtree-mlx, llamacpp); {dialect} fixes speculation at server start: "
-            "use --baseline url:URL (a server without speculation) or --baseline engine"
+            f"--baseline budget0 needs a server that takes a per-request tree budget; {dialect.name} "
+            f"does not ({dialect.budget_knob}): use --baseline url:URL (a server without speculation) "
+            "or --baseline engine"
         )
 
 
 def baseline_case(case: ProbeCase, spec: BaselineSpec, *, logprobs: bool) -> ProbeCase:
+    """The case as the baseline runs it: no speculation, and per-token logprobs when asked."""
     extra = dict(case.extra)
     if logprobs and spec.top_logprobs:
         extra.update(logprobs=True, top_logprobs=spec.top_logprobs)
-    budget = 0 if spec.mode in ("budget0", "engine") else case.tree_budget
-    if spec.mode == "url":
-        budget = None  # the baseline server does not speculate; send no budget at all
+    budget = 0 if spec.mode in ("budget0", "engine") else None  # url: send no budget at all
     return dataclasses.replace(case, tree_budget=budget, extra=extra)
 
 
-def make_baseline_backend(spec: BaselineSpec, backend: Any, options: Any) -> tuple[Any, bool]:
-    """(backend for the baseline, whether it is the primary backend itself)."""
-    if spec.mode == "engine" or (spec.mode == "budget0" and getattr(backend, "name", "") == "engine"):
-        if getattr(backend, "name", "") == "engine":
-            return backend, True  # budget 0 = plain AR through the same engine
-        from ddtree_diag.backends.engine import EngineBackend
-        from ddtree_diag.models import EMBEDDED_MODEL_NAME, choose_models
-
-        # The target alone (no draft): --target/--gguf, else the embedded default model, which
-        # is only the right baseline when the server runs that model.
-        target, gguf = getattr(options, "target", None), getattr(options, "gguf", None)
-        if target is None and gguf is None and getattr(backend, "model", None) != EMBEDDED_MODEL_NAME:
-            raise UsageError(
-                "--baseline engine needs the server's target model: --target DIR or --gguf FILE"
-            )
-        choice = choose_models(target, None, gguf, use_draft=False)
-        return (
-            EngineBackend(target=choice.target, draft=None, gguf_file=choice.gguf_file,
-                          device=getattr(options, "device", None), dtype=getattr(options, "dtype", None)),
-            False,
-        )  # fmt: skip
-    from ddtree_diag.backends.http import HttpBackend
-
-    # With --via the baseline must be requested from the far side too: share the agent.
-    transport = getattr(backend, "transport", None)
-    shared = transport.shared() if transport is not None else None
-    if spec.mode == "budget0":
-        return (
-            HttpBackend(
-                backend.base_url, model=backend.model, dialect=backend.dialect,
-                api_key=getattr(options, "api_key", None), timeout=getattr(options, "timeout", 120.0),
-                stream=False, transport=shared,
-            ),
-            False,
-        )  # fmt: skip
+def logprobs_refused(result: ProbeResult) -> bool:
+    """A baseline request that a server rejected because it asked for logprobs."""
     return (
-        HttpBackend(
-            spec.url or "", model=None, dialect="auto", api_key=getattr(options, "api_key", None),
-            timeout=getattr(options, "timeout", 120.0), stream=False, transport=shared,
-        ),
-        False,
-    )  # fmt: skip
+        result.status == STATUS_HTTP_ERROR
+        and result.http_status in (400, 422)
+        and "logprob" in (result.error or "").lower()
+    )
 
 
-def run_baseline(report: RunReport, backend: Any, spec: BaselineSpec, options: Any = None) -> list[str]:
-    """Fill ``result.baseline`` for every result; returns notes for the report."""
-    to_compare = []
-    for result in report.results:
-        if not result.ok:
-            result.baseline = {"mode": spec.mode, "verdict": SKIPPED, "detail": "the case itself failed"}
-        elif result.case.temperature != 0:
-            result.baseline = {"mode": spec.mode, "verdict": SKIPPED,
-                               "detail": "T>0: sampled output is not comparable"}  # fmt: skip
-        else:
-            to_compare.append(result)
-    if not to_compare:
-        return [f"baseline ({spec.describe()}): no T=0 case to compare"]
-    base_backend, shared = make_baseline_backend(spec, backend, options)
-    notes: list[str] = []
-    ask_logprobs = getattr(base_backend, "name", "") == "http"
-    cache: dict[str, ProbeResult] = {}
-    try:
-        if not shared:
-            cases = [baseline_case(r.case, spec, logprobs=ask_logprobs) for r in to_compare]
-            prepared = base_backend.prepare(cases)
-            if spec.mode != "budget0":  # same server: its model and dialect are already noted
-                notes.extend(f"baseline {n}" for n in prepared)
-        for result in to_compare:
-            # Repeats, and budgets the baseline does not use, share one baseline request:
-            # greedy decoding without speculation is deterministic.
-            key = baseline_case(result.case, spec, logprobs=False).group_key
-            if key not in cache:
-                cache[key] = _run_one(base_backend, result.case, spec, ask_logprobs)
-            result.baseline = compare_result(result, cache[key], spec)
-    finally:
-        if not shared:
-            base_backend.close()
-    if any(r.extras.get("logprobs_rejected") for r in cache.values()):
-        notes.append("baseline server refused logprobs: divergences cannot be classified as near-ties")
+def skip_reason(result: ProbeResult) -> str | None:
+    """Why a case is not compared with the baseline (None: it is)."""
+    if not result.ok:
+        return "the case itself failed"
+    if result.case.temperature != 0:
+        return "T>0: sampled output is not comparable"
+    return None
+
+
+def summary_note(spec: BaselineSpec, compared: list[ProbeResult]) -> str:
     counts: dict[str, int] = {}
-    for result in to_compare:
-        verdict = result.baseline["verdict"] if result.baseline else ERROR
+    for result in compared:
+        verdict = result.baseline.verdict if result.baseline else ERROR
         counts[verdict] = counts.get(verdict, 0) + 1
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-    notes.append(f"lossless baseline: {spec.describe()}; {summary}")
-    return notes
-
-
-def _run_one(backend: Any, case: ProbeCase, spec: BaselineSpec, ask_logprobs: bool) -> ProbeResult:
-    baseline = backend.run(baseline_case(case, spec, logprobs=ask_logprobs))
-    if (
-        ask_logprobs
-        and baseline.status == STATUS_HTTP_ERROR
-        and baseline.http_status in (400, 422)
-        and "logprob" in (baseline.error or "").lower()
-    ):
-        baseline = backend.run(baseline_case(case, spec, logprobs=False))
-        baseline.extras["logprobs_rejected"] = True
-    return baseline
+    return f"lossless baseline: {spec.describe()}; {summary}"

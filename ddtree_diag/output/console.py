@@ -17,9 +17,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ddtree_diag.records import ProbeResult, RunReport
-
-DASH = "—"  # unknown, never 0
+from ddtree_diag.output.cells import (
+    DASH,
+    Cell,
+    acceptance_cell,
+    acceptance_style,
+    budget_label,
+    fmt,
+    lossless_cell,
+    output_text,
+    quality_cell,
+    rounds_cell,
+    thinking_label,
+    ttft_cell,
+    visible,
+)
+from ddtree_diag.records import RunReport
 
 
 def make_console(file: IO[str] | None = None, *, no_color: bool = False) -> Console:
@@ -37,73 +50,8 @@ def make_console(file: IO[str] | None = None, *, no_color: bool = False) -> Cons
     )  # fmt: skip
 
 
-def visible(text: str, limit: int = 60) -> str:
-    """Text with control characters made visible, cut to ``limit`` characters."""
-    out = []
-    for char in text:
-        if char == "\n":
-            out.append("\\n")
-        elif char == "\t":
-            out.append("\\t")
-        elif char == "\r":
-            out.append("\\r")
-        elif ord(char) < 32 or 0x7F <= ord(char) < 0xA0:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    shown = "".join(out)
-    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
-
-
-def _fmt(value: float | int | None, spec: str = ".2f") -> str:
-    if value is None:
-        return DASH
-    return format(value, spec)
-
-
-def _thinking(value: bool | None) -> str:
-    return {True: "on", False: "off", None: "default"}[value]
-
-
-def _budget(value: int | None) -> str:
-    return "default" if value is None else str(value)
-
-
-def acceptance_style(value: float | None) -> str:
-    if value is None:
-        return "dim"
-    if value >= 2.5:
-        return "green"
-    if value >= 1.5:
-        return "yellow"
-    return "red"
-
-
-def quality_cell(result: ProbeResult) -> Text:
-    if result.quality is None:
-        return Text(DASH, style="dim")
-    reasons = result.quality.get("reasons") or []
-    top = reasons[0]["code"] if reasons else ""
-    if result.quality.get("garbage"):
-        return Text(f"✗ {top}".strip(), style="bold red")
-    if result.quality.get("truncated"):
-        return Text("✓ truncated", style="yellow")
-    return Text("✓", style="green")
-
-
-def lossless_cell(result: ProbeResult) -> Text:
-    baseline = result.baseline or {}
-    verdict = baseline.get("verdict")
-    at = f" @{baseline['char_index']}" if baseline.get("char_index") is not None else ""
-    if verdict == "identical":
-        return Text("✓", style="green")
-    if verdict == "near_tie":
-        return Text("≈ near-tie" + at, style="yellow")
-    if verdict == "mismatch":
-        return Text("✗ mismatch" + at, style="bold red")
-    if verdict == "error":
-        return Text("? baseline failed", style="yellow")
-    return Text(DASH, style="dim")
+def _text(cell: Cell) -> Text:
+    return Text(cell.text, style=cell.style)
 
 
 def results_table(report: RunReport) -> Table:
@@ -154,7 +102,7 @@ def results_table(report: RunReport) -> Table:
         row: list[Any] = [str(index)]
         if show_prompt:
             row.append(case.prompt_id)
-        row += [_thinking(case.enable_thinking), _budget(case.tree_budget)]
+        row += [thinking_label(case.enable_thinking), budget_label(case.tree_budget)]
         if show_temperature:
             row.append(f"{case.temperature:g}")
         if show_max:
@@ -163,30 +111,23 @@ def results_table(report: RunReport) -> Table:
             row.append(str(case.repeat))
         if not result.ok:
             row += [DASH] * 7  # tok .. TTFT; the status goes in the quality column
-            row.append(Text("✗ " + result.status, style="bold red"))
+            row.append(_text(quality_cell(result)))
             if show_lossless:
                 row.append(DASH)
-            row.append(Text(result.error or "", style="red"))
+            row.append(Text(output_text(result), style="red"))
             table.add_row(*row)
             continue
-        mark = "~" if spec.derived else ""
-        mark += "*" if spec.server_wide else ""
-        accept = spec.mean_acceptance_length
-        ttft = result.timings.ttft_s
         row += [
-            _fmt(result.completion_tokens, "d"),
+            fmt(result.completion_tokens, "d"),
             result.finish_reason or DASH,
-            (mark + _fmt(spec.decode_rounds, "d")) if spec.decode_rounds is not None else DASH,
-            Text(
-                (mark + _fmt(accept)) if accept is not None else DASH,
-                style=acceptance_style(accept),
-            ),
-            _fmt(spec.server_tokens_per_second, ".1f"),
-            _fmt(result.timings.decode_tokens_per_second, ".1f"),
-            DASH if ttft is None else f"{ttft * 1000:.0f}ms",
-            quality_cell(result),
-            *([lossless_cell(result)] if show_lossless else []),
-            visible(result.output or (f"[reasoning] {result.reasoning}" if result.reasoning else "")),
+            rounds_cell(result).text,
+            _text(acceptance_cell(result)),
+            fmt(spec.server_tokens_per_second, ".1f"),
+            fmt(result.timings.decode_tokens_per_second, ".1f"),
+            ttft_cell(result).text,
+            _text(quality_cell(result)),
+            *([_text(lossless_cell(result))] if show_lossless else []),
+            visible(output_text(result)),
         ]
         table.add_row(*row)
     return table
@@ -211,13 +152,13 @@ def pivot_table(report: RunReport) -> Table | None:
     table = Table(title="mean acceptance (tokens/round)", title_justify="left")
     table.add_column("budget \\ thinking")
     for mode in modes:
-        table.add_column(_thinking(mode), justify="right")
+        table.add_column(thinking_label(mode), justify="right")
     for budget in budgets:
-        row: list[Any] = [_budget(budget)]
+        row: list[Any] = [budget_label(budget)]
         for mode in modes:
             values = cells.get((budget, mode))
             value = mean(values) if values else None
-            row.append(Text(_fmt(value), style=acceptance_style(value)))
+            row.append(Text(fmt(value), style=acceptance_style(value)))
         table.add_row(*row)
     return table
 
@@ -225,7 +166,7 @@ def pivot_table(report: RunReport) -> Table | None:
 def summary_line(report: RunReport, exit_code: int | None = None) -> str:
     results = report.results
     failed = [r for r in results if not r.ok]
-    garbage = [r for r in results if r.quality and r.quality.get("garbage")]
+    garbage = [r for r in results if r.garbage]
     accepts = [r.spec.mean_acceptance_length for r in results
                if r.ok and r.spec.mean_acceptance_length is not None]  # fmt: skip
     parts = [f"{len(results)} case{'s' if len(results) != 1 else ''}"]
@@ -265,21 +206,51 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
 
 def render_findings(console: Console, report: RunReport) -> None:
     for finding in report.findings:
-        severity = finding.get("severity", "info")
-        style = {"error": "bold red", "warning": "yellow"}.get(severity, "cyan")
-        console.print(Text(f"[{severity}] {finding.get('title', '')}", style=style))
-        if finding.get("evidence"):
-            console.print(Text(f"    evidence: {finding['evidence']}", style="dim"))
-        if finding.get("check"):
-            console.print(Text(f"    check: {finding['check']}", style="dim"))
+        style = {"error": "bold red", "warning": "yellow"}.get(finding.severity, "cyan")
+        console.print(Text(f"[{finding.severity}] {finding.title}", style=style))
+        if finding.evidence:
+            console.print(Text(f"    evidence: {finding.evidence}", style="dim"))
+        if finding.check:
+            console.print(Text(f"    check: {finding.check}", style="dim"))
 
 
 def render_gate(console: Console, report: RunReport) -> None:
     """One line per gate check (✓/✗, name, detail) and the verdict; nothing without a gate."""
     if report.gate is None:
         return
-    for check in report.gate.get("checks", []):
-        mark, style = ("✓", "green") if check.get("passed") else ("✗", "bold red")
-        console.print(Text(f"{mark} {check.get('name')}: {check.get('detail', '')}", style=style))
-    passed = report.gate.get("passed")
+    for check in report.gate.checks:
+        mark, style = ("✓", "green") if check.passed else ("✗", "bold red")
+        console.print(Text(f"{mark} {check.name}: {check.detail}", style=style))
+    passed = report.gate.passed
     console.print(Text(f"gate: {'PASSED' if passed else 'FAILED'}", style="bold green" if passed else "bold red"))
+
+
+class progress:
+    """A transient progress bar on a terminal for multi-case runs; a no-op elsewhere. Used as
+    ``with progress(console, total) as advance: ... advance(result)``."""
+
+    def __init__(self, console: Console, total: int) -> None:
+        self.console = console
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if self.total <= 1 or not self.console.is_terminal:
+            return lambda result: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.bar = Progress(
+            TextColumn("probing"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.description}"), console=self.console, transient=True,
+        )  # fmt: skip
+        self.bar.start()
+        task = self.bar.add_task("", total=self.total)
+
+        def advance(result: Any) -> None:
+            self.bar.update(task, advance=1, description=result.case_id)
+
+        return advance
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()

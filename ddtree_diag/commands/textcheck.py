@@ -10,9 +10,6 @@ JSON object per line (``text`` or ``output``; optional ``prompt``, ``finish_reas
 ``reasoning``, ``completion_tokens``, ``max_tokens``, ``id``) and writes one verdict per line, in
 order (with the input's ``id`` when it has one). Exit code: 0 all clean, 1 any garbage, 2 bad
 input or usage.
-
-The lead wires ``run_text_check`` into the typer CLI; ``python -m ddtree_diag.textcheck`` runs
-``main`` for use without it.
 """
 
 from __future__ import annotations
@@ -21,8 +18,28 @@ import json
 import sys
 from typing import Any, TextIO
 
+import typer
+
+from ddtree_diag.commands.options import DEBUG
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
-from ddtree_diag.quality import Verdict, assess
+from ddtree_diag.records import Verdict
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("text-check")
+    def text_check(
+        file: str = typer.Argument("-", help="File to check, or - for stdin."),
+        prompt: str | None = typer.Option(
+            None, "--prompt", help="The prompt the text answers (enables script checks)."
+        ),
+        finish_reason: str | None = typer.Option(None, "--finish-reason", help="The server's finish_reason."),
+        as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
+        jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSON lines {text, prompt, finish_reason, ...}."),
+        debug: bool = DEBUG,
+    ) -> None:
+        """Flag text no healthy model would write (loops, leaks, script switches...): exit 1 if garbage."""
+        raise typer.Exit(run_text_check(file, prompt, as_json, jsonl, finish_reason))
+
 
 _JSONL_FIELDS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
 
@@ -41,6 +58,8 @@ def run_text_check(
     Returns 0 when everything is clean, 1 when any input is garbage. Raises UsageError (exit 2)
     for an unreadable file or a bad JSONL line.
     """
+    from ddtree_diag.checks.quality import assess
+
     out = out or sys.stdout
     raw = _read(path)
     if jsonl:
@@ -113,6 +132,8 @@ def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: T
         if kwargs["finish_reason"] is None:
             kwargs["finish_reason"] = finish_reason
         rows.append((row, text, kwargs))
+    from ddtree_diag.checks.quality import assess
+
     any_garbage = False
     for row, text, kwargs in rows:
         verdict = assess(text, **kwargs)
@@ -125,7 +146,7 @@ def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: T
 
 
 def _print_verdict(verdict: Verdict, out: TextIO) -> None:
-    from rich.console import Console  # lazy: keeps `import ddtree_diag.textcheck` light
+    from rich.console import Console  # lazy: keeps `import ddtree_diag.commands.textcheck` light
     from rich.markup import escape
     from rich.table import Table
 

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
+from ddtree_diag.checks.lossless import ERROR, MISMATCH, NEAR_TIE, SKIPPED, repeat_disagreements
 from ddtree_diag.errors import UsageError
-from ddtree_diag.findings import SEVERITIES, at_least
-from ddtree_diag.lossless import ERROR, MISMATCH, NEAR_TIE, repeat_disagreements
-from ddtree_diag.records import ProbeResult, RunReport
+from ddtree_diag.records import SEVERITIES, GateCheck, GateResult, ProbeResult, RunReport
 
 _SOURCES = ("client", "server")
 
@@ -83,8 +82,8 @@ def parse_gate(table: dict[str, Any], source: str = "<matrix>") -> GateConfig:
     return config
 
 
-def _check(name: str, passed: bool, detail: str, cases: list[str] | None = None) -> dict[str, Any]:
-    return {"name": name, "passed": passed, "detail": detail, "cases": list(dict.fromkeys(cases or []))}
+def _check(name: str, passed: bool, detail: str, cases: list[str] | None = None) -> GateCheck:
+    return GateCheck(name, passed, detail, list(dict.fromkeys(cases or [])))
 
 
 def _ok(report: RunReport) -> list[ProbeResult]:
@@ -98,9 +97,9 @@ def _group(result: ProbeResult) -> str:
     return f"budget={budget} think={think}"
 
 
-def evaluate(report: RunReport, config: GateConfig) -> dict[str, Any]:
+def evaluate(report: RunReport, config: GateConfig) -> GateResult:
     """Apply every configured check to the run; the gate passes when all of them pass."""
-    checks: list[dict[str, Any]] = []
+    checks: list[GateCheck] = []
     results = report.results
     ok = _ok(report)
 
@@ -119,7 +118,7 @@ def evaluate(report: RunReport, config: GateConfig) -> dict[str, Any]:
         ))  # fmt: skip
 
     if config.max_garbage is not None:
-        garbage = [r for r in ok if r.quality and r.quality.get("garbage")]
+        garbage = [r for r in ok if r.garbage]
         shown = "; ".join(f"{r.case_id}: {_top_reason(r)}" for r in garbage[:3])
         checks.append(_check(
             "max_garbage", len(garbage) <= config.max_garbage,
@@ -197,46 +196,45 @@ def evaluate(report: RunReport, config: GateConfig) -> dict[str, Any]:
         checks.append(_lossless_check(report, config))
 
     if config.fail_on_findings is not None:
-        bad = [f for f in report.findings if at_least(f.get("severity", "info"), config.fail_on_findings)]
+        bad = [f for f in report.findings if f.at_least(config.fail_on_findings)]
         checks.append(_check(
             "findings", not bad,
             (f"{len(bad)} finding(s) at {config.fail_on_findings} or worse: "
-             + "; ".join(f"[{f['severity']}] {f['title']}" for f in bad))
+             + "; ".join(f"[{f.severity}] {f.title}" for f in bad))
             if bad else f"no finding at {config.fail_on_findings} or worse",
-            [c for f in bad for c in f.get("cases", [])],
+            [c for f in bad for c in f.cases],
         ))  # fmt: skip
 
-    return {"passed": all(c["passed"] for c in checks), "checks": checks}
+    return GateResult(all(c.passed for c in checks), checks)
 
 
-def _lossless_check(report: RunReport, config: GateConfig) -> dict[str, Any]:
-    compared = [r for r in _ok(report) if r.baseline and r.baseline.get("verdict") not in (None, "skipped")]
+def _lossless_check(report: RunReport, config: GateConfig) -> GateCheck:
+    compared = [r for r in _ok(report) if r.baseline and r.baseline.verdict not in ("", SKIPPED)]
     if not any(r.baseline for r in report.results):
         return _check("lossless", False, "lossless = true but no baseline ran (set [baseline] mode or --baseline)")
     bad_verdicts = {MISMATCH, ERROR} | (set() if config.allow_near_ties else {NEAR_TIE})
-    bad = [r for r in compared if r.baseline.get("verdict") in bad_verdicts]
-    ties = [r for r in compared if r.baseline.get("verdict") == NEAR_TIE]
+    bad = [r for r in compared if r.baseline.verdict in bad_verdicts]
+    ties = [r for r in compared if r.baseline.verdict == NEAR_TIE]
     disagreements = repeat_disagreements(report)
     parts = [f"{len(compared) - len(bad)}/{len(compared)} T=0 case(s) match the baseline"]
     if ties:
         parts.append(f"{len(ties)} near-tie(s){' allowed' if config.allow_near_ties else ''}")
     if bad:
         first = bad[0].baseline
-        parts.append(f"first: {bad[0].case_id}: {first.get('detail')}")
+        parts.append(f"first: {bad[0].case_id}: {first.detail}")
     if disagreements:
         d = disagreements[0]
-        parts.append(f"{len(disagreements)} repeat pair(s) disagree (first {d['cases'][0]} vs {d['cases'][1]} "
-                     f"at char {d['char_index']})")  # fmt: skip
+        parts.append(f"{len(disagreements)} repeat pair(s) disagree (first {d.cases[0]} vs {d.cases[1]} "
+                     f"at char {d.char_index})")  # fmt: skip
     if not compared:
         return _check("lossless", False, "no T=0 case could be compared with the baseline")
-    cases = [r.case_id for r in bad] + [c for d in disagreements for c in d["cases"]]
+    cases = [r.case_id for r in bad] + [c for d in disagreements for c in d.cases]
     return _check("lossless", not bad and not disagreements, "; ".join(parts), cases)
 
 
 def _top_reason(result: ProbeResult) -> str:
-    reasons = (result.quality or {}).get("reasons") or []
-    counting = [r for r in reasons if r.get("code") != "truncated"]
+    counting = result.quality.counting_reasons if result.quality is not None else []
     if not counting:
         return "garbage"
     top = counting[0]
-    return f"{top.get('code')}: {top.get('detail', '')}"[:120]
+    return f"{top.code}: {top.detail}"[:120]

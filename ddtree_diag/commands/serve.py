@@ -5,7 +5,34 @@ from __future__ import annotations
 import socket
 import sys
 
+import typer
+
+from ddtree_diag.commands.options import DEBUG, DEVICE, DRAFT, DTYPE, GGUF, TARGET
 from ddtree_diag.errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def serve(
+        target: str | None = TARGET,
+        gguf: str | None = GGUF,
+        draft: str | None = DRAFT,
+        no_draft: bool = typer.Option(False, "--no-draft", help="Serve the target alone (plain AR)."),
+        device: str | None = DEVICE,
+        dtype: str | None = DTYPE,
+        host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+        port: int = typer.Option(30000, "--port", help="TCP port."),
+        api_key: str | None = typer.Option(
+            None, "--api-key", envvar="DDTREE_DIAG_SERVE_API_KEY", show_default=False,
+            help="Require this Bearer token.",
+        ),
+        model_name: str | None = typer.Option(None, "--model-name", help="Model id to report."),
+        tree_budget: int | None = typer.Option(None, "--tree-budget", help="Default tree budget per request."),
+        debug: bool = DEBUG,
+    ) -> None:
+        """Serve the in-process engine as an OpenAI-compatible server (the reference to compare with)."""
+        run_serve(target=target, gguf=gguf, draft=draft, no_draft=no_draft, device=device, dtype=dtype,
+                  host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget)  # fmt: skip
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -43,8 +70,8 @@ def run_serve(
         import uvicorn  # noqa: F401
     except ImportError:
         raise UsageError("serve needs the serve extra: pip install 'ddtree-diag[serve]'") from None
-    from ddtree_diag.models import choose_models, load_chosen
-    from ddtree_diag.server import serve
+    from ddtree_diag.engine.models import choose_models, load_chosen
+    from ddtree_diag.server.app import serve
 
     choice = choose_models(target, draft, gguf, use_draft=not no_draft)
     if no_draft:

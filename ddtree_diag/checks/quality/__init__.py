@@ -63,10 +63,12 @@ import re
 import zlib
 from bisect import bisect_right
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cache, cached_property
 from itertools import pairwise
 from typing import Any
+
+from ddtree_diag.records import GARBAGE_THRESHOLD, Reason, Verdict
 
 __all__ = [
     "GARBAGE_THRESHOLD",
@@ -77,12 +79,6 @@ __all__ = [
     "assess_result",
     "summarize",
 ]
-
-GARBAGE_THRESHOLD = 0.5
-
-SEVERITY_HARD = "hard"
-SEVERITY_SOFT = "soft"
-SEVERITY_INFO = "info"
 
 REASON_CODES = (
     "empty_output",
@@ -105,110 +101,6 @@ REASON_CODES = (
 )
 
 _EVIDENCE_CHARS = 80
-
-
-@dataclass(frozen=True)
-class Reason:
-    """One named signal. Unpacks as ``(code, detail, evidence)``."""
-
-    code: str
-    detail: str
-    evidence: str = ""
-    weight: float = 0.0
-    span: tuple[int, int] | None = None
-    source: str = "text"  # "text" (the answer) or "reasoning"
-
-    @property
-    def severity(self) -> str:
-        if self.weight <= 0:
-            return SEVERITY_INFO
-        return SEVERITY_HARD if self.weight >= GARBAGE_THRESHOLD else SEVERITY_SOFT
-
-    def __iter__(self):
-        return iter((self.code, self.detail, self.evidence))
-
-    def __getitem__(self, index: int) -> Any:
-        return (self.code, self.detail, self.evidence)[index]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "detail": self.detail,
-            "evidence": self.evidence,
-            "severity": self.severity,
-            "weight": round(self.weight, 3),
-            "span": list(self.span) if self.span is not None else None,
-            "source": self.source,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Reason:
-        span = data.get("span")
-        weight = data.get("weight")
-        if weight is None:  # an older/foreign dict: recover a weight from the severity
-            weight = {"hard": 0.7, "soft": 0.3}.get(data.get("severity", ""), 0.0)
-        return cls(
-            code=data["code"],
-            detail=data.get("detail", ""),
-            evidence=data.get("evidence", ""),
-            weight=float(weight),
-            span=(int(span[0]), int(span[1])) if span else None,
-            source=data.get("source", "text"),
-        )
-
-
-@dataclass
-class Verdict:
-    garbage: bool
-    score: float
-    reasons: list[Reason] = field(default_factory=list)
-    truncated: bool = False
-
-    @property
-    def top_reason(self) -> Reason | None:
-        """The heaviest counting reason (info reasons only when nothing else was found)."""
-        if not self.reasons:
-            return None
-        return max(self.reasons, key=lambda r: r.weight)
-
-    @property
-    def mark(self) -> str:
-        return "✗" if self.garbage else "✓"
-
-    def summary(self, width: int | None = None) -> str:
-        """One short line for a table cell: ``✓``, ``✓ truncated`` or ``✗ token_loop: …``,
-        cut to ``width`` characters when given."""
-        top = self.top_reason
-        if top is None or (not self.garbage and top.weight > 0):
-            line = self.mark
-        elif not self.garbage:
-            line = f"{self.mark} {top.code}"
-        else:
-            line = f"{self.mark} {top.code}: {top.detail}"
-        if width is not None and len(line) > width:
-            line = line[: max(1, width - 1)] + "…"
-        return line
-
-    @property
-    def codes(self) -> list[str]:
-        return [r.code for r in self.reasons]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "garbage": self.garbage,
-            "score": round(self.score, 3),
-            "truncated": self.truncated,
-            "reasons": [r.to_dict() for r in self.reasons],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Verdict:
-        return cls(
-            garbage=bool(data["garbage"]),
-            score=float(data.get("score", 0.0)),
-            reasons=[Reason.from_dict(r) for r in data.get("reasons", [])],
-            truncated=bool(data.get("truncated", False)),
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,7 +405,7 @@ def _shifted(reason: Reason, offset: int) -> Reason:
 
 
 def assess_result(result: Any) -> Verdict:
-    """Assess a records.ProbeResult and store the verdict's dict in ``result.quality``.
+    """Assess a records.ProbeResult and store the verdict in ``result.quality``.
 
     Results that carry no answer because the request failed get no verdict (quality stays None).
     """
@@ -529,16 +421,17 @@ def assess_result(result: Any) -> Verdict:
         thinking=case.enable_thinking,
         reasoning=result.reasoning,
     )
-    result.quality = verdict.to_dict()
+    result.quality = verdict
     return verdict
 
 
-def summarize(quality: dict[str, Any] | None, width: int | None = 60) -> str:
+def summarize(quality: Verdict | dict[str, Any] | None, width: int | None = 60) -> str:
     """Table cell for a stored verdict (``ProbeResult.quality``): ``✓``, ``✓ truncated``,
     ``✗ token_loop: …``, or ``—`` when there is none (the request failed)."""
     if not quality:
         return "—"
-    return Verdict.from_dict(quality).summary(width)
+    verdict = Verdict.from_dict(quality) if isinstance(quality, dict) else quality
+    return verdict.summary(width)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,14 +15,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from itertools import pairwise
 from statistics import mean, median
-from typing import Any
 
-from ddtree_diag.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
-from ddtree_diag.records import ProbeResult, RunReport
+from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
+from ddtree_diag.records import IDENTICAL, SEVERITIES, Finding, ProbeResult, RunReport
 
-SEVERITIES = ("error", "warning", "info")  # most severe first
-
-# Quality reason codes (ddtree_diag/quality.py) that mean "the text repeats itself".
+# Quality reason codes that mean "the text repeats itself".
 LOOP_CODES = {"token_loop", "phrase_loop", "line_loop", "repeated_ngram", "compression_ratio",
               "degenerate_enumeration"}  # fmt: skip
 SENTENCE_END = (".", "!", "?", "。", "！", "？", "…", '"', "'", ")", "”", "’", "`", "*")
@@ -42,9 +39,8 @@ HIGH_ACCEPTANCE = 3.0
 
 def finding(
     rule_id: str, severity: str, title: str, evidence: str, check: str, cases: list[str]
-) -> dict[str, Any]:
-    return {"id": rule_id, "severity": severity, "title": title, "evidence": evidence,
-            "check": check, "cases": list(dict.fromkeys(cases))}  # fmt: skip
+) -> Finding:
+    return Finding(rule_id, severity, title, evidence, check, list(dict.fromkeys(cases)))
 
 
 def _ok(report: RunReport) -> list[ProbeResult]:
@@ -52,11 +48,11 @@ def _ok(report: RunReport) -> list[ProbeResult]:
 
 
 def _garbage(result: ProbeResult) -> bool:
-    return bool(result.quality and result.quality.get("garbage"))
+    return result.garbage
 
 
 def _codes(result: ProbeResult) -> list[str]:
-    return [r.get("code", "") for r in (result.quality or {}).get("reasons") or []]
+    return result.quality.codes if result.quality is not None else []
 
 
 def _accept(result: ProbeResult) -> float | None:
@@ -80,7 +76,7 @@ def _think(value: bool | None) -> str:
 # Rules
 
 
-def garbage_only_with_thinking(report: RunReport) -> list[dict[str, Any]]:
+def garbage_only_with_thinking(report: RunReport) -> list[Finding]:
     """Garbage in thinking-on cases while every thinking-off case is clean."""
     ok = _ok(report)
     on_bad = [r for r in ok if r.case.enable_thinking is True and _garbage(r)]
@@ -101,7 +97,7 @@ def garbage_only_with_thinking(report: RunReport) -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def thinking_acceptance_drop(report: RunReport) -> list[dict[str, Any]]:
+def thinking_acceptance_drop(report: RunReport) -> list[Finding]:
     """Per budget, mean acceptance with thinking on far below thinking off."""
     cells: dict[tuple[int | None, bool], list[ProbeResult]] = defaultdict(list)
     for r in _ok(report):
@@ -130,7 +126,7 @@ def thinking_acceptance_drop(report: RunReport) -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def early_stop(report: RunReport) -> list[dict[str, Any]]:
+def early_stop(report: RunReport) -> list[Finding]:
     """finish_reason=stop after a few tokens, on text that does not end a sentence."""
     hits = []
     for r in _ok(report):
@@ -160,7 +156,7 @@ def early_stop(report: RunReport) -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def garbage_with_high_acceptance(report: RunReport) -> list[dict[str, Any]]:
+def garbage_with_high_acceptance(report: RunReport) -> list[Finding]:
     """Repetitive garbage whose acceptance is high: a degenerate loop is easy to draft."""
     ok = _ok(report)
     healthy = [_accept(r) for r in ok if not _garbage(r) and _accept(r) is not None]
@@ -188,28 +184,28 @@ def garbage_with_high_acceptance(report: RunReport) -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def baseline_divergence(report: RunReport) -> list[dict[str, Any]]:
+def baseline_divergence(report: RunReport) -> list[Finding]:
     """T=0 output differs from the non-speculative baseline (near-ties reported apart)."""
     out = []
-    mismatches = [r for r in _ok(report) if r.baseline and r.baseline.get("verdict") == MISMATCH]
-    ties = [r for r in _ok(report) if r.baseline and r.baseline.get("verdict") == NEAR_TIE]
+    mismatches = [r for r in _ok(report) if r.baseline and r.baseline.verdict == MISMATCH]
+    ties = [r for r in _ok(report) if r.baseline and r.baseline.verdict == NEAR_TIE]
     if mismatches:
-        first = mismatches[0].baseline or {}
+        first = mismatches[0].baseline
         out.append(finding(
             "lossless-mismatch", "error",
             "T=0 output differs from the non-speculative baseline",
-            f"{len(mismatches)} case(s): {_ids(mismatches)}; first at {first.get('field', 'output')} "
-            f"char {first.get('char_index')}"
-            + (f" token {first['token_index']}" if first.get("token_index") is not None else "")
-            + f": expected {first.get('expected')!r}, got {first.get('actual')!r}"
-            + (f" — {first['detail']}" if first.get("detail") else ""),
+            f"{len(mismatches)} case(s): {_ids(mismatches)}; first at {first.field or 'output'} "
+            f"char {first.char_index}"
+            + (f" token {first.token_index}" if first.token_index is not None else "")
+            + f": expected {first.expected!r}, got {first.actual!r}"
+            + (f" — {first.detail}" if first.detail else ""),
             "Verification or cache bug: the accept walk must follow the target's own argmax; the KV "
             "cache and hidden states must keep only the accepted path; tree positions are "
             "start + depth with an ancestor-only mask.",
             [r.case_id for r in mismatches],
         ))  # fmt: skip
     if ties:
-        gaps = [r.baseline.get("logprob_gap") for r in ties if r.baseline]
+        gaps = [r.baseline.logprob_gap for r in ties if r.baseline]
         out.append(finding(
             "lossless-near-tie", "info",
             "T=0 output differs from the baseline only at a numerics near-tie",
@@ -222,13 +218,13 @@ def baseline_divergence(report: RunReport) -> list[dict[str, Any]]:
     return out
 
 
-def garbage_also_in_baseline(report: RunReport) -> list[dict[str, Any]]:
+def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
     """Garbage that the non-speculative baseline says word for word: not a speculation bug."""
-    hits = [r for r in _ok(report) if _garbage(r) and r.baseline and r.baseline.get("verdict") == "identical"]
+    hits = [r for r in _ok(report) if _garbage(r) and r.baseline and r.baseline.verdict == IDENTICAL]
     if not hits:
         return []
     codes = sorted({c for r in hits for c in _codes(r) if c != "truncated"})
-    mode = (hits[0].baseline or {}).get("source") or (hits[0].baseline or {}).get("mode")
+    mode = hits[0].baseline.source or hits[0].baseline.mode
     return [finding(
         "garbage-also-in-baseline", "warning",
         "Garbage that the non-speculative baseline produces too",
@@ -241,7 +237,7 @@ def garbage_also_in_baseline(report: RunReport) -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def repeats_disagree(report: RunReport) -> list[dict[str, Any]]:
+def repeats_disagree(report: RunReport) -> list[Finding]:
     """T=0 repeats of the same case say different things."""
     disagreements = repeat_disagreements(report)
     if not disagreements:
@@ -250,16 +246,16 @@ def repeats_disagree(report: RunReport) -> list[dict[str, Any]]:
     return [finding(
         "repeats-disagree", "error",
         "T=0 repeats of the same case disagree",
-        f"{len(disagreements)} pair(s); first {first['cases'][0]} vs {first['cases'][1]} at "
-        f"{first['field']} char {first['char_index']}: {first['first']!r} vs {first['other']!r}",
+        f"{len(disagreements)} pair(s); first {first.cases[0]} vs {first.cases[1]} at "
+        f"{first.field} char {first.char_index}: {first.first!r} vs {first.other!r}",
         "Greedy decoding must be deterministic: state leaking between requests (a KV cache or "
         "draft context reused across requests), batch-dependent kernels, or a seed-dependent path "
         "at T=0.",
-        [c for d in disagreements for c in d["cases"]],
+        [c for d in disagreements for c in d.cases],
     )]  # fmt: skip
 
 
-def acceptance_not_rising_with_budget(report: RunReport) -> list[dict[str, Any]]:
+def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
     """A larger tree budget with clearly lower acceptance than a smaller one (same prompt,
     thinking, temperature, max_tokens)."""
     groups: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -297,7 +293,7 @@ def acceptance_not_rising_with_budget(report: RunReport) -> list[dict[str, Any]]
     )]  # fmt: skip
 
 
-def rounds_accounting(report: RunReport) -> list[dict[str, Any]]:
+def rounds_accounting(report: RunReport) -> list[Finding]:
     """decode_rounds × mean acceptance far from the completion tokens."""
     hits = []
     for r in _ok(report):
@@ -326,7 +322,7 @@ def rounds_accounting(report: RunReport) -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def server_client_speed_mismatch(report: RunReport) -> list[dict[str, Any]]:
+def server_client_speed_mismatch(report: RunReport) -> list[Finding]:
     """Server-reported tok/s far from the client-measured decode tok/s (median over cases)."""
     pairs = []
     for r in _ok(report):
@@ -353,7 +349,7 @@ def server_client_speed_mismatch(report: RunReport) -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def acceptance_falling_across_repeats(report: RunReport) -> list[dict[str, Any]]:
+def acceptance_falling_across_repeats(report: RunReport) -> list[Finding]:
     """Acceptance drops monotonically across repeats, in most case groups."""
     groups: dict[str, list[ProbeResult]] = defaultdict(list)
     for r in _ok(report):
@@ -382,7 +378,7 @@ def acceptance_falling_across_repeats(report: RunReport) -> list[dict[str, Any]]
     )]  # fmt: skip
 
 
-RULES: list[Callable[[RunReport], list[dict[str, Any]]]] = [
+RULES: list[Callable[[RunReport], list[Finding]]] = [
     garbage_only_with_thinking,
     garbage_with_high_acceptance,
     early_stop,
@@ -397,23 +393,19 @@ RULES: list[Callable[[RunReport], list[dict[str, Any]]]] = [
 ]
 
 
-def analyse(report: RunReport) -> list[dict[str, Any]]:
+def analyse(report: RunReport) -> list[Finding]:
     """Run every rule; store the findings on the report and their ids on the results named."""
-    findings: list[dict[str, Any]] = []
+    findings: list[Finding] = []
     for rule in RULES:
         findings.extend(rule(report))
-    findings.sort(key=lambda f: SEVERITIES.index(f["severity"]))
+    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     report.findings = findings
     by_case = {r.case_id: r for r in report.results}
     for result in report.results:
         result.findings = []
     for item in findings:
-        for case_id in item["cases"]:
-            if case_id in by_case and item["id"] not in by_case[case_id].findings:
-                by_case[case_id].findings.append(item["id"])
+        for case_id in item.cases:
+            if case_id in by_case and item.id not in by_case[case_id].findings:
+                by_case[case_id].findings.append(item.id)
     return findings
 
-
-def at_least(severity: str, threshold: str) -> bool:
-    """Whether ``severity`` is as severe as ``threshold`` or more."""
-    return SEVERITIES.index(severity) <= SEVERITIES.index(threshold)

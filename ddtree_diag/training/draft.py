@@ -24,7 +24,6 @@ draft's per-depth distribution alone); the real engine is the reference (bench/b
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -97,7 +96,7 @@ def load_prompts(path: str | Path) -> list[str]:
 
 
 def stop_token_ids(tokenizer) -> list[int]:
-    from ddtree_diag.embedded import STOP_TOKENS
+    from ddtree_diag.engine.embedded import STOP_TOKENS
 
     ids = [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
     return [i for i in ids if i is not None and i >= 0]
@@ -564,7 +563,7 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
     target_dir = settings.target_dir
     if target_dir is None:
-        from ddtree_diag.embedded import ensure_target_dir
+        from ddtree_diag.engine.embedded import ensure_target_dir
 
         target_dir = str(ensure_target_dir())
     target, tokenizer = load_target(target_dir, device)
@@ -729,76 +728,3 @@ def evaluate(
             str(b): round(sum(v) / len(v), 3) if v else None for b, v in per_budget.items()
         }
     return table
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ddtree-diag train-draft", description="Train a DFlash draft for the embedded SmolLM2 target"
-    )
-    parser.add_argument("--prompts", default=None, help="training prompts (default: packaged train.txt)")
-    parser.add_argument("--out", required=True, help="output draft directory (config.json + safetensors)")
-    parser.add_argument("--target-dir", default=None, help="HF target directory (default: embedded SmolLM2)")
-    for name, default in (
-        ("block-size", 8),
-        ("draft-layers", 2),
-        ("max-prompts", None),
-        ("max-new-tokens", 256),
-        ("gen-batch-size", 128),
-        ("steps", 2000),
-        ("batch-size", 32),
-        ("anchors", 32),
-        ("seed", 0),
-    ):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--follow-up-tokens", type=int, default=0, help="> 0: add a second turn per prompt")
-    parser.add_argument(
-        "--sampled-prompts", type=int, default=0, help="add N prompts the target writes itself (Magpie)"
-    )
-    parser.add_argument("--weight-decay", type=float, default=0.0)
-    parser.add_argument("--max-seconds", type=float, default=None)
-    parser.add_argument("--lr", type=float, default=6e-4)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--data-file", default=None, help="JSON cache of generated sequences")
-    parser.add_argument("--init-from-target", action="store_true", help="copy the target's last layers")
-    parser.add_argument("--eval-prompts", default=None, help="evaluate simulated acceptance on these")
-    parser.add_argument("--eval-out", default=None, help="write the evaluation table (JSON) here")
-    args = parser.parse_args(argv)
-    from importlib import resources
-
-    prompts = args.prompts or str(resources.files("ddtree_diag").joinpath("data", "prompts", "train.txt"))
-    settings = TrainSettings(
-        prompts_file=prompts,
-        out_dir=args.out,
-        target_dir=args.target_dir,
-        block_size=args.block_size,
-        num_draft_layers=args.draft_layers,
-        max_prompts=args.max_prompts,
-        max_new_tokens=args.max_new_tokens,
-        gen_batch_size=args.gen_batch_size,
-        steps=args.steps,
-        max_seconds=args.max_seconds,
-        batch_size=args.batch_size,
-        anchors_per_seq=args.anchors,
-        lr=args.lr,
-        seed=args.seed,
-        device=args.device,
-        data_file=args.data_file,
-        init_from_target=args.init_from_target,
-        follow_up_tokens=args.follow_up_tokens,
-        weight_decay=args.weight_decay,
-        sampled_prompts=args.sampled_prompts,
-    )
-    result = train_draft(settings)
-    print(json.dumps(result["summary"], indent=1))
-    if args.eval_prompts:
-        table = evaluate(
-            result["draft"],
-            result["target"],
-            result["tokenizer"],
-            load_prompts(args.eval_prompts),
-            [0, 4, 16, 64, 256],
-        )
-        print(json.dumps(table, indent=1))
-        if args.eval_out:
-            Path(args.eval_out).write_text(json.dumps(table, indent=1))
-    return 0

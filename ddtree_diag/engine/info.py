@@ -1,12 +1,7 @@
-"""``ddtree-diag engine-info``: load the engine and show what was loaded.
-
-Kept out of cli.py so the CLI module never imports torch; the command calls ``run_engine_info``.
-"""
+"""What an engine loaded, as (field, value) rows for ``engine-info`` and the server's banner."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 
@@ -53,33 +48,3 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     if "cuda_allocated_bytes" in memory:
         rows.append(("cuda allocated", _size(memory.get("cuda_allocated_bytes"))))
     return rows
-
-
-def run_engine_info(
-    target: str | Path,
-    draft: str | Path | None = None,
-    gguf_file: str | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    as_json: bool = False,
-) -> int:
-    """Print what the engine loaded (rich table, or JSON). Returns the exit code (0).
-
-    Configuration problems raise ``ddtree_diag.errors.UsageError`` (one line, exit code 2)."""
-    from ddtree_diag.engine import load_engine
-
-    engine = load_engine(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype)
-    info = engine.info()
-    if as_json:
-        print(json.dumps(info, indent=2, default=str))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="ddtree-diag engine", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value")
-    for name, value in engine_info_rows(info):
-        table.add_row(name, value)
-    Console().print(table)
-    return 0

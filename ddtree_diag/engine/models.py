@@ -39,7 +39,7 @@ def choose_models(
     """Explicit paths win; with no target at all, the embedded default is used."""
     require_engine_extra()
     if target is None and gguf is None:
-        from ddtree_diag.embedded import default_draft_dir, ensure_target_dir
+        from ddtree_diag.engine.embedded import default_draft_dir, ensure_target_dir
 
         chosen_draft = draft if draft is not None else (str(default_draft_dir()) if use_draft else None)
         return ModelChoice(str(ensure_target_dir()), chosen_draft, None, EMBEDDED_MODEL_NAME, True)

@@ -62,7 +62,7 @@ _GONE = "gone"
 
 def agent_source() -> str:
     """The agent program as text (works from a checkout, a wheel or a zipapp)."""
-    return resources.files("ddtree_diag").joinpath("agent.py").read_text(encoding="utf-8")
+    return resources.files("ddtree_diag.backends").joinpath("agent.py").read_text(encoding="utf-8")
 
 
 def agent_line() -> bytes:

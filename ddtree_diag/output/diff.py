@@ -1,4 +1,4 @@
-"""``diff A.json B.json``: compare two runs case by case and call out regressions.
+"""Comparing two runs (``diff A.json B.json``) case by case, and calling out regressions.
 
 Cases are matched by case id. Per case: acceptance, tok/s, garbage, status, lossless verdict and
 whether the text changed. A regression (B worse than A beyond a tolerance) makes the exit code 1:
@@ -63,7 +63,7 @@ class RunDiff:
 
 
 def _garbage(result: ProbeResult | None) -> bool:
-    return bool(result and result.quality and result.quality.get("garbage"))
+    return bool(result is not None and result.garbage)
 
 
 def _tps(result: ProbeResult) -> float | None:
@@ -71,12 +71,7 @@ def _tps(result: ProbeResult) -> float | None:
 
 
 def _lossless_ok(result: ProbeResult) -> bool | None:
-    verdict = (result.baseline or {}).get("verdict")
-    if verdict in ("identical", "near_tie"):
-        return True
-    if verdict == "mismatch":
-        return False
-    return None
+    return result.baseline.matches if result.baseline is not None else None
 
 
 def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) -> RunDiff:
@@ -102,7 +97,7 @@ def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) 
         if not ra.ok or not rb.ok:
             continue
         if not _garbage(ra) and _garbage(rb):
-            codes = [x.get("code") for x in (rb.quality or {}).get("reasons") or [] if x.get("code") != "truncated"]
+            codes = [x.code for x in rb.quality.counting_reasons] if rb.quality is not None else []
             diff.regressions.append("now garbage" + (f" ({codes[0]})" if codes else ""))
         elif _garbage(ra) and not _garbage(rb):
             diff.changes.append("no longer garbage")
@@ -152,7 +147,7 @@ def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from ddtree_diag.render import DASH, visible
+    from ddtree_diag.output.cells import DASH, visible
 
     def fmt(value: float | None, spec: str = ".2f") -> str:
         return DASH if value is None else format(value, spec)

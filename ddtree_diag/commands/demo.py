@@ -10,8 +10,26 @@ import subprocess
 import sys
 import time
 
+import typer
+
+from ddtree_diag.commands.options import DEBUG, DRAFT, NO_COLOR, TARGET
 from ddtree_diag.errors import TransportError, UsageError
-from ddtree_diag.probe import ProbeOptions, run_probe
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def demo(
+        matrix: str = typer.Option("smoke", "--matrix", "-m", help="Matrix file or built-in name."),
+        json_path: str | None = typer.Option(None, "--json", help="Write the JSON report to PATH ('-' = stdout)."),
+        target: str | None = TARGET,
+        draft: str | None = DRAFT,
+        device: str | None = typer.Option(None, "--device", help="cuda or cpu."),
+        no_color: bool = NO_COLOR,
+        debug: bool = DEBUG,
+    ) -> None:
+        """Start the reference server with the embedded model, probe it over HTTP, stop it."""
+        raise typer.Exit(run_demo(matrix=matrix, json_path=json_path, target=target, draft=draft, device=device,
+                                  no_color=no_color))  # fmt: skip
 
 
 def _free_port() -> int:
@@ -62,7 +80,10 @@ def run_demo(
         started = time.monotonic()
         _wait_healthy(process, url, startup_timeout)
         sys.stderr.write(f"ddtree-diag demo: server ready in {time.monotonic() - started:.1f} s; probing\n")
-        return run_probe(ProbeOptions(url=url, matrix=matrix, json_path=json_path, no_color=no_color))
+        from ddtree_diag.commands.options import RunFlags
+        from ddtree_diag.commands.run import run_matrix
+
+        return run_matrix(RunFlags(url=url, json_path=json_path, no_color=no_color), matrix, gate=False)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

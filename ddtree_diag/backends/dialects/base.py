@@ -1,0 +1,271 @@
+"""What every dialect shares: the Dialect plug-in base, number helpers, and response parsing.
+
+A dialect is one object per server family. It knows how to shape a request (the thinking toggle,
+the tree budget, the fields that ask for spec numbers), how to read that server's spec numbers
+back, how to recognise the server from a response, and its quirks (it ignores ``stream``, says
+``stop`` at max_tokens, closes the connection after a stream). The HTTP backend and the checks
+read these attributes; nothing outside this package branches on a dialect's name.
+Everything here is pure data handling, no I/O: unit-testable on recorded bodies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ddtree_diag.records import ProbeCase, SpecMetrics
+
+# Top-level keys of a standard chat-completion body; anything else is a server extra.
+STANDARD_KEYS = {
+    "id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier",
+    "prompt_logprobs", "kv_transfer_params", "prompt_token_ids",
+}  # fmt: skip
+
+
+@dataclass
+class ParsedResponse:
+    """What a dialect reads out of one response (whole body or accumulated stream)."""
+
+    output: str = ""
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    model: str | None = None
+    spec: SpecMetrics = field(default_factory=SpecMetrics)
+    extras: dict[str, Any] = field(default_factory=dict)  # non-standard top-level objects
+    notes: list[str] = field(default_factory=list)  # per-case remarks (e.g. corrected finish_reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Number helpers: servers send ints as floats, strings, or null; unknown stays None, never 0.
+
+
+def num(value: Any) -> float | None:
+    """A finite number from a server field, or None (booleans, NaN, inf and junk are unknown)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        number = float(value) if not isinstance(value, int) or abs(value) < 1 << 1023 else math.inf
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def integer(value: Any) -> int | None:
+    number = num(value)
+    return None if number is None else round(number)
+
+
+def first(mapping: dict[str, Any], *keys: str) -> Any:
+    """The first key present with a non-null value (servers renamed fields across versions)."""
+    for key in keys:
+        if mapping.get(key) is not None:
+            return mapping[key]
+    return None
+
+
+def int_list(value: Any) -> list[int] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    numbers = [integer(v) for v in value]
+    return None if any(n is None for n in numbers) else numbers  # type: ignore[return-value]
+
+
+def text_of(content: Any) -> str:
+    """Message content as text: a string, or the text of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def reasoning_of(message: dict[str, Any]) -> str | None:
+    value = first(message, "reasoning_content", "reasoning")
+    return value if isinstance(value, str) and value else None
+
+
+def finish_reason_of(choice: dict[str, Any]) -> str | None:
+    value = choice.get("finish_reason")
+    return value if isinstance(value, str) and value else None
+
+
+def read_usage(parsed: ParsedResponse, usage: Any) -> None:
+    if isinstance(usage, dict):
+        parsed.prompt_tokens = integer(usage.get("prompt_tokens"))
+        parsed.completion_tokens = integer(usage.get("completion_tokens"))
+
+
+def extras_of(body: dict[str, Any], choice: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Non-standard objects a server attaches to the body (or, for some versions, to the choice)."""
+    extras = {k: v for k, v in body.items() if k not in STANDARD_KEYS}
+    if choice:
+        for key in ("sglext", "timings", "meta_info"):
+            if key in choice and key not in extras:
+                extras[key] = choice[key]
+    return extras
+
+
+# ---------------------------------------------------------------------------------------------
+# The plug-in base
+
+
+class Dialect:
+    """One server family. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    # Substrings of /v1/models' owned_by that name this server (auto-detection's fallback).
+    owner_names: ClassVar[tuple[str, ...]] = ()
+    # A per-request tree budget means something to this server (and budget0 is a baseline).
+    sends_budget: ClassVar[bool] = False
+    # Where the budget is fixed when it is not per request, for advice in notes and findings.
+    budget_knob: ClassVar[str] = "the draft length is fixed at server start"
+    # The server ignores stream=true and always answers one JSON body.
+    ignores_stream: ClassVar[bool] = False
+    # The server closes the keep-alive connection after a streamed answer: do not reuse it.
+    close_after_stream: ClassVar[bool] = False
+    # Detection priority: lower is tried first (a specific extra object before a generic one).
+    detect_order: ClassVar[int] = 100
+
+    def __repr__(self) -> str:
+        return f"<dialect {self.name}>"
+
+    def __str__(self) -> str:
+        return self.name
+
+    # -- requests -----------------------------------------------------------------------------
+    def shape(self, body: dict[str, Any], case: ProbeCase) -> None:
+        """Add this server's thinking toggle, budget and spec-number request fields to ``body``."""
+        if case.enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": case.enable_thinking}
+
+    def build_request(
+        self, case: ProbeCase, model: str, *, stream: bool, minimal: bool = False
+    ) -> dict[str, Any]:
+        """The JSON body for one case. ``minimal`` drops every non-standard field (used to retry
+        against a strict server that rejected one)."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": case.messages,
+            "max_tokens": case.max_tokens,
+            "temperature": case.temperature,
+            "stream": stream,
+        }
+        if not minimal:
+            if stream and not self.ignores_stream:
+                body["stream_options"] = {"include_usage": True}
+            self.shape(body, case)
+        body.update(case.extra)  # user-supplied fields win
+        return body
+
+    # -- responses ----------------------------------------------------------------------------
+    def detect(self, extras: dict[str, Any]) -> bool:
+        """Whether a plain response's extra objects identify this server."""
+        return False
+
+    def read_spec(self, extras: dict[str, Any], parsed: ParsedResponse) -> SpecMetrics:
+        """Spec-decoding numbers from the response's extras (empty when it has none)."""
+        return SpecMetrics()
+
+    def finish(self, parsed: ParsedResponse, case: ProbeCase) -> None:
+        """Fill spec metrics from the extras and apply the server's quirks."""
+        parsed.spec = self.read_spec(parsed.extras, parsed)
+        self.fix_quirks(parsed, case)
+        spec = parsed.spec
+        if spec.mean_acceptance_length is None and spec.decode_rounds and parsed.completion_tokens is not None:
+            spec.mean_acceptance_length = parsed.completion_tokens / spec.decode_rounds
+            spec.derived = True
+
+    def fix_quirks(self, parsed: ParsedResponse, case: ProbeCase) -> None:
+        """Correct what this server is known to misreport (nothing by default)."""
+
+    # -- parsing (shared) ---------------------------------------------------------------------
+    def parse_body(self, body: dict[str, Any], case: ProbeCase) -> ParsedResponse:
+        """Parse a non-streamed chat-completion body. Raises ValueError with a one-line reason when
+        the body is not a usable chat completion."""
+        choices = body.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            error = body.get("error")
+            if error:  # some servers answer 200 with an error object
+                message = error.get("message", error) if isinstance(error, dict) else error
+                text = str(message).splitlines()[0][:200] if str(message) else "(empty)"
+                raise ValueError(f"server error in a 200 answer: {text}")
+            raise ValueError("response has no choices[0]")
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise ValueError("response has no choices[0].message")
+        model = body.get("model")
+        parsed = ParsedResponse(
+            output=text_of(message.get("content")),
+            reasoning=reasoning_of(message),
+            finish_reason=finish_reason_of(choice),
+            model=model if isinstance(model, str) else None,
+        )
+        read_usage(parsed, body.get("usage"))
+        parsed.extras = extras_of(body, choice)
+        if isinstance(choice.get("logprobs"), dict):
+            # Kept for the lossless check's near-tie analysis (OpenAI shape: {"content": [...]}).
+            parsed.extras["logprobs"] = choice["logprobs"]
+        self.finish(parsed, case)
+        return parsed
+
+    def accumulator(self) -> StreamAccumulator:
+        return StreamAccumulator(self)
+
+
+class StreamAccumulator:
+    """Collects SSE chunks of one streamed completion into a ParsedResponse."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.parsed = ParsedResponse()
+        self._output: list[str] = []
+        self._reasoning: list[str] = []
+        self.chunks = 0
+        self.saw_done = False
+
+    def feed(self, chunk: dict[str, Any]) -> str:
+        """Add one decoded chunk; return the text it added (content or reasoning), for TTFT."""
+        self.chunks += 1
+        parsed = self.parsed
+        if isinstance(chunk.get("model"), str) and chunk["model"]:
+            parsed.model = chunk["model"]
+        added = ""
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        delta = choice.get("delta") or choice.get("message") or {}
+        if isinstance(delta, dict):
+            content = text_of(delta.get("content"))
+            reasoning = reasoning_of(delta) or ""
+            self._output.append(content)
+            self._reasoning.append(reasoning)
+            added = content + reasoning
+        reason = finish_reason_of(choice)
+        if reason:
+            parsed.finish_reason = reason
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+            # Streams carry per-token logprobs chunk by chunk; keep them in one list.
+            parsed.extras.setdefault("logprobs", {"content": []})["content"].extend(logprobs["content"])
+        if chunk.get("usage"):
+            read_usage(parsed, chunk["usage"])
+        for key, value in extras_of(chunk, choice).items():
+            if value is not None:  # the last non-null copy of an extra wins
+                parsed.extras[key] = value
+        return added
+
+    def result(self, case: ProbeCase) -> ParsedResponse:
+        parsed = self.parsed
+        parsed.output = "".join(self._output)
+        parsed.reasoning = "".join(self._reasoning) or None
+        self.dialect.finish(parsed, case)
+        return parsed

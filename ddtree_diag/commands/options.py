@@ -1,0 +1,137 @@
+"""Options shared by commands, defined once.
+
+``run_options`` gives a command the whole option set of a matrix run (target, matrix overrides,
+checks, outputs): probe and gate take exactly the same flags. The decorated function receives
+them packed as one ``RunFlags`` argument named ``flags``; typer sees them as ordinary parameters
+(the wrapper publishes the combined signature).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, fields
+from typing import Any
+
+import typer
+
+from ddtree_diag.backends.dialects import DIALECTS
+
+DEBUG_HELP = "Show tracebacks instead of one-line errors."
+DEBUG = typer.Option(False, "--debug", help=DEBUG_HELP)
+NO_COLOR = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too).")
+NEAR_TIE_HELP = "Top-2 logprob gap (nats) under which a T=0 divergence is a numerics near-tie."
+NEAR_TIE_GAP = typer.Option(None, "--near-tie-gap", help=NEAR_TIE_HELP + " \\[default: 0.05]")
+TARGET = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2).")
+GGUF = typer.Option(None, "--gguf", help="Target GGUF file.")
+DRAFT = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one).")
+DEVICE = typer.Option(None, "--device", help="cuda or cpu (default: cuda if present).")
+DTYPE = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on cuda, fp32 on cpu).")
+DIALECT_HELP = "Server dialect: " + " | ".join(("auto", *DIALECTS)) + "."
+
+
+@dataclass
+class RunFlags:
+    """The flags of a matrix run (probe and gate), typed."""
+
+    url: str | None = None
+    via: str | None = None
+    model: str | None = None
+    dialect: str = "auto"
+    api_key: str | None = None
+    timeout: float = 120.0
+    stream: bool = True
+    concurrency: int = 1
+    prompt: list[str] | None = None
+    thinking: str | None = None
+    budget: str | None = None
+    temperature: str | None = None
+    max_tokens: str | None = None
+    repeat: int | None = None
+    baseline: str | None = None
+    near_tie_gap: float | None = None
+    json_path: str | None = None
+    junit: str | None = None
+    summary: str | None = None
+    no_color: bool = False
+    engine: bool = False
+    target: str | None = None
+    gguf: str | None = None
+    draft: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    debug: bool = False
+
+
+# (name, annotation, typer option) in help order; the names are RunFlags' fields.
+_RUN_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("url", str | None, typer.Option(
+        None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True,
+        help="Base URL of the OpenAI-compatible server (with or without /v1).")),
+    ("via", str | None, typer.Option(
+        None, "--via", envvar="DDTREE_DIAG_VIA", show_envvar=True,
+        help="Make the requests from the far side of this command prefix, e.g. "
+        "\"ssh root@gpu-host pct exec 200 --\" (needs python3 >= 3.8 there, nothing else).")),
+    ("model", str | None, typer.Option(None, "--model", help="Model id (default: first from /v1/models).")),
+    ("dialect", str, typer.Option("auto", "--dialect", help=DIALECT_HELP)),
+    ("api_key", str | None, typer.Option(
+        None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENAI_API_KEY"], show_default=False,
+        show_envvar=True, help="Bearer token (never printed or saved).")),
+    ("timeout", float, typer.Option(120.0, "--timeout", help="Seconds per request.")),
+    ("stream", bool, typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT.")),
+    ("concurrency", int, typer.Option(
+        1, "--concurrency", help="Parallel requests (1: clean per-request numbers).")),
+    ("prompt", list[str] | None, typer.Option(
+        None, "--prompt", "-p",
+        help="Prompt: literal text, @file (text or JSON messages), or a prompt id from the matrix. Repeatable.")),
+    ("thinking", str | None, typer.Option(
+        None, "--thinking", help="enable_thinking values, e.g. off,on ('default' = not sent). \\[default: off,on]")),
+    ("budget", str | None, typer.Option(
+        None, "--budget",
+        help="Tree budgets, e.g. 16,64 ('default' = the server's own). \\[default: the matrix's]")),
+    ("temperature", str | None, typer.Option(
+        None, "--temperature", help="Temperature(s), e.g. 0 or 0,0.7. \\[default: 0]")),
+    ("max_tokens", str | None, typer.Option(
+        None, "--max-tokens", help="max_tokens value(s), e.g. 48. \\[default: the matrix's, else 48]")),
+    ("repeat", int | None, typer.Option(None, "--repeat", help="Run every case N times. \\[default: 1]")),
+    ("baseline", str | None, typer.Option(
+        None, "--baseline",
+        help="Lossless check at T=0 against a non-speculative baseline: budget0 (same server, "
+        "tree_budget=0), url:URL (a server without speculation) or engine (target alone). "
+        "Overrides a matrix's \\[baseline].")),
+    ("near_tie_gap", float | None, NEAR_TIE_GAP),
+    ("json_path", str | None, typer.Option(
+        None, "--json", help="Write the JSON report to PATH ('-' = stdout only, the table goes to stderr).")),
+    ("junit", str | None, typer.Option(None, "--junit", help="Write JUnit XML (one testcase per case × check).")),
+    ("summary", str | None, typer.Option(
+        None, "--summary", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY).")),
+    ("no_color", bool, NO_COLOR),
+    ("engine", bool, typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft).")),
+    ("target", str | None, typer.Option(None, "--target", help="Engine: target HF model dir.")),
+    ("gguf", str | None, typer.Option(None, "--gguf", help="Engine: target GGUF file.")),
+    ("draft", str | None, typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format).")),
+    ("device", str | None, typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present).")),
+    ("dtype", str | None, typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32.")),
+    ("debug", bool, DEBUG),
+]  # fmt: skip
+assert [name for name, _, _ in _RUN_OPTIONS] == [f.name for f in fields(RunFlags)]
+
+
+def run_options(command: Any) -> Any:
+    """Append the run option set to ``command``'s own parameters; it gets them as ``flags``."""
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "flags"]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+        for name, annotation, option in _RUN_OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        flags = RunFlags(**{name: kwargs.pop(name) for name, _, _ in _RUN_OPTIONS})
+        return command(flags=flags, **kwargs)
+
+    own_hints = {k: v for k, v in command.__annotations__.items() if k != "flags"}
+    wrapper.__annotations__ = {**own_hints, **{name: annotation for name, annotation, _ in _RUN_OPTIONS}}
+    wrapper.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+    del wrapper.__wrapped__  # typer must read the published signature, not the original's
+    return wrapper

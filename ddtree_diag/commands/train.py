@@ -1,0 +1,67 @@
+"""``train-draft``: train a DFlash draft for a target by self-distillation (engine extra)."""
+
+from __future__ import annotations
+
+import typer
+
+from ddtree_diag.commands.options import DEBUG, DEVICE
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train-draft")
+    def train_draft(
+        out: str = typer.Option(..., "--out", help="Output draft directory (config.json + safetensors)."),
+        prompts: str | None = typer.Option(
+            None, "--prompts", help="Training prompts file (default: the packaged train.txt)."
+        ),
+        target_dir: str | None = typer.Option(
+            None, "--target-dir", help="HF target directory (default: embedded SmolLM2)."
+        ),
+        block_size: int = typer.Option(8, "--block-size", help="Draft block size (tree depth + 1)."),
+        draft_layers: int = typer.Option(2, "--draft-layers", help="Draft decoder layers."),
+        max_prompts: int | None = typer.Option(None, "--max-prompts", help="Use at most N prompts."),
+        max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Greedy answer length per prompt."),
+        gen_batch_size: int = typer.Option(128, "--gen-batch-size", help="Prompts per generation batch."),
+        follow_up_tokens: int = typer.Option(0, "--follow-up-tokens", help="> 0: add a second turn per prompt."),
+        sampled_prompts: int = typer.Option(0, "--sampled-prompts", help="Add N prompts the target writes itself."),
+        steps: int = typer.Option(2000, "--steps", help="Optimiser steps."),
+        max_seconds: float | None = typer.Option(None, "--max-seconds", help="Stop training after this long."),
+        batch_size: int = typer.Option(32, "--batch-size", help="Sequences per step."),
+        anchors: int = typer.Option(32, "--anchors", help="Blocks sampled per sequence."),
+        lr: float = typer.Option(6e-4, "--lr", help="Peak learning rate."),
+        weight_decay: float = typer.Option(0.0, "--weight-decay", help="AdamW weight decay."),
+        seed: int = typer.Option(0, "--seed", help="Random seed."),
+        device: str | None = DEVICE,
+        data_file: str | None = typer.Option(None, "--data-file", help="JSON cache of generated sequences."),
+        init_from_target: bool = typer.Option(False, "--init-from-target", help="Copy the target's last layers."),
+        eval_prompts: str | None = typer.Option(None, "--eval-prompts", help="Evaluate simulated acceptance on these."),
+        eval_out: str | None = typer.Option(None, "--eval-out", help="Write the evaluation table (JSON) here."),
+        debug: bool = DEBUG,
+    ) -> None:
+        """Train a DFlash draft by self-distillation (block-diffusion objective)."""
+        import json
+        from importlib import resources
+        from pathlib import Path
+
+        from ddtree_diag.engine.models import require_engine_extra
+
+        require_engine_extra()
+        from ddtree_diag.training.draft import TrainSettings, evaluate, load_prompts, train_draft
+
+        prompts_file = prompts or str(resources.files("ddtree_diag").joinpath("data", "prompts", "train.txt"))
+        settings = TrainSettings(
+            prompts_file=prompts_file, out_dir=out, target_dir=target_dir, block_size=block_size,
+            num_draft_layers=draft_layers, max_prompts=max_prompts, max_new_tokens=max_new_tokens,
+            gen_batch_size=gen_batch_size, steps=steps, max_seconds=max_seconds, batch_size=batch_size,
+            anchors_per_seq=anchors, lr=lr, seed=seed, device=device, data_file=data_file,
+            init_from_target=init_from_target, follow_up_tokens=follow_up_tokens, weight_decay=weight_decay,
+            sampled_prompts=sampled_prompts,
+        )  # fmt: skip
+        result = train_draft(settings)
+        typer.echo(json.dumps(result["summary"], indent=1))
+        if eval_prompts:
+            table = evaluate(result["draft"], result["target"], result["tokenizer"], load_prompts(eval_prompts),
+                             [0, 4, 16, 64, 256])  # fmt: skip
+            typer.echo(json.dumps(table, indent=1))
+            if eval_out:
+                Path(eval_out).write_text(json.dumps(table, indent=1))

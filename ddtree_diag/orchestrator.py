@@ -1,0 +1,252 @@
+"""The run itself: matrix -> backend -> cases -> baseline -> checks, in one direction.
+
+Commands build a ``RunPlan`` from their flags and hand it here; this module knows nothing about
+flags, consoles or files. ``prepare`` validates the whole plan before anything is sent (matrix,
+baseline, gate thresholds); ``execute`` runs the cases and the baseline into a ``RunReport`` the
+caller owns (so a partial report survives Ctrl-C and fatal errors); ``judge`` adds findings and
+the gate verdict; ``exit_code_for`` maps the finished report to the documented exit code.
+
+Cases run serially by default (clean per-request numbers, and server-wide counter deltas stay
+attributable); ``concurrency > 1`` runs them on a thread pool and still reports them in matrix
+order.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddtree_diag import __version__
+from ddtree_diag.backends import Backend, TargetSpec, make_backend
+from ddtree_diag.checks import findings, gate, lossless
+from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TRANSPORT, UsageError
+from ddtree_diag.matrix import Matrix, MatrixRequest, resolve_matrix
+from ddtree_diag.records import SKIPPED, TRANSPORT_STATUSES, BaselineComparison, ProbeCase, ProbeResult, RunReport
+
+OnResult = Callable[[ProbeResult], None]
+
+
+@dataclass
+class RunPlan:
+    """What to run: the target, the matrix, and the checks beyond the per-case quality verdict."""
+
+    target: TargetSpec = field(default_factory=TargetSpec)
+    matrix: MatrixRequest = field(default_factory=MatrixRequest)
+    baseline: str | None = None  # budget0 | url:URL | engine; the gate also reads [baseline]
+    near_tie_gap: float | None = None
+    gate: bool = False  # apply the matrix's [gate] thresholds
+
+
+@dataclass
+class PreparedRun:
+    plan: RunPlan
+    matrix: Matrix
+    cases: list[ProbeCase]
+    baseline: lossless.BaselineSpec | None
+    gate: gate.GateConfig | None
+
+
+def prepare(plan: RunPlan) -> PreparedRun:
+    """Resolve the matrix and the checks; UsageError before anything is sent when they do not fit."""
+    matrix = resolve_matrix(plan.matrix)
+    cases = matrix.cases()
+    source = matrix.source or "<matrix>"
+    if plan.baseline is not None:
+        baseline = lossless.parse_baseline(plan.baseline)
+    elif plan.gate:
+        baseline = lossless.parse_baseline(matrix.baseline, f"{source}: baseline")
+    else:
+        baseline = None
+    if baseline is not None and plan.near_tie_gap is not None:
+        if plan.near_tie_gap < 0:
+            raise UsageError("--near-tie-gap must be >= 0 (nats)")
+        baseline.near_tie_gap = plan.near_tie_gap
+    gate_config = gate.parse_gate(matrix.gate, source) if plan.gate else None
+    if gate_config is not None and gate_config.lossless and baseline is None:
+        raise UsageError(
+            f"{source}: gate.lossless = true needs a baseline: add [baseline] mode = \"budget0\" "
+            "(or \"url\" / \"engine\"), or pass --baseline"
+        )
+    return PreparedRun(plan, matrix, cases, baseline, gate_config)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def execute(run: PreparedRun, report: RunReport, on_result: OnResult | None = None) -> RunReport:
+    """Run every case (and the baseline) into ``report``. KeyboardInterrupt and fatal errors
+    propagate after the report is marked interrupted, so the caller can still write it."""
+    report.tool_version = __version__
+    report.started_at = report.started_at or _now()
+    backend = make_backend(run.plan.target)
+    try:
+        report.notes.extend(backend.prepare(run.cases))
+        report.target = backend.target_info()
+        if run.matrix.source:
+            report.target["matrix"] = run.matrix.source
+        if run.baseline is not None:
+            lossless.check_possible(run.baseline, backend)
+        run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result)
+        if run.baseline is not None:
+            report.notes.extend(run_baseline(report, backend, run.baseline, run.plan.target))
+    except BaseException:
+        report.interrupted = True
+        report.target = report.target or backend.target_info()
+        raise
+    finally:
+        report.finished_at = _now()
+        backend.close()
+    return report
+
+
+def judge(report: RunReport, gate_config: gate.GateConfig | None) -> None:
+    """Findings over the whole run, then the gate's thresholds (which may read the findings)."""
+    findings.analyse(report)
+    if gate_config is not None:
+        report.gate = gate.evaluate(report, gate_config)
+
+
+def exit_code_for(report: RunReport) -> int:
+    if report.interrupted:
+        return EXIT_INTERRUPTED
+    if any(r.status in TRANSPORT_STATUSES for r in report.results):
+        return EXIT_TRANSPORT
+    if report.gate is not None:
+        return EXIT_OK if report.gate.passed else EXIT_CHECK_FAILED
+    failed = any(not r.ok for r in report.results)
+    garbage = any(r.garbage for r in report.results)
+    mismatch = any(r.baseline is not None and r.baseline.verdict == lossless.MISMATCH for r in report.results)
+    return EXIT_CHECK_FAILED if failed or garbage or mismatch else EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+
+
+def run_cases(
+    backend: Backend,
+    cases: list[ProbeCase],
+    report: RunReport,
+    *,
+    concurrency: int = 1,
+    on_result: OnResult | None = None,
+) -> RunReport:
+    """Fill ``report.results`` in matrix order, each with its quality verdict. KeyboardInterrupt
+    propagates after the report is marked interrupted."""
+    from ddtree_diag.checks.quality import assess_result
+
+    def finished(result: ProbeResult) -> None:
+        assess_result(result)
+        if on_result is not None:
+            on_result(result)
+
+    try:
+        if concurrency <= 1:
+            for case in cases:
+                result = backend.run(case)
+                finished(result)
+                report.results.append(result)
+        else:
+            _run_pool(backend, cases, report, concurrency, finished)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        raise
+    return report
+
+
+def _run_pool(backend: Backend, cases: list[ProbeCase], report: RunReport, concurrency: int, finished) -> None:
+    order = {id(case): index for index, case in enumerate(cases)}
+    done: list[ProbeResult] = []
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    pending: set[Future] = set()
+    try:
+        pending = {pool.submit(backend.run, case) for case in cases}
+        while pending:
+            completed, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in completed:
+                result = future.result()
+                finished(result)
+                done.append(result)
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        done.sort(key=lambda r: order[id(r.case)])
+        report.results.extend(done)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lossless baseline
+
+
+def baseline_target(spec: lossless.BaselineSpec, backend: Any, target: TargetSpec) -> TargetSpec | None:
+    """Where the baseline runs, built from the probe's own target; None = the probe's backend
+    itself (budget 0 through the same in-process engine)."""
+    if getattr(backend, "name", "") == "engine" and spec.mode in ("budget0", "engine"):
+        return None
+    if spec.mode == "engine":
+        from ddtree_diag.engine.models import EMBEDDED_MODEL_NAME
+
+        # The target alone: --target/--gguf, else the embedded default model, which is only the
+        # right baseline when the server runs that model.
+        if target.target is None and target.gguf is None and getattr(backend, "model", None) != EMBEDDED_MODEL_NAME:
+            raise UsageError("--baseline engine needs the server's target model: --target DIR or --gguf FILE")
+        return TargetSpec(engine=True, target=target.target, gguf=target.gguf, use_draft=False,
+                          device=target.device, dtype=target.dtype)  # fmt: skip
+    common = dict(api_key=target.api_key, timeout=target.timeout, stream=False, concurrency=1, via=None)
+    if spec.mode == "budget0":
+        return TargetSpec(url=backend.base_url, model=backend.model, dialect=backend.dialect.name, **common)
+    return TargetSpec(url=spec.url, **common)
+
+
+def run_baseline(report: RunReport, backend: Any, spec: lossless.BaselineSpec, target: TargetSpec) -> list[str]:
+    """Fill ``result.baseline`` for every result; returns notes for the report."""
+    to_compare = []
+    for result in report.results:
+        reason = lossless.skip_reason(result)
+        if reason is None:
+            to_compare.append(result)
+        else:
+            result.baseline = BaselineComparison(mode=spec.mode, verdict=SKIPPED, detail=reason)
+    if not to_compare:
+        return [f"baseline ({spec.describe()}): no T=0 case to compare"]
+    where = baseline_target(spec, backend, target)
+    # With --via the baseline is requested from the far side too: share the agent.
+    transport = getattr(backend, "transport", None)
+    shared = transport.shared() if transport is not None and where is not None and not where.engine else None
+    base_backend = backend if where is None else make_backend(where, transport=shared)
+    notes: list[str] = []
+    ask_logprobs = getattr(base_backend, "name", "") == "http"
+    cache: dict[str, ProbeResult] = {}
+    try:
+        if base_backend is not backend:
+            cases = [lossless.baseline_case(r.case, spec, logprobs=ask_logprobs) for r in to_compare]
+            prepared = base_backend.prepare(cases)
+            if spec.mode != "budget0":  # same server: its model and dialect are already noted
+                notes.extend(f"baseline {n}" for n in prepared)
+        for result in to_compare:
+            # Repeats, and budgets the baseline does not use, share one baseline request:
+            # greedy decoding without speculation is deterministic.
+            key = lossless.baseline_case(result.case, spec, logprobs=False).group_key
+            if key not in cache:
+                cache[key] = _run_baseline_case(base_backend, result.case, spec, ask_logprobs)
+            result.baseline = lossless.compare_result(result, cache[key], spec)
+    finally:
+        if base_backend is not backend:
+            base_backend.close()
+    if any(r.extras.get("logprobs_rejected") for r in cache.values()):
+        notes.append("baseline server refused logprobs: divergences cannot be classified as near-ties")
+    notes.append(lossless.summary_note(spec, to_compare))
+    return notes
+
+
+def _run_baseline_case(backend: Any, case: ProbeCase, spec: lossless.BaselineSpec, ask_logprobs: bool) -> ProbeResult:
+    result = backend.run(lossless.baseline_case(case, spec, logprobs=ask_logprobs))
+    if ask_logprobs and lossless.logprobs_refused(result):
+        result = backend.run(lossless.baseline_case(case, spec, logprobs=False))
+        result.extras["logprobs_rejected"] = True
+    return result

@@ -1,0 +1,119 @@
+"""One cell renderer for every format: the console table, Markdown, JUnit and HTML all show a
+case through these functions, so a verdict reads the same everywhere.
+
+A ``Cell`` is plain text plus a style name (rich style syntax; other formats map or ignore it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddtree_diag.records import MISMATCH, NEAR_TIE, ProbeResult
+
+DASH = "—"  # unknown, never 0
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    style: str = ""
+
+
+def fmt(value: float | int | None, spec: str = ".2f") -> str:
+    return DASH if value is None else format(value, spec)
+
+
+def thinking_label(value: bool | None) -> str:
+    return {True: "on", False: "off", None: "default"}[value]
+
+
+def budget_label(value: int | None) -> str:
+    return "default" if value is None else str(value)
+
+
+def visible(text: str, limit: int = 60) -> str:
+    """Text with control characters made visible, cut to ``limit`` characters."""
+    out = []
+    for char in text:
+        if char == "\n":
+            out.append("\\n")
+        elif char == "\t":
+            out.append("\\t")
+        elif char == "\r":
+            out.append("\\r")
+        elif ord(char) < 32 or 0x7F <= ord(char) < 0xA0:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    shown = "".join(out)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def acceptance_style(value: float | None) -> str:
+    if value is None:
+        return "dim"
+    if value >= 2.5:
+        return "green"
+    if value >= 1.5:
+        return "yellow"
+    return "red"
+
+
+def _marks(result: ProbeResult) -> str:
+    """``~`` derived from other numbers, ``*`` from server-wide counters."""
+    return ("~" if result.spec.derived else "") + ("*" if result.spec.server_wide else "")
+
+
+def acceptance_cell(result: ProbeResult) -> Cell:
+    value = result.spec.mean_acceptance_length
+    text = DASH if value is None else _marks(result) + fmt(value)
+    return Cell(text, acceptance_style(value))
+
+
+def rounds_cell(result: ProbeResult) -> Cell:
+    rounds = result.spec.decode_rounds
+    return Cell(DASH if rounds is None else _marks(result) + fmt(rounds, "d"))
+
+
+def ttft_cell(result: ProbeResult) -> Cell:
+    ttft = result.timings.ttft_s
+    return Cell(DASH if ttft is None else f"{ttft * 1000:.0f}ms")
+
+
+def quality_cell(result: ProbeResult) -> Cell:
+    if not result.ok:
+        return Cell(f"✗ {result.status}", "bold red")
+    verdict = result.quality
+    if verdict is None:
+        return Cell(DASH, "dim")
+    if verdict.garbage:
+        top = verdict.top_reason
+        return Cell(f"✗ {top.code}" if top else "✗ garbage", "bold red")
+    if verdict.truncated:
+        return Cell("✓ truncated", "yellow")
+    return Cell("✓", "green")
+
+
+def lossless_cell(result: ProbeResult) -> Cell:
+    baseline = result.baseline
+    if baseline is None:
+        return Cell(DASH, "dim")
+    at = f" @{baseline.char_index}" if baseline.char_index is not None else ""
+    if baseline.verdict == "identical":
+        return Cell("✓", "green")
+    if baseline.verdict == NEAR_TIE:
+        return Cell("≈ near-tie" + at, "yellow")
+    if baseline.verdict == MISMATCH:
+        return Cell("✗ mismatch" + at, "bold red")
+    if baseline.verdict == "error":
+        return Cell("? baseline failed", "yellow")
+    return Cell(DASH, "dim")
+
+
+def output_text(result: ProbeResult) -> str:
+    """What a case said (its error when it failed); the reasoning when the answer is empty."""
+    if not result.ok:
+        return result.error or ""
+    if not result.output and result.reasoning:
+        return f"[reasoning] {result.reasoning}"
+    return result.output or ""

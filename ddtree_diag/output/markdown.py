@@ -1,0 +1,126 @@
+"""The Markdown summary for CI (a job summary, a PR comment).
+
+It reads a finished RunReport only (gate verdict, findings, results), so ``report RUN.json``
+re-renders a saved run exactly as the gate wrote it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from ddtree_diag.output.cells import (
+    DASH,
+    acceptance_cell,
+    fmt,
+    lossless_cell,
+    output_text,
+    quality_cell,
+    rounds_cell,
+    visible,
+)
+from ddtree_diag.output.reportfile import write_atomic
+from ddtree_diag.records import GateResult, RunReport
+
+OUTPUT_CHARS = 60
+
+
+def checks_for(report: RunReport) -> GateResult:
+    """The gate verdict, or — for a plain probe run — the probe's own pass/fail checks."""
+    if report.gate is not None:
+        return report.gate
+    from ddtree_diag.checks.gate import GateConfig, evaluate
+
+    config = GateConfig(max_failed=0, max_garbage=0, lossless=any(r.baseline for r in report.results))
+    return evaluate(report, config)
+
+
+def _cell(text: Any) -> str:
+    """One Markdown table cell: no newlines, pipes escaped, control characters visible."""
+    return visible(str(text), 10_000).replace("|", "\\|").replace("`", "'")
+
+
+def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
+    gate = checks_for(report)
+    lines: list[str] = []
+    title = "gate" if report.gate is not None else "probe"
+    verdict = "✅ passed" if gate.passed else "❌ failed"
+    if report.interrupted:
+        verdict += " (interrupted: partial results)"
+    lines.append(f"## ddtree-diag {title}: {verdict}")
+    lines.append("")
+    target = report.target
+    bits = [target.get("url") or target.get("engine") or target.get("target") or "",
+            target.get("model") or "", f"dialect {target['dialect']}" if target.get("dialect") else "",
+            f"matrix {Path(target['matrix']).name}" if target.get("matrix") else ""]  # fmt: skip
+    if any(bits):
+        lines.append("**Target:** " + " · ".join(_cell(b) for b in bits if b))
+    results = report.results
+    failed = sum(1 for r in results if not r.ok)
+    garbage = sum(1 for r in results if r.garbage)
+    accepts = [r.spec.mean_acceptance_length for r in results if r.ok and r.spec.mean_acceptance_length is not None]
+    run = [f"{len(results)} cases", f"{len(results) - failed} ok", f"{failed} failed", f"{garbage} garbage"]
+    if accepts:
+        run.append(f"mean acceptance {mean(accepts):.2f}")
+    if exit_code is not None:
+        run.append(f"exit {exit_code}")
+    lines.append("**Run:** " + " · ".join(run))
+    lines.append("")
+
+    lines.append("### Checks")
+    lines.append("")
+    lines.append("| | check | detail |")
+    lines.append("|---|---|---|")
+    for check in gate.checks:
+        lines.append(f"| {'✅' if check.passed else '❌'} | {_cell(check.name)} | {_cell(check.detail)} |")
+    if not gate.checks:
+        lines.append("| ✅ | (none configured) | |")
+    lines.append("")
+
+    lines.append("### Findings")
+    lines.append("")
+    if not report.findings:
+        lines.append("No findings.")
+    for item in report.findings:
+        lines.append(f"- **{item.severity}** — {_cell(item.title)} (`{item.id}`)")
+        if item.evidence:
+            lines.append(f"  - evidence: {_cell(item.evidence)}")
+        if item.check:
+            lines.append(f"  - check: {_cell(item.check)}")
+    lines.append("")
+
+    lines.append("### Cases")
+    lines.append("")
+    lines.append("| case | tok | finish | rounds | accept | tok/s srv | tok/s cli | quality | lossless | output |")
+    lines.append("|---|---:|---|---:|---:|---:|---:|---|---|---|")
+    for r in results:
+        row = [
+            _cell(r.case_id), fmt(r.completion_tokens, "d"), _cell(r.finish_reason or DASH),
+            rounds_cell(r).text, acceptance_cell(r).text,
+            fmt(r.spec.server_tokens_per_second, ".1f"), fmt(r.timings.decode_tokens_per_second, ".1f"),
+            _cell(quality_cell(r).text), _cell(lossless_cell(r).text), _cell(visible(output_text(r), OUTPUT_CHARS)),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    if report.notes:
+        lines.append("<details><summary>Notes</summary>")
+        lines.append("")
+        lines.extend(f"- {_cell(n)}" for n in report.notes)
+        lines.append("")
+        lines.append("</details>")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_summary(report: RunReport, path: str | None, exit_code: int | None = None) -> None:
+    """Write the Markdown summary to ``path`` (atomically) and append it to
+    ``$GITHUB_STEP_SUMMARY`` when that is set (GitHub Actions' job summary)."""
+    text = markdown_summary(report, exit_code)
+    if path:
+        write_atomic(path, text)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as handle:
+            handle.write(text + "\n")
