@@ -29,19 +29,19 @@ lint: install
 	$(BIN)/ruff check ddtree_diag tests bench scripts
 
 bench-cli: install
-	$(PYTHON) bench/bench_cli.py
+	$(PYTHON) -m bench.bench_cli
 
 bench-quality: install
-	$(PYTHON) bench/bench_quality.py
+	$(PYTHON) -m bench.bench_quality
 
 bench-engine: install
-	$(PYTHON) bench/engine_speed.py
+	$(PYTHON) -m bench.engine_speed
 
 bench-default: install
-	$(PYTHON) bench/bench_default.py
+	$(PYTHON) -m bench.bench_default
 
 bench-via: install
-	$(PYTHON) bench/bench_via.py
+	$(PYTHON) -m bench.bench_via
 
 demo: install
 	$(BIN)/ddtree-diag demo

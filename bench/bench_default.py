@@ -5,11 +5,11 @@ prompts) for tree budgets 0/4/16/64/256 with thinking off and on, on the smoke p
 held-aside prompts (ddtree_diag/data/prompts/heldout.txt, never used for training), T=0, and
 checks every output against SmolLM2's own greedy decode (HF forward, ``greedy_reference``).
 
-    python bench/bench_default.py                      # the full table (slow on CPU: ~2 h on 2 cores)
-    python bench/bench_default.py --limit 5 --budgets 0,64 --max-tokens 48   # a quick look
-    python bench/bench_default.py --simulate           # all budgets in minutes, no lossless check
+    python -m bench.bench_default                      # the full table (slow on CPU: ~2 h on 2 cores)
+    python -m bench.bench_default --limit 5 --budgets 0,64 --max-tokens 48   # a quick look
+    python -m bench.bench_default --simulate           # all budgets in minutes, no lossless check
 
-Goal (issue 6): mean acceptance >= 2.5 at budget 64, thinking off; lossless everywhere.
+Goal: mean acceptance >= 2.5 at budget 64, thinking off; lossless everywhere.
 Answers are 128 tokens by default (the length the training job evaluates with): the first tokens
 of an answer are the hardest to guess, so shorter caps report less (``--max-tokens 64``).
 """
@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SMOKE_PROMPT = "Say hello in one short sentence."
 

@@ -8,12 +8,10 @@ the link's round trip per request. Run: make bench-via
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from tests.conftest import start_standin  # noqa: E402
 

@@ -5,7 +5,7 @@ target's top-2 logit gap at the first divergent token (a near-tie flip vs a real
 ``--paths eager,fast`` (default: both) runs every case through both decode paths; fast must also
 equal eager token for token in fp32.
 
-    PYTHONPATH=. python bench/engine_gpu_check.py [--device cuda] [--quick] [--paths fast]
+    python -m bench.engine_gpu_check [--device cuda] [--quick] [--paths fast]
 
 Targets: the tiny test fixture (written to disk, loaded through the real loader) and a medium
 random Qwen3 (HF default init, where near-ties are common) built in memory.
@@ -21,14 +21,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import engine_fixtures as fx
-
 from ddtree_diag.engine import load_engine
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
-from ddtree_diag.engine.generate import Engine
+from ddtree_diag.engine.generate import DECODE_PATHS, Engine
 from ddtree_diag.engine.target import TargetModel
+from tests import engine_fixtures as fx
 
 BUDGETS = [0, 1, 2, 4, 16, 64]
 
@@ -106,7 +103,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer prompts/tokens (CPU smoke run)")
-    parser.add_argument("--paths", default="eager,fast", help="decode paths: " + ", ".join(Engine.DECODE_PATHS))
+    parser.add_argument("--paths", default="eager,fast", help="decode paths: " + ", ".join(DECODE_PATHS))
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="tree budgets (0 = AR)")
     parser.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 or both")
     args = parser.parse_args()

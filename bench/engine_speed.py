@@ -1,15 +1,15 @@
 """Engine speed: eager vs fast rounds on random-weight Qwen3-0.6B / Qwen3-8B-shaped targets.
 
-Prints, per shape and decode path (eager = the readable reference loop, fast = engine/fast.py:
+Prints, per shape and decode path (eager = the readable reference loop, fast = engine/fast:
 static caches, device tree/accept, CUDA graphs on a GPU), ms per decode round with the stage
 breakdown (draft, tree, verify, commit), tok/s and TTFT for AR and tree budgets 16/64/256 at
 block size 16, plus the memory-bandwidth bound of one target forward (weight bytes / 4.8 TB/s,
 H200 HBM3e) and verify's share of it. Random weights: acceptance is ~1 token per round, so every
 round verifies a full tree — this is the cost of a round, not a speedup.
 
-    PYTHONPATH=. python bench/engine_speed.py                 # CUDA: 0.6b and 8b, bf16 (~5 min on an H200)
-    PYTHONPATH=. python bench/engine_speed.py --small         # CPU smoke run: a small shape, fp32
-    PYTHONPATH=. python bench/engine_speed.py --small --profile   # + torch.profiler top ops (on by default with CUDA)
+    python -m bench.engine_speed                 # CUDA: 0.6b and 8b, bf16 (~5 min on an H200)
+    python -m bench.engine_speed --small         # CPU smoke run: a small shape, fp32
+    python -m bench.engine_speed --small --profile   # + torch.profiler top ops (on by default with CUDA)
 
 With $OUT set, the printed report is also written to $OUT/engine_speed.txt (and .json).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
-from ddtree_diag.engine.generate import Engine
+from ddtree_diag.engine.generate import DECODE_PATHS, Engine
 from ddtree_diag.engine.target import TargetModel
 
 SHAPES = {
@@ -129,7 +129,8 @@ def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) ->
     device was — the evidence of what bounds a round."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine.fast = True  # graphs as the run's --paths left them
+    if engine.decode_path == "eager":  # else: the path the run's --paths left it on
+        engine.use_path("fast")
     engine.generate_ids(prompt, tree_budget=budget, max_tokens=8, stop_token_ids=[])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
@@ -199,7 +200,7 @@ def main() -> int:
     parser.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     parser.add_argument("--budgets", default="16,64,256")
     parser.add_argument(
-        "--paths", default="eager,fast,fast-compile", help="comma list of " + ", ".join(Engine.DECODE_PATHS)
+        "--paths", default="eager,fast,fast-compile", help="comma list of " + ", ".join(DECODE_PATHS)
     )
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=5)

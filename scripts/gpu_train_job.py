@@ -17,12 +17,9 @@ sampled_prompts.txt); JOB_TINY=1 for a CPU smoke run.
 import gzip
 import json
 import os
-import sys
 import tarfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

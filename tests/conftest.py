@@ -1,4 +1,17 @@
-"""Shared fixtures: real servers on loopback ports, and the CLI run as a real subprocess."""
+"""Shared fixtures: real servers on loopback ports, the CLI run as a real subprocess, and the
+test markers.
+
+Every test carries exactly one of the kind markers, which mean what they say:
+
+- ``unit``: in-process only. No subprocess, no socket: a guard makes either fail the test.
+- ``e2e``: starts processes or servers (the CLI, the stand-in, the reference server) and talks
+  to them over real loopback HTTP or pipes.
+- ``real_model``: loads the embedded SmolLM2-135M (slow on CPU).
+- ``gpu``: needs CUDA (skipped elsewhere; CI has none).
+
+A test gets ``e2e`` from the fixtures it uses (``standin``, ``cli``, ...) or a mark in its file;
+anything unmarked is ``unit``. ``engine`` (needs torch) is orthogonal.
+"""
 
 from __future__ import annotations
 
@@ -96,3 +109,68 @@ def probe_target(standin) -> str:
     """URL of a healthy server for end-to-end tests that need nothing special from it (--via, the
     zipapp). Switch to the reference server here, in one line, once it exists."""
     return standin("--dialect", "ddtree").url
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls on a shared 2-core box: extra intra-op threads only spin against each other."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kind markers (see the module docstring)
+
+KINDS = ("unit", "e2e", "real_model", "gpu")
+COMPILERS = {"g++", "gcc", "c++", "cc", "clang", "clang++"}
+E2E_FIXTURES = {"standin", "cli", "probe_target", "server", "servers", "reference_server", "pyz"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kinds = [k for k in KINDS if item.get_closest_marker(k)]
+        if not kinds:
+            uses_processes = E2E_FIXTURES & set(getattr(item, "fixturenames", ()))
+            item.add_marker(pytest.mark.e2e if uses_processes else pytest.mark.unit)
+
+
+def _called_from(path_part: str, depth: int = 12) -> bool:
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if path_part in frame.f_code.co_filename.replace(os.sep, "/"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_stay_in_process(request, monkeypatch):
+    """A ``unit`` test that starts a process or opens a socket is mislabelled: fail it."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(what):
+        def method(*args, **kwargs):
+            raise AssertionError(f"a unit test must not {what}: mark it e2e")
+
+        return method
+
+    start_process = subprocess.Popen.__init__
+
+    def only_compilers(self, args, *rest, **kwargs):
+        # torch.compile's C++ backend runs the compiler and probes what it built: build steps of
+        # the code under test, not processes the test starts
+        argv = [args] if isinstance(args, (str, bytes)) else list(args)
+        program = os.path.basename(str(argv[0])) if argv else ""
+        if program in COMPILERS or _called_from("torch/_inductor"):
+            return start_process(self, args, *rest, **kwargs)
+        raise AssertionError(f"a unit test must not start a process ({program}): mark it e2e")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", only_compilers)
+    monkeypatch.setattr(socket.socket, "connect", refuse("open a network connection"))
+    monkeypatch.setattr(socket.socket, "bind", refuse("listen on a socket"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 # Shared by the engine test modules.
@@ -100,12 +99,3 @@ def edit_json(path: Path, **changes) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data))
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny matmuls on a shared 2-core box: extra intra-op threads only spin against each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

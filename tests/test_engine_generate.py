@@ -11,10 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import engine_fixtures as fx  # noqa: E402
-from engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS, one_thread  # noqa: E402, F401 - one_thread is a fixture
-
 from ddtree_diag.engine import load_engine  # noqa: E402
+from tests import engine_fixtures as fx  # noqa: E402
+from tests.engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
@@ -131,7 +130,7 @@ class Oracle:
 def test_oracle_draft_accepts_full_blocks(engines, monkeypatch, block_size):
     engine = engines[block_size]
     prompt = PROMPTS[0]
-    monkeypatch.setattr(engine, "_draft_logprobs", Oracle(engine, prompt))
+    monkeypatch.setattr(engine.decoder("eager"), "_draft_logprobs", Oracle(engine, prompt))
     max_tokens = 1 + 3 * block_size + 2
     for mode, budget in (("tree", block_size - 1), ("tree", 64), ("chain", None)):
         gen = engine.generate(prompt_ids=prompt, tree_budget=budget, mode=mode, max_tokens=max_tokens)
@@ -145,7 +144,7 @@ def test_demoted_oracle_tree_finds_second_rank_chain_does_not(engines, monkeypat
     engine = engines[8]
     prompt = PROMPTS[2]
     oracle = Oracle(engine, prompt, demote=(2, 5))
-    monkeypatch.setattr(engine, "_draft_logprobs", oracle)
+    monkeypatch.setattr(engine.decoder("eager"), "_draft_logprobs", oracle)
     expected = oracle.full[len(prompt) : len(prompt) + 17]
     chain = engine.generate(prompt_ids=prompt, mode="chain", max_tokens=17)
     tree = engine.generate(prompt_ids=prompt, tree_budget=64, max_tokens=17)
@@ -191,7 +190,7 @@ def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypa
         committed[0] = committed[0] + list(new_ids)
         return True
 
-    monkeypatch.setattr(engine, "_draft_logprobs", likely_draft)
+    monkeypatch.setattr(engine.decoder("eager"), "_draft_logprobs", likely_draft)
     accepted_rounds = 0
     for seed in range(6):
         committed[0] = []

@@ -11,15 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import engine_fixtures as fx  # noqa: E402
-from engine_fixtures import one_thread  # noqa: E402, F401 - one_thread is a fixture
-
 from ddtree_diag.backends.engine import EngineBackend, split_reasoning  # noqa: E402
 from ddtree_diag.commands.engine_info import run_engine_info  # noqa: E402
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.target import check_supported  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
+from tests import engine_fixtures as fx  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 

@@ -50,6 +50,7 @@ def test_every_rule_is_quiet_on_a_healthy_run(healthy, rule):
      (("--acceptance-decay",), "acceptance-falling-across-repeats"),
      (("--early-stop",), "garbage-also-in-baseline")],  # the stand-in says it at budget 0 too
 )
+@pytest.mark.e2e
 def test_each_rule_fires_on_a_server_with_the_fault(tmp_path, flags, expected):
     _code, report, stdout = gate_run(tmp_path, flags)
     assert expected in finding_ids(report), (finding_ids(report), stdout[-2000:])
@@ -61,6 +62,7 @@ def test_each_rule_fires_on_a_server_with_the_fault(tmp_path, flags, expected):
     assert item.title in stdout  # shown under the table
 
 
+@pytest.mark.e2e
 def test_story_run_names_thinking_and_early_stop(tmp_path):
     # The story: thinking off stops at "Hello,", thinking on is garbage.
     _code, report, _ = gate_run(tmp_path, ("--early-stop", "--thinking-garbage"))

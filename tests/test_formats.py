@@ -122,6 +122,7 @@ def test_github_step_summary_is_appended(runs):
     assert "## ddtree-diag gate: ✅ passed" in step
 
 
+@pytest.mark.e2e
 def test_report_rerenders_every_format(runs):
     path = str(runs["lossy"]["json"])
     markdown = run_cli("report", path, "--format", "markdown")
@@ -148,18 +149,21 @@ def test_report_of_a_probe_run_without_gate(standin, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [(["nope.json"], "report not found"),
                                           (["{json}", "--format", "html"], "--format must be one of")])  # fmt: skip
+@pytest.mark.e2e
 def test_report_usage_errors(runs, args, needle):
     args = [a.replace("{json}", str(runs["healthy"]["json"])) for a in args]
     result = run_cli("report", *args)
     assert result.code == 2 and needle in result.stderr
 
 
+@pytest.mark.e2e
 def test_diff_same_run_is_clean(runs):
     path = str(runs["healthy"]["json"])
     result = run_cli("diff", path, path)
     assert result.code == 0 and "no case changed" in result.stdout and "0 regression(s)" in result.stdout
 
 
+@pytest.mark.e2e
 def test_diff_flags_a_real_regression(runs, tmp_path):
     out = tmp_path / "diff.json"
     result = run_cli("diff", str(runs["healthy"]["json"]), str(runs["lossy"]["json"]), "--json", str(out))
@@ -169,6 +173,7 @@ def test_diff_flags_a_real_regression(runs, tmp_path):
     assert data["regressed"] is True and len(data["regressions"]) == 8
 
 
+@pytest.mark.e2e
 def test_diff_json_to_stdout_is_only_json(runs):
     result = run_cli("diff", str(runs["healthy"]["json"]), str(runs["lossy"]["json"]), "--json", "-")
     assert result.code == 1
@@ -185,6 +190,7 @@ def write_altered(runs, tmp_path, change) -> str:
     return str(path)
 
 
+@pytest.mark.e2e
 def test_diff_acceptance_tolerance(runs, tmp_path):
     def drop(r):
         r.spec.mean_acceptance_length -= 0.5
@@ -196,6 +202,7 @@ def test_diff_acceptance_tolerance(runs, tmp_path):
     assert run_cli("diff", a, b, "--acceptance-tolerance", "0.6").code == 0
 
 
+@pytest.mark.e2e
 def test_diff_speed_tolerance(runs, tmp_path):
     def halve(r):
         r.timings.decode_tokens_per_second /= 2
@@ -207,6 +214,7 @@ def test_diff_speed_tolerance(runs, tmp_path):
     assert run_cli("diff", a, b, "--tps-tolerance", "0.6").code == 0
 
 
+@pytest.mark.e2e
 def test_diff_new_garbage_and_missing_case(runs, tmp_path):
     report = load(runs["healthy"]["json"])
     report.results[0].quality = Verdict.from_dict({"garbage": True, "reasons": [{"code": "token_loop"}]})

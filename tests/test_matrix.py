@@ -84,3 +84,21 @@ def test_load_matrix_reports_toml_line(tmp_path):
     path.write_text('[prompts]\nhello = "unterminated\n')
     with pytest.raises(UsageError, match=r"invalid TOML.*line 2"):
         load_matrix(path)
+
+
+def test_every_example_and_builtin_matrix_parses():
+    """The example matrices in probes/ and the built-ins are valid: their cases expand, their
+    [gate] and [baseline] tables parse."""
+    from ddtree_diag.checks.gate import parse_gate
+    from ddtree_diag.checks.lossless import parse_baseline
+    from ddtree_diag.matrix import builtin_matrix, builtin_names, load_matrix
+    from tests.conftest import ROOT
+
+    examples = sorted((ROOT / "probes").glob("*.toml"))
+    assert len(examples) >= 3
+    matrices = [load_matrix(path) for path in examples] + [builtin_matrix(name) for name in builtin_names()]
+    for matrix in matrices:
+        assert matrix.cases(), matrix.source
+        parse_gate(matrix.gate, matrix.source)
+        parse_baseline(matrix.baseline or None, matrix.source)
+    assert {"smoke", "gate"} <= set(builtin_names())

@@ -619,6 +619,7 @@ def test_long_text_with_a_loop_late_in_it():
     assert assess(looped, finish_reason="stop").garbage
 
 
+@pytest.mark.e2e
 def test_import_is_light():
     code = (
         "import sys, ddtree_diag.checks.quality\n"
@@ -708,7 +709,7 @@ def test_each_planted_fault_is_caught(fault):
 
 def test_same_verdicts_without_the_regex_module(monkeypatch):
     """The single-file build has no `regex` (compiled): the stdlib fallback must agree on the corpus."""
-    from ddtree_diag.checks import quality
+    from ddtree_diag.checks.quality import patterns
 
     keys = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
     rows = _corpus_rows()
@@ -721,13 +722,29 @@ def test_same_verdicts_without_the_regex_module(monkeypatch):
             out.append((verdict.garbage, tuple(sorted(verdict.codes))))
         return out
 
-    quality._script_run_re.cache_clear()
+    patterns.script_run_re.cache_clear()
     with_regex = verdicts()
     monkeypatch.setitem(sys.modules, "regex", None)  # import regex -> ImportError
-    quality._script_run_re.cache_clear()
+    patterns.script_run_re.cache_clear()
     try:
         without = verdicts()
     finally:
-        quality._script_run_re.cache_clear()
+        patterns.script_run_re.cache_clear()
     assert without == with_regex
     assert with_regex[-1][0] is True  # the planted script mix is caught either way
+
+
+def test_reason_codes_come_from_one_registry_and_the_readme_shows_it():
+    """The code list, the loop subset the findings use, and the README table are one registry."""
+    from ddtree_diag.checks import findings
+    from ddtree_diag.checks.quality import registry
+    from tests.conftest import ROOT
+
+    assert tuple(r.code for r in registry.REGISTRY) == registry.REASON_CODES
+    assert len(set(registry.REASON_CODES)) == len(registry.REASON_CODES)
+    assert findings.LOOP_CODES is registry.LOOP_CODES and "token_loop" in findings.LOOP_CODES
+    assert registry.readme_table() in (ROOT / "README.md").read_text(encoding="utf-8")
+    # every code a signal can emit is registered (the codes appear in the signal modules)
+    sources = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "ddtree_diag/checks/quality").glob("*.py")
+                      if p.name != "registry.py")  # fmt: skip
+    assert all(f'"{code}"' in sources for code in registry.REASON_CODES)

@@ -215,6 +215,7 @@ def test_disconnect_mid_stream_cancels_and_frees_the_worker(server):
     assert post(server, chat("next", max_tokens=3), timeout=30).status_code == 200
 
 
+@pytest.mark.e2e
 def test_sigterm_shuts_down_cleanly(models):
     process, url = start_server(models[0], None)
     assert httpx.get(f"{url}/health").json()["draft"] is None

@@ -122,6 +122,7 @@ def test_missing_file_is_a_usage_error(tmp_path):
         run_text_check(str(tmp_path / "nope.txt"), None, False, False, None)
 
 
+@pytest.mark.e2e
 def test_cli_turns_errors_into_one_line_and_exit_2(tmp_path):
     result = _module(str(tmp_path / "nope.txt"), stdin="")
     assert result.returncode == 2
@@ -141,6 +142,7 @@ def _module(*args: str, stdin: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e
 def test_module_entry_point_reads_stdin():
     bad = _module("-", "--finish-reason", "stop", "--json", stdin="Hello,\n")
     assert bad.returncode == 1
@@ -150,6 +152,7 @@ def test_module_entry_point_reads_stdin():
     assert "✓ clean" in good.stdout.decode()
 
 
+@pytest.mark.e2e
 def test_module_entry_point_jsonl_and_usage_errors():
     lines = json.dumps({"text": "<|im_start|>assistant\nHi"}) + "\n" + json.dumps({"text": "Fine."}) + "\n"
     proc = _module("--jsonl", stdin=lines)

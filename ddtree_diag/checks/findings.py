@@ -17,11 +17,9 @@ from itertools import pairwise
 from statistics import mean, median
 
 from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
+from ddtree_diag.checks.quality.registry import LOOP_CODES
 from ddtree_diag.records import IDENTICAL, SEVERITIES, Finding, ProbeResult, RunReport
 
-# Quality reason codes that mean "the text repeats itself".
-LOOP_CODES = {"token_loop", "phrase_loop", "line_loop", "repeated_ngram", "compression_ratio",
-              "degenerate_enumeration"}  # fmt: skip
 SENTENCE_END = (".", "!", "?", "。", "！", "？", "…", '"', "'", ")", "”", "’", "`", "*")
 
 # Margins (see the rules). Module-level so tests and callers can read them.

@@ -3,7 +3,8 @@
 Importing this package is light: torch/transformers load only when ``load_engine`` is called.
 
     from ddtree_diag.engine import load_engine
-    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None, fast=None)
+    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None,
+                         decode_path=None)
     engine.info(); engine.tokenizer; engine.render_prompt(messages, enable_thinking)
     gen = engine.generate(messages=..., enable_thinking=None, tree_budget=None, temperature=0.0,
                           max_tokens=256, seed=None, stop=None, top_logprobs=0, on_token=None,
@@ -11,10 +12,13 @@ Importing this package is light: torch/transformers load only when ``load_engine
     engine.greedy_reference(prompt_ids, max_tokens, stop_ids=None)  # HF-only greedy baseline
 
 Modules: ``draft`` (DFlash draft + z-lab format), ``target`` (our target forward and KV cache),
-``tree`` (best-first tree, mask, accept walk), ``generate`` (the decode loop, ``Engine``),
-``fast`` (the same rounds with static shapes, device-side tree/accept and CUDA graphs),
-``load`` (paths, GGUF, tokenizer, checks). An Engine runs one generation at a time (it owns one
-KV cache): callers that serve concurrent requests must serialise them.
+``rope``, ``tree`` (best-first tree, mask, accept walk), ``decode`` (the decode interface and the
+bookkeeping its implementations share), ``eager`` (the reference loop), ``fast`` (the same rounds
+with static shapes, device-side tree/accept and CUDA graphs), ``generate`` (``Engine``: prompts,
+stop tokens, the decode-path setting), ``load`` (paths, GGUF, tokenizer, checks), ``models``
+and ``embedded`` (which target and draft), ``info`` (what was loaded). An Engine runs one
+generation at a time (it owns one KV cache): callers that serve concurrent requests must
+serialise them.
 """
 
 from __future__ import annotations
@@ -32,13 +36,13 @@ def load_engine(
     gguf_file: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
-    fast: bool | None = None,
+    decode_path: str | None = None,
 ) -> Engine:
     """Load a target (HF directory or GGUF) and an optional DFlash draft; see ``load.load_engine``.
-    ``fast=None``: the static-shape fast rounds (``engine/fast.py``) on CUDA, eager on CPU."""
+    ``decode_path=None``: the fast rounds (``engine/fast``) on CUDA, the eager loop on CPU."""
     from ddtree_diag.engine.load import load_engine as _load
 
-    return _load(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype, fast=fast)
+    return _load(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype, decode_path=decode_path)
 
 
 __all__ = ["load_engine"]

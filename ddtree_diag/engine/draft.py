@@ -37,7 +37,6 @@ No embedding, no LM head.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddtree_diag.engine.rope import apply_rope, cos_sin, inv_freq
 from ddtree_diag.errors import UsageError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -175,36 +175,6 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse rope frequencies: default, or Llama-3 frequency scaling."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if rope_type in (None, "default"):
-        return inv_freq.float()
-    if rope_type == "llama3":
-        factor = scaling["factor"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old_len = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        low_wavelen, high_wavelen = old_len / low, old_len / high
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        out = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-        return torch.where(mid, smoothed, out).float()
-    raise UsageError(f"draft rope type {rope_type!r} is not supported (default and llama3 are)")
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, T, D]; cos/sin: [B, T, D]."""
-    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
-
-
 class DraftKVCache:
     """Context-only K/V of every draft layer, preallocated: [layers, B, kv_heads, max_len, head_dim]."""
 
@@ -232,7 +202,8 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(hd, config.rms_norm_eps)
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
 
-    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (k_norm + rope) and values of ``x`` [B, T, hidden], as [B, kv_heads, T, head_dim]."""
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -251,8 +222,8 @@ class DraftAttention(nn.Module):
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, *noise_rope)
-        k_noise, v_noise = self._kv(x, *noise_rope)
-        k_ctx, v_ctx = self._kv(ctx, *ctx_rope)
+        k_noise, v_noise = self.project_kv(x, *noise_rope)
+        k_ctx, v_ctx = self.project_kv(ctx, *ctx_rope)
         if cache is not None:
             start, end = cache.length, cache.length + ctx.shape[1]
             if end > cache.max_len:
@@ -299,20 +270,19 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Plain attribute, not a buffer: .to(bfloat16) must not round the rope frequencies.
-        self._inv_freq = rope_inv_freq(config.dim_per_head, config.rope_theta, config.rope_scaling)
+        self._inv_freq = inv_freq(config.dim_per_head, config.rope_theta, config.rope_scaling)
 
     @property
     def block_size(self) -> int:
         return self.config.block_size
 
-    def _rope(self, positions: torch.Tensor, batch: int, dtype: torch.dtype):
+    def rope(self, positions: torch.Tensor, batch: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [B, 1, T, head_dim] for positions [T] or [B, T]."""
         if positions.dim() == 1:
             positions = positions.unsqueeze(0).expand(batch, -1)
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
-        freqs = positions.float().unsqueeze(-1) * self._inv_freq  # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return cos_sin(positions, self._inv_freq, dtype)
 
     def forward(
         self,
@@ -326,8 +296,8 @@ class DFlashDraft(nn.Module):
         batch = noise_embeds.shape[0]
         dtype = noise_embeds.dtype
         ctx = self.hidden_norm(self.fc(context_features.to(dtype)))
-        noise_rope = self._rope(noise_positions, batch, dtype)
-        ctx_rope = self._rope(context_positions, batch, dtype)
+        noise_rope = self.rope(noise_positions, batch, dtype)
+        ctx_rope = self.rope(context_positions, batch, dtype)
         if attention_mask is not None and attention_mask.dtype != torch.bool:
             attention_mask = attention_mask.to(dtype)
         hidden = noise_embeds

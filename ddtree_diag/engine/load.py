@@ -3,7 +3,7 @@
 Public API (others build on it)::
 
     from ddtree_diag.engine import load_engine
-    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None, fast=None)
+    engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None, decode_path=None)
     engine.info() -> dict                 # layers, hidden, draft ids/mask/block, dtype, device, memory
     engine.tokenizer                      # HF tokenizer of the target
     engine.render_prompt(messages, enable_thinking) -> list[int]
@@ -13,9 +13,9 @@ Public API (others build on it)::
     engine.greedy_reference(prompt_ids, max_tokens, stop_ids=None) -> list[int]
 
 ``tree_budget=None`` = 64 with a draft, 0 (AR) without. ``device=None`` = cuda when available
-else cpu; ``dtype=None`` = bfloat16 on cuda, float32 on cpu; ``fast=None`` = the fast rounds of
-``engine/fast.py`` (static shapes, CUDA graphs) on cuda, the eager reference loop on cpu
-(``engine.fast`` may be flipped between requests). Nothing is fetched from the network:
+else cpu; ``dtype=None`` = bfloat16 on cuda, float32 on cpu; ``decode_path=None`` = the fast
+rounds of ``engine/fast`` (static shapes, CUDA graphs) on cuda, the eager reference loop on cpu
+(``engine.use_path`` may switch between requests). Nothing is fetched from the network:
 every path must exist locally. Mismatched inputs raise ``UsageError`` with one line.
 """
 
@@ -139,7 +139,7 @@ def load_engine(
     gguf_file: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
-    fast: bool | None = None,
+    decode_path: str | None = None,
 ):
     """Load target (+ draft) into an ``Engine``; see the module docstring."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -188,15 +188,16 @@ def load_engine(
         draft=draft_model,
         stop_token_ids=_stop_token_ids(model, tokenizer),
         info=info,
-        fast=fast,
     )
-    # DDTREE_DIAG_DECODE=eager|fast|fast-nograph|fast-compile overrides the device's default path
-    decode_path = os.environ.get("DDTREE_DIAG_DECODE")
-    if decode_path:
+    # An explicit path wins; else DDTREE_DIAG_DECODE=eager|fast|fast-nograph|fast-compile; else
+    # the device's default (fast on CUDA, eager on CPU).
+    chosen = decode_path or os.environ.get("DDTREE_DIAG_DECODE")
+    if chosen:
         try:
-            engine.use_path(decode_path)
+            engine.use_path(chosen)
         except ValueError as exc:
-            raise UsageError(f"DDTREE_DIAG_DECODE: {exc}") from exc
+            where = "decode path" if decode_path else "DDTREE_DIAG_DECODE"
+            raise UsageError(f"{where}: {exc}") from exc
     return engine
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ddtree_diag.engine.rope import apply_rope
 from ddtree_diag.errors import UsageError
 
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -95,6 +96,12 @@ class TargetModel:
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.hf.lm_head(hidden)
 
+    def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [1, 1, T, D] at ``positions`` [T], from the HF model's own rotary module (it
+        knows the checkpoint's rope scaling)."""
+        cos, sin = self.inner.rotary_emb(hidden, positions[None])
+        return cos[:, None], sin[:, None]
+
     def _attention(
         self, layer_index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
@@ -106,8 +113,7 @@ class TargetModel:
         if hasattr(attn, "q_norm"):  # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         start, end = self.length, self.length + t
         self.cache_k[layer_index, :, :, start:end] = k
         self.cache_v[layer_index, :, :, start:end] = v
@@ -146,8 +152,7 @@ class TargetModel:
             mask &= key_pos[None, :] > positions[:, None] - self.sliding_window
         mask = mask[None, None]
         hidden = self.embed(token_ids[None])
-        cos, sin = self.inner.rotary_emb(hidden, positions[None])
-        cos, sin = cos[:, None], sin[:, None]  # [1, 1, T, D]
+        cos, sin = self.rope(hidden, positions)
         wanted = set(feature_layers or [])
         features: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
@@ -179,8 +184,3 @@ class TargetModel:
             self.cache_k[:, :, :, dst] = self.cache_k[:, :, :, src]
             self.cache_v[:, :, :, dst] = self.cache_v[:, :, :, src]
         self.length += n
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,82 @@
+"""Encoding damage: mojibake (found with ftfy), with a stdlib fallback."""
+
+from __future__ import annotations
+
+import re
+
+from ddtree_diag.checks.quality.context import Context, excerpt
+from ddtree_diag.checks.quality.patterns import MOJIBAKE_PROMPT_RE, NONSPACE_RE
+from ddtree_diag.records import Reason
+
+
+def in_inline_code(text: str, pos: int) -> bool:
+    """Inside `single backticks` on its line (an odd number of backticks before it)."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    before = text[line_start:pos]
+    return before.count("`") % 2 == 1 and not before.lstrip().startswith("```")
+
+
+def find_mojibake(text: str, ctx: Context, offset: int, source: str, label: str) -> list[Reason]:
+    if MOJIBAKE_PROMPT_RE.search(ctx.prompt):
+        return []  # the prompt is about encodings: mis-decoded samples are the topic
+    try:
+        import ftfy  # ~70 ms to import; only reached when the text has mojibake-typical characters
+        from ftfy.badness import BADNESS_RE
+    except ImportError:  # a core dependency, but a broken install should not crash a probe run
+        return _mojibake_without_ftfy(text, offset, source, label)
+    match = BADNESS_RE.search(text)
+    if not match:
+        return []
+    fixed = ftfy.fix_encoding(text)
+    start = max(0, match.start() - 10)
+    span = (start, min(len(text), match.end() + 20))
+    if fixed != text:
+        sample = ""
+        for a, b in zip(NONSPACE_RE.findall(text), NONSPACE_RE.findall(fixed), strict=False):
+            if a != b:
+                sample = f" ({a!r} should read {b!r})"
+                break
+        weight = 0.75
+        detail = f"mis-decoded UTF-8{sample}"
+    else:
+        weight = 0.35
+        detail = "character sequences typical of mis-decoded text"
+    return [
+        Reason(
+            "mojibake",
+            label + detail,
+            excerpt(text, *span),
+            weight,
+            (span[0] + offset, span[1] + offset),
+            source,
+        )
+    ]
+
+
+_LATIN1_RUN_RE = re.compile(
+    r"[\u0080-\u00ff\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc\u2013-\u2122]{2,}"
+)
+
+
+def _mojibake_without_ftfy(text: str, offset: int, source: str, label: str) -> list[Reason]:
+    """Fallback: a run of Latin-1/cp1252 characters that re-encodes to valid multi-byte UTF-8."""
+    for match in _LATIN1_RUN_RE.finditer(text):
+        run = match.group()
+        for codec in ("cp1252", "latin-1"):
+            try:
+                fixed = run.encode(codec).decode("utf-8")
+            except (UnicodeEncodeError, UnicodeDecodeError):
+                continue
+            if fixed != run:
+                span = (match.start(), match.end())
+                return [
+                    Reason(
+                        "mojibake",
+                        f"{label}mis-decoded UTF-8 ({run!r} should read {fixed!r})",
+                        run,
+                        0.75,
+                        (span[0] + offset, span[1] + offset),
+                        source,
+                    )
+                ]
+    return []

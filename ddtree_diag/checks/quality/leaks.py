@@ -1,0 +1,131 @@
+"""Chat-template and conversation-turn leaks."""
+
+from __future__ import annotations
+
+import re
+
+from ddtree_diag.checks.quality.context import Context, inside_spans
+from ddtree_diag.checks.quality.patterns import FIRST_WORD_RE, ROLE_RE
+
+
+def find_role_leaks(text: str, ctx: Context, code_spans: list[tuple[int, int]]):
+    if ":" not in text and "\n" not in text and not text.lstrip().lower().startswith(("user", "assistant")):
+        return None
+    hits = []
+    for match in _role_matches(text):
+        if inside_spans(match.start(), code_spans):
+            continue
+        marker = match.group().strip()
+        if marker.lower() in ctx.prompt_lower:
+            continue
+        if match.lastgroup in ("bare", "head") and ":" not in marker and not marker.lstrip("# ").islower():
+            continue  # "User" / "## Assistant" as a list item or a section heading
+        kind = match.lastgroup
+        if kind == "bare" and not _opens_a_turn(text, *match.span()):
+            kind = "content"  # "user" as one item of a one-word list (table names): weak
+        hits.append((kind, match.span(), marker))
+    if not hits:
+        return None
+    strong = [h for h in hits if h[0] in ("head", "instr", "bare", "human")]
+    contents = [h for h in hits if h[0] == "content"]
+    # Plain "User:" / "Assistant:" lines taking turns; bold labels are a formatted example.
+    speakers = {_speaker(h[2]) for h in contents if "*" not in h[2] and "_" not in h[2]}
+    turn_taking = "user" in speakers and bool(speakers & {"assistant", "ai", "bot", "gpt", "chatbot"})
+    _kind, span, marker = (strong or hits)[0]
+    line_end = text.find("\n", span[0])
+    span = (span[0], line_end if line_end > span[0] else len(text))
+    if ctx.dialogue:
+        weight = 0.3 if strong else 0.0
+    elif strong:
+        weight = min(0.9, 0.7 + 0.05 * (len(strong) - 1))
+    elif turn_taking:
+        weight = 0.6
+    elif any(
+        _continues_conversation(text, h[1][1], h[2])
+        for h in contents
+        if _speaker(h[2]) in ("user", "assistant", "human")
+    ):
+        weight = 0.55
+    else:
+        weight = 0.3
+    if weight <= 0:
+        return None
+    what = "turn marker" if strong else "dialogue line"
+    return (
+        "role_leak",
+        f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)",
+        span,
+        weight,
+    )
+
+
+def _opens_a_turn(text: str, start: int, end: int) -> bool:
+    """A bare role line opens a turn when a sentence follows it (the turn's message) or prose
+    precedes it (the answer ended, a new turn begins); between one-word lines it is a list item."""
+    after = next((line for line in text[end:].split("\n") if line.strip()), "")
+    before = next((line for line in reversed(text[:start].split("\n")) if line.strip()), None)
+    return len(after.split()) >= 2 or before is None or len(before.split()) >= 3
+
+
+def _speaker(marker: str) -> str:
+    return FIRST_WORD_RE.match(marker).group(1).lower()
+
+
+def _role_matches(text: str):
+    """ROLE_RE matches, tried only on lines that begin with a role word (found with str.find,
+    which keeps long texts fast)."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a few characters change length when lowered
+        lowered = text
+    line_starts: set[int] = set()
+    for word in _ROLE_FINDS:
+        at = lowered.find(word)
+        while at >= 0:
+            line_start = lowered.rfind("\n", 0, at) + 1
+            if not lowered[line_start:at].strip(" \t>*_#"):
+                line_starts.add(line_start)
+            at = lowered.find(word, at + len(word))
+    for line_start in sorted(line_starts):
+        line_end = text.find("\n", line_start)
+        line = text[line_start : line_end if line_end >= 0 else len(text)]
+        match = ROLE_RE.match(line)
+        if match:
+            yield _ShiftedMatch(match, line_start)
+
+
+# Role words as they start a turn-marker line (the short ones only with their colon).
+_ROLE_FINDS = (
+    "user", "assistant", "human", "system", "model", "instruction", "response",
+    "ai:", "ai*", "bot:", "bot*", "gpt:", "gpt*", "chatbot",
+)  # fmt: skip
+
+
+class _ShiftedMatch:
+    """A match on one line, with spans in whole-text coordinates."""
+
+    __slots__ = ("_match", "_offset", "lastgroup")
+
+    def __init__(self, match: re.Match, offset: int) -> None:
+        self._match = match
+        self._offset = offset
+        self.lastgroup = match.lastgroup
+
+    def group(self) -> str:
+        return self._match.group()
+
+    def start(self) -> int:
+        return self._match.start() + self._offset
+
+    def span(self) -> tuple[int, int]:
+        a, b = self._match.span()
+        return a + self._offset, b + self._offset
+
+
+def _continues_conversation(text: str, end: int, marker: str) -> bool:
+    """A plain "User: <a sentence or a question>" line: the model writing the next turn itself
+    (unlike "User: admin" in credentials or a bold "**User:**" glossary label)."""
+    if "*" in marker or "_" in marker:
+        return False
+    line_end = text.find("\n", end)
+    rest = text[end - 1 : line_end if line_end >= 0 else len(text)]
+    return "?" in rest or "!" in rest or len(rest.split()) >= 3

@@ -1,0 +1,383 @@
+"""Repetition: token/phrase/line loops, repeated n-grams, floods, compression, enumerations."""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter
+from itertools import pairwise
+
+from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans, line_at
+from ddtree_diag.checks.quality.patterns import (
+    EVIDENCE_CHARS,
+    INTERJECTIONS,
+    MARKER_RE,
+    STUCK_GATE_RE,
+    TOKEN_RE,
+    WORDISH_RE,
+)
+from ddtree_diag.records import Reason
+
+
+def find_degenerate_enumeration(text: str):
+    if "." not in text and ")" not in text:
+        return None
+    gates = [m.start() for m in STUCK_GATE_RE.finditer(text)]
+    if not gates:
+        return None  # no marker followed closely by another: nothing stuck
+    if len(text) <= _WINDOWED_ABOVE:
+        markers = list(MARKER_RE.finditer(text))
+    else:  # a long text: walk the markers only around the gate hits
+        markers, reach = [], 0
+        for at in gates:
+            lo, hi = max(reach, at - 200), min(len(text), at + 200)
+            if lo < hi:
+                markers += MARKER_RE.finditer(text, lo, hi)
+            reach = max(reach, hi)
+    if len(markers) < 3:
+        return None
+    stuck = 0
+    first_span = None
+    for prev, cur in pairwise(markers):
+        between = text[prev.end() : cur.start()]
+        empty = not WORDISH_RE.search(between) or len(between.strip()) <= 3
+        if empty and int(cur.group(1)) <= int(prev.group(1)):
+            stuck += 1
+            if first_span is None:
+                first_span = (prev.start(), cur.end())
+    if stuck < 2:
+        return None
+    end = first_span[1]
+    for m in markers:
+        if m.start() >= first_span[0]:
+            end = m.end()
+    return (
+        "degenerate_enumeration",
+        f"list markers that never advance and hold nothing ({stuck + 1} in a row or scattered)",
+        (first_span[0], end),
+        min(0.9, 0.6 + 0.05 * (stuck - 2)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Loops
+
+
+def _tokens(text: str) -> tuple[list[int], list[str]]:
+    """Token ids (case-folded) and the distinct token strings by id."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a few characters change length when lowered (İ)
+        lowered = text
+    toks = TOKEN_RE.findall(lowered)
+    vocab: dict[str, int] = {}
+    ids = [vocab.setdefault(t, len(vocab)) for t in toks]
+    return ids, list(vocab)
+
+
+def _token_offsets(text: str) -> list[int]:
+    """Character offset of every token; only computed when a loop must be located."""
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        lowered = text
+    return [m.start() for m in TOKEN_RE.finditer(lowered)]
+
+
+def _is_word(token: str) -> bool:
+    return (
+        token[:1].isalpha()
+        or (token[:1].isalnum() and not token.isdigit())
+        or (token[:1] == "_" and len(token) > 1)
+    )
+
+
+def _periodic_runs(ids: list[int], max_period: int = 200) -> list[tuple[int, int, int]]:
+    """Maximal stretches where the token sequence repeats with some period.
+
+    Returns (start, end, period) over token indices (end exclusive). Linear: the candidate period
+    at each step is the distance to the previous occurrence of the current bigram; a run extends
+    while ids[i] == ids[i - period].
+    """
+    runs: list[tuple[int, int, int]] = []
+    n = len(ids)
+    if n < 4:
+        return runs
+    last: dict[int, int] = {}
+    width = len(ids) + 1
+    period = 0
+    run_start = 0
+    for i in range(1, n):
+        key = ids[i - 1] * width + ids[i]
+        prev = last.get(key)
+        last[key] = i
+        if period and ids[i] == ids[i - period]:
+            continue
+        if period:
+            if i - run_start >= 2 * period + 1 or i - run_start >= period + 2:
+                runs.append((run_start, i, period))
+            period = 0
+        if prev is not None and i - prev <= max_period:
+            period = i - prev
+            # Extend backwards: the repetition may have started before this bigram recurred.
+            j = i - 1
+            limit = max(period, i - 4 * max_period)
+            while j - period >= 0 and j >= limit and ids[j] == ids[j - period]:
+                j -= 1
+            run_start = j - period + 1
+    if period and n - run_start >= period + 2:
+        runs.append((run_start, n, period))
+    return runs
+
+
+# Texts longer than this are searched for loops only where zlib says they repeat (a loop always
+# compresses well), which keeps long healthy answers fast: zlib runs at C speed.
+_WINDOWED_ABOVE = 16_384
+_BLOCK = 1_024
+_TAIL = 8_192
+
+
+def find_loops(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> list[Reason]:
+    best: dict[str, Reason] = {}
+    if len(text) <= _WINDOWED_ABOVE:
+        _loops_in(text, 0, len(text), ctx, code_spans, best)
+    else:
+        for lo, hi in _suspect_windows(text):
+            _loops_in(text, lo, hi, ctx, code_spans, best)
+    found = list(best.values())
+    comp = _compression(text, ctx, code_spans)
+    if comp:
+        found.append(comp)
+    return found
+
+
+# One symbol (emoji, "!", "?", U+FFFD aside) 16+ times in a row, or 20+ newlines: the tokenizer
+# sees one token, so the loop search does not; markdown rules ("-----", "=====") and dots are fine.
+_FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?:\n[ \t]*){19,}")
+
+
+def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    for match in _FLOOD_RE.finditer(text, lo, hi):
+        if inside_spans(match.start(), code_spans) or ctx.repeat:
+            continue
+        unit = match.group(1) or "\n"
+        count = match.group().count(unit)
+        return Reason(
+            "token_loop",
+            f"{unit!r} repeated {count}× in a row",
+            excerpt(text, *match.span()),
+            0.6 if count < 40 else 0.75,
+            match.span(),
+        )
+    return None
+
+
+def _suspect_windows(text: str) -> list[tuple[int, int]]:
+    """Stretches of a long text worth a token-level loop search: 1 KiB blocks that compress much
+    better than the text's median block, or two neighbours that do together (a loop across a
+    block edge), with a block of margin each side; and the tail, since a loop that runs to the
+    end is the common failure. Overlapping picks are merged."""
+    starts = range(0, len(text), _BLOCK)
+    ratios = []
+    for lo in starts:
+        chunk = text[lo : lo + _BLOCK].encode("utf-8", "surrogatepass")
+        ratios.append(len(zlib.compress(chunk, 1)) / max(1, len(chunk)))
+    median = sorted(ratios)[len(ratios) // 2]
+    picks = []
+    for i, ratio in enumerate(ratios):
+        pair = (ratio + ratios[i + 1]) / 2 if i + 1 < len(ratios) else ratio
+        if ratio < 0.8 * median or pair < 0.85 * median:
+            picks.append(
+                (max(0, starts[i] - _BLOCK // 2), min(len(text), starts[i] + 2 * _BLOCK + _BLOCK // 2))
+            )
+    picks.append((max(0, len(text) - _TAIL), len(text)))
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(picks):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _loops_in(
+    text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]], best: dict[str, Reason]
+) -> None:
+    """Find back-to-back repetition in text[lo:hi]; keep the heaviest reason per code in `best`."""
+    flood = _flood(text, lo, hi, ctx, code_spans)
+    if flood and ("token_loop" not in best or flood.weight > best["token_loop"].weight):
+        best["token_loop"] = flood
+    segment = text[lo:hi] if (lo, hi) != (0, len(text)) else text
+    ids, names = _tokens(segment)
+    n = len(ids)
+    if n < 4:
+        return
+    at_text_end = hi == len(text)
+    starts: list[int] | None = None
+    # No bigram occurs twice: nothing can repeat back to back (most short answers stop here).
+    runs = _periodic_runs(ids) if len(set(pairwise(ids))) < n - 1 else []
+    for start, end, period in runs:
+        covered = end - start
+        repeats = covered / period
+        if repeats < 2.0:
+            continue
+        unit = ids[start : start + period]
+        unit_words = sum(1 for t in unit if _is_word(names[t]))
+        # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault; so
+        # is a sentence said twice right where the reply hits the token limit (a loop starting).
+        wordy = unit_words >= period / 2
+        passage = wordy and (period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2))
+        if repeats < 3.0 and not passage:
+            continue
+        if passage:
+            needed = 2.0
+        elif not unit_words:
+            if not any(names[t].isdigit() for t in unit):
+                continue  # punctuation and markup: rules, table borders, closing braces
+            # Numbers repeat legitimately (matrices, tallies), but not forever; a longer numeric
+            # phrase ("2 + 2 = 4.") repeated verbatim is already odd.
+            needed = 4.0 if period >= 4 else 10.0
+        elif all(names[t] in INTERJECTIONS for t in unit if _is_word(names[t])):
+            needed = 6.0  # "ha ha ha", "no, no, no, no", "tick-tock, tick-tock"
+        elif period <= 2:
+            needed = 4.0
+        elif covered >= 12 or period >= 6:
+            needed = 3.0
+        else:
+            needed = 4.0
+        if repeats < needed:
+            continue
+        if starts is None:
+            starts = [lo + x for x in _token_offsets(segment)]
+        pos = starts[start]
+        relaxed = inside_spans(pos, code_spans) or line_at(text, pos).lstrip().startswith("|")
+        # A refrain that runs until the token limit is a loop, song or not.
+        runs_out = ctx.truncated and at_text_end and n - end <= 2
+        if (relaxed or ctx.lyric) and not runs_out:
+            needed = max(needed * 2, 6.0)
+        if ctx.repeat:
+            needed = max(needed * 3, 12.0)
+        if repeats < needed:
+            continue
+        reaches_end = at_text_end and n - end <= max(2, period)
+        weight = 0.65 if repeats >= 3.0 else 0.5
+        if repeats >= 2 * needed:
+            weight += 0.1
+        if reaches_end and (ctx.truncated or repeats >= needed + 1):
+            weight += 0.1
+        has_newline = any(names[t].startswith("\n") for t in unit)
+        code = "token_loop" if period == 1 else ("line_loop" if has_newline else "phrase_loop")
+        unit_text = " ".join(names[t] for t in unit).replace("\n", "\\n")
+        if len(unit_text) > 40:
+            unit_text = unit_text[:37] + "..."
+        char_start = starts[start]
+        char_end = starts[end - 1] + len(names[ids[end - 1]])
+        where = "to the end" if reaches_end else "mid-text"
+        reason = Reason(
+            code,
+            f"{unit_text!r} repeated {repeats:.0f}× back to back ({covered} tokens, {where})",
+            excerpt(text, char_start, char_end),
+            min(weight, 0.95),
+            (char_start, char_end),
+        )
+        if code not in best or reason.weight > best[code].weight:
+            best[code] = reason
+    # In a long text, near-duplicate paragraphs mid-way are normal (reference docs); a counter loop
+    # that matters runs to the end, so only the tail window is held to this signal.
+    if "phrase_loop" not in best and "line_loop" not in best and (lo == 0 or at_text_end):
+        ngram = _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans)
+        if ngram and ("repeated_ngram" not in best or ngram.weight > best["repeated_ngram"].weight):
+            best["repeated_ngram"] = ngram
+
+
+def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | None:
+    """A long word sequence that keeps coming back with something changing in between.
+
+    Catches loops with a counter ("1. The cat sat. 2. The cat sat. 3. ...") that the back-to-back
+    detector misses. Refrains recur too, so it needs many recurrences over most of the text.
+    """
+    size = 6
+    n = len(ids)
+    if n < size * 4:
+        return None
+    counts = Counter(zip(*(ids[k:] for k in range(size)), strict=False))
+    word_ids = {i for i, t in enumerate(names) if _is_word(t)}
+    common = [
+        (gram, count)
+        for gram, count in counts.most_common(50)
+        if count >= 4 and sum(1 for t in gram if t in word_ids) >= 3
+    ]
+    if not common:
+        return None
+    gram, count = common[0]
+    frequent = {g for g, c in counts.items() if c >= 3 and sum(1 for t in g if t in word_ids) >= 3}
+    hits = [i for i, g in enumerate(zip(*(ids[k:] for k in range(size)), strict=False)) if g in frequent]
+    first = hits[0]
+    covered_tokens = 0
+    reach = -1  # union of the windows [i, i + size)
+    for i in hits:
+        covered_tokens += min(size, i + size - max(i, reach))
+        reach = i + size
+    coverage = covered_tokens / n
+    if coverage < 0.5:
+        return None
+    # What changes between the recurrences? Only numbers and markers: a loop with a counter.
+    # Words: a list with a fixed shape ("Add 1 cup of X to the bowl."), which is fine.
+    # Look at the gaps between covered stretches (not the text before the first or after the last).
+    gaps = with_words = 0
+    reach = hits[0] + size
+    for i in hits[1:]:
+        if i > reach:
+            gaps += 1
+            with_words += any(ids[k] in word_ids for k in range(reach, i))
+        reach = i + size
+    counter_loop = with_words <= 0.25 * gaps
+    starts = [lo + x for x in _token_offsets(segment)]
+    needed = 0.5
+    if ctx.lyric or ctx.repeat:
+        needed = 0.8
+    if inside_spans(starts[first], code_spans) or line_at(text, starts[first]).lstrip().startswith("|"):
+        needed = 0.8
+    if coverage < needed:
+        return None
+    weight = 0.35
+    reaches_end = ctx.truncated and hits[-1] + 2 * size >= n
+    if counter_loop and count >= 5 and (coverage >= 0.7 or (coverage >= 0.6 and reaches_end)):
+        weight = 0.6
+    if counter_loop and coverage >= 0.85 and count >= 8:
+        weight = 0.7
+    if not counter_loop:
+        weight = 0.2
+    phrase = " ".join(names[t] for t in gram).replace("\n", "\\n")
+    span = (starts[first], min(len(text), starts[first] + EVIDENCE_CHARS))
+    return Reason(
+        "repeated_ngram",
+        f"{phrase!r} recurs {count}×; recurring phrases cover {coverage:.0%} of the text",
+        excerpt(text, *span),
+        weight,
+        span,
+    )
+
+
+def _compression(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) < 400:
+        return None
+    ratio = len(zlib.compress(data, 6)) / len(data)
+    if ratio < 0.12 and not ctx.repeat:
+        in_code = sum(b - a for a, b in code_spans) > len(text) / 2
+        weight = 0.3 if in_code or ctx.lyric else (0.45 if ratio < 0.07 else 0.35)
+        return Reason(
+            "compression_ratio",
+            f"compresses to {ratio:.0%} of its size (natural text: 30-60%): highly repetitive",
+            excerpt(text, 0, len(text)),
+            weight,
+            (0, len(text)),
+        )
+    if ratio > 0.9 and text.isascii() and len(data) >= 600:
+        return Reason(
+            "compression_ratio",
+            f"compresses to {ratio:.0%} of its size: closer to noise than to language",
+            excerpt(text, 0, len(text)),
+            0.3,
+            (0, len(text)),
+        )
+    return None

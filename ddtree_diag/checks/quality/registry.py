@@ -1,0 +1,59 @@
+"""The reason codes: one registry that the code list, the loop subset findings use, and the
+README table all come from. Codes are stable; other tools may match on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReasonCode:
+    code: str
+    severity: str  # as documented: "hard", "soft", "hard/soft", "info", ...
+    meaning: str  # one line, Markdown
+    family: str  # the module that finds it
+    loop: bool = False  # "the text repeats itself" (findings read these)
+
+
+REGISTRY: tuple[ReasonCode, ...] = (
+    ReasonCode("empty_output", "hard", "no answer, or only whitespace, punctuation or a bare list marker", "stops"),
+    ReasonCode("premature_stop", "hard/soft", "`stop` on an unfinished sentence (`Hello,`, `Here is the code:`)",
+               "stops"),
+    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`)", "loops",
+               loop=True),
+    ReasonCode("phrase_loop", "hard", "a multi-word phrase repeated back to back", "loops", loop=True),
+    ReasonCode("line_loop", "hard", "the same line (or group of lines) repeated back to back", "loops", loop=True),
+    ReasonCode("repeated_ngram", "hard/soft", "a phrase recurring with only a counter changing (`1. X. 2. X. 3. X.`)",
+               "loops", loop=True),
+    ReasonCode("compression_ratio", "soft", "zlib finds the text far more repetitive (or noisier) than language",
+               "loops", loop=True),
+    ReasonCode("script_mix", "hard/soft", "a script the prompt does not use (CJK inside English), or homoglyphs",
+               "scripts"),
+    ReasonCode("template_leak", "hard",
+               "chat-template tokens (`<\\|im_start\\|>`, `<\\|endoftext\\|>`, `</s>`, `[INST]`)", "leaks"),
+    ReasonCode("role_leak", "hard/soft",
+               "turn markers (`user:`, `# user:`, `Human:`, `### Instruction:`, `assistant`)", "leaks"),
+    ReasonCode("thinking_leak", "hard",
+               "`<think>`/`</think>` in the answer when thinking is off, separated, or repeated", "thinking"),
+    ReasonCode("unterminated_think", "hard/info", "a `<think>` block that never closes (info when cut by length)",
+               "thinking"),
+    ReasonCode("degenerate_enumeration", "hard", "list markers that never advance and hold nothing (`1. 1. 1.`)",
+               "loops", loop=True),
+    ReasonCode("replacement_char", "hard", "U+FFFD replacement characters (broken byte-level decoding)", "content"),
+    ReasonCode("control_chars", "hard", "C0/C1 control characters, lone surrogates or non-characters", "content"),
+    ReasonCode("mojibake", "hard/soft", "UTF-8 decoded with the wrong codec (`Ã©tÃ©` for `été`), found with ftfy",
+               "encoding"),
+    ReasonCode("truncated", "info", "cut at max_tokens (`finish_reason=length`); never garbage by itself",
+               "context"),
+)  # fmt: skip
+
+REASON_CODES: tuple[str, ...] = tuple(r.code for r in REGISTRY)
+LOOP_CODES: frozenset[str] = frozenset(r.code for r in REGISTRY if r.loop)
+BY_CODE: dict[str, ReasonCode] = {r.code: r for r in REGISTRY}
+
+
+def readme_table() -> str:
+    """The README's reason-code table (a test keeps the README equal to it)."""
+    lines = ["| code | severity | what it means |", "|---|---|---|"]
+    lines += [f"| `{r.code}` | {r.severity} | {r.meaning} |" for r in REGISTRY]
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""The one decode interface: a ``DecodeRequest`` in, a ``Generation`` out.
+
+Two implementations run the same rounds (prefill, draft, tree, verify, accept/commit):
+``eager.EagerDecoder`` (the readable reference loop) and ``fast.FastDecoder`` (static shapes,
+device-side tree and accept, CUDA graphs). ``Engine`` picks one by its ``decode_path`` setting.
+Both report through a ``GenerationRecorder``, so stop handling, streaming, max_tokens clipping
+and the final record are written once.
+
+Acceptance length of a round = tokens it committed (accepted path + bonus), clipped at a stop token
+or ``max_tokens``; the first output token comes from the prefill and belongs to no round, so
+sum(acceptance_lengths) == completion_tokens - 1 and decode_rounds == len(acceptance_lengths).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+# token ids committed by a round, and the text they added -> False cancels the generation
+OnToken = Callable[[list[int], str], bool]
+MODES = ("auto", "ar", "chain", "tree")
+STAGES = ("draft", "tree", "verify", "commit")
+
+
+@dataclass
+class DecodeRequest:
+    """One generation, after the chat template: what every decoder needs."""
+
+    prompt_ids: list[int]
+    mode: str  # resolved: "ar" | "chain" | "tree"
+    tree_budget: int  # draft nodes per round (tree mode)
+    max_tokens: int
+    stop_ids: set[int]
+    temperature: float = 0.0
+    seed: int | None = None
+    stop: list[str] | None = None  # stop strings
+    top_logprobs: int = 0
+    on_token: OnToken | None = None
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    acceptance_lengths: list[int]  # per round, bonus included
+    tree_sizes: list[int]  # draft nodes verified per round (root excluded)
+    decode_rounds: int
+    stage_times: dict[str, float]  # seconds summed over rounds: draft, tree, verify, commit
+    ttft_s: float
+    decode_tokens_per_second: float | None
+    e2e_s: float
+    tree_budget: int
+    mode: str  # "ar" | "chain" | "tree"
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token, when asked
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        if not self.acceptance_lengths:
+            return None
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths)
+
+
+class Decoder(Protocol):
+    def decode(self, request: DecodeRequest) -> Generation: ...
+
+
+class GenerationRecorder:
+    """The bookkeeping every decoder shares: output tokens clipped at a stop token and at
+    ``max_tokens``, streaming through ``on_token``, stop strings, per-round numbers, timings, and
+    the final ``Generation``. ``decode_text(ids)`` turns token ids into text (the tokenizer)."""
+
+    def __init__(self, request: DecodeRequest, decode_text: Callable[[list[int]], str]) -> None:
+        self.request = request
+        self.decode_text = decode_text
+        self.output: list[int] = []
+        self.acceptance_lengths: list[int] = []
+        self.tree_sizes: list[int] = []
+        self.stage_times = dict.fromkeys(STAGES, 0.0)
+        self.logprob_rows: list[torch.Tensor] = []
+        self.finish: str | None = None
+        self.started = time.perf_counter()
+        self.ttft = 0.0
+        self._streamed = ""
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def remaining(self) -> int:
+        return self.request.max_tokens - len(self.output)
+
+    def text(self) -> str:
+        ids = self.output[:-1] if self.output and self.output[-1] in self.request.stop_ids else self.output
+        return self.decode_text(ids)
+
+    def first_token(self, token: int, logits: torch.Tensor | None = None) -> None:
+        """The token the prefill sampled (``logits``: its row, kept when top_logprobs are asked)."""
+        self.ttft = time.perf_counter() - self.started
+        if self.request.top_logprobs > 0 and logits is not None:
+            self.logprob_rows.append(logits)
+        self._append([token], tree_size=None)
+
+    def round(self, new_tokens: list[int], tree_size: int, logits: torch.Tensor | None = None) -> None:
+        """A decode round committed ``new_tokens`` (path + bonus) after verifying ``tree_size`` nodes;
+        ``logits`` [len(new_tokens), V]: the rows that chose them (kept for top_logprobs)."""
+        if self.request.top_logprobs > 0 and logits is not None:
+            self.logprob_rows.extend(logits.float())
+        self._append(list(new_tokens), tree_size)
+
+    def add_stage_time(self, stage: str, seconds: float) -> None:
+        self.stage_times[stage] += seconds
+
+    def _append(self, new_tokens: list[int], tree_size: int | None) -> None:
+        request = self.request
+        finish = None
+        for i, token in enumerate(new_tokens):
+            if token in request.stop_ids:
+                new_tokens, finish = new_tokens[: i + 1], "stop"
+                break
+        if len(self.output) + len(new_tokens) >= request.max_tokens:
+            new_tokens = new_tokens[: request.max_tokens - len(self.output)]
+            finish = finish or "length"
+        self.output.extend(new_tokens)
+        if tree_size is not None:
+            self.acceptance_lengths.append(len(new_tokens))
+            self.tree_sizes.append(tree_size)
+        if request.on_token is not None:
+            text = self.text()
+            delta, self._streamed = text[len(self._streamed) :], text
+            if request.on_token(new_tokens, delta) is False:
+                finish = finish or "cancelled"
+        if request.stop and finish is None and any(s in self.text() for s in request.stop):
+            finish = "stop"
+        self.finish = finish
+
+    def result(self, extras: dict[str, Any] | None = None) -> Generation:
+        """The Generation record: final text cut at a stop string, timings, top log-probs."""
+        request = self.request
+        e2e = time.perf_counter() - self.started
+        text, finish = self.text(), self.finish or "length"
+        cuts = [text.find(s) for s in request.stop or [] if s and s in text]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+        decode_time = e2e - self.ttft
+        top = None
+        if request.top_logprobs > 0:
+            top = []
+            for row in self.logprob_rows[: len(self.output)]:
+                values, ids = torch.log_softmax(row.float(), dim=-1).topk(request.top_logprobs)
+                top.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+        tokens = len(self.output)
+        return Generation(
+            token_ids=self.output,
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=len(request.prompt_ids),
+            completion_tokens=tokens,
+            acceptance_lengths=self.acceptance_lengths,
+            tree_sizes=self.tree_sizes,
+            decode_rounds=len(self.acceptance_lengths),
+            stage_times=self.stage_times,
+            ttft_s=self.ttft,
+            decode_tokens_per_second=(tokens - 1) / decode_time if tokens > 1 and decode_time > 0 else None,
+            e2e_s=e2e,
+            tree_budget=request.tree_budget if request.mode == "tree" else 0,
+            mode=request.mode,
+            top_logprobs=top,
+            extras=extras or {},
+        )
+
+
+def choose_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> list[int]:
+    """The target's token per row: argmax at T=0, else a seeded sample from softmax(logits / T)."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1).tolist()
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if generator is not None and generator.device != probs.device:
+        probs = probs.to(generator.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
+
+
+def make_generator(temperature: float, seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A seeded generator for sampling (None at T=0); no seed: a random one."""
+    if temperature <= 0:
+        return None
+    if seed is None:
+        seed = int(torch.randint(0, 2**31, ()).item())
+    return torch.Generator(device=device).manual_seed(seed)

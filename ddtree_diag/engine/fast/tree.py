@@ -1,0 +1,175 @@
+"""The DDTree draft tree as device tensors: ``tree.build_tree`` with tensor ops only (no host
+sync, capturable in a CUDA graph), the ancestor mask from parent indices, and padding sizes."""
+
+from __future__ import annotations
+
+import torch
+
+BUCKET = 16  # verify batches are padded to a multiple of this
+REFINE_STEPS = 4  # tie-break refinement passes of the vectorised tree build
+
+
+def bucket_size(tokens: int) -> int:
+    """Padded verify batch for ``tokens`` rows (1 stays 1: an AR step is one row)."""
+    return 1 if tokens <= 1 else -(-tokens // BUCKET) * BUCKET
+
+
+def tree_node_count(budget: int, depth: int, vocab: int) -> int:
+    """Draft nodes ``build_tree`` creates: min(budget, all paths of length <= depth over top_k)."""
+    if budget <= 0 or depth <= 0:
+        return 0
+    top_k = min(budget, vocab)
+    total = 0
+    for d in range(1, depth + 1):
+        total += top_k**d
+        if total >= budget:
+            return budget
+    return total
+
+
+# ---- vectorised tree build --------------------------------------------------------------------
+
+
+def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` of a stable descending sort of each row (equal values: lower index first),
+    via ``topk`` on unique int64 keys (order-preserving float bits, then the inverted index) —
+    a full sort of a 150k vocabulary per depth is what this avoids."""
+    bits = (values.float() + 0.0).contiguous().view(torch.int32).long()  # + 0.0: -0.0 ties 0.0, as in sort
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # float order as signed ints
+    # inverted index (vocab-1-index, not 2**32-1-index: a constant over int32 breaks Triton codegen)
+    inverted = values.shape[-1] - 1 - torch.arange(values.shape[-1], device=values.device)
+    keys = ordered * (1 << 32) + inverted
+    ids = torch.topk(keys, k, dim=-1, sorted=True).indices
+    return values.gather(-1, ids), ids
+
+
+def build_tree_tensors(
+    depth_logprobs: torch.Tensor, budget: int, depth_limit: torch.Tensor | int, refine_steps: int = REFINE_STEPS
+) -> dict[str, torch.Tensor]:
+    """``tree.build_tree`` with tensor ops only (no host sync), padded to ``budget`` nodes.
+
+    ``depth_logprobs`` [D, V]; only depths 1..``depth_limit`` may hold nodes. Returns (device
+    tensors) ``tokens_rank`` ([budget] token ids), ``parents`` ([budget] node index, 0 = root),
+    ``depths``, ``valid`` (rows that are real nodes), ``count`` and ``exact`` (False when the
+    order below could not be proven; the caller then uses ``build_tree``).
+
+    Why it equals the heap: the heap pops nodes by (path score desc, push order asc). A node
+    (ranks r1..rd) is pushed by exactly one node, its *pusher*: its previous sibling (rank-1) or,
+    for rank 0, its parent; push order is (pop index of the pusher, sibling before child). So the
+    pop order is the unique fixed point of "sort by (-score, 2·rank(pusher) + kind)", which we
+    reach by a few refinement sorts starting from score order (ties are rare and short in
+    practice) and then verify (the last pass moved none of the selected nodes). The candidates are per-depth
+    beams of the ``budget`` best extensions of the previous beam; a node the heap pops cannot
+    fall out of a beam unless a beam's first excluded candidate ties or beats the cut score,
+    which is checked. Scores are float64 sums in the heap's order, so they are bit-identical.
+    """
+    device = depth_logprobs.device
+    max_depth, vocab = depth_logprobs.shape
+    top_k = min(budget, vocab)
+    values, ids = ranked_top_k(depth_logprobs.float(), top_k)
+    values = values.double()
+    limit = torch.as_tensor(depth_limit, device=device)
+    inf = torch.full((), float("inf"), dtype=torch.float64, device=device)
+
+    # depth 1: every rank, in rank order; pool index = position in these concatenated arrays
+    scores = [values[0]]
+    ranks = [torch.arange(top_k, device=device)]
+    parents = [torch.full((top_k,), -1, device=device)]
+    pushers = [torch.arange(top_k, device=device) - 1]  # rank r pushed by rank r-1; rank 0: origin (-1)
+    depths = [torch.ones(top_k, dtype=torch.long, device=device)]
+    cut_scores = []  # first excluded candidate of each deeper beam (-inf: nothing excluded)
+    offset, beam = 0, values[0]
+    for depth in range(2, max_depth + 1):
+        width = beam.shape[0]
+        candidates = (beam[:, None] + values[depth - 1][None, :]).reshape(-1)  # parent-major
+        sorted_scores, order = torch.sort(candidates, descending=True, stable=True)
+        keep = min(budget, candidates.shape[0])
+        cut_scores.append(sorted_scores[keep] if keep < candidates.shape[0] else -inf)
+        where_in_beam = torch.empty_like(order)
+        where_in_beam[order] = torch.arange(order.shape[0], device=device)
+        order = order[:keep]
+        parent_beam, rank = order // top_k, order % top_k
+        new_offset = offset + width
+        sibling_at = where_in_beam[(order - 1).clamp(min=0)]
+        sibling = torch.where(sibling_at < keep, new_offset + sibling_at, torch.full_like(order, -2))
+        scores.append(sorted_scores[:keep])
+        ranks.append(rank)
+        parents.append(offset + parent_beam)
+        pushers.append(torch.where(rank > 0, sibling, offset + parent_beam))
+        depths.append(torch.full((keep,), depth, device=device))
+        offset, beam = new_offset, sorted_scores[:keep]
+
+    score = torch.cat(scores)
+    rank = torch.cat(ranks)
+    parent = torch.cat(parents)
+    pusher = torch.cat(pushers)  # -1 origin, -2 missing from the pool
+    depth_of = torch.cat(depths)
+    pool = score.shape[0]
+    kind = (rank == 0).long()  # 0: pushed as a sibling, 1: pushed as a child
+    invalid = (depth_of > limit).long()
+    negative = -score
+
+    def sorted_by(secondary: torch.Tensor) -> torch.Tensor:
+        order = torch.sort(secondary, stable=True).indices
+        order = order[torch.sort(negative[order], stable=True).indices]
+        return order[torch.sort(invalid[order], stable=True).indices]
+
+    order = sorted_by(torch.zeros(pool, dtype=torch.long, device=device))
+    previous = order
+    positions = torch.arange(pool, device=device)
+    for _ in range(refine_steps):
+        rank_of = torch.empty_like(order)
+        rank_of[order] = positions
+        pusher_rank = rank_of[pusher.clamp(min=0)]
+        secondary = torch.where(pusher >= 0, 2 * pusher_rank + kind, torch.where(pusher == -1, -1, 2 * pool + 2))
+        previous, order = order, sorted_by(secondary)
+
+    n = min(budget, pool)
+    count = torch.clamp((1 - invalid).sum(), max=budget)
+    selected = order[:n]
+    # index_select with a 1-element tensor: indexing with a 0-d tensor goes through __index__,
+    # a host sync that CUDA-graph capture refuses (seen on the H200: cudaErrorStreamCaptureUnsupported).
+    last = order.index_select(0, (count - 1).clamp(min=0).reshape(1))
+    cut = score.index_select(0, last).squeeze(0)
+    # One more pass moving none of the first `count` nodes proves them (induction on position:
+    # a correct prefix fixes the next node's key, so an unchanged prefix is the heap's).
+    exact = ((order[:n] == previous[:n]) | (positions[:n] >= count)).all()
+    if cut_scores:
+        cuts = torch.stack(cut_scores)  # beam of depth d+2 at index d
+        deep_valid = torch.arange(2, max_depth + 1, device=device) <= limit
+        exact = exact & ~((cuts >= cut) & deep_valid & (count >= budget)).any()
+    node_of = torch.zeros(pool, dtype=torch.long, device=device)
+    node_of[selected] = torch.arange(1, n + 1, device=device)
+    parent_sel = parent[selected]
+    parent_node = torch.where(parent_sel >= 0, node_of[parent_sel.clamp(min=0)], 0)
+    valid = torch.arange(n, device=device) < count
+    if n < budget:
+        pad = budget - n
+        zeros = torch.zeros(pad, dtype=torch.long, device=device)
+        selected_tokens = torch.cat([ids[depth_of[selected] - 1, rank[selected]], zeros])
+        parent_node = torch.cat([parent_node, zeros])
+        depth_sel = torch.cat([depth_of[selected], zeros])
+        valid = torch.cat([valid, torch.zeros(pad, dtype=torch.bool, device=device)])
+    else:
+        selected_tokens = ids[depth_of[selected] - 1, rank[selected]]
+        depth_sel = depth_of[selected]
+    return {
+        "tokens": selected_tokens,
+        "parents": parent_node,
+        "depths": depth_sel,
+        "valid": valid,
+        "count": count,
+        "exact": exact,
+    }
+
+
+def ancestors_from_parents(parents: torch.Tensor, rounds: int) -> torch.Tensor:
+    """[T, T] bool ancestor-or-self mask from parent indices (-1: none), in ``rounds`` gathers
+    (the tree depth), with no host sync."""
+    size = parents.shape[0]
+    eye = torch.eye(size, dtype=torch.bool, device=parents.device)
+    parent = torch.where(parents >= 0, parents, torch.arange(size, device=parents.device))
+    mask = eye
+    for _ in range(rounds):
+        mask = eye | mask[parent]
+    return mask
