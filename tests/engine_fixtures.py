@@ -74,6 +74,41 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3") -> Pa
     return directory
 
 
+# Hybrid (Gated DeltaNet) layer patterns: L = linear attention, A = full attention.
+HYBRID_PATTERNS = {"linear-first": "LLAL", "full-first": "ALLA", "linear-last": "LALL"}
+
+
+def make_hybrid_target(directory: Path, kind: str = "qwen3_5", pattern: str = "LLAL", seed: int = 0) -> Path:
+    """Random hybrid target (``qwen3_5``: Qwen3.5/3.6 text model; ``qwen3_next``: Qwen3-Next with a
+    small MoE) with the given layer pattern, saved with the tiny tokenizer and chat template."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tokenizer(directory)
+    layer_types = ["linear_attention" if c == "L" else "full_attention" for c in pattern]
+    common = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=len(pattern), num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, layer_types=layer_types,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    if kind == "qwen3_next":
+        config = Qwen3NextConfig(**common, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, shared_expert_intermediate_size=32)  # fmt: skip
+        model = Qwen3NextForCausalLM(config)
+    else:
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**common, intermediate_size=128))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("A_log", "dt_bias")):
+                continue  # keep the decay gates and norms at their (stable) initial values
+            p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
+    model.save_pretrained(directory)
+    return directory
+
+
 def make_draft(
     directory: Path, block_size: int = 4, layer_ids=(0, 2), layers: int = 2, seed: int = 1
 ) -> Path:

@@ -103,7 +103,7 @@ class EagerDecoder:
             node_positions = torch.tensor(tree.depths, device=self.device) + start
             mask = ancestor_mask(tree.parents, self.device)
             t2 = time.perf_counter()
-            logits, features = target.forward(tokens, node_positions, mask, feature_layers)
+            logits, features = target.forward(tokens, node_positions, mask, feature_layers, parents=tree.parents)
             choice = choose_tokens(logits, request.temperature, generator)
             sync()
             t3 = time.perf_counter()

@@ -24,7 +24,7 @@ Commit after accepting tree node a: recurrent state = states[a], conv state = wi
 
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -179,6 +179,106 @@ def tree_gated_delta(
         states[idx] = new
         outs[idx] = out
     return outs.to(q.dtype), states[:n]
+
+
+@dataclass
+class ParallelParts:
+    """What ``parallel_gated_delta`` keeps to rebuild the state after any node (``state_after``):
+    per value head, the prepared keys, the solved updates and each node's path log-decay."""
+
+    keys: torch.Tensor  # [Hv, N, dk] fp32
+    updates: torch.Tensor  # [Hv, N, dv] fp32 (u_j: what node j writes, beta-scaled delta)
+    path_decay: torch.Tensor  # [Hv, N] fp32: sum of g over the node's root path (itself included)
+    ancestors: torch.Tensor  # [N, N] bool: j is i or an ancestor of i
+    root_state: torch.Tensor  # [Hv, dk, dv] fp32
+
+
+def parallel_gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ancestors: torch.Tensor,
+    root_state: torch.Tensor | None = None,
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, ParallelParts]:
+    """The gated delta rule over a tree in one parallel (WY) solve, without per-node states.
+
+    Unrolling a node's root path: S_i = e^{G_i} S0 + sum_{j in path(i)} e^{G_i - G_j} k_j u_j^T, with
+    G_i the summed log decay along the path and u_j = beta_j (v_j - (decayed parent state)^T k_j).
+    Substituting gives (I + L) U = beta * (V - e^{G} K S0), L[i, j] = beta_i e^{G_i - G_j} k_i . k_j
+    for j a strict ancestor of i: a unit lower-triangular system in topological order. A chain's
+    mask is the lower triangle (the chunked form transformers uses); a tree's is its ancestor
+    mask, and cross-branch terms vanish, so every node gets its own root path's result.
+
+    q, k [N, Hk, dk]; v [N, Hv, dv]; g, beta [N, Hv]; ancestors [N, N] bool (diagonal set).
+    Returns (out [N, Hv, dv] in q's dtype, parts for ``state_after``). Static shapes and no host
+    sync: capturable in a CUDA graph.
+    """
+    num_v_heads, dv = v.shape[-2:]
+    qp, kp = prepare_qk(q, k, num_v_heads, use_qk_l2norm)
+    queries, keys = qp.transpose(0, 1), kp.transpose(0, 1)  # [Hv, N, dk]
+    values, rates = v.float().transpose(0, 1), beta.float().transpose(0, 1)[..., None]  # [Hv, N, dv], [Hv, N, 1]
+    path_decay = (ancestors.float() @ g.float()).transpose(0, 1)  # [Hv, N]
+    if root_state is None:
+        root_state = torch.zeros(num_v_heads, keys.shape[-1], dv, dtype=torch.float32, device=v.device)
+    root_state = root_state.float()
+    n = ancestors.shape[0]
+    strict = ancestors & ~torch.eye(n, dtype=torch.bool, device=ancestors.device)
+    gaps = path_decay[:, :, None] - path_decay[:, None, :]  # G_i - G_j (<= 0 along a path)
+    inf = torch.full((), float("-inf"), device=v.device)
+    strict_decay = torch.where(strict, gaps, inf).exp()
+    system = rates * strict_decay * (keys @ keys.transpose(1, 2))
+    system = system + torch.eye(n, device=v.device)
+    rhs = rates * (values - path_decay.exp()[..., None] * (keys @ root_state))
+    updates = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    path_weights = torch.where(ancestors, gaps, inf).exp() * (queries @ keys.transpose(1, 2))
+    out = path_decay.exp()[..., None] * (queries @ root_state) + path_weights @ updates
+    return out.transpose(0, 1).to(q.dtype), ParallelParts(keys, updates, path_decay, ancestors, root_state)
+
+
+def state_after(parts: ParallelParts, node: torch.Tensor | int) -> torch.Tensor:
+    """The recurrent state [Hv, dk, dv] after ``node`` (an index, or a 1-element device tensor so a
+    CUDA graph can pick it): e^{G_a} S0 + sum over the node's path of e^{G_a - G_j} k_j u_j^T."""
+    index = torch.as_tensor(node, device=parts.keys.device).reshape(1)
+    on_path = parts.ancestors.index_select(0, index)[0]  # [N]
+    decay_a = parts.path_decay.index_select(1, index)  # [Hv, 1]
+    inf = torch.full((), float("-inf"), device=parts.keys.device)
+    weights = torch.where(on_path[None, :], decay_a - parts.path_decay, inf).exp()  # [Hv, N]
+    written = parts.keys.transpose(1, 2) @ (weights[..., None] * parts.updates)
+    return decay_a.exp()[..., None] * parts.root_state + written
+
+
+def chunked_gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk: int = 64,
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A committed chain of T tokens (the prompt) in chunks of ``chunk`` parallel solves, carrying
+    the state: q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv] -> (out [T, Hv, dv], final state).
+    Our own form, so no prefill depends on a library's chunked kernel and its version."""
+    state = initial_state
+    outs = []
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=v.device).tril()
+    for start in range(0, v.shape[0], chunk):
+        end = min(start + chunk, v.shape[0])
+        size = end - start
+        out, parts = parallel_gated_delta(
+            q[start:end], k[start:end], v[start:end], g[start:end], beta[start:end], causal[:size, :size], state,
+            use_qk_l2norm,
+        )  # fmt: skip
+        outs.append(out)
+        state = state_after(parts, size - 1)
+    if state is None:
+        num_v_heads, dv = v.shape[-2:]
+        state = torch.zeros(num_v_heads, k.shape[-1], dv, dtype=torch.float32, device=v.device)
+    return torch.cat(outs) if outs else v.new_zeros(v.shape), state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,11 +464,9 @@ def gdn_layer_prefill(
     """Run the layer over a committed chain of T rows (prompt prefill), keeping only the final state.
 
     ``gdn_layer_tree`` on a chain would hold T per-node states (GiBs for a long prompt); this uses
-    the module family's own chunked rule (``torch_chunk_gated_delta_rule``, or the kernel
-    transformers swaps in) exactly as transformers' own prefill does.
+    our chunked parallel form (``chunked_gated_delta``), carrying only the running state.
     Returns (out [T, hidden], final recurrent state [Hv, dk, dv] fp32, conv state [conv_dim, K-1]).
     """
-    chunk_rule = sys.modules[type(module).__module__].torch_chunk_gated_delta_rule
     t = hidden.shape[0]
     kernel = module.conv_kernel_size
     mixed, z, b, a = gdn_projections(module, hidden)
@@ -380,20 +478,11 @@ def gdn_layer_prefill(
     conv_out = F.conv1d(full[None].to(weight.dtype), weight.unsqueeze(1), module.conv1d.bias, groups=full.shape[0])
     conv_out = _activate(conv_out[0], module.activation).transpose(0, 1).to(hidden.dtype)
     q, k, v = torch.split(conv_out, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-    q = q.reshape(1, t, module.num_k_heads, module.head_k_dim)
-    k = k.reshape(1, t, module.num_k_heads, module.head_k_dim)
-    v = v.reshape(1, t, module.num_v_heads, module.head_v_dim)
+    q = q.reshape(t, module.num_k_heads, module.head_k_dim)
+    k = k.reshape(t, module.num_k_heads, module.head_k_dim)
+    v = v.reshape(t, module.num_v_heads, module.head_v_dim)
     g, beta = gdn_gates(module, b, a)
-    core, state = chunk_rule(
-        q,
-        k,
-        v,
-        g=g[None],
-        beta=beta[None],
-        initial_state=None if cache_state is None else cache_state[None],
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-    )
+    core, state = chunked_gated_delta(q, k, v, g, beta, cache_state)
     normed = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     out = module.out_proj(normed.reshape(t, module.value_dim))
-    return out, state[0].float(), full[:, full.shape[-1] - (kernel - 1) :]
+    return out, state, full[:, full.shape[-1] - (kernel - 1) :]

@@ -80,6 +80,15 @@ class Engine:
             "draft": None,
             "memory": memory,
         }
+        if self.target.hybrid:
+            kinds = ["L" if i in self.target.linear_layers else "A" for i in range(self.target.num_layers)]
+            data["hybrid"] = {
+                "linear_attention_layers": len(self.target.linear_layers),
+                "full_attention_layers": len(self.target.attention_layers),
+                "layer_pattern": "".join(kinds),  # L: Gated DeltaNet, A: full attention
+                # per-node recurrent state the tree scan holds at a budget (bytes)
+                "tree_state_bytes": {b: self.target.tree_state_bytes(b) for b in (16, 64, 256)},
+            }
         if self.draft is not None:
             dc = self.draft.config
             data["draft"] = {
@@ -177,6 +186,8 @@ class Engine:
         prompt_len = len(prompt_ids)
         if prompt_len >= self.context_length:
             raise UsageError(f"prompt has {prompt_len} tokens, the target's context is {self.context_length}")
+        if self.target.hybrid and self._resolve_mode(mode, budget) != "ar":
+            self.check_tree_fits(budget)
         request = DecodeRequest(
             prompt_ids=list(prompt_ids),
             mode=self._resolve_mode(mode, budget),
@@ -190,6 +201,19 @@ class Engine:
             on_token=on_token,
         )
         return self.decoder().decode(request)
+
+    def check_tree_fits(self, budget: int) -> None:
+        """Refuse, in one line, a tree budget whose per-node recurrent state (hybrid targets, the
+        scan of the eager path) does not fit in the free memory of the engine's device."""
+        if self.decode_path != "eager":
+            return  # the fast path solves the tree in one parallel form: no per-node states
+        needed = self.target.tree_state_bytes(max(budget, self.block_size or 1))
+        free = free_memory_bytes(self.device)
+        if free is not None and needed > 0.9 * free:
+            raise UsageError(
+                f"tree_budget {budget} needs {needed / 2**30:.1f} GiB of per-node recurrent state on this hybrid "
+                f"target, {free / 2**30:.1f} GiB is free on {self.device}: use a smaller budget"
+            )
 
     def use_path(self, path: str) -> None:
         """Select the decode path by name (one of DECODE_PATHS)."""
@@ -226,18 +250,29 @@ class Engine:
         self, prompt_ids: list[int], max_tokens: int, stop_ids: list[int] | None = None
     ) -> list[int]:
         """Target-only greedy decode through HF's own forward and cache (independent of ours)."""
-        from transformers import DynamicCache
-
         stops = set(self.stop_token_ids if stop_ids is None else stop_ids)
         hf = self.target.hf
-        cache = DynamicCache()
+        cache = None  # HF builds the right cache for the model (hybrids keep recurrent state in it)
         input_ids = torch.tensor([prompt_ids], device=self.device)
         output: list[int] = []
         while len(output) < max_tokens:
-            logits = hf(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[0, -1]
-            token = int(logits.float().argmax())
+            result = hf(input_ids=input_ids, past_key_values=cache, use_cache=True)
+            cache = result.past_key_values
+            token = int(result.logits[0, -1].float().argmax())
             output.append(token)
             if token in stops:
                 break
             input_ids = torch.tensor([[token]], device=self.device)
         return output
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device`` (CUDA: the driver's figure; CPU: available RAM), None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import os
+
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None

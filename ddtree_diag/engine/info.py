@@ -40,6 +40,13 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
             ("block size", str(draft.get("block_size"))),
             ("draft heads", f"{draft.get('heads')} q / {draft.get('kv_heads')} kv × {draft.get('head_dim')}"),
         ]
+    hybrid = info.get("hybrid")
+    if hybrid:
+        states = hybrid.get("tree_state_bytes") or {}
+        rows += [
+            ("layer pattern", f"{hybrid['layer_pattern']} (L: Gated DeltaNet, A: full attention)"),
+            ("tree state (scan)", ", ".join(f"budget {b}: {_size(v)}" for b, v in states.items())),
+        ]
     rows += [
         ("default tree budget", str(info.get("default_tree_budget"))),
         ("target weights", _size(memory.get("target_weights_bytes"))),

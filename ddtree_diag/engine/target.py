@@ -1,16 +1,24 @@
-"""Our own forward of an HF decoder-only target, with a KV cache we own.
+"""Our own forward of an HF decoder-only target, with a cache we own.
 
-Supports the Llama / Qwen2 / Qwen3 / Mistral family (pre-norm decoder layers, rope, GQA, optional
-q/k norm and q/k/v bias) using the HF model's own weights and its norm / MLP / rotary modules.
-What we add over HF: a preallocated KV cache with explicit commit/compaction (no reliance on
-``DynamicCache.crop``, whose semantics changed in transformers 5.23), an arbitrary boolean
-attention mask over the block being verified (tree verification), per-token positions, and only
-the hidden states the draft needs.
+Dense targets: the Llama / Qwen2 / Qwen3 / Mistral family (pre-norm decoder layers, rope, GQA,
+optional q/k norm and q/k/v bias). Hybrid targets: Qwen3.5 / Qwen3.6 (``qwen3_5``, also their
+MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated DeltaNet ("linear attention") layers sit
+between full-attention layers that have a gated query (``q_proj`` gives query|gate per head, the
+output is scaled by sigmoid(gate)) and partial rotary embeddings. We use the HF model's own
+weights and its norm / MLP / rotary modules.
+
+What we add over HF: a preallocated KV cache (full-attention layers) with explicit
+commit/compaction (no reliance on ``DynamicCache.crop``, whose semantics changed in transformers
+5.23), an arbitrary boolean attention mask over the block being verified (tree verification),
+per-token positions, only the hidden states the draft needs, and for linear-attention layers a
+committed recurrent state and conv window per layer that every tree node forks from its parent
+(``gdn.gdn_layer_tree``: the parent-pointer scan) and that commit takes from the last accepted node.
 
 Cache protocol: ``forward`` writes the block's K/V at slots [length, length+T) without advancing
-``length``; ``commit(keep)`` then moves the kept block entries (indices into the block, in order)
-to slots [length, length+len(keep)) and advances ``length``. Anything not committed is garbage
-and gets overwritten by the next forward.
+``length`` and keeps each linear layer's per-node states aside; ``commit(keep)`` then moves the
+kept block entries (indices into the block, a root-to-node path in order) to slots
+[length, length+len(keep)), takes the linear layers' state after ``keep[-1]``, and advances
+``length``. Anything not committed is garbage and gets overwritten by the next forward.
 """
 
 from __future__ import annotations
@@ -20,35 +28,37 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ddtree_diag.engine import gdn
 from ddtree_diag.engine.rope import apply_rope
 from ddtree_diag.errors import UsageError
 
-SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-# Hybrid Gated-DeltaNet / linear-attention targets: recurrent state cannot be verified with a mask.
-HYBRID_MODEL_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_6", "qwen3_6_moe"}
+DENSE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+# Gated-DeltaNet hybrids the engine verifies (trees included) with per-node recurrent state.
+HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
+SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES | HYBRID_MODEL_TYPES
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config (a vision-language checkpoint nests it as ``text_config``)."""
+    return getattr(config, "text_config", None) or config
 
 
 def is_hybrid(config: Any) -> bool:
-    text_config = getattr(config, "text_config", None) or config
-    model_type = getattr(text_config, "model_type", "") or getattr(config, "model_type", "")
-    layer_types = getattr(text_config, "layer_types", None) or []
-    return model_type in HYBRID_MODEL_TYPES or any(t == "linear_attention" for t in layer_types)
+    cfg = text_config(config)
+    return cfg.model_type in HYBRID_MODEL_TYPES or "linear_attention" in (getattr(cfg, "layer_types", None) or [])
 
 
 def check_supported(config: Any) -> None:
     """Refuse targets our forward cannot run exactly, with one line saying why."""
-    model_type = getattr(config, "model_type", "?")
-    if is_hybrid(config):
-        raise UsageError(
-            f"target model_type {model_type!r} is a hybrid Gated-DeltaNet (linear-attention) model: "
-            "tree verification needs per-node recurrent state forking and rollback, which this engine "
-            "does not implement, so it refuses the model rather than produce corrupted output"
-        )
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UsageError(
-            f"target model_type {model_type!r} is not supported by the engine "
-            f"(supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
-        )
+    cfg = text_config(config)
+    model_type = getattr(cfg, "model_type", "?")
+    if model_type in SUPPORTED_MODEL_TYPES:
+        return
+    kind = "hybrid (linear-attention) " if is_hybrid(cfg) else ""
+    raise UsageError(
+        f"target model_type {model_type!r} is a {kind}model the engine does not support "
+        f"(supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+    )
 
 
 class TargetModel:
@@ -57,14 +67,23 @@ class TargetModel:
     def __init__(self, hf_model: torch.nn.Module, max_len: int) -> None:
         check_supported(hf_model.config)
         self.hf = hf_model
-        self.config = hf_model.config
-        self.inner = hf_model.model
+        self.config = text_config(hf_model.config)
+        inner = hf_model.model
+        self.inner = getattr(inner, "language_model", inner)  # a vision-language wrapper: its text model
         self.layers = list(self.inner.layers)
         self.num_layers = len(self.layers)
-        attn = self.layers[0].self_attn
+        # Which layers attend (KV cache) and which are Gated DeltaNet (recurrent state).
+        self.linear_layers = [i for i, layer in enumerate(self.layers) if hasattr(layer, "linear_attn")]
+        self.attention_layers = [i for i in range(self.num_layers) if i not in self.linear_layers]
+        self.cache_slot = {layer: slot for slot, layer in enumerate(self.attention_layers)}
+        if not self.attention_layers:
+            raise UsageError("the target has no full-attention layer: nothing for the engine's KV cache")
+        attn = self.layers[self.attention_layers[0]].self_attn
         self.head_dim = attn.head_dim
-        self.heads = attn.q_proj.out_features // self.head_dim
-        self.kv_heads = attn.k_proj.out_features // self.head_dim
+        self.heads = self.config.num_attention_heads
+        self.kv_heads = self.config.num_key_value_heads
+        # Qwen3.5/3.6 and Qwen3-Next: q_proj gives [query | gate] per head.
+        self.gated_attention = attn.q_proj.out_features == 2 * self.heads * self.head_dim
         self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
         self.sliding_window = getattr(self.config, "sliding_window", None)
         if getattr(self.config, "use_sliding_window", True) is False:
@@ -72,22 +91,36 @@ class TargetModel:
         weight = self.inner.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.max_len = max_len
-        shape = (self.num_layers, 1, self.kv_heads, max_len, self.head_dim)
+        self._allocate_kv(max_len)
+        self.length = 0
+        # Linear-attention layers: committed state [Hv, dk, dv] fp32 and conv window [conv_dim, K-1]
+        # (None until something is committed), and what the last forward left to commit from.
+        self.recurrent: dict[int, torch.Tensor | None] = dict.fromkeys(self.linear_layers)
+        self.conv: dict[int, torch.Tensor | None] = dict.fromkeys(self.linear_layers)
+        self._pending: dict[int, tuple[str, int, torch.Tensor, torch.Tensor]] = {}
+
+    def _allocate_kv(self, capacity: int) -> None:
+        shape = (len(self.attention_layers), 1, self.kv_heads, capacity, self.head_dim)
         self.cache_k = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.cache_v = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        self.length = 0
 
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
 
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.linear_layers)
+
     def reset(self, capacity: int | None = None) -> None:
-        """Empty the cache; grow it first when ``capacity`` exceeds what is allocated."""
+        """Empty the cache and the recurrent state; grow the KV cache first when ``capacity``
+        exceeds what is allocated. Nothing of an earlier request survives."""
         self.length = 0
+        self.recurrent = dict.fromkeys(self.linear_layers)
+        self.conv = dict.fromkeys(self.linear_layers)
+        self._pending = {}
         if capacity is not None and capacity > self.max_len:
-            shape = (self.num_layers, 1, self.kv_heads, capacity, self.head_dim)
-            self.cache_k = torch.zeros(shape, device=self.device, dtype=self.dtype)
-            self.cache_v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+            self._allocate_kv(capacity)
             self.max_len = capacity
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -97,33 +130,61 @@ class TargetModel:
         return self.hf.lm_head(hidden)
 
     def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [1, 1, T, D] at ``positions`` [T], from the HF model's own rotary module (it
-        knows the checkpoint's rope scaling)."""
+        """cos/sin [1, 1, T, rotary dims] at ``positions`` [T], from the HF model's own rotary module
+        (it knows the checkpoint's rope scaling and partial rotary; Qwen3.5's multimodal rope
+        reduces to this for text, whose three position rows are equal)."""
         cos, sin = self.inner.rotary_emb(hidden, positions[None])
         return cos[:, None], sin[:, None]
+
+    def mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = layer.mlp(x)
+        return out[0] if isinstance(out, tuple) else out  # some MoE blocks also return router logits
 
     def _attention(
         self, layer_index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         attn = self.layers[layer_index].self_attn
         t = x.shape[1]
-        q = attn.q_proj(x).view(1, t, self.heads, self.head_dim)
+        gate = None
+        if self.gated_attention:
+            q, gate = attn.q_proj(x).view(1, t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(1, t, self.heads * self.head_dim)
+        else:
+            q = attn.q_proj(x).view(1, t, self.heads, self.head_dim)
         k = attn.k_proj(x).view(1, t, self.kv_heads, self.head_dim)
         v = attn.v_proj(x).view(1, t, self.kv_heads, self.head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3
+        if hasattr(attn, "q_norm"):  # Qwen3, Qwen3.5
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        slot = self.cache_slot[layer_index]
         start, end = self.length, self.length + t
-        self.cache_k[layer_index, :, :, start:end] = k
-        self.cache_v[layer_index, :, :, start:end] = v
-        keys = self.cache_k[layer_index, :, :, :end]
-        values = self.cache_v[layer_index, :, :, :end]
+        self.cache_k[slot, :, :, start:end] = k
+        self.cache_v[slot, :, :, start:end] = v
+        keys = self.cache_k[slot, :, :, :end]
+        values = self.cache_v[slot, :, :, :end]
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
-        return attn.o_proj(out.transpose(1, 2).reshape(1, t, self.heads * self.head_dim))
+        out = out.transpose(1, 2).reshape(1, t, self.heads * self.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return attn.o_proj(out)
+
+    def _linear_attention(self, layer_index: int, x: torch.Tensor, parents: list[int] | None) -> torch.Tensor:
+        """A Gated DeltaNet layer on the block: a committed chain (``parents`` None: the prompt,
+        chunked) or a tree whose every node forks its parent's state (the parent-pointer scan)."""
+        module = self.layers[layer_index].linear_attn
+        state, conv = self.recurrent[layer_index], self.conv[layer_index]
+        rows = x[0]
+        if parents is None:
+            out, final_state, final_conv = gdn.gdn_layer_prefill(module, rows, state, conv)
+            self._pending[layer_index] = ("chain", rows.shape[0], final_state, final_conv)
+        else:
+            out, states, windows = gdn.gdn_layer_tree(module, rows, parents, state, conv)
+            self._pending[layer_index] = ("tree", rows.shape[0], states, windows)
+        return out[None]
 
     @torch.no_grad()
     def forward(
@@ -132,17 +193,22 @@ class TargetModel:
         positions: torch.Tensor,
         block_mask: torch.Tensor | None = None,
         feature_layers: list[int] | None = None,
+        parents: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run T tokens against the committed cache.
 
         token_ids, positions: [T]. block_mask: [T, T] bool among the block (None = causal); every
-        token sees all committed tokens. Returns logits [T, V] (model dtype) and, when
-        ``feature_layers`` is given, the concatenated hidden states after those layers [T, n*H]
-        (HF ``hidden_states[id + 1]``; the last layer's entry is after the final norm, as in HF).
+        token sees all committed tokens. ``parents`` (a tree's, parent -1 = the committed state):
+        needed by hybrid targets whenever ``block_mask`` is given. Returns logits [T, V] (model
+        dtype) and, when ``feature_layers`` is given, the concatenated hidden states after those
+        layers [T, n*H] (HF ``hidden_states[id + 1]``; the last layer's entry is after the final
+        norm, as in HF).
         """
         t = token_ids.shape[0]
         if self.length + t > self.max_len:
             raise RuntimeError(f"target KV cache full ({self.length + t} > {self.max_len} tokens)")
+        if self.hybrid and block_mask is not None and parents is None:
+            raise ValueError("a hybrid target verifies a tree from its parents: pass parents with block_mask")
         if block_mask is None:
             block_mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
         mask = torch.ones(t, self.length + t, dtype=torch.bool, device=self.device)
@@ -155,10 +221,14 @@ class TargetModel:
         cos, sin = self.rope(hidden, positions)
         wanted = set(feature_layers or [])
         features: dict[int, torch.Tensor] = {}
+        self._pending = {}
         for index, layer in enumerate(self.layers):
-            residual = hidden
-            hidden = residual + self._attention(index, layer.input_layernorm(hidden), cos, sin, mask)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            x = layer.input_layernorm(hidden)
+            if index in self.cache_slot:
+                hidden = hidden + self._attention(index, x, cos, sin, mask)
+            else:
+                hidden = hidden + self._linear_attention(index, x, parents)
+            hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))
             if index in wanted and index != self.num_layers - 1:
                 features[index] = hidden
         return self.head(hidden, features, feature_layers)
@@ -176,11 +246,28 @@ class TargetModel:
         return logits, feats
 
     def commit(self, keep: list[int]) -> None:
-        """Keep block entries ``keep`` (indices into the last forward's block, ascending)."""
+        """Keep block entries ``keep`` (indices into the last forward's block: a root-to-node path,
+        in order). Linear layers keep the state after the last kept entry."""
         n = len(keep)
         if keep != list(range(n)):
             src = torch.tensor(keep, device=self.device) + self.length
             dst = slice(self.length, self.length + n)
             self.cache_k[:, :, :, dst] = self.cache_k[:, :, :, src]
             self.cache_v[:, :, :, dst] = self.cache_v[:, :, :, src]
+        for layer_index, (kind, rows, states, windows) in self._pending.items():
+            if kind == "chain":
+                if keep != list(range(rows)):
+                    raise ValueError("a causal block commits whole: keep must be every row")
+                self.recurrent[layer_index], self.conv[layer_index] = states, windows
+            elif n:
+                last = keep[-1]
+                self.recurrent[layer_index], self.conv[layer_index] = states[last], windows[last]
+        self._pending = {}
         self.length += n
+
+    def tree_state_bytes(self, budget: int) -> int:
+        """Bytes of per-node recurrent state a tree of ``budget`` draft nodes holds in the scan
+        (0 for a dense target): every linear layer keeps one state per node until commit."""
+        if not self.hybrid:
+            return 0
+        return gdn.per_node_state_bytes(self.config, budget, self.dtype)
