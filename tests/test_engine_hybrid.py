@@ -220,3 +220,65 @@ def test_installed_transformers_keeps_gdn_state_in_multi_token_cached_forwards(h
         prefix = hf(sequence[:, :-8], use_cache=True)
         cached = hf(sequence[:, -8:], past_key_values=prefix.past_key_values, use_cache=True).logits[0]
     torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast path: Gated DeltaNet layers solved in one parallel form inside the round's stages
+
+
+def run_path(engine, path, prompt, **kwargs):
+    previous = engine.decode_path
+    engine.use_path(path)
+    try:
+        return engine.generate_ids(prompt, stop_token_ids=[], **kwargs)
+    finally:
+        engine.use_path(previous)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["-".join(c) for c in CONFIGS])
+def test_fast_path_equals_the_eager_scan(hybrid, config):
+    engine, references = hybrid[config]
+    for budget in (0, 1, 4, 64):
+        quick = run_path(engine, "fast", PROMPTS[0], tree_budget=budget, max_tokens=MAX_TOKENS)
+        assert quick.token_ids == references[tuple(PROMPTS[0])], (config, budget)
+        assert quick.extras["fast"] and quick.extras["fast_tree_fallbacks"] == 0
+    eager = run_path(engine, "eager", PROMPTS[1], tree_budget=16, max_tokens=MAX_TOKENS, temperature=0.9, seed=2)
+    quick = run_path(engine, "fast", PROMPTS[1], tree_budget=16, max_tokens=MAX_TOKENS, temperature=0.9, seed=2)
+    assert quick.token_ids == eager.token_ids  # on CPU both sample with the same generator stream
+    chain = run_path(engine, "fast", PROMPTS[0], mode="chain", max_tokens=MAX_TOKENS)
+    assert chain.token_ids == references[tuple(PROMPTS[0])]
+
+
+def test_hybrid_round_stages_never_read_device_values_on_the_host(hybrid):
+    """The CPU twin of "the hybrid round captures as CUDA graphs": no stage reads a tensor's value
+    into Python (the parallel solve, the conv windows and the commit of the recurrent state
+    included); the decoder's one read per round comes after the stages."""
+    engine, references = hybrid[("qwen3_5", "linear-first")]
+    decoder = engine.decoder("fast")
+    banned = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy")
+    originals = {name: getattr(torch.Tensor, name) for name in banned}
+
+    def guarded(fn):
+        def run():
+            def refuse(*args, **kwargs):
+                raise AssertionError("a host read inside a round stage")
+
+            for name in banned:
+                setattr(torch.Tensor, name, refuse)
+            try:
+                fn()
+            finally:
+                for name, method in originals.items():
+                    setattr(torch.Tensor, name, method)
+
+        return run
+
+    decoder.stages.clear()
+    try:
+        run_path(engine, "fast", PROMPTS[0], tree_budget=16, max_tokens=4)
+        for stage in decoder.stages.values():
+            stage.fn = guarded(stage.fn)
+        quick = run_path(engine, "fast", PROMPTS[0], tree_budget=16, max_tokens=MAX_TOKENS)
+        assert quick.token_ids == references[tuple(PROMPTS[0])]
+    finally:
+        decoder.stages.clear()

@@ -300,8 +300,14 @@ def tree_conv_windows(
     Window = the node's ancestors (nearest last) topped up from the committed history.
     x [N, C] are the pre-conv inputs of the nodes; conv_state [C, L] the committed inputs.
     """
+    return conv_windows(x, _parents_tensor(parents, device=x.device), conv_state, width)
+
+
+def conv_windows(x: torch.Tensor, parents: torch.Tensor, conv_state: torch.Tensor, width: int) -> torch.Tensor:
+    """``tree_conv_windows`` for a parents tensor already known to be topological (no check, no
+    host sync: the fast path runs it inside a CUDA graph)."""
     n = x.shape[0]
-    p = _parents_tensor(parents, device=x.device)
+    p = parents
     hist = max(width - 1, 0)
     # One table of rows: committed history (slots 0..hist-1, newest last) then the nodes.
     table = torch.cat([_committed_tail(conv_state, hist).transpose(0, 1).to(x.dtype), x], dim=0)

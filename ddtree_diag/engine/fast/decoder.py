@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ddtree_diag.engine import gdn
 from ddtree_diag.engine.decode import DecodeRequest, Generation, GenerationRecorder, make_generator
 from ddtree_diag.engine.fast.graphs import Stage, StageTimer
 from ddtree_diag.engine.fast.layers import (
@@ -45,6 +46,8 @@ from ddtree_diag.engine.fast.layers import (
     additive_mask,
     attend,
     draft_pre_attention,
+    linear_attention_rows,
+    mlp_half,
     target_post_attention,
     target_pre_attention,
 )
@@ -142,6 +145,19 @@ class FastDecoder:
             self.logprobs = torch.zeros(self.block - 1, t.config.vocab_size, device=dev)
         self.trees: dict[int, dict[str, torch.Tensor]] = {}
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}
+        # Hybrid targets: each Gated DeltaNet layer's committed recurrent state and conv window,
+        # and per verify shape what the parallel solve leaves for commit (static buffers).
+        self.linear_state: dict[int, torch.Tensor] = {}
+        self.linear_conv: dict[int, torch.Tensor] = {}
+        self.linear_parts: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+        for index in t.linear_layers:
+            module = t.layers[index].linear_attn
+            self.linear_state[index] = torch.zeros(
+                module.num_v_heads, module.head_k_dim, module.head_v_dim, device=dev, dtype=torch.float32
+            )
+            self.linear_conv[index] = torch.zeros(
+                module.conv1d.weight.shape[0], module.conv_kernel_size - 1, device=dev, dtype=t.dtype
+            )
 
     def _tree_buffers(self, padded: int) -> dict[str, torch.Tensor]:
         if padded not in self.trees:
@@ -162,6 +178,19 @@ class FastDecoder:
                 "features": torch.zeros(padded, max(feats, 1), device=self.device, dtype=t.dtype),
             }
             self.result[padded] = torch.zeros(3 + 2 * self.block, **long)
+            self.linear_parts[padded] = {}
+            for index in t.linear_layers:
+                module = t.layers[index].linear_attn
+                heads, fp32 = module.num_v_heads, dict(device=self.device, dtype=torch.float32)
+                self.linear_parts[padded][index] = {
+                    "keys": torch.zeros(heads, padded, module.head_k_dim, **fp32),
+                    "updates": torch.zeros(heads, padded, module.head_v_dim, **fp32),
+                    "path_decay": torch.zeros(heads, padded, **fp32),
+                    "windows": torch.zeros(
+                        padded, module.conv1d.weight.shape[0], module.conv_kernel_size - 1, device=self.device,
+                        dtype=t.dtype,
+                    ),
+                }  # fmt: skip
         return self.trees[padded]
 
     def _stage(self, key: tuple, fn: Callable[[], None]) -> Stage:
@@ -181,10 +210,14 @@ class FastDecoder:
         with_features: bool,
         window: int,
         compiled: bool = True,
+        parents: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``tokens`` at positions start+depth, K/V written at slots start.., attention over
         the cache slots [0, window): committed slots plus the rows' ancestors (``anc``).
-        ``compiled=False`` (the prefill, whose length varies) never uses the compiled layer halves."""
+        ``compiled=False`` (the prefill, whose length varies) never uses the compiled layer halves.
+        Gated DeltaNet layers (hybrid targets): ``parents`` None = the prompt, committed whole
+        (chunked form, state written at once); else tree rows in one parallel solve whose parts
+        wait in ``linear_parts`` for commit."""
         t = self.target
         pre, post = (self._pre_attention, self._post_attention) if compiled else (
             target_pre_attention, target_post_attention,
@@ -208,21 +241,51 @@ class FastDecoder:
         features: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(t.layers):
             fused = self.fused[index]
-            q, k, v = pre(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
-            cache_k, cache_v = t.cache_k[index], t.cache_v[index]
+            if index in self.linear_state:
+                hidden = mlp_half(layer, hidden + self._linear_layer(index, layer, hidden, parents, anc), fused)
+                if index in wanted and index != t.num_layers - 1:
+                    features[index] = hidden
+                continue
+            q, k, v, gate = pre(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
+            slot = t.cache_slot[index]
+            cache_k, cache_v = t.cache_k[slot], t.cache_v[slot]
             cache_k.index_copy_(2, slots, k)
             cache_v.index_copy_(2, slots, v)
             q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
             out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
             out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
-            hidden = post(layer, hidden, out, fused)
+            hidden = post(layer, hidden, out, fused, gate)
             if index in wanted and index != t.num_layers - 1:
                 features[index] = hidden
         return t.head(hidden, features, self.feature_layers if with_features else None)
 
+    def _linear_layer(
+        self, index: int, layer: torch.nn.Module, hidden: torch.Tensor, parents: torch.Tensor | None, anc: torch.Tensor
+    ) -> torch.Tensor:
+        """One Gated DeltaNet layer's output [1, rows, H]: the prompt (``parents`` None; committed at
+        once) or tree rows (the parallel solve, kept for ``_commit``)."""
+        x = layer.input_layernorm(hidden)[0]
+        module = layer.linear_attn
+        if parents is None:
+            out, state, conv = gdn.gdn_layer_prefill(module, x, None, None)
+            self.linear_state[index].copy_(state)
+            self.linear_conv[index].copy_(conv)
+            return out[None]
+        out, parts, windows = linear_attention_rows(
+            module, x, parents, anc, self.linear_state[index], self.linear_conv[index]
+        )
+        kept = self.linear_parts[x.shape[0]][index]
+        kept["keys"].copy_(parts.keys)
+        kept["updates"].copy_(parts.updates)
+        kept["path_decay"].copy_(parts.path_decay)
+        kept["windows"].copy_(windows)
+        return out[None]
+
     def _verify(self, padded: int, with_features: bool, window: int) -> None:
         tree, out = self.trees[padded], self.outputs[padded]
-        logits, feats = self._target_forward(tree["tokens"], tree["depths"], tree["anc"], with_features, window)
+        logits, feats = self._target_forward(
+            tree["tokens"], tree["depths"], tree["anc"], with_features, window, parents=tree["parents"]
+        )
         out["logits"].copy_(logits)
         if feats is not None:
             out["features"].copy_(feats)
@@ -344,6 +407,15 @@ class FastDecoder:
             self.ctx_len.add_(torch.where(ok, self.pending_count, 0))
             self.pending.copy_(torch.where(ok, out["features"][keep], self.pending))
             self.pending_count.copy_(torch.where(ok, count, self.pending_count))
+        if self.linear_state:
+            last = keep.gather(0, (count - 1)[None])  # the deepest accepted row
+            for index, state in self.linear_state.items():
+                kept = self.linear_parts[padded][index]
+                parts = gdn.ParallelParts(kept["keys"], kept["updates"], kept["path_decay"], tree["anc"], state)
+                new_state = gdn.state_after(parts, last)
+                new_conv = kept["windows"].index_select(0, last)[0]
+                state.copy_(torch.where(ok, new_state, state))
+                self.linear_conv[index].copy_(torch.where(ok, new_conv, self.linear_conv[index]))
         self.start.add_(torch.where(ok, count, 0))
         self.root.copy_(torch.where(ok, bonus, self.root))
         self.result[padded].copy_(torch.cat([ok.long()[None], count[None], bonus, keep, tokens[keep]]))

@@ -9,37 +9,51 @@ import os
 import torch
 import torch.nn.functional as F
 
+from ddtree_diag.engine import gdn
 from ddtree_diag.engine.rope import apply_rope
 
 
 def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None):
-    """A decoder layer up to attention: norm, q/k/v projections, q/k norms (Qwen3), rotary.
-    Returns q, k, v as [1, heads, rows, head_dim]. A pure function of its inputs, so on CUDA it can
-    be compiled once and reused by every layer (the layer's weights are inputs, not constants).
-    ``fused``: the layer's ``FusedWeights`` (one q|k|v GEMM instead of three)."""
+    """A decoder layer up to attention: norm, q/k/v projections, q/k norms (Qwen3, Qwen3.5), rotary.
+    Returns q, k, v as [1, heads, rows, head_dim] and the output gate [1, rows, heads * head_dim]
+    of a gated query (Qwen3.5/3.6, Qwen3-Next: q_proj gives query|gate per head), else None.
+    A pure function of its inputs, so on CUDA it can be compiled once and reused by every layer (the
+    layer's weights are inputs, not constants). ``fused``: the layer's ``FusedWeights`` (one q|k|v
+    GEMM instead of three)."""
     attn = layer.self_attn
     rows = hidden.shape[1]
     x = layer.input_layernorm(hidden)
-    if fused is not None:
+    if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    q = q.view(1, rows, heads, head_dim)
+    gate = None
+    if q.shape[-1] == 2 * heads * head_dim:
+        q, gate = q.view(1, rows, heads, 2 * head_dim).chunk(2, dim=-1)
+        gate = gate.reshape(1, rows, heads * head_dim)
+    q = q.reshape(1, rows, heads, head_dim)
     k = k.view(1, rows, kv_heads, head_dim)
     v = v.view(1, rows, kv_heads, head_dim)
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return q, k, v
+    return q, k, v, gate
 
 
-def target_post_attention(layer, hidden, attn_out, fused=None):
-    """The rest of a decoder layer: output projection, residual, norm, MLP, residual."""
-    hidden = hidden + layer.self_attn.o_proj(attn_out)
+def target_post_attention(layer, hidden, attn_out, fused=None, gate=None):
+    """The rest of a decoder layer: (gated) output projection, residual, then ``mlp_half``."""
+    if gate is not None:
+        attn_out = attn_out * torch.sigmoid(gate)
+    return mlp_half(layer, hidden + layer.self_attn.o_proj(attn_out), fused)
+
+
+def mlp_half(layer, hidden, fused=None):
+    """Norm, MLP (one gate|up GEMM when fused; the module itself otherwise, MoE included), residual."""
     x = layer.post_attention_layernorm(hidden)
     if fused is None or fused.gate_up_weight is None:
-        return hidden + layer.mlp(x)
+        out = layer.mlp(x)
+        return hidden + (out[0] if isinstance(out, tuple) else out)
     gate, up = F.linear(x, fused.gate_up_weight).chunk(2, dim=-1)
     return hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
@@ -50,23 +64,23 @@ class FusedWeights(torch.nn.Module):
     split-K at a few dozen rows. The modules' own weights become row slices (views) of the fused
     tensors, so memory does not grow and the eager path computes with the very same values.
     An nn.Module (tensors as buffers) so that a compiled layer half treats them as inputs, like the
-    layer's own weights: one compiled graph for every layer."""
+    layer's own weights: one compiled graph for every layer. A layer without plain-linear
+    attention (a Gated DeltaNet layer) fuses its MLP only; a MoE MLP is left alone."""
 
     def __init__(self, layer: torch.nn.Module) -> None:
         super().__init__()
-        attn, mlp = layer.self_attn, layer.mlp
-        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-        self.qkv_sizes = [p.out_features for p in projections]
-        self.register_buffer("qkv_weight", _fuse(projections, "weight"), persistent=False)
-        bias = _fuse(projections, "bias") if projections[0].bias is not None else None
-        self.register_buffer("qkv_bias", bias, persistent=False)
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
         self.register_buffer("gate_up_weight", None, persistent=False)
-        gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
-        if (
-            gate is not None and up is not None and gate.bias is None and up.bias is None
-            and hasattr(mlp, "down_proj") and hasattr(mlp, "act_fn") and gate.out_features == up.out_features
-        ):  # fmt: skip
-            self.gate_up_weight = _fuse([gate, up], "weight")  # a registered buffer: assignment keeps it one
+        self.qkv_sizes: list[int] = []
+        if self._attention_fusable(layer):
+            attn = layer.self_attn
+            projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+            self.qkv_sizes = [p.out_features for p in projections]
+            self.qkv_weight = _fuse(projections, "weight")  # registered buffers: assignment keeps them
+            self.qkv_bias = _fuse(projections, "bias") if projections[0].bias is not None else None
+        if self._mlp_fusable(layer):
+            self.gate_up_weight = _fuse([layer.mlp.gate_proj, layer.mlp.up_proj], "weight")
 
     @classmethod
     def for_layer(cls, layer: torch.nn.Module) -> FusedWeights | None:
@@ -78,8 +92,12 @@ class FusedWeights(torch.nn.Module):
             object.__setattr__(layer, "_ddtree_fused", fused)  # not a registered submodule
         return fused
 
+    @classmethod
+    def supported(cls, layer: torch.nn.Module) -> bool:
+        return cls._attention_fusable(layer) or cls._mlp_fusable(layer)
+
     @staticmethod
-    def supported(layer: torch.nn.Module) -> bool:
+    def _attention_fusable(layer: torch.nn.Module) -> bool:
         attn = getattr(layer, "self_attn", None)
         projections = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
         if not all(isinstance(p, torch.nn.Linear) and type(p) is torch.nn.Linear for p in projections):
@@ -87,6 +105,43 @@ class FusedWeights(torch.nn.Module):
         weights = [p.weight for p in projections]
         biases = {p.bias is None for p in projections}
         return len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and len(biases) == 1
+
+    @staticmethod
+    def _mlp_fusable(layer: torch.nn.Module) -> bool:
+        mlp = getattr(layer, "mlp", None)
+        gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+        return (
+            type(gate) is torch.nn.Linear and type(up) is torch.nn.Linear and gate.bias is None and up.bias is None
+            and hasattr(mlp, "down_proj") and hasattr(mlp, "act_fn") and gate.out_features == up.out_features
+            and gate.weight.dtype == up.weight.dtype
+        )  # fmt: skip
+
+
+def linear_attention_rows(
+    module: torch.nn.Module,
+    hidden: torch.Tensor,
+    parents: torch.Tensor,
+    ancestors: torch.Tensor,
+    state: torch.Tensor,
+    conv_state: torch.Tensor,
+) -> tuple[torch.Tensor, gdn.ParallelParts, torch.Tensor]:
+    """A Gated DeltaNet layer over tree rows in one parallel solve (``gdn.parallel_gated_delta``),
+    static shapes and no host sync. hidden [N, H] (after input_layernorm); parents [N] (-1: the
+    committed state; padding rows too); ancestors [N, N]. Returns (out [N, H], the parts that
+    rebuild the state after any node, conv windows [N, conv_dim, K-1] to commit from)."""
+    n = hidden.shape[0]
+    kernel = module.conv_kernel_size
+    mixed, z, b, a = gdn.gdn_projections(module, hidden)
+    windows = gdn.conv_windows(mixed, parents, conv_state, kernel)
+    conv_out = gdn.conv_from_windows(windows, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation)
+    q, k, v = torch.split(conv_out.to(hidden.dtype), [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+    g, beta = gdn.gdn_gates(module, b, a)
+    core, parts = gdn.parallel_gated_delta(
+        q.reshape(n, module.num_k_heads, module.head_k_dim), k.reshape(n, module.num_k_heads, module.head_k_dim),
+        v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
+    )  # fmt: skip
+    normed = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
+    return module.out_proj(normed.reshape(n, module.value_dim)), parts, windows[:, :, 1:]
 
 
 def _fuse(linears: list[torch.nn.Linear], name: str) -> torch.Tensor:
@@ -106,7 +161,7 @@ def draft_pre_attention(layer, hidden, cos, sin, heads: int, head_dim: int, fuse
     attn = layer.self_attn
     x = layer.input_layernorm(hidden)
     rows = hidden.shape[1]
-    if fused is None:
+    if fused is None or fused.qkv_weight is None:
         q = attn.q_norm(attn.q_proj(x).view(1, rows, heads, head_dim)).transpose(1, 2)
         k, v = attn.project_kv(x, cos, sin)
         return apply_rope(q, cos, sin), k, v
