@@ -134,3 +134,63 @@ def test_bad_draft_directories_raise_one_line_usage_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UsageError, match="target_layer_ids"):
         load_draft(tmp_path)
+
+
+def qwen36_style_config(raw: dict, window: int) -> dict:
+    """A published Qwen3.6 draft's config shape: sliding-attention layers with a window,
+    block_size at the top level, rope as rope_parameters."""
+    raw = dict(raw)
+    raw["layer_types"] = ["sliding_attention", "full_attention"]
+    raw["sliding_window"] = window
+    raw["use_sliding_window"] = True
+    raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10_000_000.0}
+    raw.pop("rope_theta", None)
+    return raw
+
+
+def test_sliding_window_draft_layers_load_and_forget_what_is_out_of_reach(tmp_path):
+    """Qwen3.6-style drafts: a sliding layer sees the context less than ``window`` positions behind
+    each query; context further back changes nothing, context within reach does."""
+    config = tiny_config(num_hidden_layers=2)
+    save_draft(random_draft(config), config, tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    window = 6
+    all_sliding = qwen36_style_config(raw, window)
+    all_sliding["layer_types"] = ["sliding_attention"] * 2
+    (tmp_path / "config.json").write_text(json.dumps(all_sliding))
+    draft = load_draft(tmp_path)
+    assert draft.config.layer_window(0) == window and draft.config.rope_theta == 10_000_000.0
+    noise, ctx = inputs(config, ctx_len=20)
+    start = 20  # the noise block sits at 20..23: keys at positions <= 20 - 6 are out of reach
+    far, near = ctx.clone(), ctx.clone()
+    far[:, :10] += 3.0  # positions 0..9: out of every query's window
+    near[:, 18] += 3.0  # position 18: within reach
+    with torch.no_grad():
+        base = draft(noise, ctx, torch.arange(start, start + 4), torch.arange(20))
+        assert torch.equal(draft(noise, far, torch.arange(start, start + 4), torch.arange(20)), base)
+        assert not torch.allclose(draft(noise, near, torch.arange(start, start + 4), torch.arange(20)), base)
+        # the cache path: the same answer when the context arrives over two rounds
+        cache = draft.new_cache(64)
+        draft(noise, ctx[:, :12], torch.arange(12, 16), torch.arange(12), kv_cache=cache)
+        cached = draft(noise, ctx[:, 12:], torch.arange(start, start + 4), torch.arange(12, 20), kv_cache=cache)
+    torch.testing.assert_close(cached, base)
+
+
+def test_qwen36_style_draft_is_lossless_and_fast_equals_eager(tmp_path):
+    """A draft in the published Qwen3.6 format (one sliding layer with a short window, one full)
+    on a hybrid target: output equals greedy, and the fast path's draft masks equal eager's."""
+    from ddtree_diag.engine import load_engine
+    from tests import engine_fixtures as fx
+
+    target = fx.make_hybrid_target(tmp_path / "target", pattern="LLAL")
+    directory = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=2)
+    raw = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(qwen36_style_config(raw, window=8)))
+    engine = load_engine(target, directory, device="cpu", dtype="fp32")
+    prompt = [(5 * i + 1) % 250 + 10 for i in range(40)]
+    reference = engine.greedy_reference(prompt, 16, stop_ids=[])
+    eager = engine.generate_ids(prompt, tree_budget=16, max_tokens=16, stop_token_ids=[])
+    engine.use_path("fast")
+    quick = engine.generate_ids(prompt, tree_budget=16, max_tokens=16, stop_token_ids=[])
+    assert eager.token_ids == quick.token_ids == reference
+    assert eager.acceptance_lengths == quick.acceptance_lengths  # the draft proposed the same trees

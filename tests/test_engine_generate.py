@@ -208,3 +208,17 @@ def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypa
                 torch.tensor([lp for _, lp in top]), expected.values[i], atol=1e-4, rtol=0
             )
     assert accepted_rounds > 5  # tree nodes were accepted, so their verify rows were used
+
+
+def test_streamed_text_equals_the_final_text_when_tokens_split_characters(engines):
+    """Byte-level tokens can end inside a multi-byte character (it decodes as U+FFFD until the next
+    token completes it): what on_token streams must add up to the final text, never keep the
+    placeholder. The tiny target's random tokens split characters all the time."""
+    engine = engines[4]
+    for prompt in PROMPTS:
+        for budget in (0, 16):
+            pieces: list[str] = []
+            gen = engine.generate_ids(prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[],
+                                      on_token=lambda ids, text: pieces.append(text) is None)  # fmt: skip
+            assert "".join(pieces) == gen.text, (prompt, budget)
+    assert any("\ufffd" in engine.decode_text([t]) for t in range(128, 256))  # single bytes do split characters

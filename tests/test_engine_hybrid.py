@@ -282,3 +282,58 @@ def test_hybrid_round_stages_never_read_device_values_on_the_host(hybrid):
         assert quick.token_ids == references[tuple(PROMPTS[0])]
     finally:
         decoder.stages.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands on a hybrid target
+
+
+@pytest.mark.e2e
+def test_train_draft_engine_info_and_probe_on_a_hybrid_target(tmp_path, cli):
+    """train-draft writes a draft for a hybrid target (layers spread over its depth, a mask token
+    no text uses, copied from its full-attention layers); engine-info describes the pair; probe
+    --engine runs it with the lossless check against the target alone."""
+    target = fx.make_hybrid_target(tmp_path / "target", pattern="LLALLLAL")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Say hello.\nCount to three.\nName a colour.\n")
+    trained = cli("train-draft", "--out", str(tmp_path / "draft"), "--prompts", str(prompts), "--target-dir",
+                  str(target), "--max-new-tokens", "12", "--steps", "3", "--batch-size", "2", "--anchors", "2",
+                  "--block-size", "4", "--draft-layers", "1", "--init-from-target", "--device", "cpu",
+                  "--gen-batch-size", "3", timeout=300)  # fmt: skip
+    assert trained.code == 0, trained.stderr[-2000:]
+    info = cli("engine-info", "--target", str(target), "--draft", str(tmp_path / "draft"), "--device", "cpu",
+               "--json")  # fmt: skip
+    assert info.code == 0, info.stderr
+    data = info.json()
+    assert data["hybrid"]["layer_pattern"] == "LLALLLAL"
+    assert data["draft"]["target_layer_ids"] == [1, 2, 3, 4, 5] and data["draft"]["block_size"] == 4
+    from transformers import AutoTokenizer
+
+    # the model's vocabulary is padded past the tokenizer: the first padding row is the mask token
+    assert data["draft"]["mask_token_id"] == len(AutoTokenizer.from_pretrained(target)) < fx.VOCAB
+    probe = cli("probe", "--engine", "--target", str(target), "--draft", str(tmp_path / "draft"), "--device", "cpu",
+                "--dtype", "fp32", "--budget", "0,16", "--thinking", "off", "--max-tokens", "12",
+                "--baseline", "engine", "--json", "-", timeout=300)  # fmt: skip
+    report = probe.json()
+    assert [r["status"] for r in report["results"]] == ["ok", "ok"], probe.stderr
+    assert all(r["baseline"]["verdict"] == "identical" for r in report["results"])
+    assert report["results"][1]["spec"]["decode_rounds"] >= 1
+
+
+@pytest.mark.e2e
+def test_reference_server_serves_a_hybrid_target_losslessly(tmp_path, cli):
+    from tests.test_server import start_server
+
+    target = fx.make_hybrid_target(tmp_path / "target", kind="qwen3_next", pattern="LALL")
+    draft = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=1)
+    process, url = start_server(target, draft)
+    try:
+        result = cli("probe", "--url", url, "--budget", "16,64", "--max-tokens", "16", "--baseline", "budget0",
+                     "--json", "-")  # fmt: skip
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    report = result.json()
+    assert report["target"]["dialect"] == "ddtree" and len(report["results"]) == 4
+    assert all(r["baseline"]["verdict"] == "identical" for r in report["results"]), result.stderr
+    assert all(r["spec"]["decode_rounds"] for r in report["results"])

@@ -151,20 +151,18 @@ def test_unloadable_gguf_is_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
-def test_hybrid_targets_are_refused(paths, tmp_path):
+def test_supported_and_refused_model_types():
+    for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next", "qwen3", "llama"):
+        check_supported(SimpleNamespace(model_type=model_type))
+    # a Qwen3.5 vision-language config: its text model decides
+    check_supported(SimpleNamespace(model_type="qwen3_5", text_config=SimpleNamespace(model_type="qwen3_5_text")))
     for config in (
-        SimpleNamespace(model_type="qwen3_5"),
-        SimpleNamespace(model_type="qwen3_next"),
+        SimpleNamespace(model_type="falcon_h1", layer_types=["linear_attention", "full_attention"]),
         SimpleNamespace(model_type="qwen3", layer_types=["linear_attention", "full_attention"]),
     ):
-        with pytest.raises(UsageError, match="hybrid Gated-DeltaNet"):
+        with pytest.raises(UsageError, match=r"hybrid .*model the engine does not support"):
             check_supported(config)
-    hybrid = tmp_path / "hybrid"
-    shutil.copytree(paths.target, hybrid)
-    fx.edit_json(hybrid / "config.json", model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"])
-    with pytest.raises(UsageError, match="refuses the model"):
-        load_engine(hybrid, paths.draft)
-    with pytest.raises(UsageError, match="not supported"):
+    with pytest.raises(UsageError, match="'gemma3' is a model the engine does not support"):
         check_supported(SimpleNamespace(model_type="gemma3"))
 
 

@@ -18,6 +18,13 @@ def register(app: typer.Typer) -> None:
             None, "--target-dir", help="HF target directory (default: embedded SmolLM2)."
         ),
         block_size: int = typer.Option(8, "--block-size", help="Draft block size (tree depth + 1)."),
+        target_layers: str | None = typer.Option(
+            None, "--target-layers",
+            help="Target layer ids the draft reads, e.g. 1,16,31,46,61 (default: five spread over the depth).",
+        ),
+        mask_token_id: int | None = typer.Option(
+            None, "--mask-token-id", help="Mask token id (default: a token id no text uses)."
+        ),
         draft_layers: int = typer.Option(2, "--draft-layers", help="Draft decoder layers."),
         max_prompts: int | None = typer.Option(None, "--max-prompts", help="Use at most N prompts."),
         max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Greedy answer length per prompt."),
@@ -55,7 +62,8 @@ def register(app: typer.Typer) -> None:
             gen_batch_size=gen_batch_size, steps=steps, max_seconds=max_seconds, batch_size=batch_size,
             anchors_per_seq=anchors, lr=lr, seed=seed, device=device, data_file=data_file,
             init_from_target=init_from_target, follow_up_tokens=follow_up_tokens, weight_decay=weight_decay,
-            sampled_prompts=sampled_prompts,
+            sampled_prompts=sampled_prompts, mask_token_id=mask_token_id,
+            target_layer_ids=parse_layer_ids(target_layers),
         )  # fmt: skip
         result = train_draft(settings)
         typer.echo(json.dumps(result["summary"], indent=1))
@@ -65,3 +73,17 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(table, indent=1))
             if eval_out:
                 Path(eval_out).write_text(json.dumps(table, indent=1))
+
+
+def parse_layer_ids(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0:
+        from ddtree_diag.errors import UsageError
+
+        raise UsageError(f"--target-layers: expected comma-separated layer ids >= 0, got {text!r}")
+    return ids

@@ -133,14 +133,24 @@ class GenerationRecorder:
         if tree_size is not None:
             self.acceptance_lengths.append(len(new_tokens))
             self.tree_sizes.append(tree_size)
-        if request.on_token is not None:
-            text = self.text()
-            delta, self._streamed = text[len(self._streamed) :], text
-            if request.on_token(new_tokens, delta) is False:
-                finish = finish or "cancelled"
         if request.stop and finish is None and any(s in self.text() for s in request.stop):
             finish = "stop"
+        if request.on_token is not None:
+            delta = self._stream_delta(final=finish is not None)
+            if request.on_token(new_tokens, delta) is False:
+                finish = finish or "cancelled"
         self.finish = finish
+
+    def _stream_delta(self, final: bool) -> str:
+        """New text for the stream. A byte-level token can end inside a multi-byte character, which
+        decodes as U+FFFD until the next token completes it: such a tail is held back (until the
+        last round), so the streamed text always equals the final text."""
+        text = self.text()
+        stable = text if final else text.rstrip("\ufffd")
+        if not stable.startswith(self._streamed):
+            stable = self._streamed  # never retract what was sent; the rest follows when stable
+        delta, self._streamed = stable[len(self._streamed) :], stable
+        return delta
 
     def result(self, extras: dict[str, Any] | None = None) -> Generation:
         """The Generation record: final text cut at a stop string, timings, top log-probs."""

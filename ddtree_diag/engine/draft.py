@@ -70,7 +70,14 @@ class DraftConfig:
     max_position_embeddings: int = 40960
     attention_bias: bool = False
     layer_types: list[str] | None = None
+    sliding_window: int | None = None  # for "sliding_attention" layers (Qwen3.6 drafts)
     extra: dict[str, Any] = field(default_factory=dict)  # unknown keys, written back on save
+
+    def layer_window(self, layer: int) -> int | None:
+        """Sliding window of draft layer ``layer`` (None: it attends to everything)."""
+        if self.sliding_window is None or not self.layer_types or layer >= len(self.layer_types):
+            return None
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
     @property
     def dim_per_head(self) -> int:
@@ -105,7 +112,7 @@ class DraftConfig:
             "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "intermediate_size", "block_size", "num_target_layers", "head_dim", "rms_norm_eps",
             "rope_theta", "rope_scaling", "rope_parameters", "vocab_size", "max_position_embeddings",
-            "attention_bias", "layer_types", "dflash_config",
+            "attention_bias", "layer_types", "dflash_config", "sliding_window", "use_sliding_window",
         }  # fmt: skip
         return cls(
             hidden_size=int(data["hidden_size"]),
@@ -125,6 +132,7 @@ class DraftConfig:
             max_position_embeddings=int(data.get("max_position_embeddings", 40960)),
             attention_bias=bool(data.get("attention_bias", False)),
             layer_types=data.get("layer_types"),
+            sliding_window=_sliding_window(data),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -154,11 +162,23 @@ class DraftConfig:
                     "mask_token_id": self.mask_token_id,
                 },
                 "layer_types": self.layer_types or ["full_attention"] * self.num_hidden_layers,
+                "sliding_window": self.sliding_window,
             }
         )
         if self.vocab_size is not None:
             data["vocab_size"] = self.vocab_size
         return data
+
+
+def _sliding_window(data: dict[str, Any]) -> int | None:
+    """The window of sliding-attention layers, when the config has any (``use_sliding_window``
+    false turns it off, as in Qwen configs)."""
+    window = data.get("sliding_window")
+    if window is None or data.get("use_sliding_window") is False:
+        return None
+    if "sliding_attention" not in (data.get("layer_types") or []):
+        return None
+    return int(window)
 
 
 class RMSNorm(nn.Module):
@@ -182,6 +202,7 @@ class DraftKVCache:
         shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.dim_per_head)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.positions = torch.zeros(max_len, dtype=torch.long, device=device)  # for sliding windows
         self.length = 0  # context tokens stored
         self.max_len = max_len
 
@@ -300,11 +321,23 @@ class DFlashDraft(nn.Module):
         ctx_rope = self.rope(context_positions, batch, dtype)
         if attention_mask is not None and attention_mask.dtype != torch.bool:
             attention_mask = attention_mask.to(dtype)
+        windows = {self.config.layer_window(i) for i in range(len(self.layers))} - {None}
+        key_positions = None
+        if windows:
+            cached = kv_cache.positions[: kv_cache.length] if kv_cache is not None else noise_positions[..., :0]
+            key_positions = torch.cat(
+                [_batched(cached, batch), _batched(context_positions, batch), _batched(noise_positions, batch)], dim=-1
+            )
+        if kv_cache is not None:
+            end = kv_cache.length + context_features.shape[1]
+            kv_cache.positions[kv_cache.length : end] = _batched(context_positions, 1)[0]
         hidden = noise_embeds
         for index, layer in enumerate(self.layers):
-            attn = layer.self_attn(
-                layer.input_layernorm(hidden), ctx, noise_rope, ctx_rope, attention_mask, kv_cache, index
-            )
+            mask = attention_mask
+            window = self.config.layer_window(index)
+            if window is not None:
+                mask = _sliding_mask(_batched(noise_positions, batch), key_positions, window, attention_mask)
+            attn = layer.self_attn(layer.input_layernorm(hidden), ctx, noise_rope, ctx_rope, mask, kv_cache, index)
             hidden = hidden + attn
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         if kv_cache is not None:
@@ -314,6 +347,24 @@ class DFlashDraft(nn.Module):
     def new_cache(self, max_len: int, batch: int = 1) -> DraftKVCache:
         param = self.fc.weight
         return DraftKVCache(self.config, max_len, batch, device=param.device, dtype=param.dtype)
+
+
+def _batched(positions: torch.Tensor, batch: int) -> torch.Tensor:
+    return positions.unsqueeze(0).expand(batch, -1) if positions.dim() == 1 else positions
+
+
+def _sliding_mask(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, window: int, base: torch.Tensor | None
+) -> torch.Tensor:
+    """[B, 1, Q, K] bool: a query sees keys less than ``window`` positions behind it (and, with a
+    ``base`` mask, only what that allows). The noise block stays bidirectional within itself."""
+    near = key_positions[:, None, :] > query_positions[:, :, None] - window
+    mask = near[:, None]
+    if base is None:
+        return mask
+    if base.dtype == torch.bool:
+        return mask & base
+    return base.masked_fill(~mask, float("-inf"))
 
 
 def _weight_files(directory: Path) -> list[Path]:

@@ -52,7 +52,7 @@ def check_supported(config: Any) -> None:
     """Refuse targets our forward cannot run exactly, with one line saying why."""
     cfg = text_config(config)
     model_type = getattr(cfg, "model_type", "?")
-    if model_type in SUPPORTED_MODEL_TYPES:
+    if model_type in HYBRID_MODEL_TYPES or (model_type in DENSE_MODEL_TYPES and not is_hybrid(cfg)):
         return
     kind = "hybrid (linear-attention) " if is_hybrid(cfg) else ""
     raise UsageError(

@@ -29,7 +29,7 @@ import math
 import random
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -50,8 +50,10 @@ class TrainSettings:
     target_dir: str | None = None  # None = the embedded SmolLM2 (ensure_target_dir)
     block_size: int = 8  # beat 16 at budget 64 on held-out prompts (model card)
     num_draft_layers: int = 2
-    target_layer_ids: list[int] = field(default_factory=lambda: [1, 8, 14, 20, 27])
-    mask_token_id: int = SMOLLM2_MASK_TOKEN_ID
+    # None: five layers spread over the target's depth (SmolLM2: 1, 8, 14, 20, 27; a 64-layer
+    # Qwen3.6-27B: 1, 16, 31, 46, 61, as z-lab's drafts use)
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None  # None: a token id no text uses (see choose_mask_token_id)
     max_prompts: int | None = None
     # > 0: add this many user prompts written by the target itself (sample_user_prompts), kept
     # away from the held-aside evaluation prompts
@@ -415,6 +417,27 @@ def block_loss(
     return loss, acc
 
 
+def spread_layer_ids(num_layers: int, count: int = 5) -> list[int]:
+    """``count`` target layers from 1 to num_layers-3, evenly spread (z-lab's choice for DFlash)."""
+    last = max(1, num_layers - 3)
+    ids = [round(1 + i * (last - 1) / max(count - 1, 1)) for i in range(count)]
+    return sorted({min(i, num_layers - 1) for i in ids})
+
+
+def choose_mask_token_id(target_config, tokenizer) -> int:
+    """The noise block's mask token: SmolLM2's unused marker for SmolLM2; else the first embedding row
+    past the tokenizer (padding rows no text produces), else a mask/pad special."""
+    if tokenizer.get_vocab().get("<empty_output>") == SMOLLM2_MASK_TOKEN_ID:
+        return SMOLLM2_MASK_TOKEN_ID
+    vocab = len(tokenizer)
+    if getattr(target_config, "vocab_size", 0) > vocab:
+        return vocab
+    for token in (getattr(tokenizer, "mask_token", None), "<|mask|>", getattr(tokenizer, "pad_token", None)):
+        if token and token in tokenizer.get_vocab():
+            return int(tokenizer.get_vocab()[token])
+    return target_config.vocab_size - 1
+
+
 def new_draft(target_config, settings: TrainSettings) -> DFlashDraft:
     cfg = DraftConfig(
         hidden_size=target_config.hidden_size,
@@ -424,7 +447,7 @@ def new_draft(target_config, settings: TrainSettings) -> DFlashDraft:
         head_dim=getattr(target_config, "head_dim", None)
         or target_config.hidden_size // target_config.num_attention_heads,
         intermediate_size=target_config.intermediate_size,
-        target_layer_ids=list(settings.target_layer_ids),
+        target_layer_ids=list(settings.target_layer_ids or spread_layer_ids(target_config.num_hidden_layers)),
         mask_token_id=settings.mask_token_id,
         block_size=settings.block_size,
         num_target_layers=target_config.num_hidden_layers,
@@ -445,20 +468,34 @@ def _rope_theta(config) -> float:
 
 @torch.no_grad()
 def init_draft_from_target(draft: DFlashDraft, target) -> None:
-    """Start each draft layer as a copy of one of the target's last decoder layers (same shapes
-    in a Llama target), and the draft's final norm as the target's: its output already lives in
-    the space the frozen lm_head reads. q_norm/k_norm (absent in Llama) stay at ones; fc is random."""
-    layers = target.model.layers
-    offset = len(layers) - len(draft.layers)
-    for index, layer in enumerate(draft.layers):
-        source = layers[offset + index]
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(layer.self_attn, name).weight.copy_(getattr(source.self_attn, name).weight)
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(layer.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
-        layer.input_layernorm.weight.copy_(source.input_layernorm.weight)
-        layer.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
-    draft.norm.weight.copy_(target.model.norm.weight)
+    """Start each draft layer as a copy of one of the target's last full-attention layers, and the
+    draft's final norm as the target's: its output already lives in the space the frozen lm_head
+    reads. A gated query (Qwen3.5/3.6) gives the draft its query half; norms are copied as the
+    scale they apply (zero-centred Qwen3.5 norms included); a MoE MLP stays random, as does fc."""
+    inner = getattr(target.model, "language_model", target.model)
+    sources = [layer for layer in inner.layers if hasattr(layer, "self_attn")][-len(draft.layers) :]
+    offset = len(draft.layers) - len(sources)
+    for layer, source in zip(draft.layers[offset:], sources, strict=True):
+        attn, src = layer.self_attn, source.self_attn
+        query = src.q_proj.weight
+        if query.shape[0] == 2 * attn.q_proj.out_features:  # [query | gate] per head
+            query = query.view(attn.heads, 2, attn.head_dim, -1)[:, 0].reshape(attn.q_proj.out_features, -1)
+        attn.q_proj.weight.copy_(query)
+        for name in ("k_proj", "v_proj", "o_proj"):
+            getattr(attn, name).weight.copy_(getattr(src, name).weight)
+        if hasattr(source.mlp, "gate_proj"):
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(layer.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
+        layer.input_layernorm.weight.copy_(_norm_scale(source.input_layernorm))
+        layer.post_attention_layernorm.weight.copy_(_norm_scale(source.post_attention_layernorm))
+    draft.norm.weight.copy_(_norm_scale(inner.norm))
+
+
+def _norm_scale(norm: torch.nn.Module) -> torch.Tensor:
+    """The per-channel scale an RMSNorm applies (w, or 1 + w for zero-centred norms): its output
+    for an all-ones input, whose RMS is 1."""
+    ones = torch.ones(1, norm.weight.shape[0], device=norm.weight.device, dtype=torch.float32)
+    return norm(ones)[0].to(norm.weight.dtype)
 
 
 def load_target(target_dir: str | Path, device: str):
@@ -605,6 +642,11 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         n_val = max(1, int(len(shuffled) * settings.val_fraction))
         val_records, records = shuffled[:n_val][: settings.val_sequences], shuffled[n_val:]
 
+    if settings.target_layer_ids is None:
+        settings.target_layer_ids = spread_layer_ids(target.config.num_hidden_layers)
+    if settings.mask_token_id is None:
+        settings.mask_token_id = choose_mask_token_id(target.config, tokenizer)
+    log(f"target layers {settings.target_layer_ids}, mask token {settings.mask_token_id}")
     draft = new_draft(target.config, settings).to(device)
     if settings.init_from:
         from ddtree_diag.engine.draft import load_draft

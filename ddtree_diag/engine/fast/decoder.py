@@ -315,6 +315,16 @@ class FastDecoder:
             (key_slots >= noise_slots[0]) & (key_slots < noise_slots[0] + block)
         )
         mask = visible[None, None, None, :]
+        rep = self.d_heads // self.d_kv_heads
+        sliding: dict[int, torch.Tensor] = {}
+        for size in {d.config.layer_window(i) for i in range(len(d.layers))} - {None}:
+            # context slots hold positions equal to their slot; the noise block sits at start..
+            offset = key_slots - noise_slots[0]
+            is_noise = (offset >= 0) & (offset < block)
+            key_positions = torch.where(is_noise, self.start + offset, key_slots)
+            query_positions = self.start + self.slot_index[:block]
+            near = key_positions[None, :] > query_positions[:, None] - size
+            sliding[size] = (visible[None, :] & near).repeat(rep, 1)[None, None]  # rows: (head group, block)
         noise_ids = torch.cat([self.root, self.mask_tail])
         hidden = self.target.embed(noise_ids[None])
         rope = d.rope(self.start + self.slot_index[:block], 1, hidden.dtype)
@@ -325,7 +335,8 @@ class FastDecoder:
             self.draft_k[index].index_copy_(2, noise_slots, k)
             self.draft_v[index].index_copy_(2, noise_slots, v)
             q = q.reshape(1, kv_heads, (heads // kv_heads) * block, head_dim)
-            out = attend(q, self.draft_k[index][:, :, :window], self.draft_v[index][:, :, :window], mask)
+            layer_mask = sliding.get(d.config.layer_window(index), mask)
+            out = attend(q, self.draft_k[index][:, :, :window], self.draft_v[index][:, :, :window], layer_mask)
             out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
             hidden = self._post_attention(layer, hidden, out, fused)
         hidden = d.norm(hidden)
