@@ -210,15 +210,25 @@ def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypa
     assert accepted_rounds > 5  # tree nodes were accepted, so their verify rows were used
 
 
-def test_streamed_text_equals_the_final_text_when_tokens_split_characters(engines):
+@pytest.mark.parametrize("rounds", [[[0x61], [0xDB], [0xB7, 0x62]], [[0x61, 0xE2], [0x82], [0xAC], [0x21]],
+                                    [[0x61], [0xF0, 0x9F], [0x98, 0x80, 0x20]]])  # fmt: skip
+def test_streamed_text_equals_the_final_text_when_tokens_split_characters(rounds):
     """Byte-level tokens can end inside a multi-byte character (it decodes as U+FFFD until the next
-    token completes it): what on_token streams must add up to the final text, never keep the
-    placeholder. The tiny target's random tokens split characters all the time."""
-    engine = engines[4]
-    for prompt in PROMPTS:
-        for budget in (0, 16):
-            pieces: list[str] = []
-            gen = engine.generate_ids(prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[],
-                                      on_token=lambda ids, text: pieces.append(text) is None)  # fmt: skip
-            assert "".join(pieces) == gen.text, (prompt, budget)
-    assert any("\ufffd" in engine.decode_text([t]) for t in range(128, 256))  # single bytes do split characters
+    token completes it): what on_token streams must add up to the final text and never carry the
+    placeholder. Tokens here are bytes, rounds split characters on purpose."""
+    from ddtree_diag.engine.decode import DecodeRequest, GenerationRecorder
+
+    pieces: list[str] = []
+    total = sum(len(tokens) for tokens in rounds)  # the last round reaches max_tokens: the stream ends there
+    request = DecodeRequest(prompt_ids=[1], mode="tree", tree_budget=4, max_tokens=total, stop_ids=set(),
+                            on_token=lambda ids, text: pieces.append(text) is None)  # fmt: skip
+    record = GenerationRecorder(request, lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    first, *later = rounds
+    record.first_token(first[0])
+    for tokens in [first[1:], *later]:
+        if tokens:
+            record.round(tokens, tree_size=4)
+    assert record.done and record.finish == "length"
+    final = record.result().text
+    assert "\ufffd" not in final and "".join(pieces) == final
+    assert all("\ufffd" not in piece for piece in pieces)
