@@ -7,8 +7,9 @@ equal eager token for token in fp32.
 
     python -m bench.engine_gpu_check [--device cuda] [--quick] [--paths fast]
 
-Targets: the tiny test fixture (written to disk, loaded through the real loader) and a medium
-random Qwen3 (HF default init, where near-ties are common) built in memory.
+Targets: the tiny test fixtures (written to disk, loaded through the real loader) and medium
+random ones (HF default init, where near-ties are common) built in memory; dense (Qwen3) and
+hybrid (Qwen3.5-style, Gated DeltaNet) for each (``--targets``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ def medium_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
     )  # fmt: skip
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    draft_config = DraftConfig(
+        hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+        intermediate_size=1536, target_layer_ids=[1, 4, 6], mask_token_id=8191, block_size=block_size,
+        num_target_layers=8, head_dim=64, vocab_size=8192,
+    )  # fmt: skip
+    draft = DFlashDraft(draft_config).to(device=device, dtype=dtype).eval()
+    return Engine(TargetModel(model, max_len=512), tokenizer=None, draft=draft)
+
+
+def medium_hybrid_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
+    """A mid-size random Qwen3.5-style hybrid: 8 layers, 3 Gated DeltaNet to 1 full attention."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, linear_num_key_heads=4,
+        linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64, tie_word_embeddings=False,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(8)],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(config).to(device=device, dtype=dtype).eval()
     draft_config = DraftConfig(
         hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
         intermediate_size=1536, target_layer_ids=[1, 4, 6], mask_token_id=8191, block_size=block_size,
@@ -106,7 +128,9 @@ def main() -> int:
     parser.add_argument("--paths", default="eager,fast", help="decode paths: " + ", ".join(DECODE_PATHS))
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="tree budgets (0 = AR)")
     parser.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 or both")
+    parser.add_argument("--targets", default="dense,hybrid", help="dense (Qwen3), hybrid (Qwen3.5-style) or both")
     args = parser.parse_args()
+    targets = args.targets.split(",")
     PATHS[:] = args.paths.split(",")
     BUDGETS[:] = [int(b) for b in args.budgets.split(",")]
     dtypes = args.dtypes.split(",")
@@ -116,26 +140,30 @@ def main() -> int:
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        target = fx.make_target(root / "target")
-        drafts = {bs: fx.make_draft(root / f"d{bs}", block_size=bs) for bs in (4, 8)}
-        tiny_prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in (5, 13, 31, 60)][
+        tiny_prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in (5, 13, 31, 70)][
             :n_prompts
         ]
-        for dtype in dtypes:
-            engines = {
-                bs: load_engine(target, d, device=args.device, dtype=dtype) for bs, d in drafts.items()
-            }
-            _, differ = check(f"tiny-{dtype}", engines, tiny_prompts, max_tokens)
-            failures += differ if dtype == "fp32" else 0
+        tiny = {"dense": fx.make_target, "hybrid": fx.make_hybrid_target}
+        for kind in targets:
+            target = tiny[kind](root / f"target-{kind}")
+            drafts = {bs: fx.make_draft(root / f"d{bs}-{kind}", block_size=bs) for bs in (4, 8)}
+            for dtype in dtypes:
+                engines = {
+                    bs: load_engine(target, d, device=args.device, dtype=dtype) for bs, d in drafts.items()
+                }
+                _, differ = check(f"tiny-{kind}-{dtype}", engines, tiny_prompts, max_tokens)
+                failures += differ if dtype == "fp32" else 0
     medium_prompts = [torch.randint(0, 8000, (n,), generator=gen).tolist() for n in (7, 50, 200, 9)][
         :n_prompts
     ]
-    for dtype in [{"fp32": torch.float32, "bf16": torch.bfloat16}[name] for name in dtypes]:
-        engines = {bs: medium_engine(args.device, dtype, bs) for bs in (8, 16)}
-        label = "medium-" + ("fp32" if dtype == torch.float32 else "bf16")
-        _, differ = check(label, engines, medium_prompts, max_tokens)
-        failures += differ if dtype == torch.float32 else 0
-        del engines
+    builders = {"dense": medium_engine, "hybrid": medium_hybrid_engine}
+    for kind in targets:
+        for dtype in [{"fp32": torch.float32, "bf16": torch.bfloat16}[name] for name in dtypes]:
+            engines = {bs: builders[kind](args.device, dtype, bs) for bs in (8, 16)}
+            label = f"medium-{kind}-" + ("fp32" if dtype == torch.float32 else "bf16")
+            _, differ = check(label, engines, medium_prompts, max_tokens)
+            failures += differ if dtype == torch.float32 else 0
+            del engines
     print(f"device={args.device} torch={torch.__version__} elapsed={time.perf_counter() - started:.1f}s")
     print("fp32 lossless: " + ("PASS" if failures == 0 else f"FAIL ({failures} cases)"))
     return 0 if failures == 0 else 1

@@ -34,7 +34,15 @@ SHAPES = {
     "0.6b": (1024, 28, 16, 8, 128, 3072, 151936, True),
     "8b": (4096, 36, 32, 8, 128, 12288, 151936, False),
     "small": (256, 6, 8, 4, 32, 768, 8192, False),  # CPU smoke run
+    # Hybrid (Gated DeltaNet) targets, 3 linear-attention layers to 1 full: Qwen3.6-27B's text
+    # model as its public config gives it, and a CPU-sized one.
+    "qwen3.6-27b": (5120, 64, 24, 4, 256, 17408, 248320, False),
+    "hybrid-small": (256, 8, 4, 2, 64, 768, 8192, False),
 }
+# Gated DeltaNet dims of the hybrid shapes: (key heads, value heads, key dim, value dim, conv kernel)
+LINEAR = {"qwen3.6-27b": (16, 48, 128, 128, 4), "hybrid-small": (4, 8, 32, 32, 4)}
+# The draft of a hybrid shape (z-lab's Qwen3.6-27B DFlash: 32/8 heads of 128; a sliding layer)
+DRAFT_HEADS = {"qwen3.6-27b": (32, 8, 128), "hybrid-small": (4, 2, 64)}
 HBM_BYTES_PER_S = 4.8e12  # H200
 WARMUP_TOKENS = 24  # per config before the timed run (small runs: the whole run, shapes fully warm)
 LINES: list[str] = []
@@ -53,27 +61,48 @@ def draft_layer_ids(target_layers: int, draft_layers: int) -> list[int]:
     return [round(start + i * (end - start) / (draft_layers - 1)) for i in range(draft_layers)]
 
 
-def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_layers: int) -> Engine:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
+def target_model(shape: str) -> torch.nn.Module:
+    """The random HF target of a shape (built on the current default device and dtype)."""
     hidden, layers, heads, kv_heads, head_dim, inter, vocab, tied = SHAPES[shape]
-    config = Qwen3Config(
+    common = dict(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=40960, tie_word_embeddings=tied,
     )  # fmt: skip
+    if shape in LINEAR:
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        key_heads, value_heads, key_dim, value_dim, kernel = LINEAR[shape]
+        config = Qwen3_5TextConfig(
+            **common, layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+            linear_num_key_heads=key_heads, linear_num_value_heads=value_heads, linear_key_head_dim=key_dim,
+            linear_value_head_dim=value_dim, linear_conv_kernel_dim=kernel,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+        )  # fmt: skip
+        return Qwen3_5ForCausalLM(config).eval()
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**common)).eval()
+
+
+def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_layers: int) -> Engine:
+    hidden, layers, heads, kv_heads, head_dim, inter, vocab, _tied = SHAPES[shape]
+    draft_heads, draft_kv_heads, draft_head_dim = DRAFT_HEADS.get(shape, (heads, kv_heads, head_dim))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build directly in the target dtype (8B in fp32 would not be cheap)
     try:
         torch.manual_seed(0)
         with torch.device(device):
-            model = Qwen3ForCausalLM(config).eval()
+            model = target_model(shape)
             draft_config = DraftConfig(
-                hidden_size=hidden, num_hidden_layers=draft_layers, num_attention_heads=heads,
-                num_key_value_heads=kv_heads, intermediate_size=inter,
+                hidden_size=hidden, num_hidden_layers=draft_layers, num_attention_heads=draft_heads,
+                num_key_value_heads=draft_kv_heads, intermediate_size=inter,
                 target_layer_ids=draft_layer_ids(layers, draft_layers), mask_token_id=vocab - 1,
-                block_size=block_size, num_target_layers=layers, head_dim=head_dim, vocab_size=vocab,
+                block_size=block_size, num_target_layers=layers, head_dim=draft_head_dim, vocab_size=vocab,
             )  # fmt: skip
+            if shape in LINEAR:  # as the published Qwen3.6 draft: sliding layers, one full
+                draft_config.layer_types = ["sliding_attention"] * (draft_layers - 1) + ["full_attention"]
+                draft_config.sliding_window = 2048
             draft = DFlashDraft(draft_config)
             with torch.no_grad():
                 for name, p in draft.named_parameters():
@@ -124,6 +153,37 @@ def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], n
         })  # fmt: skip
 
 
+def run_official(engine: Engine, prompt: list[int], args: argparse.Namespace, shape: str) -> None:
+    """The official DDTree code on the same target and draft (weights shared), same prompt and
+    lengths; then each of our paths' speed-up over it per budget."""
+    import tempfile
+
+    from bench.official import load_official, load_official_draft, official_round_ms
+    from ddtree_diag.engine.draft import save_draft
+
+    official = load_official(args.official_dir)
+    with tempfile.TemporaryDirectory() as directory:
+        save_draft(engine.draft, engine.draft.config, directory)
+        draft = load_official_draft(official, directory, engine.dtype, engine.device)
+    ours = {(r["path"], r["budget"]): r["ms_per_round"] for r in RECORDS if r["shape"] == shape}
+    for budget in [0, *args.budgets]:
+        official_round_ms(official, draft, engine.target.hf, prompt, budget, WARMUP_TOKENS, args.block_size)
+        result = official_round_ms(official, draft, engine.target.hf, prompt, budget, args.new_tokens,
+                                   args.block_size)  # fmt: skip
+        per = result["stage_ms_per_round"]
+        speedups = "  ".join(
+            f"{path} {result['ms_per_round'] / ours[(path, budget)]:.1f}x" for path in args.paths
+            if ours.get((path, budget))
+        )  # fmt: skip
+        say(f"{'official':>12} {budget if budget else 'AR':>6} {result['rounds']:>6} {result['tau']:>5.2f} "
+            f"{result['ms_per_round']:>9.2f} {per.get('draft', 0):>7.2f} "
+            f"{per.get('tree_build', 0) + per.get('tree_compile', 0):>7.2f} {per.get('verify', 0):>7.2f} "
+            f"{per.get('commit', 0):>7.2f}  speed-up: {speedups}")  # fmt: skip
+        RECORDS.append({"shape": shape, "path": "official", "budget": budget, **{
+            k: v for k, v in result.items() if k != "tokens"}})  # fmt: skip
+    del draft
+
+
 def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) -> None:
     """torch.profiler over a few fast rounds: top ops by device (or CPU) time, and how busy the
     device was — the evidence of what bounds a round."""
@@ -158,7 +218,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.target.hf.parameters())
     bound_ms = 1000 * weight_bytes / HBM_BYTES_PER_S
     params = sum(p.numel() for p in engine.target.hf.parameters()) / 1e9
-    say(f"\n== Qwen3-{shape}-shaped random target ({params:.2f}B params, {weight_bytes / 2**30:.2f} GiB), "
+    kind = "hybrid Gated-DeltaNet " if engine.target.hybrid else ""
+    say(f"\n== {shape}-shaped random {kind}target ({params:.2f}B params, {weight_bytes / 2**30:.2f} GiB), "
         f"{args.draft_layers}-layer draft, block {args.block_size}, {args.dtype} on {args.device} "
         f"(built in {built:.1f}s)")  # fmt: skip
     say(f"bandwidth bound of one target forward: {weight_bytes / 1e9:.2f} GB / 4.8 TB/s = {bound_ms:.2f} ms "
@@ -166,6 +227,10 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(1)
     vocab = engine.target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (args.prompt_tokens,), generator=gen).tolist()
+    if engine.target.hybrid:
+        states = ", ".join(f"budget {b}: {engine.target.tree_state_bytes(b) / 2**30:.2f} GiB" for b in args.budgets)
+        say(f"per-node recurrent state the eager scan holds ({len(engine.target.linear_layers)} Gated DeltaNet "
+            f"layers): {states}; the fast path's parallel solve holds none")  # fmt: skip
     header = f"{'path':>12} {'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} "
     say(header + f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5} {'=eag':>5}")
     for path in args.paths:
@@ -175,6 +240,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
         except Exception as exc:  # one path failing (say torch.compile) must not lose the others' figures
             first_line = (str(exc).strip().splitlines() or [""])[0]
             say(f"{path:>12} failed: {type(exc).__name__}: {first_line}")
+    if args.official_dir and not engine.target.hybrid:
+        run_official(engine, prompt, args, shape)
     if args.profile:
         budget = 64 if 64 in args.budgets else args.budgets[0]
         try:
@@ -207,6 +274,10 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per fast run (default 256; small 32)")
     parser.add_argument("--eager-tokens", type=int, default=None, help="tokens per eager run (default 64; small 32)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument(
+        "--official-dir", default=None,
+        help="directory of the official DDTree code (ddtree.py, dflash.py, model/): measured in the same run",
+    )  # fmt: skip
     parser.add_argument(
         "--profile", action=argparse.BooleanOptionalAction, default=None,
         help="torch.profiler top ops of fast rounds per shape (default: on with CUDA)",

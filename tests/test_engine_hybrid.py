@@ -337,3 +337,22 @@ def test_reference_server_serves_a_hybrid_target_losslessly(tmp_path, cli):
     assert report["target"]["dialect"] == "ddtree" and len(report["results"]) == 4
     assert all(r["baseline"]["verdict"] == "identical" for r in report["results"]), result.stderr
     assert all(r["spec"]["decode_rounds"] for r in report["results"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_hybrid_fast_path_with_cuda_graphs_is_lossless_in_fp32(tmp_path):
+    """On a GPU: every stage of the hybrid round (the parallel Gated DeltaNet solve and the state
+    commit included) captures as a CUDA graph, and the output equals the full-forward greedy."""
+    target = fx.make_hybrid_target(tmp_path / "target", pattern="LLAL")
+    draft = fx.make_draft(tmp_path / "draft", block_size=8, layer_ids=(0, 2), layers=1)
+    engine = load_engine(target, draft, device="cuda", dtype="fp32")
+    assert engine.decode_path == "fast"
+    for prompt in PROMPTS:
+        reference = full_forward_greedy(engine, prompt, MAX_TOKENS)
+        for budget in BUDGETS:
+            quick = engine.generate_ids(prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
+            assert quick.token_ids == reference, budget
+            assert quick.extras["cuda_graph_errors"] == [] and quick.extras["cuda_graphs"]
+        eager = run_path(engine, "eager", prompt, tree_budget=64, max_tokens=MAX_TOKENS)
+        assert eager.token_ids == reference
