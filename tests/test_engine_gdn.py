@@ -56,7 +56,10 @@ def rule_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 
 def hf_rule(rule, q, k, v, g, beta, state):
-    """transformers' rule on unbatched inputs (adds / drops the batch dim)."""
+    """transformers' rule on unbatched inputs (adds / drops the batch dim). q/k heads are repeated
+    for the value heads first: newer releases do that inside the rule, older ones in the layer."""
+    repeat = v.shape[-2] // q.shape[-2]
+    q, k = q.repeat_interleave(repeat, dim=-2), k.repeat_interleave(repeat, dim=-2)
     out, final = rule(
         q[None], k[None], v[None], g=g[None], beta=beta[None],
         initial_state=None if state is None else state[None],

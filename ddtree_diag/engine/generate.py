@@ -269,7 +269,9 @@ class Engine:
 def free_memory_bytes(device: torch.device) -> int | None:
     """Free memory on ``device`` (CUDA: the driver's figure; CPU: available RAM), None if unknown."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        # what the driver has free, plus what torch's allocator holds but does not use
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + int(cached)
     try:
         import os
 

@@ -133,7 +133,10 @@ class TargetModel:
         """cos/sin [1, 1, T, rotary dims] at ``positions`` [T], from the HF model's own rotary module
         (it knows the checkpoint's rope scaling and partial rotary; Qwen3.5's multimodal rope
         reduces to this for text, whose three position rows are equal)."""
-        cos, sin = self.inner.rotary_emb(hidden, positions[None])
+        ids = positions[None]
+        if hasattr(self.inner.rotary_emb, "mrope_section"):
+            ids = ids[None].expand(3, 1, -1)  # one row per rope section (time, height, width); equal for text
+        cos, sin = self.inner.rotary_emb(hidden, ids)
         return cos[:, None], sin[:, None]
 
     def mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
