@@ -30,7 +30,8 @@ def full_forward_greedy(engine, prompt: list[int], max_tokens: int, stop_ids: se
     ids, out = list(prompt), []
     with torch.no_grad():
         while len(out) < max_tokens:
-            token = int(engine.target.hf(torch.tensor([ids]), use_cache=False).logits[0, -1].argmax())
+            sequence = torch.tensor([ids], device=engine.device)
+            token = int(engine.target.hf(sequence, use_cache=False).logits[0, -1].argmax())
             out.append(token)
             ids.append(token)
             if token in stop_ids:
