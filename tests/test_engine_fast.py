@@ -457,3 +457,17 @@ def test_decode_path_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("DDTREE_DIAG_DECODE", "warp")
     with pytest.raises(UsageError, match="DDTREE_DIAG_DECODE: unknown decode path 'warp'"):
         load_engine(target, device="cpu", dtype="fp32")
+
+
+def test_compiled_path_keeps_its_compile_cache_in_the_tool_cache(monkeypatch, tmp_path):
+    """fast-compile puts inductor's persistent caches under the tool's cache dir (unless the user
+    set TORCHINDUCTOR_CACHE_DIR), so a later process reuses the compiled stages."""
+    monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    fast_decoder.use_persistent_compile_cache()
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    fast_decoder.use_persistent_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
