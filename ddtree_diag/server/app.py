@@ -288,6 +288,8 @@ def create_app(
     """Build the FastAPI app around a loaded engine (``ddtree_diag.engine.load_engine``)."""
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddtree-engine")
     limits = limits or ServerLimits.for_engine(engine)
+    if default_tree_budget is None:  # the engine's own default, within this server's limit
+        default_tree_budget = min(int(getattr(engine, "default_tree_budget", 0)), limits.max_tree_budget)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -336,8 +338,7 @@ def create_app(
             "status": "ok",
             "ready": True,
             "model": model_name,
-            "tree_budget_default": engine.default_tree_budget if default_tree_budget is None
-            else default_tree_budget,
+            "tree_budget_default": default_tree_budget,
             "limits": {**asdict(limits), "max_context": max_context},
             "version": __version__,
             **info,
