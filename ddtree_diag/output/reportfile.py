@@ -76,6 +76,8 @@ def write_output(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` as described in the module docstring. UsageError with
     one line when it cannot be done; a failed atomic write leaves the old file untouched."""
     path = str(path)
+    if os.path.basename(path) in ("", ".", ".."):
+        raise UsageError(f"cannot write {path}: it names a directory")
     data = text.encode("utf-8", "backslashreplace")  # lone surrogates cannot be UTF-8: shown escaped
     try:
         info = os.stat(path)
