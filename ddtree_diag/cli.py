@@ -7,6 +7,7 @@ remote path start fast.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 
@@ -63,10 +64,21 @@ def _click_exit_code(exc: Exception) -> int | None:
     return None
 
 
+def _one_line(text: str) -> str:
+    """An error as one line, with any secret of this run masked."""
+    from ddtree_diag.redaction import redact
+
+    return redact(" ".join(text.split()))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and map every failure to one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    for stream in (sys.stdout, sys.stderr):
+        # Whatever a server sent (a lone surrogate) can always be printed, escaped if need be.
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     command = typer.main.get_command(app)
     try:
         # Without standalone mode click returns the code of a typer.Exit instead of raising it.
@@ -78,14 +90,14 @@ def main(argv: list[str] | None = None) -> None:
     except DiagError as exc:
         if debug:
             traceback.print_exc()
-        sys.stderr.write(f"ddtree-diag: error: {exc}\n")
+        sys.stderr.write(f"ddtree-diag: error: {_one_line(str(exc))}\n")
         code = exc.exit_code
     except Exception as exc:
         code = _click_exit_code(exc)
         if code is None:  # a bug of ours: one line, the traceback only on request
             if debug:
                 traceback.print_exc()
-            first = str(exc).splitlines()[0] if str(exc) else ""
+            first = _one_line(str(exc).splitlines()[0]) if str(exc).strip() else ""
             sys.stderr.write(f"ddtree-diag: internal error: {type(exc).__name__}: {first} (rerun with --debug)\n")
             code = EXIT_USAGE
     sys.stdout.flush()

@@ -22,9 +22,10 @@ from typing import Any
 from ddtree_diag import __version__
 from ddtree_diag.backends import Backend, TargetSpec, make_backend
 from ddtree_diag.checks import findings, gate, lossless
-from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TRANSPORT, UsageError
+from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TRANSPORT, EXIT_USAGE, UsageError
 from ddtree_diag.matrix import Matrix, MatrixRequest, resolve_matrix
 from ddtree_diag.records import SKIPPED, TRANSPORT_STATUSES, BaselineComparison, ProbeCase, ProbeResult, RunReport
+from ddtree_diag.redaction import register as register_secrets
 
 OnResult = Callable[[ProbeResult], None]
 
@@ -51,6 +52,9 @@ class PreparedRun:
 
 def prepare(plan: RunPlan) -> PreparedRun:
     """Resolve the matrix and the checks; UsageError before anything is sent when they do not fit."""
+    # Secrets first: any error below may quote a URL.
+    baseline_url = plan.baseline[4:] if plan.baseline and plan.baseline.startswith("url:") else None
+    register_secrets(plan.target.api_key, plan.target.url, baseline_url)
     matrix = resolve_matrix(plan.matrix)
     cases = matrix.cases()
     source = matrix.source or "<matrix>"
@@ -113,6 +117,8 @@ def judge(report: RunReport, gate_config: gate.GateConfig | None) -> None:
 def exit_code_for(report: RunReport) -> int:
     if report.interrupted:
         return EXIT_INTERRUPTED
+    if any(r.http_status in (401, 403) for r in report.results):
+        return EXIT_USAGE  # credentials are configuration: pass --api-key
     if any(r.status in TRANSPORT_STATUSES for r in report.results):
         return EXIT_TRANSPORT
     if report.gate is not None:
@@ -197,7 +203,8 @@ def baseline_target(spec: lossless.BaselineSpec, backend: Any, target: TargetSpe
             raise UsageError("--baseline engine needs the server's target model: --target DIR or --gguf FILE")
         return TargetSpec(engine=True, target=target.target, gguf=target.gguf, use_draft=False,
                           device=target.device, dtype=target.dtype)  # fmt: skip
-    common = dict(api_key=target.api_key, timeout=target.timeout, stream=False, concurrency=1, via=None)
+    common = dict(api_key=target.api_key, timeout=target.timeout, max_response_bytes=target.max_response_bytes,
+                  stream=False, concurrency=1, via=None)
     if spec.mode == "budget0":
         return TargetSpec(url=backend.base_url, model=backend.model, dialect=backend.dialect.name, **common)
     return TargetSpec(url=spec.url, **common)

@@ -7,13 +7,9 @@ text is gibberish, which is fine here: this file tests the wire, not the words.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,33 +17,11 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from tests.conftest import ROOT, free_port  # noqa: E402
-from tests.engine_fixtures import make_draft, make_target  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from tests.engine_fixtures import make_draft, make_target, start_server  # noqa: E402
 
 pytestmark = pytest.mark.engine
 API_KEY = "test-key-123"
-
-
-def start_server(target: Path, draft: Path | None, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    args = [sys.executable, "-m", "ddtree_diag", "serve", "--target", str(target), "--port", str(port),
-            "--device", "cpu", "--dtype", "fp32", *extra]  # fmt: skip
-    if draft is not None:
-        args += ["--draft", str(draft)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited: {process.stderr.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("server did not become healthy")
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,8 @@ class TargetSpec:
     model: str | None = None
     dialect: str = "auto"
     api_key: str | None = None
-    timeout: float = 120.0
+    timeout: float = 120.0  # seconds for a whole request (connect to last byte)
+    max_response_bytes: int = 8 << 20  # a bigger body fails its case
     stream: bool = True
     concurrency: int = 1
     engine: bool = False
@@ -64,6 +65,9 @@ class TargetSpec:
 def make_backend(spec: TargetSpec, *, transport: Any = None) -> Backend:
     """The backend for ``spec``. ``transport``: an already started ``--via`` agent to share (a
     baseline requested from the same far side); otherwise ``--via`` starts its own."""
+    from ddtree_diag.redaction import register
+
+    register(spec.api_key, spec.url)  # before anything can print them
     if spec.concurrency < 1:
         raise UsageError("--concurrency must be >= 1")
     if spec.engine:
@@ -91,7 +95,8 @@ def make_backend(spec: TargetSpec, *, transport: Any = None) -> Backend:
         own_transport = AgentTransport(spec.via, python=os.environ.get("DDTREE_DIAG_VIA_PYTHON") or "python3")
     backend = HttpBackend(
         spec.url, model=spec.model, dialect=spec.dialect, api_key=spec.api_key, timeout=spec.timeout,
-        stream=spec.stream, concurrency=spec.concurrency, transport=transport or own_transport,
+        stream=spec.stream, concurrency=spec.concurrency, max_response_bytes=spec.max_response_bytes,
+        transport=transport or own_transport,
     )  # fmt: skip
     if own_transport is not None:
         try:

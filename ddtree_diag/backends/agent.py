@@ -7,7 +7,8 @@ with ``-I -S``: no site-packages), and it writes no files.
 
 Protocol: JSON lines. Requests arrive on stdin:
     {"id": 1, "method": "POST", "url": "http://...", "headers": [[k, v], ...], "body": "<b64>",
-     "timeout": {"connect": 10, "read": 120}}
+     "timeout": {"connect": 10, "read": 120}, "deadline": 120}
+    ("deadline": seconds the whole request may take, or null; past it the agent stops reading)
     {"op": "ping", "id": 2}            -> {"id": 2, "event": "pong", "t": ...}
     {"op": "cancel", "id": 1}          (the local side stopped reading that response)
 Answers go to stdout, interleaved between requests but in order within one request:
@@ -16,7 +17,7 @@ Answers go to stdout, interleaved between requests but in order within one reque
     {"id": 1, "event": "chunk", "data": "<b64>", "t": ...}          as the body arrives
     {"id": 1, "event": "end", "t": ...}
     {"id": 1, "event": "error", "kind": "refused|dns|connect|connect_timeout|read_timeout|protocol|other",
-     "message": "..."}
+     "message": "..."}       (kind "deadline" too)
 ``t`` is the agent's monotonic clock in seconds when the event was sent; ``t0`` when the request
 started (so far-side TTFT = t of the chunk holding the first token - t0). The agent exits at EOF on stdin.
 """
@@ -47,8 +48,14 @@ def send(message):
         _out.flush()
 
 
+class DeadlinePassed(Exception):
+    pass
+
+
 def classify(exc, connecting):
     """(kind, message) for an exception; the local side maps kind to an httpx exception type."""
+    if isinstance(exc, DeadlinePassed):
+        return "deadline", "the request's deadline passed"
     if isinstance(exc, socket.gaierror):
         return "dns", f"name resolution failed: {exc}"
     if isinstance(exc, ConnectionRefusedError):
@@ -69,23 +76,38 @@ def fetch(request):
     timeout = request.get("timeout") or {}
     connect_timeout = timeout.get("connect")
     read_timeout = timeout.get("read")
+    deadline = request.get("deadline")
+    ends = None if deadline is None else started + deadline
+
+    def bounded(limit):
+        """A socket timeout no longer than the time the request has left."""
+        if ends is None:
+            return limit
+        left = ends - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassed()
+        return left if limit is None else min(limit, left)
+
     parts = urlsplit(request["url"])
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    if parts.scheme == "https":
-        import ssl
-
-        connection = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=connect_timeout, context=ssl.create_default_context()
-        )
-    else:
-        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=connect_timeout)
+    connection = None
     connecting = True
     try:
+        if parts.scheme == "https":
+            import ssl
+
+            connection = http.client.HTTPSConnection(
+                parts.hostname, parts.port, timeout=bounded(connect_timeout), context=ssl.create_default_context()
+            )
+        else:
+            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=bounded(connect_timeout))
         connection.connect()
         connecting = False
-        connection.sock.settimeout(read_timeout)
+        # Kept: getresponse() hands a closing connection's socket over to the response.
+        sock = connection.sock
+        sock.settimeout(bounded(read_timeout))
         # The headers are exactly the ones httpx built (Host, Content-Length, ...): add none.
         connection.putrequest(request["method"], path, skip_host=True, skip_accept_encoding=True)
         for name, value in request.get("headers") or []:
@@ -106,17 +128,21 @@ def fetch(request):
         while request_id not in _cancelled:
             # read1: whatever has arrived (de-chunked, still content-encoded), so SSE events
             # travel as soon as the server sends them.
+            sock.settimeout(bounded(read_timeout))
             data = response.read1(CHUNK_BYTES)
             if not data:
                 break
             send({"id": request_id, "event": "chunk", "data": base64.b64encode(data).decode("ascii")})
         send({"id": request_id, "event": "end"})
     except Exception as exc:  # reported to the local side, which decides
+        if isinstance(exc, socket.timeout) and ends is not None and time.monotonic() >= ends - 0.005:
+            exc = DeadlinePassed()
         kind, message = classify(exc, connecting)
         send({"id": request_id, "event": "error", "kind": kind, "message": message})
     finally:
         _cancelled.discard(request_id)
-        connection.close()
+        if connection is not None:
+            connection.close()
 
 
 def main():

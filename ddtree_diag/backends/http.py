@@ -1,22 +1,36 @@
 """Remote backend: probe an OpenAI-compatible server over HTTP (httpx, SSE streaming).
 
 Every failure of one request becomes a ProbeResult with a one-line reason; the run goes on.
+Whatever a server sends (a stream that never ends, a body of 100,000 nested brackets, NaN where a
+count belongs, invalid UTF-8, a redirect, 500 MiB) makes at most its own case fail:
+
+- ``--timeout S`` is a whole-request deadline (``deadline.Deadline``): connect to last byte,
+  streamed or not; a case that runs out of time is ``timeout``.
+- ``--max-response-bytes`` caps every body we read; over it, the case fails with that reason.
+- Bodies are read as strict UTF-8 and parsed with ``jsonsafe.loads`` (depth-limited); parsing is
+  the dialects' job and never raises on odd types.
+
 Timings are measured here, on the client: end-to-end, time to first token (streaming) and decode
 tokens per second between the first and the last token.
 """
 
 from __future__ import annotations
 
-import json
+import codecs
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 from httpx_sse import EventSource
 
+from ddtree_diag import jsonsafe
+from ddtree_diag.backends import deadline as deadlines
 from ddtree_diag.backends import dialects
+from ddtree_diag.backends.deadline import Deadline
 from ddtree_diag.backends.metrics import SpecCounters, parse_spec_counters
 from ddtree_diag.errors import TransportError, UsageError
 from ddtree_diag.records import (
@@ -27,18 +41,59 @@ from ddtree_diag.records import (
     ProbeCase,
     ProbeResult,
 )
+from ddtree_diag.redaction import redact, register, url_without_password
+
+DEFAULT_MAX_RESPONSE_BYTES = 8 << 20  # 8 MiB: a 4096-token streamed answer with top-5 logprobs is ~4 MiB
+ERROR_BODY_BYTES = 64 << 10  # of an error body only the start is shown
+AUTH_STATUSES = (401, 403)
+AUTH_HINT = "pass --api-key KEY (or set DDTREE_DIAG_API_KEY / OPENAI_API_KEY)"
+PARSER_GAP = "a reply ddtree-diag could not read"  # the catch-all's words; the fuzz tests look for them
+
+
+class BadReply(Exception):
+    """The server answered with something we cannot use (the case is ``http_error``)."""
+
+
+def format_bytes(count: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size and count % size == 0:
+            return f"{count // size} {unit}"
+    return f"{count} bytes"
+
+
+def parse_size(text: str | int) -> int:
+    """``8388608``, ``8M``, ``8MiB``, ``512k`` -> bytes (binary units). UsageError if bad."""
+    if isinstance(text, int):
+        value = text
+    else:
+        raw = str(text).strip().lower().removesuffix("b").removesuffix("i")
+        scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(raw[-1:], 1)
+        digits = raw[:-1] if scale > 1 else raw
+        try:
+            value = int(float(digits) * scale)
+        except (ValueError, OverflowError):
+            raise UsageError(f"--max-response-bytes: expected a size such as 8M or 1048576, got {text!r}") from None
+    if value < 1024:
+        raise UsageError(f"--max-response-bytes must be at least 1024 bytes, got {value}")
+    return value
 
 
 def normalise_url(url: str) -> str:
     """Base URL without a trailing ``/v1`` (endpoints are added per call). UsageError if bad."""
     text = (url or "").strip()
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"bad --url {url!r}: expected http://HOST[:PORT][/PATH]")
     try:
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        raise UsageError(f"bad --url {url!r}: port is not a number in 1-65535") from None
+        parts = urlsplit(text)
+        port_ok = True
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            port_ok = False
+    except ValueError:  # e.g. an unbalanced [ in an IPv6 host
+        raise UsageError(f"bad --url {redact(url)!r}: expected http://HOST[:PORT][/PATH]") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"bad --url {redact(url)!r}: expected http://HOST[:PORT][/PATH]")
+    if not port_ok:
+        raise UsageError(f"bad --url {redact(url)!r}: port is not a number in 1-65535")
     path = parts.path.rstrip("/")
     for suffix in ("/chat/completions", "/v1"):
         if path.endswith(suffix):
@@ -46,9 +101,22 @@ def normalise_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
+def host_of(url: str) -> str:
+    """HOST:PORT of a URL, never its userinfo."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "the server"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}" if port is not None else host
+
+
 def describe_transport_error(exc: Exception, url: str) -> tuple[str, str]:
     """(status, one-line reason) for an httpx exception."""
-    host = urlsplit(url).netloc
+    host = host_of(url)
     if isinstance(exc, httpx.TimeoutException):
         kind = {
             httpx.ConnectTimeout: "connect",
@@ -57,11 +125,11 @@ def describe_transport_error(exc: Exception, url: str) -> tuple[str, str]:
             httpx.PoolTimeout: "pool",
         }.get(type(exc), "request")
         return STATUS_TIMEOUT, f"{kind} timeout talking to {host}"
-    text = str(exc) or type(exc).__name__
+    text = redact(str(exc) or type(exc).__name__)
     lowered = text.lower()
     if isinstance(exc, httpx.ConnectError):
         if "name or service not known" in lowered or "nodename nor servname" in lowered or (
-            "name resolution" in lowered or "getaddrinfo" in lowered
+            "name resolution" in lowered or "getaddrinfo" in lowered or "no address associated" in lowered
         ):
             return STATUS_TRANSPORT_ERROR, f"cannot resolve host {urlsplit(url).hostname!r}"
         if "refused" in lowered:
@@ -72,20 +140,56 @@ def describe_transport_error(exc: Exception, url: str) -> tuple[str, str]:
     return STATUS_TRANSPORT_ERROR, f"{type(exc).__name__} talking to {host}: {text}"
 
 
-def _error_message(response: httpx.Response) -> str:
+def one_line(text: str, limit: int = 240) -> str:
+    line = " ".join(str(text).split())
+    return redact(line if len(line) <= limit else line[: limit - 1] + "…")
+
+
+def error_message(data: bytes, reason_phrase: str = "") -> str:
     """The server's own error message (OpenAI error object or FastAPI detail), one line."""
     try:
-        body = response.json()
+        body = jsonsafe.loads(data)
     except ValueError:
-        text = response.text.strip().replace("\n", " ")
-        return text[:160] or response.reason_phrase
+        text = data.decode("utf-8", "replace")
+        return one_line(text, 200) or reason_phrase or "(empty body)"
     if isinstance(body, dict):
         error = body.get("error", body.get("detail", body.get("message")))
         if isinstance(error, dict):
             error = error.get("message", error)
         if error is not None:
-            return str(error).replace("\n", " ")[:240]
-    return json.dumps(body)[:160]
+            return one_line(jsonsafe.displayable(str(error)))
+    return one_line(jsonsafe.dumps(jsonsafe.finite(body), indent=None), 200)
+
+
+def http_failure(response: httpx.Response, data: bytes, *, api_key_given: bool) -> str:
+    """One line for a non-2xx answer: redirects name their Location, 401/403 say what to pass."""
+    code = response.status_code
+    if 300 <= code < 400:
+        location = response.headers.get("location")
+        where = f" to {redact(location)!r}" if location else " without a Location"
+        return f"HTTP {code}: redirect{where} (requests are not followed: use that URL as --url)"
+    message = error_message(data, response.reason_phrase)
+    if code in AUTH_STATUSES:
+        advice = "the API key was refused; check --api-key" if api_key_given else f"the server wants a key: {AUTH_HINT}"
+        return f"HTTP {code}: {message} ({advice})"
+    return f"HTTP {code}: {message}"
+
+
+@dataclass
+class _Progress:
+    """What arrived before a failure, for its one-line reason."""
+
+    headers: bool = False
+    bytes: int = 0
+    events: int = 0
+    characters: int = 0
+
+    def describe(self) -> str:
+        if not self.headers:
+            return "no response headers"
+        if self.events:
+            return f"{self.bytes} bytes, {self.events} stream events, {self.characters} characters of text"
+        return f"headers and {self.bytes} body bytes"
 
 
 class HttpBackend:
@@ -103,35 +207,86 @@ class HttpBackend:
         timeout: float = 120.0,
         stream: bool = True,
         concurrency: int = 1,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        register(api_key, url)
         if dialect != "auto" and dialect not in dialects.DIALECTS:
             raise UsageError(
                 f"unknown --dialect {dialect!r}; choose auto or one of {', '.join(dialects.DIALECTS)}"
             )
-        # None until prepare() detects it (dialect "auto")
-        if timeout <= 0:
-            raise UsageError("--timeout must be > 0 seconds")
+        if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+            raise UsageError("--timeout must be a number of seconds > 0")
+        if max_response_bytes < 1024:
+            raise UsageError("--max-response-bytes must be at least 1024")
         self.base_url = normalise_url(url)
         self.model = model
+        # None until prepare() detects it (dialect "auto")
         self.dialect: dialects.Dialect | None = None if dialect == "auto" else dialects.get(dialect)
         self.stream = stream
         self.timeout = timeout
         self.concurrency = concurrency
-        self.transport = transport  # None = httpx's own; via.AgentTransport for --via
+        self.max_response_bytes = max_response_bytes
+        self.api_key_given = bool(api_key)
+        self.transport = transport  # None = ours (deadline-aware sockets); via.AgentTransport for --via
         headers = {"Accept": "application/json, text/event-stream"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.client = httpx.Client(
             headers=headers,
+            # Per-operation limits; the whole request is bounded by a Deadline of the same length.
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             trust_env=False,  # a loopback probe must not go through a proxy from the environment
-            transport=transport,
+            transport=transport if transport is not None else deadlines.DeadlineTransport(),
+            follow_redirects=False,  # a redirect is reported, never followed (it would drop a POST body)
         )
         self.detection_note: str | None = None
         self.metrics_prefix: str | None = None  # set when /metrics exposes spec counters
         self.strict_fields_dropped = False
         self._metrics_lock = threading.Lock()  # before/after scrapes must not interleave
+
+    # -- reading bodies ------------------------------------------------------------------------
+
+    def _chunks(self, response: httpx.Response, progress: _Progress, limit: int | None = None) -> Iterator[bytes]:
+        """The body's bytes (decoded from any content-encoding), checked against the size cap
+        and the deadline between chunks."""
+        limit = self.max_response_bytes if limit is None else limit
+        for chunk in response.iter_bytes():
+            progress.bytes += len(chunk)
+            if progress.bytes > limit:
+                raise BadReply(f"response larger than {format_bytes(limit)} (--max-response-bytes)")
+            deadlines.check()
+            yield chunk
+
+    def _read_all(self, response: httpx.Response, progress: _Progress) -> bytes:
+        return b"".join(self._chunks(response, progress))
+
+    def _read_error_body(self, response: httpx.Response, progress: _Progress) -> bytes:
+        """The start of an error body (enough for its message); the rest is not read."""
+        data = bytearray()
+        for chunk in self._chunks(response, progress, limit=1 << 62):
+            data += chunk
+            if len(data) >= ERROR_BODY_BYTES:
+                break
+        return bytes(data[:ERROR_BODY_BYTES])
+
+    @staticmethod
+    def _strict_utf8(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """Pass the bytes on, failing at the first byte that is not UTF-8."""
+        decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        offset = 0
+        for chunk in chunks:
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                bad = (bytes(decoder.getstate()[0]) + chunk)[exc.start : exc.start + 4].hex(" ")
+                raise BadReply(f"invalid UTF-8 in the stream near byte {offset + exc.start} ({bad})") from None
+            offset += len(chunk)
+            yield chunk
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise BadReply("invalid UTF-8 in the stream: it ends inside a character") from None
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -144,9 +299,7 @@ class HttpBackend:
             models = self._list_models()
             if self.model is None:
                 if not models:
-                    raise UsageError(
-                        f"{self.base_url}/v1/models lists no model; pass --model NAME"
-                    )
+                    raise UsageError(f"{self._shown_url}/v1/models lists no model; pass --model NAME")
                 self.model = models[0]["id"]
                 notes.append(f"model: {self.model} (first of {len(models)} from /v1/models)")
             for entry in models:
@@ -174,52 +327,118 @@ class HttpBackend:
             )
         return notes
 
+    @property
+    def _shown_url(self) -> str:
+        return url_without_password(self.base_url)
+
+    def _get(self, url: str, *, method: str = "GET", json: Any = None) -> tuple[httpx.Response, bytes]:
+        """One whole request inside the deadline: (response, body bytes; for errors, the start)."""
+        progress = _Progress()
+        with Deadline(self.timeout), self.client.stream(method, url, json=json) as response:
+            progress.headers = True
+            if response.status_code >= 300:
+                return response, self._read_error_body(response, progress)
+            return response, self._read_all(response, progress)
+
     def _list_models(self) -> list[dict[str, Any]]:
         url = f"{self.base_url}/v1/models"
+        need = self.model is None  # without --model, /v1/models must answer
         try:
-            response = self.client.get(url)
+            response, data = self._get(url)
         except httpx.HTTPError as exc:
-            raise TransportError(describe_transport_error(exc, url)[1]) from None
-        if response.status_code >= 400:
-            if self.model is None:
-                raise UsageError(
-                    f"GET /v1/models answered HTTP {response.status_code} "
-                    f"({_error_message(response)}); pass --model NAME"
-                )
+            raise TransportError(f"GET /v1/models: {describe_transport_error(exc, url)[1]}") from None
+        except BadReply as exc:
+            if need:
+                raise UsageError(f"GET /v1/models: {exc}; pass --model NAME") from None
+            return []
+        if response.status_code >= 300:
+            message = http_failure(response, data, api_key_given=self.api_key_given)
+            if response.status_code in AUTH_STATUSES:
+                raise UsageError(f"GET /v1/models answered {message}")
+            if need:
+                raise UsageError(f"GET /v1/models answered {message}; pass --model NAME")
             return []
         try:
-            data = response.json().get("data", [])
-        except (ValueError, AttributeError):
-            data = []
-        return [m for m in data if isinstance(m, dict) and m.get("id")]
+            payload = jsonsafe.loads(data, what="the /v1/models answer")
+        except ValueError as exc:
+            if need:
+                raise UsageError(f"GET /v1/models: {exc}; pass --model NAME") from None
+            return []
+        listed = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(listed, list):
+            if need:
+                raise UsageError("GET /v1/models did not answer a model list ({\"data\": [...]}); pass --model NAME")
+            return []
+        return [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"].strip()]
 
-    def _detect(self, case: ProbeCase | None, owned_by: str | None) -> tuple[str, str]:
-        """Decide the dialect from one tiny plain request, then /v1/models' owned_by."""
+    def _detect(self, case: ProbeCase | None, owned_by: Any) -> tuple[str, str]:
+        """Decide the dialect from one tiny plain request, then /v1/models' owned_by. An error
+        reply is never read for hints: only a usable chat completion is."""
+        failure = None
         if case is not None:
             probe = ProbeCase(prompt_id="detect", messages=case.messages, max_tokens=1)
             body = dialects.build_request("openai", probe, self.model or "", stream=False)
+            url = f"{self.base_url}/v1/chat/completions"
             try:
-                response = self.client.post(f"{self.base_url}/v1/chat/completions", json=body)
-                payload = response.json() if response.status_code < 400 else None
-            except (httpx.HTTPError, ValueError):
-                payload = None  # the real cases will report the problem
-            if isinstance(payload, dict):
-                choices = payload.get("choices") or [{}]
-                choice = choices[0] if isinstance(choices[0], dict) else {}
-                extras = dialects.extras_of(payload, choice)
-                found = dialects.detect_from_extras(extras)
-                if found:
-                    keys = ", ".join(sorted(k for k in extras if k not in ("usage",)))
-                    return found, f"response carries {keys}"
-        found = dialects.detect_from_owner(owned_by)
-        if found:
-            return found, f"/v1/models owned_by={owned_by!r}"
+                response, data = self._get(url, method="POST", json=body)
+            except httpx.HTTPError as exc:
+                failure = describe_transport_error(exc, url)[1]
+            except BadReply as exc:
+                failure = str(exc)
+            else:
+                if response.status_code in AUTH_STATUSES:
+                    raise UsageError(http_failure(response, data, api_key_given=self.api_key_given))
+                if response.status_code >= 300:
+                    failure = http_failure(response, data, api_key_given=self.api_key_given)
+                else:
+                    found, failure = self._detect_from_reply(data)
+                    if found:
+                        return found
+        found_name = dialects.detect_from_owner(owned_by)
+        if found_name:
+            why = f"/v1/models owned_by={owned_by!r}"
+            return found_name, why + (f"; the detection request failed: {failure}" if failure else "")
+        if failure:
+            return "openai", (f"the detection request failed ({failure}), so it says nothing; "
+                              "assuming plain OpenAI (pass --dialect to choose)")  # fmt: skip
         return "openai", "no speculative-decoding fields in the response"
+
+    @staticmethod
+    def _detect_from_reply(data: bytes) -> tuple[tuple[str, str] | None, str | None]:
+        """((dialect, why) or None, why nothing was read)."""
+        try:
+            payload = jsonsafe.loads(data, what="the detection reply")
+        except ValueError as exc:
+            return None, str(exc)
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None, "the reply is not a chat completion (no choices[0])"
+        try:
+            extras = dialects.extras_of(payload, choices[0])
+            found = dialects.detect_from_extras(extras)
+        except Exception as exc:  # a parser gap must not end the run: detection just says nothing
+            return None, f"{PARSER_GAP} ({type(exc).__name__})"
+        if not found:
+            return None, None
+        keys = ", ".join(sorted(str(k) for k in extras if k != "usage"))
+        return (found, f"response carries {one_line(keys, 160)}"), None
 
     # -- one case ----------------------------------------------------------------------------
 
     def run(self, case: ProbeCase) -> ProbeResult:
         assert self.model is not None and self.dialect is not None, "prepare() first"
+        try:
+            return self._run(case)
+        except BadReply as exc:  # raised outside a request (e.g. by a counter delta)
+            return ProbeResult(case=case, dialect=self.dialect.name, model=self.model,
+                               status=STATUS_HTTP_ERROR, error=one_line(str(exc)))  # fmt: skip
+        except Exception as exc:
+            # A reply the parsers did not foresee: this case fails with the reason, the run goes on.
+            error = one_line(f"{PARSER_GAP} ({type(exc).__name__}: {exc}); please report it")
+            return ProbeResult(case=case, dialect=self.dialect.name, model=self.model, status=STATUS_HTTP_ERROR,
+                               error=error)  # fmt: skip
+
+    def _run(self, case: ProbeCase) -> ProbeResult:
         result = ProbeResult(case=case, dialect=self.dialect.name, model=self.model)
         use_counters = self.metrics_prefix is not None and self.concurrency == 1
         if use_counters:
@@ -244,7 +463,13 @@ class HttpBackend:
         if before is not None and result.ok and not result.spec.known:
             after = self._scrape_metrics()
             if after is not None and after.prefix == before.prefix:
-                result.spec = after.delta(before)
+                delta = after.delta(before)
+                if delta is not None:
+                    result.spec = delta
+                else:
+                    result.extras.setdefault("notes", []).append(
+                        "/metrics counters went backwards or are not usable numbers: spec numbers unknown"
+                    )
         return result
 
     def _added_fields(self, case: ProbeCase) -> set[str]:
@@ -257,44 +482,71 @@ class HttpBackend:
         body = self.dialect.build_request(case, self.model or "", stream=self.stream, minimal=minimal)
         # Some servers (llama.cpp) close the connection after a streamed answer: do not reuse it.
         headers = {"Connection": "close"} if self.dialect.close_after_stream else None
-        started = time.perf_counter()
         for attempt in (1, 2):
-            try:
-                if self.stream:
-                    self._streamed(url, body, headers, case, result, started)
-                else:
-                    self._plain(url, body, headers, case, result, started)
-                return
-            except httpx.RemoteProtocolError as exc:
-                # A keep-alive connection the server closed while idle fails before the server
-                # saw the request: safe to send once more on a new connection.
-                if attempt == 1 and "without sending" in str(exc) and not result.output:
-                    started = time.perf_counter()
-                    continue
-                result.status, result.error = describe_transport_error(exc, url)
-            except httpx.HTTPError as exc:
-                result.status, result.error = describe_transport_error(exc, url)
+            progress = _Progress()
+            started = time.perf_counter()
+            with Deadline(self.timeout) as deadline:
+                try:
+                    if self.stream:
+                        self._streamed(url, body, headers, case, result, started, progress)
+                    else:
+                        self._plain(url, body, headers, case, result, started, progress)
+                    return
+                except BadReply as exc:
+                    result.status, result.error = STATUS_HTTP_ERROR, one_line(str(exc))
+                except httpx.TimeoutException as exc:
+                    if deadline.expired or isinstance(exc, deadlines.DeadlineExceeded):
+                        result.status = STATUS_TIMEOUT
+                        result.error = (f"no complete answer within {self.timeout:g} s (--timeout): "
+                                        f"{progress.describe()} from {host_of(url)}")  # fmt: skip
+                    else:
+                        result.status, result.error = describe_transport_error(exc, url)
+                except httpx.RemoteProtocolError as exc:
+                    # A keep-alive connection the server closed while idle fails before the server
+                    # saw the request: safe to send once more on a new connection.
+                    if attempt == 1 and "without sending" in str(exc) and not progress.headers:
+                        continue
+                    result.status, result.error = describe_transport_error(exc, url)
+                except httpx.HTTPError as exc:
+                    result.status, result.error = describe_transport_error(exc, url)
             result.timings.e2e_s = time.perf_counter() - started
             return
 
-    def _plain(self, url, body, headers, case, result: ProbeResult, started: float) -> None:
-        response = self.client.post(url, json=body, headers=headers)
-        result.http_status = response.status_code
+    def _failed_status(self, response: httpx.Response, result: ProbeResult, progress: _Progress,
+                       started: float) -> bool:  # fmt: skip
+        """Fill the result for a non-2xx answer; True when it was one."""
+        if response.status_code < 300:
+            return False
+        data = self._read_error_body(response, progress)
         result.timings.e2e_s = time.perf_counter() - started
-        if response.status_code >= 400:
-            result.status = STATUS_HTTP_ERROR
-            result.error = f"HTTP {response.status_code}: {_error_message(response)}"
-            return
-        self._from_json_body(response, case, result)
+        result.status = STATUS_HTTP_ERROR
+        result.error = http_failure(response, data, api_key_given=self.api_key_given)
+        return True
 
-    def _from_json_body(self, response: httpx.Response, case: ProbeCase, result: ProbeResult) -> None:
+    def _plain(self, url, body, headers, case, result: ProbeResult, started: float, progress: _Progress) -> None:
+        with self.client.stream("POST", url, json=body, headers=headers) as response:
+            progress.headers = True
+            result.http_status = response.status_code
+            if self._failed_status(response, result, progress, started):
+                return
+            data = self._read_all(response, progress)
+            content_type = response.headers.get("content-type", "no content-type")
+        result.timings.e2e_s = time.perf_counter() - started
+        self._from_json_body(data, content_type, case, result)
+
+    def _from_json_body(self, data: bytes, content_type: str, case: ProbeCase, result: ProbeResult) -> None:
         try:
-            payload = response.json()
-        except ValueError:
-            kind = response.headers.get("content-type", "no content-type")
-            preview = response.text[:60].replace("\n", " ")
+            payload = jsonsafe.loads(data, what="the response body")
+        except jsonsafe.InvalidUTF8 as exc:
+            result.status, result.error = STATUS_HTTP_ERROR, str(exc)
+            return
+        except ValueError as exc:
+            preview = data[:60].decode("utf-8", "replace")
             result.status = STATUS_HTTP_ERROR
-            result.error = f"non-JSON body ({kind}): {preview!r}"
+            if data.lstrip()[:1] in (b"{", b"["):
+                result.error = one_line(str(exc))
+            else:
+                result.error = one_line(f"non-JSON body ({content_type}): {preview!r}")
             return
         if not isinstance(payload, dict):
             result.status, result.error = STATUS_HTTP_ERROR, "response body is not a JSON object"
@@ -302,56 +554,68 @@ class HttpBackend:
         try:
             parsed = self.dialect.parse_body(payload, case)
         except ValueError as exc:
-            result.status, result.error = STATUS_HTTP_ERROR, str(exc)
+            result.status, result.error = STATUS_HTTP_ERROR, one_line(str(exc))
             return
         self._fill(result, parsed)
         timings = result.timings
         if result.completion_tokens and timings.e2e_s:
             timings.decode_tokens_per_second = result.completion_tokens / timings.e2e_s
 
-    def _streamed(self, url, body, headers, case, result: ProbeResult, started: float) -> None:
+    def _streamed(self, url, body, headers, case, result: ProbeResult, started: float, progress: _Progress) -> None:
+        accumulator = self.dialect.accumulator()
+        first_token_at = last_token_at = None
         with self.client.stream("POST", url, json=body, headers=headers) as response:
+            progress.headers = True
             result.http_status = response.status_code
-            if response.status_code >= 400:
-                response.read()
-                result.timings.e2e_s = time.perf_counter() - started
-                result.status = STATUS_HTTP_ERROR
-                result.error = f"HTTP {response.status_code}: {_error_message(response)}"
+            if self._failed_status(response, result, progress, started):
                 return
             content_type = response.headers.get("content-type", "")
-            if "text/event-stream" not in content_type:
+            if "text/event-stream" not in content_type.lower():
                 # Some servers ignore stream=true and answer one JSON body.
-                response.read()
+                data = self._read_all(response, progress)
                 result.timings.e2e_s = time.perf_counter() - started
-                self._from_json_body(response, case, result)
+                self._from_json_body(data, content_type or "no content-type", case, result)
                 result.extras.setdefault("stream_ignored_by_server", True)
                 return
-            accumulator = self.dialect.accumulator()
-            first_token_at = last_token_at = None
             far = response.extensions.get("via_stream")  # --via: the agent's clock, no pipe latency
             far_ttft = None
-            for event in EventSource(response).iter_sse():
-                data = event.data
-                if data == "[DONE]":
-                    accumulator.saw_done = True
-                    break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    result.status = STATUS_HTTP_ERROR
-                    result.error = f"stream chunk is not JSON: {data[:60]!r}"
-                    break
-                if not isinstance(chunk, dict):
-                    continue
-                if "error" in chunk and not chunk.get("choices"):
-                    result.status = STATUS_HTTP_ERROR
-                    result.error = f"server error in stream: {_stream_error(chunk)}"
-                    break
-                if accumulator.feed(chunk):
-                    last_token_at = time.perf_counter()
-                    if first_token_at is None:
-                        first_token_at = last_token_at
-                        far_ttft = far.elapsed() if far is not None else None
+            # The checked bytes go through httpx-sse's parser as a response of their own.
+            checked = httpx.Response(200, headers={"content-type": "text/event-stream; charset=utf-8"},
+                                     content=self._strict_utf8(self._chunks(response, progress)))  # fmt: skip
+            try:
+                for event in EventSource(checked).iter_sse():
+                    progress.events += 1
+                    data = event.data
+                    if data == "[DONE]":
+                        accumulator.saw_done = True
+                        break
+                    if not data.strip() and event.event in ("", "message"):
+                        continue  # an empty event (some servers send them as keep-alives)
+                    try:
+                        chunk = jsonsafe.loads(data, what=f"stream event {progress.events}")
+                    except ValueError as exc:
+                        result.status = STATUS_HTTP_ERROR
+                        result.error = one_line(f"{exc}: {data[:60]!r}" if "not valid JSON" in str(exc) else str(exc))
+                        break
+                    if not isinstance(chunk, dict):
+                        continue
+                    if event.event == "error" or ("error" in chunk and not chunk.get("choices")):
+                        result.status = STATUS_HTTP_ERROR
+                        result.error = f"server error in stream: {_stream_error(chunk)}"
+                        break
+                    added = accumulator.feed(chunk)
+                    if added:
+                        progress.characters += len(added)
+                        last_token_at = time.perf_counter()
+                        if first_token_at is None:
+                            first_token_at = last_token_at
+                            far_ttft = far.elapsed() if far is not None else None
+            except Exception:
+                # Timed out, too large, invalid UTF-8: keep what arrived for the report.
+                result.output = "".join(accumulator.output_parts)
+                raise
+            finally:
+                checked.close()
             if far is not None:
                 result.extras["via_far_side"] = {"ttft_s": far_ttft, "e2e_s": far.elapsed()}
         ended = time.perf_counter()
@@ -380,23 +644,29 @@ class HttpBackend:
         result.prompt_tokens = parsed.prompt_tokens
         result.completion_tokens = parsed.completion_tokens
         result.spec = parsed.spec
-        result.extras.update(parsed.extras)
+        # The server's raw objects are kept for the report; non-finite numbers become null here.
+        replaced: list[str] = []
+        result.extras.update(jsonsafe.finite(parsed.extras, "", replaced))
         if parsed.model:
             result.model = parsed.model
-        if parsed.notes:
-            result.extras["notes"] = parsed.notes
+        notes = list(parsed.notes)
+        if replaced:
+            shown = ", ".join(replaced[:5]) + (f" and {len(replaced) - 5} more" if len(replaced) > 5 else "")
+            notes.append(f"non-finite numbers from the server kept as null: {shown}")
+        if notes:
+            result.extras["notes"] = notes
 
     # -- server-wide counters ------------------------------------------------------------------
 
     def _scrape_metrics(self) -> SpecCounters | None:
         try:
-            response = self.client.get(f"{self.base_url}/metrics")
-        except httpx.HTTPError:
+            response, data = self._get(f"{self.base_url}/metrics")
+        except (httpx.HTTPError, BadReply):
             return None
         if response.status_code != 200:
             return None
         try:
-            return parse_spec_counters(response.text)
+            return parse_spec_counters(data.decode("utf-8", "replace"))
         except ValueError:
             return None
 
@@ -405,7 +675,7 @@ class HttpBackend:
         return {
             "backend": "http",
             **({"via": via} if via else {}),
-            "url": self.base_url,
+            "url": self._shown_url,
             "model": self.model,
             "dialect": self.dialect.name if self.dialect is not None else None,
             "dialect_detection": self.detection_note,
@@ -421,4 +691,4 @@ def _stream_error(chunk: dict[str, Any]) -> str:
     error = chunk.get("error")
     if isinstance(error, dict):
         error = error.get("message", error)
-    return str(error).replace("\n", " ")[:200]
+    return one_line(jsonsafe.displayable(str(error)), 200)

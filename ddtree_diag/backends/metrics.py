@@ -8,6 +8,7 @@ server handled in between, so the source is marked server-wide.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ddtree_diag.records import SpecMetrics
@@ -16,6 +17,10 @@ _DRAFTS = "spec_decode_num_drafts"
 _DRAFT_TOKENS = "spec_decode_num_draft_tokens"
 _ACCEPTED = "spec_decode_num_accepted_tokens"
 _PER_POS = "spec_decode_num_accepted_tokens_per_pos"
+
+
+# Counters beyond 2**53 lose integer precision as floats: a delta of two of them means nothing.
+MAX_COUNTER = float(1 << 53)
 
 
 @dataclass
@@ -27,13 +32,21 @@ class SpecCounters:
     draft_tokens: float = 0.0
     accepted_tokens: float = 0.0
     accepted_per_position: dict[int, float] = field(default_factory=dict)
+    usable: bool = True  # False when a sample was NaN, infinite, negative or too large to subtract
 
-    def delta(self, before: SpecCounters) -> SpecMetrics:
+    def delta(self, before: SpecCounters) -> SpecMetrics | None:
+        """The spec numbers between two scrapes; None when either scrape holds unusable numbers
+        or a counter went backwards (a server restart between the scrapes)."""
+        if not (self.usable and before.usable):
+            return None
         rounds = self.drafts - before.drafts
+        drafted = self.draft_tokens - before.draft_tokens
         accepted = self.accepted_tokens - before.accepted_tokens
+        if min(rounds, drafted, accepted) < 0:
+            return None
         metrics = SpecMetrics(
             decode_rounds=round(rounds),
-            draft_tokens=round(self.draft_tokens - before.draft_tokens),
+            draft_tokens=round(drafted),
             accepted_tokens=round(accepted),
             source=f"prometheus /metrics delta ({self.prefix}{_DRAFTS}; server-wide)",
             server_wide=True,
@@ -55,15 +68,16 @@ def _base_name(name: str) -> str:
 def parse_spec_counters(text: str) -> SpecCounters | None:
     """Read spec-decode counters out of an exposition page; None when it has none.
 
-    Raises ValueError on a page the Prometheus parser cannot read.
+    Raises ValueError on a page the Prometheus parser cannot read. NaN, infinite, negative or
+    over-2**53 samples mark the scrape unusable (its delta is unknown), never a wrong number.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
     found: SpecCounters | None = None
     try:
         families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises bare ValueError/IndexError on bad pages
-        raise ValueError(f"unreadable /metrics page: {exc}") from None
+    except Exception as exc:  # the parser raises bare ValueError/IndexError/TypeError on bad pages
+        raise ValueError(f"unreadable /metrics page: {type(exc).__name__}") from None
     for family in families:
         for sample in family.samples:
             if sample.name.endswith("_created"):
@@ -79,7 +93,13 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
                 found = SpecCounters(prefix=prefix)
             elif found.prefix != prefix:
                 continue  # a second exporter on the same page; keep the first
-            value = float(sample.value)
+            try:
+                value = float(sample.value)
+            except (TypeError, ValueError, OverflowError):
+                value = math.nan
+            if not (math.isfinite(value) and 0 <= value <= MAX_COUNTER):
+                found.usable = False
+                continue
             if kind == _DRAFTS:
                 found.drafts += value
             elif kind == _DRAFT_TOKENS:
@@ -87,8 +107,11 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
             elif kind == _ACCEPTED:
                 found.accepted_tokens += value
             else:
-                position = int(sample.labels.get("position", -1))
-                found.accepted_per_position[position] = (
-                    found.accepted_per_position.get(position, 0.0) + value
-                )
+                try:
+                    position = int(str(sample.labels.get("position", -1)))
+                except ValueError:
+                    position = -1
+                found.accepted_per_position[position] = found.accepted_per_position.get(position, 0.0) + value
+    if found is not None and max(found.drafts, found.draft_tokens, found.accepted_tokens) > MAX_COUNTER:
+        found.usable = False  # sums of many series
     return found

@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from ddtree_diag.backends import deadline as deadlines
 from ddtree_diag.errors import TransportError, UsageError
 
 # Runs on the far side before anything else; Python-2-safe so an old python3 fails with a clear line.
@@ -214,6 +215,7 @@ class AgentTransport(httpx.BaseTransport):
         timeouts = request.extensions.get("timeout") or {}
         connect, read = timeouts.get("connect"), timeouts.get("read")
         wait = None if read is None else (connect or 0.0) + read + _SLACK_S
+        left = deadlines.remaining()  # the whole-request deadline (--timeout), enforced on both sides
         body = request.read()
         request_id, events = self._register(request)
         message = {
@@ -223,6 +225,7 @@ class AgentTransport(httpx.BaseTransport):
             "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in request.headers.raw],
             "body": base64.b64encode(body).decode("ascii") if body else "",
             "timeout": {"connect": connect, "read": read},
+            "deadline": None if left is None else max(left, 0.0),
         }
         try:
             self._write(json.dumps(message).encode("utf-8") + b"\n")
@@ -247,11 +250,17 @@ class AgentTransport(httpx.BaseTransport):
         )
 
     def _next_event(self, request_id: int, events: queue.Queue, wait: float | None, request) -> dict:
-        """The request's next event; agent-side failures raise the httpx exception they stand for."""
+        """The request's next event; agent-side failures raise the httpx exception they stand for.
+        Waits no longer than the request's deadline, whatever the agent or the pipe does."""
+        left = deadlines.remaining()
+        if left is not None:
+            wait = max(left, 0.0) if wait is None else min(wait, max(left, 0.0))
         try:
             event = events.get(timeout=wait)
         except queue.Empty:
             self.cancel(request_id)
+            if deadlines.expired():
+                raise deadlines.DeadlineExceeded("deadline passed waiting on --via", request=request) from None
             raise httpx.ReadTimeout(f"no answer through --via within {wait:.0f} s", request=request) from None
         kind = event.get("event")
         if kind == "error":
@@ -409,6 +418,8 @@ def _exception_for(event: dict[str, Any], request: httpx.Request) -> httpx.HTTPE
         return httpx.ConnectTimeout(message, request=request)
     if kind == "read_timeout":
         return httpx.ReadTimeout(message, request=request)
+    if kind == "deadline":
+        return deadlines.DeadlineExceeded(message, request=request)
     if kind in ("refused", "dns", "connect"):
         return httpx.ConnectError(message, request=request)
     if kind == "protocol":

@@ -66,6 +66,9 @@ def run_demo(
     no_color: bool = False,
     startup_timeout: float = 600.0,
 ) -> int:
+    from ddtree_diag.output.reportfile import check_writable
+
+    check_writable(json_path, "--json")  # before the slow start, not after
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "ddtree_diag", "serve", "--port", str(port)]

@@ -40,6 +40,7 @@ class RunFlags:
     dialect: str = "auto"
     api_key: str | None = None
     timeout: float = 120.0
+    max_response_bytes: str = "8M"
     stream: bool = True
     concurrency: int = 1
     prompt: list[str] | None = None
@@ -77,7 +78,12 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("api_key", str | None, typer.Option(
         None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENAI_API_KEY"], show_default=False,
         show_envvar=True, help="Bearer token (never printed or saved).")),
-    ("timeout", float, typer.Option(120.0, "--timeout", help="Seconds per request.")),
+    ("timeout", float, typer.Option(
+        120.0, "--timeout",
+        help="Seconds for a whole request, connect to last byte (streamed or not); past it the case is a timeout.")),
+    ("max_response_bytes", str, typer.Option(
+        "8M", "--max-response-bytes",
+        help="Largest response body read (bytes, or with K/M/G); a bigger one fails its case.")),
     ("stream", bool, typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT.")),
     ("concurrency", int, typer.Option(
         1, "--concurrency", help="Parallel requests (1: clean per-request numbers).")),

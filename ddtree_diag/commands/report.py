@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import io
 import sys
 
 import typer
 
 from ddtree_diag.commands.options import DEBUG, NO_COLOR
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
-from ddtree_diag.output.reportfile import load_report, write_atomic
+from ddtree_diag.output.reportfile import check_writable, dump_json, load_report, write_output
 
 FORMATS = ("table", "markdown", "junit")
 
@@ -57,20 +57,22 @@ def rerender(path: str, fmt: str, *, output: str | None = None, no_color: bool =
 
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    check_writable(output, "--output")
     report = load_report(path)
     code = exit_code_for(report)
     if fmt == "table":
         from ddtree_diag.output.console import make_console, render_report
 
         if output:
-            with open(output, "w", encoding="utf-8") as handle:
-                render_report(make_console(handle, no_color=True), report, code)
+            buffer = io.StringIO()
+            render_report(make_console(buffer, no_color=True), report, code)
+            write_output(output, buffer.getvalue())
         else:
             render_report(make_console(sys.stdout, no_color=no_color), report, code)
         return code
     text = markdown.markdown_summary(report, code) if fmt == "markdown" else junit.junit_xml(report)
     if output:
-        write_atomic(output, text)
+        write_output(output, text)
     else:
         sys.stdout.write(text)
     return code
@@ -89,16 +91,17 @@ def run_diff(
     from ddtree_diag.output.console import make_console
     from ddtree_diag.output.diff import Tolerances, diff_runs, render_diff
 
-    if acceptance_tolerance < 0 or tps_tolerance < 0:
+    if not (acceptance_tolerance >= 0 and tps_tolerance >= 0):  # NaN fails too
         raise UsageError("tolerances must be >= 0")
+    check_writable(json_path, "--json")
     a, b = load_report(a_path), load_report(b_path)
     result = diff_runs(a, b, Tolerances(acceptance_tolerance, tps_tolerance, fail_on_text_change))
     # With --json -, stdout carries the JSON alone and the comparison table goes to stderr.
     to_stdout = json_path == "-"
     render_diff(make_console(sys.stderr if to_stdout else sys.stdout, no_color=no_color), result, a_path, b_path)
-    text = json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    text = dump_json(result.to_dict())
     if to_stdout:
         sys.stdout.write(text)
     elif json_path:
-        write_atomic(json_path, text)
+        write_output(json_path, text)
     return EXIT_CHECK_FAILED if result.regressed else EXIT_OK

@@ -37,12 +37,14 @@ def register(app: typer.Typer) -> None:
 
 def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     from ddtree_diag.backends import TargetSpec
+    from ddtree_diag.backends.http import parse_size
     from ddtree_diag.matrix import MatrixRequest
     from ddtree_diag.orchestrator import RunPlan
 
     target = TargetSpec(
         url=flags.url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
-        timeout=flags.timeout, stream=flags.stream, concurrency=flags.concurrency, engine=flags.engine,
+        timeout=flags.timeout, max_response_bytes=parse_size(flags.max_response_bytes), stream=flags.stream,
+        concurrency=flags.concurrency, engine=flags.engine,
         target=flags.target, gguf=flags.gguf, draft=flags.draft, device=flags.device, dtype=flags.dtype,
     )  # fmt: skip
     request = MatrixRequest(
@@ -52,9 +54,18 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate)
 
 
+def check_outputs(flags: RunFlags) -> None:
+    """Every output path must be writable before the run starts (exit 2 at once, one line)."""
+    from ddtree_diag.output.reportfile import check_writable
+
+    for path, flag in ((flags.json_path, "--json"), (flags.junit, "--junit"), (flags.summary, "--summary")):
+        check_writable(path, flag)
+
+
 def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     """Run the matrix and render it. Returns the exit code; DiagError propagates (exit 2/3)."""
     from ddtree_diag import orchestrator
+    from ddtree_diag.errors import DiagError, UsageError
     from ddtree_diag.output import junit, markdown
     from ddtree_diag.output.console import make_console, progress, render_report
     from ddtree_diag.output.reportfile import write_report
@@ -65,6 +76,7 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     console = make_console(sys.stderr if json_to_stdout else sys.stdout, no_color=flags.no_color)
     status_console = make_console(sys.stderr, no_color=flags.no_color)
     prepared = orchestrator.prepare(plan_from(flags, matrix, gate=gate))  # type: ignore[arg-type]
+    check_outputs(flags)
     report = RunReport()
     try:
         with progress(status_console, len(prepared.cases)) as advance:
@@ -74,15 +86,29 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     except BaseException:
         # A fatal error mid-run: keep what finished, then let the CLI report the error.
         if flags.json_path:
-            write_report(report, flags.json_path)
+            try:
+                write_report(report, flags.json_path)
+            except DiagError as exc:
+                sys.stderr.write(f"ddtree-diag: error: {exc}\n")
         raise
     orchestrator.judge(report, prepared.gate)
     code = orchestrator.exit_code_for(report)
     render_report(console, report, code)
+    # Every output is attempted; the ones that fail are named together (exit 2: nothing passes
+    # a CI gate whose report could not be written).
+    failures: list[str] = []
+    writers = []
     if flags.json_path:
-        write_report(report, flags.json_path)
+        writers.append(lambda: write_report(report, flags.json_path))
     if flags.junit:
-        junit.write_junit(report, flags.junit)
+        writers.append(lambda: junit.write_junit(report, flags.junit))
     if gate or flags.summary:
-        markdown.write_summary(report, flags.summary, code)
+        writers.append(lambda: markdown.write_summary(report, flags.summary, code))
+    for write in writers:
+        try:
+            write()
+        except DiagError as exc:
+            failures.append(str(exc))
+    if failures:
+        raise UsageError("; ".join(failures))
     return code

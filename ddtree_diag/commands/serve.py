@@ -28,11 +28,23 @@ def register(app: typer.Typer) -> None:
         ),
         model_name: str | None = typer.Option(None, "--model-name", help="Model id to report."),
         tree_budget: int | None = typer.Option(None, "--tree-budget", help="Default tree budget per request."),
+        max_tree_budget: int | None = typer.Option(
+            None, "--max-tree-budget",
+            help="Largest tree_budget a request may ask for. \\[default: 256 on CPU, 4096 on CUDA]"),
+        max_context: int | None = typer.Option(
+            None, "--max-context",
+            help="Largest prompt + max_tokens, in tokens. \\[default: the model's context; at most 4096 on CPU]"),
+        request_timeout: float | None = typer.Option(
+            None, "--request-timeout",
+            help="Seconds of generation per request; past it the request gets a 408. "
+            "\\[default: 120 on CPU, 600 on CUDA]"),
         debug: bool = DEBUG,
     ) -> None:
         """Serve the in-process engine as an OpenAI-compatible server (the reference to compare with)."""
         run_serve(target=target, gguf=gguf, draft=draft, no_draft=no_draft, device=device, dtype=dtype,
-                  host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget)  # fmt: skip
+                  host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget,
+                  max_tree_budget=max_tree_budget, max_context=max_context,
+                  request_timeout=request_timeout)  # fmt: skip
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -61,9 +73,20 @@ def run_serve(
     api_key: str | None,
     model_name: str | None,
     tree_budget: int | None,
+    max_tree_budget: int | None = None,
+    max_context: int | None = None,
+    request_timeout: float | None = None,
 ) -> None:
     if tree_budget is not None and tree_budget < 0:
         raise UsageError("--tree-budget must be >= 0")
+    if max_tree_budget is not None and not 0 <= max_tree_budget <= 4096:
+        raise UsageError("--max-tree-budget must be in 0-4096")
+    if max_tree_budget is not None and tree_budget is not None and tree_budget > max_tree_budget:
+        raise UsageError(f"--tree-budget {tree_budget} is over --max-tree-budget {max_tree_budget}")
+    if max_context is not None and max_context < 2:
+        raise UsageError("--max-context must be >= 2 tokens")
+    if request_timeout is not None and not 0 < request_timeout < float("inf"):
+        raise UsageError("--request-timeout must be a number of seconds > 0")
     check_port_free(host, port)
     try:
         import fastapi  # noqa: F401
@@ -71,7 +94,7 @@ def run_serve(
     except ImportError:
         raise UsageError("serve needs the serve extra: pip install 'ddtree-diag[serve]'") from None
     from ddtree_diag.engine.models import choose_models, load_chosen
-    from ddtree_diag.server.app import serve
+    from ddtree_diag.server.app import ServerLimits, serve
 
     choice = choose_models(target, draft, gguf, use_draft=not no_draft)
     if no_draft:
@@ -85,6 +108,12 @@ def run_serve(
         "dtype": info.get("dtype"),
         "block_size": (info.get("draft") or {}).get("block_size"),
     }
+    limits = ServerLimits.for_engine(engine, max_tree_budget=max_tree_budget, max_context=max_context,
+                                     request_timeout_s=request_timeout)  # fmt: skip
+    if max_context is not None and max_context > engine.context_length:
+        raise UsageError(f"--max-context {max_context} is over the model's context {engine.context_length}")
+    if tree_budget is not None and tree_budget > limits.max_tree_budget:
+        raise UsageError(f"--tree-budget {tree_budget} is over the limit {limits.max_tree_budget} (--max-tree-budget)")
     name = model_name or choice.name
     sys.stderr.write(
         f"ddtree-diag serve: http://{host}:{port} · model {name} · draft "
@@ -92,4 +121,4 @@ def run_serve(
     )
     sys.stderr.flush()
     serve(engine, model_name=name, host=host, port=port, api_key=api_key,
-          default_tree_budget=tree_budget, description=description)  # fmt: skip
+          default_tree_budget=tree_budget, description=description, limits=limits)  # fmt: skip

@@ -22,6 +22,11 @@ import torch
 
 # token ids committed by a round, and the text they added -> False cancels the generation
 OnToken = Callable[[list[int], str], bool]
+# Below this a temperature cannot be sampled with: logits / T overflow to inf and softmax gives NaN
+# (vLLM treats T < 1e-5 as greedy; we refuse it and let 0 mean greedy).
+MIN_SAMPLING_TEMPERATURE = 1e-5
+# torch.Generator.manual_seed takes what fits 64 bits, signed or not.
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 MODES = ("auto", "ar", "chain", "tree")
 STAGES = ("draft", "tree", "verify", "commit")
 

@@ -9,7 +9,15 @@ from typing import Any
 
 import torch
 
-from ddtree_diag.engine.decode import MODES, Decoder, DecodeRequest, Generation, OnToken
+from ddtree_diag.engine.decode import (
+    MIN_SAMPLING_TEMPERATURE,
+    MODES,
+    SEED_RANGE,
+    Decoder,
+    DecodeRequest,
+    Generation,
+    OnToken,
+)
 from ddtree_diag.engine.draft import DFlashDraft
 from ddtree_diag.engine.target import TargetModel
 from ddtree_diag.errors import UsageError
@@ -112,7 +120,11 @@ class Engine:
             kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": False}
             if enable_thinking is not None:
                 kwargs["enable_thinking"] = enable_thinking
-            text = tok.apply_chat_template(messages, **kwargs)
+            try:
+                text = tok.apply_chat_template(messages, **kwargs)
+            except Exception as exc:  # jinja's TemplateError (raise_exception in the template) and kin
+                message = " ".join(str(exc).split())[:200] or type(exc).__name__
+                raise UsageError(f"the chat template cannot render these messages: {message}") from None
         else:
             text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages) + "assistant:"
         return list(tok(text, add_special_tokens=False)["input_ids"])
@@ -183,6 +195,13 @@ class Engine:
             raise UsageError(f"max_tokens must be >= 1, got {max_tokens}")
         if not prompt_ids:
             raise UsageError("the prompt is empty")
+        if not 0 <= temperature < float("inf"):  # NaN fails this too
+            raise UsageError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if 0 < temperature < MIN_SAMPLING_TEMPERATURE:
+            raise UsageError(f"temperature {temperature:g} is too small to sample with (minimum "
+                             f"{MIN_SAMPLING_TEMPERATURE:g}; 0 means greedy)")  # fmt: skip
+        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise UsageError(f"seed must fit in 64 bits ({SEED_RANGE[0]} to {SEED_RANGE[1]}), got {seed}")
         prompt_len = len(prompt_ids)
         if prompt_len >= self.context_length:
             raise UsageError(f"prompt has {prompt_len} tokens, the target's context is {self.context_length}")

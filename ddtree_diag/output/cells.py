@@ -43,6 +43,8 @@ def visible(text: str, limit: int = 60) -> str:
             out.append("\\r")
         elif ord(char) < 32 or 0x7F <= ord(char) < 0xA0:
             out.append(f"\\x{ord(char):02x}")
+        elif 0xD800 <= ord(char) <= 0xDFFF:  # a lone surrogate: no terminal or file can carry it
+            out.append(f"\\u{ord(char):04x}")
         else:
             out.append(char)
     shown = "".join(out)

@@ -33,6 +33,7 @@ from ddtree_diag.output.cells import (
     visible,
 )
 from ddtree_diag.records import RunReport
+from ddtree_diag.redaction import redacted_report
 
 
 def make_console(file: IO[str] | None = None, *, no_color: bool = False) -> Console:
@@ -60,7 +61,7 @@ def results_table(report: RunReport) -> Table:
     title_bits = [target.get("url") or target.get("engine") or "", target.get("model") or ""]
     if target.get("dialect"):
         title_bits.append(f"dialect {target['dialect']}")
-    table = Table(title=" · ".join(b for b in title_bits if b), title_justify="left")
+    table = Table(title=Text(visible(" · ".join(str(b) for b in title_bits if b), 400)), title_justify="left")
 
     def varies(getter) -> bool:
         return len({getter(r.case) for r in results}) > 1
@@ -114,8 +115,8 @@ def results_table(report: RunReport) -> Table:
             row.append(_text(quality_cell(result)))
             if show_lossless:
                 row.append(DASH)
-            row.append(Text(output_text(result), style="red"))
-            table.add_row(*row)
+            row.append(Text(visible(output_text(result), 10_000), style="red"))
+            table.add_row(*_plain_cells(row))
             continue
         row += [
             fmt(result.completion_tokens, "d"),
@@ -129,8 +130,14 @@ def results_table(report: RunReport) -> Table:
             *([_text(lossless_cell(result))] if show_lossless else []),
             visible(output_text(result)),
         ]
-        table.add_row(*row)
+        table.add_row(*_plain_cells(row))
     return table
+
+
+def _plain_cells(row: list[Any]) -> list[Any]:
+    """Strings as Text: a server's words (``[/]`` in an answer or a finish reason) are never
+    read as rich markup."""
+    return [Text(visible(cell, 10_000)) if isinstance(cell, str) else cell for cell in row]
 
 
 def pivot_table(report: RunReport) -> Table | None:
@@ -182,6 +189,7 @@ def summary_line(report: RunReport, exit_code: int | None = None) -> str:
 
 
 def render_report(console: Console, report: RunReport, exit_code: int | None = None) -> None:
+    report = redacted_report(report)
     tables = [results_table(report)] if report.results else []
     pivot = pivot_table(report)
     if pivot is not None:
@@ -198,10 +206,10 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
     for line in legend:
         console.print(Text(line, style="dim"))
     for note in report.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(Text(f"note: {visible(note, 10_000)}", style="dim"))
     render_findings(console, report)
     render_gate(console, report)
-    console.print(summary_line(report, exit_code))
+    console.print(Text(summary_line(report, exit_code)))
 
 
 def render_findings(console: Console, report: RunReport) -> None:

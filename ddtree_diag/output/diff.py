@@ -152,7 +152,7 @@ def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
     def fmt(value: float | None, spec: str = ".2f") -> str:
         return DASH if value is None else format(value, spec)
 
-    table = Table(title=f"{a_name} → {b_name}", title_justify="left")
+    table = Table(title=Text(f"{a_name} → {b_name}"), title_justify="left")
     for name, justify in (("case", "left"), ("accept A", "right"), ("accept B", "right"),
                           ("tok/s A", "right"), ("tok/s B", "right"), ("changes", "left")):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -168,7 +168,7 @@ def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
         if b is not None and a is not None and a.output != b.output:
             text.append(f"A: {visible(a.output, 50)}\nB: {visible(b.output, 50)}", style="dim")
         table.add_row(
-            case.case_id,
+            Text(visible(case.case_id, 400)),
             fmt(a.spec.mean_acceptance_length if a else None), fmt(b.spec.mean_acceptance_length if b else None),
             fmt(_tps(a) if a else None, ".1f"), fmt(_tps(b) if b else None, ".1f"),
             text,
@@ -182,4 +182,4 @@ def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
     for line in diff.regressions:
         console.print(Text(f"regression: {line}", style="bold red"))
     for line in diff.summary:
-        console.print(line)
+        console.print(Text(line))

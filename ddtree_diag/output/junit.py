@@ -11,11 +11,13 @@ import xml.etree.ElementTree as ET
 
 from ddtree_diag.output.cells import visible
 from ddtree_diag.output.markdown import checks_for
-from ddtree_diag.output.reportfile import write_atomic
+from ddtree_diag.output.reportfile import write_output
 from ddtree_diag.records import GateCheck, ProbeResult, RunReport
+from ddtree_diag.redaction import redacted_report
 
 
 def junit_xml(report: RunReport) -> str:
+    report = redacted_report(report)
     gate = checks_for(report)
     suites = ET.Element("testsuites", name="ddtree-diag")
     suite = ET.SubElement(suites, "testsuite", name="ddtree-diag " + ("gate" if report.gate is not None else "probe"))
@@ -24,14 +26,15 @@ def junit_xml(report: RunReport) -> str:
     properties = ET.SubElement(suite, "properties")
     for key in ("url", "engine", "model", "dialect", "matrix"):
         if report.target.get(key):
-            ET.SubElement(properties, "property", name=key, value=str(report.target[key]))
+            ET.SubElement(properties, "property", name=key, value=_xml_safe(str(report.target[key])))
     by_id = {r.case_id: r for r in report.results}
     tests = failures = 0
     for check in gate.checks:
         named = [c for c in check.cases if c in by_id]
         for result in report.results:
             tests += 1
-            case = ET.SubElement(suite, "testcase", classname=f"ddtree-diag.{check.name}", name=result.case_id)
+            case = ET.SubElement(suite, "testcase", classname=f"ddtree-diag.{check.name}",
+                                 name=_xml_safe(result.case_id))
             if result.timings.e2e_s is not None:
                 case.set("time", f"{result.timings.e2e_s:.3f}")
             if not check.passed and result.case_id in named:
@@ -89,4 +92,4 @@ def _xml_safe(text: str) -> str:
 
 
 def write_junit(report: RunReport, path: str) -> None:
-    write_atomic(path, junit_xml(report))
+    write_output(path, junit_xml(report))

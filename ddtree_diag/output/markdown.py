@@ -21,8 +21,9 @@ from ddtree_diag.output.cells import (
     rounds_cell,
     visible,
 )
-from ddtree_diag.output.reportfile import write_atomic
+from ddtree_diag.output.reportfile import append_output, write_output
 from ddtree_diag.records import GateResult, RunReport
+from ddtree_diag.redaction import redacted_report
 
 OUTPUT_CHARS = 60
 
@@ -43,6 +44,7 @@ def _cell(text: Any) -> str:
 
 
 def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
+    report = redacted_report(report)
     gate = checks_for(report)
     lines: list[str] = []
     title = "gate" if report.gate is not None else "probe"
@@ -119,8 +121,7 @@ def write_summary(report: RunReport, path: str | None, exit_code: int | None = N
     ``$GITHUB_STEP_SUMMARY`` when that is set (GitHub Actions' job summary)."""
     text = markdown_summary(report, exit_code)
     if path:
-        write_atomic(path, text)
+        write_output(path, text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as handle:
-            handle.write(text + "\n")
+        append_output(step_summary, text + "\n")

@@ -1,40 +1,156 @@
-"""Report files: JSON written atomically, read back for re-rendering and comparison."""
+"""Output files (JSON report, JUnit, Markdown, re-rendered reports) and reading reports back.
+
+What a CI user expects of ``--json/--junit/--summary/-o PATH``:
+
+- ``check_writable`` runs before the run: a path that cannot be written is one line and exit 2
+  at once, not after ten minutes of probing.
+- A regular file (new or existing) is written atomically: a temporary file in the same directory,
+  fsync'd, then renamed over it, so a reader sees the old file or the new one. A symlink is
+  followed: its target is replaced, the link stays. The mode of a new file follows the umask
+  (0666 & ~umask, as a shell redirect gives); an existing file keeps its mode.
+- Anything else (``/dev/null``, ``/dev/stdout``, a FIFO, a terminal) is written in place: renaming
+  over a device would replace it with a file.
+- A directory as target, a full disk, a read-only file system: one line naming the path.
+
+Reports are strict JSON: non-finite numbers become null with a note, lone surrogates are escaped.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from ddtree_diag import jsonsafe
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import RunReport
+from ddtree_diag.redaction import redact, redact_data
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` so that readers see the old file or the new one, never half of it."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
+def _umask() -> int:
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def check_writable(path: str | None, flag: str = "output") -> None:
+    """UsageError (exit 2, one line) when ``path`` cannot be written; nothing is created."""
+    if not path or path == "-":
+        return
+    where = f"{flag} {path}"
+    if os.path.basename(path) in ("", ".", ".."):
+        raise UsageError(f"cannot write {where}: it names a directory")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        info = os.stat(path)  # follows symlinks
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:  # a parent that is a file (ENOTDIR), a symlink loop, no permission
+        raise UsageError(f"cannot write {where}: {_reason(exc)}") from None
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            raise UsageError(f"cannot write {where}: it is a directory")
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"cannot write {where}: permission denied")
+        return
+    # A new file (or a dangling symlink's target): the nearest existing folder must take it.
+    folder = Path(os.path.realpath(path)).parent
+    while not folder.exists():
+        if folder.is_symlink() or folder == folder.parent:
+            break
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"cannot write {where}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {where}: permission denied in {folder}")
+
+
+def write_output(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` as described in the module docstring. UsageError with
+    one line when it cannot be done; a failed atomic write leaves the old file untouched."""
+    path = str(path)
+    if os.path.basename(path) in ("", ".", ".."):
+        raise UsageError(f"cannot write {path}: it names a directory")
+    data = text.encode("utf-8", "backslashreplace")  # lone surrogates cannot be UTF-8: shown escaped
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot write {path}: {_reason(exc)}") from None
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"cannot write {path}: it is a directory")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            _write_in_place(path, data)  # a device, a FIFO, a socket: never replaced by a file
+            return
+        target = Path(os.path.realpath(path))  # a symlink's target is what gets replaced
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        except PermissionError:
+            if info is None:
+                raise
+            _write_in_place(path, data)  # a writable file in a folder we cannot create files in
+            return
+        _write_atomically(fd, temp, target, data, None if info is None else stat.S_IMODE(info.st_mode))
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {_reason(exc)}") from None
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+
+
+def _write_atomically(fd: int, temp: str, target: Path, data: bytes, mode: int | None) -> None:
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, path)
+        # mkstemp makes 0600 files; a report should get what `> file` would give it.
+        os.chmod(temp, mode if mode is not None else 0o666 & ~_umask())
+        os.replace(temp, target)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
         raise
 
 
+# The old name, kept for callers and readers who know it.
+write_atomic = write_output
+
+
+def append_output(path: str, text: str) -> None:
+    """Append (e.g. ``$GITHUB_STEP_SUMMARY``); UsageError with one line on failure."""
+    try:
+        with open(path, "ab") as handle:
+            handle.write(text.encode("utf-8", "backslashreplace"))
+    except OSError as exc:
+        raise UsageError(f"cannot append to {path}: {_reason(exc)}") from None
+
+
+def report_dict(report: RunReport) -> dict[str, Any]:
+    """The report as strict-JSON-ready data: secrets redacted, non-finite numbers null (noted)."""
+    replaced: list[str] = []
+    data = jsonsafe.finite(redact_data(report.to_dict()), "", replaced)
+    if replaced:
+        shown = ", ".join(replaced[:5]) + (f" and {len(replaced) - 5} more" if len(replaced) > 5 else "")
+        data.setdefault("notes", []).append(f"non-finite numbers written as null: {shown}")
+    return data
+
+
 def report_json(report: RunReport) -> str:
-    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    return jsonsafe.dumps(report_dict(report)) + "\n"
 
 
 def write_report(report: RunReport, destination: str) -> None:
@@ -44,19 +160,27 @@ def write_report(report: RunReport, destination: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        write_atomic(destination, text)
+        write_output(destination, text)
 
 
 def load_report(path: str | Path) -> RunReport:
     try:
-        data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
+        data: Any = jsonsafe.loads(Path(path).read_bytes(), what=str(path), max_depth=4 * jsonsafe.MAX_DEPTH)
     except FileNotFoundError:
         raise UsageError(f"report not found: {path}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{path}: not a ddtree-diag JSON report ({exc})") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory, not a JSON report") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a ddtree-diag JSON report ({redact(str(exc))})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: not a ddtree-diag JSON report")
     try:
         return RunReport.from_dict(data)
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise UsageError(f"{path}: {exc}") from None
+
+
+def dump_json(value: Any) -> str:
+    """Strict JSON for other outputs (the diff's comparison)."""
+    return jsonsafe.dumps(jsonsafe.finite(redact_data(value))) + "\n"
+

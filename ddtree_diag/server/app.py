@@ -7,6 +7,13 @@ compared with it, and so our own end-to-end tests probe a real server.
 One engine, one worker thread: requests queue and run one at a time (FIFO), so concurrent clients
 are safe and each request's numbers are its own. A streaming client that disconnects cancels its
 generation at the next round; a queued request whose client has gone is skipped.
+
+Client input never causes a 5xx: a body that is not JSON (or not ``application/json``: 415), too
+deep, too large, with lone surrogates, wrong types, non-finite or out-of-range numbers, a template
+that cannot render the messages, or a prompt over the context gets a 4xx with an OpenAI error
+object. ``ServerLimits`` keeps one client from holding the single worker for minutes: a maximum
+tree budget and context, and a per-request generation deadline (408). Errors after a stream has
+started are sent as an SSE ``data: {"error": {...}}`` event, and the stream ends.
 """
 
 from __future__ import annotations
@@ -19,19 +26,47 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ddtree_diag import __version__
+from ddtree_diag.engine.decode import MIN_SAMPLING_TEMPERATURE, SEED_RANGE
 from ddtree_diag.errors import DiagError
+from ddtree_diag.jsonsafe import MAX_DEPTH, depth
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any probe, small enough to refuse abuse early
-MAX_TREE_BUDGET = 4096
+MAX_TREE_BUDGET = 4096  # the schema's ceiling; ServerLimits.max_tree_budget is the server's own
 ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@dataclass
+class ServerLimits:
+    """What one request may ask of the single worker (``serve`` flags; shown in /health)."""
+
+    max_tree_budget: int
+    max_context: int  # prompt + max_tokens, in tokens
+    request_timeout_s: float  # generation time per request; past it: 408 (or an SSE error event)
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    @classmethod
+    def for_engine(cls, engine: Any, *, max_tree_budget: int | None = None, max_context: int | None = None,
+                   request_timeout_s: float | None = None) -> ServerLimits:  # fmt: skip
+        """Defaults that keep a CPU server responsive (budget 256, context 4096, 120 s); on CUDA the
+        schema's ceiling, the model's context and 600 s."""
+        device = getattr(getattr(engine, "device", None), "type", "cpu")
+        cpu = device != "cuda"
+        context = int(getattr(engine, "context_length", 0) or 1 << 20)
+        return cls(
+            max_tree_budget=max_tree_budget if max_tree_budget is not None else (256 if cpu else MAX_TREE_BUDGET),
+            max_context=max_context if max_context is not None else (min(context, 4096) if cpu else context),
+            request_timeout_s=request_timeout_s if request_timeout_s is not None else (120.0 if cpu else 600.0),
+        )
 
 
 class ApiError(Exception):
@@ -74,22 +109,31 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
+    # Numbers are strict: a boolean or a string where a number belongs is a 400, never coerced.
     model_config = ConfigDict(extra="ignore", strict=False)
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, strict=True, allow_inf_nan=False)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1], strict=True)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    n: int = Field(default=1, ge=1, le=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
+    n: int = Field(default=1, ge=1, le=1, strict=True)
     enable_thinking: bool | None = None
-    tree_budget: int | None = Field(default=None, ge=0, le=MAX_TREE_BUDGET)
+    tree_budget: int | None = Field(default=None, ge=0, le=MAX_TREE_BUDGET, strict=True)
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("temperature")
+    @classmethod
+    def _samplable(cls, value: float) -> float:
+        if 0 < value < MIN_SAMPLING_TEMPERATURE:
+            raise ValueError(f"{value:g} is too small to sample with (minimum {MIN_SAMPLING_TEMPERATURE:g}; "
+                             "0 means greedy)")  # fmt: skip
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -110,9 +154,37 @@ class ChatRequest(BaseModel):
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
+    first = exc.errors(include_url=False, include_input=False)[0]
     param = ".".join(str(p) for p in first.get("loc", ())) or None
-    return f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param
+    message = str(first.get("msg")).removeprefix("Value error, ")
+    return f"{param}: {message}" if param else message, param
+
+
+def _surrogate_at(value: Any) -> str | None:
+    """The JSON path of the first string (or key) holding a lone surrogate, which no tokenizer
+    can encode; None when there is none."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return path or "(body)"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if any("\ud800" <= ch <= "\udfff" for ch in key):
+                    return f"{path}.(key)" if path else "(key)"
+                stack.append((child, f"{path}.{key}" if path else key))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+def _is_json_media_type(content_type: str | None) -> bool:
+    """application/json or application/*+json (a missing Content-Type is read as JSON too)."""
+    if not content_type:
+        return True
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,10 +268,12 @@ def logprobs_content(tokenizer: Any, generation: Any, count: int) -> list[dict[s
 
 
 class _Job:
-    """One queued generation: its cancel flag and, for streams, where deltas go."""
+    """One queued generation: its cancel flag, and whether the deadline is what stopped it."""
 
     def __init__(self) -> None:
         self.cancelled = threading.Event()
+        self.timed_out = False
+        self.tokens = 0  # committed so far (for the deadline's message)
 
 
 def create_app(
@@ -209,9 +283,13 @@ def create_app(
     api_key: str | None = None,
     default_tree_budget: int | None = None,
     description: dict[str, Any] | None = None,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """Build the FastAPI app around a loaded engine (``ddtree_diag.engine.load_engine``)."""
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddtree-engine")
+    limits = limits or ServerLimits.for_engine(engine)
+    if default_tree_budget is None:  # the engine's own default, within this server's limit
+        default_tree_budget = min(int(getattr(engine, "default_tree_budget", 0)), limits.max_tree_budget)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -223,15 +301,17 @@ def create_app(
     metrics = Metrics()
     created = int(time.time())
     context_length = getattr(engine, "context_length", None)
+    max_context = min(limits.max_context, context_length) if context_length else limits.max_context
     info = dict(description or {})
     app.state.worker = worker
+    app.state.limits = limits
 
     def check_auth(request: Request) -> None:
         if api_key is None:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
             raise ApiError(401, "invalid or missing API key", kind="authentication_error",
                            code="invalid_api_key")  # fmt: skip
 
@@ -240,14 +320,26 @@ def create_app(
         metrics.requests.labels(status=str(exc.status)).inc()
         return exc.response()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths (404), wrong methods (405): the same OpenAI error shape as everything else.
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(exc.status_code, str(exc.detail), kind=kind).response()
+
+    @app.exception_handler(Exception)
+    async def _server_error(_: Request, exc: Exception) -> JSONResponse:
+        # A bug of ours, never a client's mistake: still an OpenAI error object, and the server lives on.
+        metrics.requests.labels(status="500").inc()
+        return ApiError(500, f"internal error: {type(exc).__name__}", kind="server_error").response()
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
             "ready": True,
             "model": model_name,
-            "tree_budget_default": engine.default_tree_budget if default_tree_budget is None
-            else default_tree_budget,
+            "tree_budget_default": default_tree_budget,
+            "limits": {**asdict(limits), "max_context": max_context},
             "version": __version__,
             **info,
         }
@@ -262,30 +354,54 @@ def create_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def parse(request: Request) -> ChatRequest:
+    async def read_body(request: Request) -> bytes:
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes")
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
+            raise ApiError(413, f"request body over {limits.max_body_bytes} bytes")
+        raw = bytearray()
+        async for chunk in request.stream():  # stop reading as soon as it is too large
+            raw += chunk
+            if len(raw) > limits.max_body_bytes:
+                raise ApiError(413, f"request body over {limits.max_body_bytes} bytes")
+        return bytes(raw)
+
+    async def parse(request: Request) -> ChatRequest:
+        content_type = request.headers.get("content-type")
+        if not _is_json_media_type(content_type):
+            raise ApiError(415, f"Content-Type must be application/json, got {content_type[:80]!r}",
+                           code="unsupported_media_type")  # fmt: skip
+        raw = await read_body(request)
         try:
             data = json.loads(raw)
-        except ValueError as exc:
-            raise ApiError(400, f"invalid JSON body: {exc}") from None
+        except RecursionError:
+            raise ApiError(400, f"invalid JSON body: nested deeper than {MAX_DEPTH} levels") from None
+        except ValueError as exc:  # includes invalid UTF-8 (UnicodeDecodeError)
+            raise ApiError(400, f"invalid JSON body: {' '.join(str(exc).split())[:200]}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the body must be a JSON object")
+        if depth(data, MAX_DEPTH) > MAX_DEPTH:
+            raise ApiError(400, f"invalid JSON body: nested deeper than {MAX_DEPTH} levels")
+        where = _surrogate_at(data)
+        if where is not None:
+            raise ApiError(400, f"{where}: contains a lone UTF-16 surrogate (not valid Unicode text)",
+                           param=where)  # fmt: skip
         try:
             body = ChatRequest.model_validate(data)
         except ValidationError as exc:
             message, param = _validation_message(exc)
             raise ApiError(400, message, param=param) from None
+        except RecursionError:
+            raise ApiError(400, f"invalid JSON body: nested deeper than {MAX_DEPTH} levels") from None
         if body.model is not None and body.model != model_name:
-            raise ApiError(404, f"the model {body.model!r} does not exist (this server has {model_name!r})",
+            raise ApiError(404, f"the model {body.model[:200]!r} does not exist (this server has {model_name!r})",
                            param="model", code="model_not_found")  # fmt: skip
+        if body.tree_budget is not None and body.tree_budget > limits.max_tree_budget:
+            raise ApiError(400, f"tree_budget {body.tree_budget} exceeds this server's limit "
+                           f"{limits.max_tree_budget} (serve --max-tree-budget)", param="tree_budget")  # fmt: skip
         max_tokens = body.max_completion_tokens or body.max_tokens
-        if context_length and max_tokens and max_tokens > context_length:
-            raise ApiError(400, f"max_tokens {max_tokens} exceeds the context length {context_length}",
+        if max_tokens and max_tokens >= max_context:
+            raise ApiError(400, f"max_tokens {max_tokens} exceeds the context length {max_context}"
+                           + ("" if max_context == context_length else " (serve --max-context)"),
                            param="max_tokens")  # fmt: skip
         return body
 
@@ -293,27 +409,42 @@ def create_app(
         """Runs on the engine thread."""
         if job.cancelled.is_set():
             return None  # the client left while queued
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        prompt_ids = engine.render_prompt(messages, body.thinking())
+        max_tokens = body.max_completion_tokens or body.max_tokens or min(256, max(1, max_context - len(prompt_ids)))
+        if len(prompt_ids) + max_tokens > max_context:
+            raise DiagError(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                            f"context length {max_context}")  # fmt: skip
+        ends = time.monotonic() + limits.request_timeout_s
 
         def on_token(token_ids: list[int], text: str) -> bool:
+            job.tokens += len(token_ids)
+            if time.monotonic() > ends:
+                job.timed_out = True
+                return False
             if on_delta is not None and text:
                 on_delta(text)
             return not job.cancelled.is_set()
 
         top = body.top_logprobs if body.logprobs else 0
         generation = engine.generate(
-            messages=[{"role": m.role, "content": m.text()} for m in body.messages],
-            enable_thinking=body.thinking(),
+            prompt_ids=prompt_ids,
             tree_budget=body.tree_budget if body.tree_budget is not None else default_tree_budget,
             temperature=body.temperature,
-            max_tokens=body.max_completion_tokens or body.max_tokens or 256,
+            max_tokens=max_tokens,
             seed=body.seed,
             stop=body.stop,
             top_logprobs=max(top or 0, 1 if body.logprobs else 0),
             on_token=on_token,
         )
-        if generation.finish_reason == "cancelled":
+        if generation.finish_reason == "cancelled" and not job.timed_out:
             metrics.requests.labels(status="cancelled").inc()  # nobody is left to answer
         return generation
+
+    def deadline_error(job: _Job) -> ApiError:
+        return ApiError(408, f"generation stopped at this server's per-request limit of "
+                        f"{limits.request_timeout_s:g} s (serve --request-timeout) after {job.tokens} tokens",
+                        kind="timeout_error", code="request_timeout")  # fmt: skip
 
     def finish_generation(generation: Any, started: float) -> None:
         metrics.record(generation)
@@ -350,6 +481,8 @@ def create_app(
             generation = future.result()
         except Exception as exc:
             raise engine_error(exc) from None
+        if job.timed_out:
+            raise deadline_error(job)
         if generation is None:
             raise ApiError(499, "client closed the request")
         finish_generation(generation, started)
@@ -382,6 +515,12 @@ def create_app(
         def sse(payload: Any) -> str:
             return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
+        def sse_error(error: ApiError) -> str:
+            # The status line (200) is already sent: the error travels as an event, then the stream ends.
+            metrics.requests.labels(status=str(error.status)).inc()
+            return sse({"error": {"message": error.message, "type": error.kind, "param": error.param,
+                                  "code": error.code or error.status}})  # fmt: skip
+
         future = loop.run_in_executor(worker, work)
         try:
             yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -393,13 +532,15 @@ def create_app(
                                                     "finish_reason": None}]})  # fmt: skip
                     continue
                 if kind == "error":
-                    error = engine_error(value)
-                    metrics.requests.labels(status=str(error.status)).inc()
-                    yield sse({"error": {"message": error.message, "type": error.kind}})
+                    yield sse_error(engine_error(value))
                     yield sse("[DONE]")
                     return
                 generation = value
                 break
+            if job.timed_out:
+                yield sse_error(deadline_error(job))
+                yield sse("[DONE]")
+                return
             if generation is None:
                 return
             finish_generation(generation, started)
@@ -440,13 +581,14 @@ def serve(
     api_key: str | None = None,
     default_tree_budget: int | None = None,
     description: dict[str, Any] | None = None,
+    limits: ServerLimits | None = None,
     log_level: str = "warning",
 ) -> None:
     """Run the server until SIGINT/SIGTERM (uvicorn shuts down gracefully on both)."""
     import uvicorn
 
-    app = create_app(engine, model_name=model_name, api_key=api_key,
-                     default_tree_budget=default_tree_budget, description=description)  # fmt: skip
+    app = create_app(engine, model_name=model_name, api_key=api_key, default_tree_budget=default_tree_budget,
+                     description=description, limits=limits)  # fmt: skip
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler

@@ -42,23 +42,32 @@ class ParsedResponse:
 # Number helpers: servers send ints as floats, strings, or null; unknown stays None, never 0.
 
 
+# Larger than any real count, rate or acceptance; beyond it a value is junk (and products of two
+# such values stay finite, so no check downstream can overflow).
+MAX_SERVER_NUMBER = 1e15
+
+
 def num(value: Any) -> float | None:
-    """A finite number from a server field, or None (booleans, NaN, inf and junk are unknown)."""
+    """A usable number from a server field, or None: every spec figure (acceptance, tok/s, counts)
+    is >= 0, so booleans, NaN, infinities, negatives, values over 1e15 and junk are unknown."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        number = float(value) if not isinstance(value, int) or abs(value) < 1 << 1023 else math.inf
+    if isinstance(value, int):
+        number = float(value) if abs(value) <= MAX_SERVER_NUMBER else math.inf
+    elif isinstance(value, float):
+        number = value
     elif isinstance(value, str):
         try:
-            number = float(value)
+            number = float(value.strip()) if len(value) <= 64 else math.nan
         except ValueError:
             return None
     else:
         return None
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) and 0 <= number <= MAX_SERVER_NUMBER else None
 
 
 def integer(value: Any) -> int | None:
+    """A count from a server field (see ``num``), rounded; None when unknown."""
     number = num(value)
     return None if number is None else round(number)
 
@@ -228,8 +237,9 @@ class StreamAccumulator:
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
         self.parsed = ParsedResponse()
-        self._output: list[str] = []
+        self.output_parts: list[str] = []
         self._reasoning: list[str] = []
+        self._logprobs: list[Any] = []  # per-token logprobs, chunk by chunk
         self.chunks = 0
         self.saw_done = False
 
@@ -246,7 +256,7 @@ class StreamAccumulator:
         if isinstance(delta, dict):
             content = text_of(delta.get("content"))
             reasoning = reasoning_of(delta) or ""
-            self._output.append(content)
+            self.output_parts.append(content)
             self._reasoning.append(reasoning)
             added = content + reasoning
         reason = finish_reason_of(choice)
@@ -255,7 +265,7 @@ class StreamAccumulator:
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
             # Streams carry per-token logprobs chunk by chunk; keep them in one list.
-            parsed.extras.setdefault("logprobs", {"content": []})["content"].extend(logprobs["content"])
+            self._logprobs.extend(logprobs["content"])
         if chunk.get("usage"):
             read_usage(parsed, chunk["usage"])
         for key, value in extras_of(chunk, choice).items():
@@ -265,7 +275,9 @@ class StreamAccumulator:
 
     def result(self, case: ProbeCase) -> ParsedResponse:
         parsed = self.parsed
-        parsed.output = "".join(self._output)
+        parsed.output = "".join(self.output_parts)
         parsed.reasoning = "".join(self._reasoning) or None
+        if self._logprobs:
+            parsed.extras["logprobs"] = {"content": self._logprobs}
         self.dialect.finish(parsed, case)
         return parsed

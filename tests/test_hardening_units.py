@@ -1,0 +1,154 @@
+"""The pieces the hardening rests on, one behaviour each: safe JSON, redaction, the deadline,
+sizes, counters with bad numbers, and server numbers read as unknown rather than wrong."""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+
+import httpx
+import pytest
+
+from ddtree_diag import jsonsafe
+from ddtree_diag.backends import deadline
+from ddtree_diag.backends.dialects.base import integer, num
+from ddtree_diag.backends.http import HttpBackend, parse_size
+from ddtree_diag.backends.metrics import parse_spec_counters
+from ddtree_diag.errors import UsageError
+from ddtree_diag.records import ProbeCase
+from ddtree_diag.redaction import Redactor, url_without_password
+
+# -- jsonsafe ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data, needle", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64"),
+    (b'{"a": ' + b"[" * 70 + b"]" * 70 + b"}", "nested deeper than 64"),
+    (b'{"a": "caf\xe9"}', "invalid UTF-8 in the body at byte 10 (e9 22 7d)"),
+    (b'{"a": 1', "not valid JSON"),
+    (b'{"a": 1' + b"0" * 5000 + b"}", "not valid JSON"),
+])  # fmt: skip
+def test_loads_turns_every_unusable_body_into_one_value_error(data, needle):
+    with pytest.raises(ValueError) as caught:
+        jsonsafe.loads(data)
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_loads_keeps_what_json_allows_and_finite_cleans_it():
+    value = jsonsafe.loads(b'{"a": NaN, "b": [Infinity, 1e999, -Infinity, 2], "c": "\\ud800"}')
+    found: list[str] = []
+    clean = jsonsafe.finite(value, "", found)
+    assert clean == {"a": None, "b": [None, None, None, 2], "c": "\ud800"}
+    assert found == ["a", "b[0]", "b[1]", "b[2]"]
+    assert jsonsafe.dumps(clean, indent=None) == '{"a": null, "b": [null, null, null, 2], "c": "\\ud800"}'
+
+
+# -- redaction -----------------------------------------------------------------------------------
+
+
+def test_redactor_masks_keys_passwords_and_their_encodings():
+    redactor = Redactor()
+    redactor.add("sk-abc/123")
+    redactor.add_url("http://alice:p%40ss@host:8000/v1")
+    basic = base64.b64encode(b"alice:p@ss").decode()
+    text = f"Bearer sk-abc/123 sk-abc%2F123 p@ss p%40ss Basic {basic}"
+    assert redactor.text(text) == "Bearer *** *** *** *** Basic ***"
+    assert redactor.data({"k sk-abc/123": ["p@ss", 3]}) == {"k ***": ["***", 3]}
+
+
+def test_url_is_shown_without_its_password():
+    assert url_without_password("http://alice:secret@h:8000/v1") == "http://alice:***@h:8000/v1"
+    assert url_without_password("http://h:8000") == "http://h:8000"
+    assert url_without_password("http://:secret@[::1]:8000") == "http://:***@[::1]:8000"
+
+
+# -- deadline ------------------------------------------------------------------------------------
+
+
+def test_deadline_clamps_every_operation_to_the_time_left():
+    assert deadline.remaining() is None and deadline.clamp(7.0) == 7.0
+    with deadline.Deadline(0.2):
+        assert 0 < deadline.clamp(7.0) <= 0.2
+        assert 0 < deadline.clamp(None) <= 0.2
+        time.sleep(0.25)
+        assert deadline.expired()
+        with pytest.raises(deadline.DeadlineExceeded):
+            deadline.clamp(7.0)
+    assert deadline.remaining() is None, "the deadline ends with its block"
+
+
+def test_streamed_reply_that_never_ends_is_cut_in_process():
+    """A transport stub whose body never ends: the reading loop itself cuts at the deadline."""
+
+    def forever():
+        while True:
+            time.sleep(0.05)
+            yield b": keep-alive\n\n"
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, content=forever()))  # fmt: skip
+    backend = HttpBackend("http://stub.invalid", model="m", dialect="openai", timeout=0.5, transport=transport)
+    backend.prepare([])
+    started = time.monotonic()
+    result = backend.run(ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}]))
+    assert result.status == "timeout" and "within 0.5 s (--timeout)" in result.error
+    assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.e2e
+def test_backend_cuts_a_silent_server_at_the_deadline():
+    """Over a real socket: headers, then nothing. The blocking read itself returns at the deadline."""
+    from tests.hostile_server import HostileServer, not_found_for_gets
+
+    def silent(request, conn):
+        if conn.sse_head():
+            conn.hold()
+
+    with HostileServer(not_found_for_gets(silent)) as server:
+        backend = HttpBackend(server.url, model="m", dialect="openai", timeout=1.0)
+        backend.prepare([])
+        result = backend.run(ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}]))
+        backend.close()
+    assert result.status == "timeout"
+    assert 1.0 - 0.05 <= result.timings.e2e_s <= 1.5
+
+
+# -- sizes, numbers, counters --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, size", [("8M", 8 << 20), ("512k", 512 << 10), ("1GiB", 1 << 30), ("4096", 4096),
+                                        ("1.5M", 3 << 19)])  # fmt: skip
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["lots", "", "10", "-5M", "1e400M"])
+def test_bad_sizes_are_usage_errors(text):
+    with pytest.raises(UsageError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1, 1e16, 10**400, True, "1e999", "x" * 100, [], {}])
+def test_absurd_server_numbers_are_unknown_never_wrong(value):
+    assert num(value) is None and integer(value) is None
+
+
+def test_numbers_servers_really_send_are_read():
+    assert num("2.5") == 2.5 and integer(7.0) == 7 and integer("12") == 12 and num(0) == 0.0
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-3", "1e300"])
+def test_counters_with_bad_values_give_no_delta(value):
+    good = parse_spec_counters("vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_accepted_tokens_total 20\n")
+    bad = parse_spec_counters(f"vllm:spec_decode_num_drafts_total {value}\n"
+                              "vllm:spec_decode_num_accepted_tokens_total 30\n")
+    assert bad.usable is False
+    assert bad.delta(good) is None and good.delta(bad) is None
+
+
+def test_counters_going_backwards_give_no_delta():
+    before = parse_spec_counters("vllm:spec_decode_num_drafts_total 10\n")
+    after = parse_spec_counters("vllm:spec_decode_num_drafts_total 4\n")
+    assert after.delta(before) is None
+    assert parse_spec_counters('vllm:spec_decode_num_accepted_tokens_per_pos_total{position="x"} 3\n').usable
