@@ -323,7 +323,7 @@ def test_train_draft_engine_info_and_probe_on_a_hybrid_target(tmp_path, cli):
 
 @pytest.mark.e2e
 def test_reference_server_serves_a_hybrid_target_losslessly(tmp_path, cli):
-    from tests.test_server import start_server
+    from tests.engine_fixtures import start_server
 
     target = fx.make_hybrid_target(tmp_path / "target", kind="qwen3_next", pattern="LALL")
     draft = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=1)
