@@ -225,3 +225,17 @@ def test_packaged_draft_is_a_small_zlab_format_draft_for_smollm2():
     assert all(0 <= i < 30 for i in config["dflash_config"]["target_layer_ids"])
     assert (draft / "model.safetensors").stat().st_size <= 20 * 10**6
     assert (draft / "README.md").is_file()
+
+
+def test_one_model_name_for_the_embedded_model_however_it_is_named(tmp_path):
+    from ddtree_diag.engine.models import EMBEDDED_MODEL_NAME, model_id
+
+    cache = tmp_path / embedded.TARGET_DIR_NAME
+    cache.mkdir()
+    (cache / embedded.STAMP_FILE).write_text("{}")
+    assert model_id(cache) == EMBEDDED_MODEL_NAME  # the dequantised cache directory
+    assert model_id(tmp_path / "models" / embedded.GGUF_FILENAME) == EMBEDDED_MODEL_NAME  # its GGUF file
+    assert model_id(tmp_path, embedded.GGUF_FILENAME) == EMBEDDED_MODEL_NAME
+    assert model_id(tmp_path / "Qwen3-8B-Q4_K_M.gguf") == "Qwen3-8B-Q4_K_M"
+    assert model_id(tmp_path / "Qwen3-8B") == "Qwen3-8B"
+    assert model_id(tmp_path / "Qwen3-8B" / ".") == "Qwen3-8B"

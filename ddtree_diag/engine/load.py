@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ddtree_diag.engine.models import model_id
 from ddtree_diag.errors import UsageError
 
 DTYPES = {
@@ -140,6 +141,7 @@ def load_engine(
     device: str | None = None,
     dtype: str | None = None,
     decode_path: str | None = None,
+    model_name: str | None = None,
 ):
     """Load target (+ draft) into an ``Engine``; see the module docstring."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -177,7 +179,7 @@ def load_engine(
         draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
         check_draft_fits(draft_model.config, model.config, len(tokenizer))
     info = {
-        "model": str(Path(target).name if gguf_name is None else gguf_name),
+        "model": model_name or model_id(target, gguf_file),
         "target_path": str(directory if gguf_name is None else directory / gguf_name),
         "draft_path": str(draft) if draft is not None else None,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),

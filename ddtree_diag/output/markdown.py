@@ -122,5 +122,5 @@ def write_summary(report: RunReport, path: str | None, exit_code: int | None = N
         write_atomic(path, text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as handle:
+        with open(step_summary, "a", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(text + "\n")

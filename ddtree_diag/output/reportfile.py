@@ -23,7 +23,9 @@ def write_atomic(path: str | Path, text: str) -> None:
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        # backslashreplace: a lone surrogate (a server can send "\ud800" in JSON) is written as
+        # the six characters \ud800, which is the same string again when the JSON is read back.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -41,8 +43,13 @@ def write_report(report: RunReport, destination: str) -> None:
     """``-`` writes to stdout (and only JSON goes there); anything else is a file path."""
     text = report_json(report)
     if destination == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        if hasattr(sys.stdout, "buffer"):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
     else:
         write_atomic(destination, text)
 
