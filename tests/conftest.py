@@ -28,6 +28,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = Path(__file__).resolve().parent / "standin_server.py"
 
+# Under pytest-xdist (`make test`), each worker and the servers it starts share the cores with the
+# other workers: give each its share of threads instead of letting torch take every core in each.
+# Set before any test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -107,7 +114,8 @@ def cli():
 @pytest.fixture
 def probe_target(standin) -> str:
     """URL of a healthy server for end-to-end tests that need nothing special from it (--via, the
-    zipapp). Switch to the reference server here, in one line, once it exists."""
+    zipapp): the stand-in, which starts in a fraction of a second (the reference server loads a
+    model first; tests/test_server.py probes it)."""
     return standin("--dialect", "ddtree").url
 
 
@@ -135,6 +143,15 @@ def pytest_collection_modifyitems(config, items):
         if not kinds:
             uses_processes = E2E_FIXTURES & set(getattr(item, "fixturenames", ()))
             item.add_marker(pytest.mark.e2e if uses_processes else pytest.mark.unit)
+    # Slow files first: with `-n auto --dist loadfile` each file runs whole on one worker, and a
+    # long file handed out last would leave the other workers idle at the end. A file's weight is
+    # its slowest kind (real model, then processes, then in-process); the order within a file and
+    # among equals is kept.
+    weight: dict[str, int] = {}
+    for item in items:
+        kind = 0 if item.get_closest_marker("real_model") else 1 if item.get_closest_marker("e2e") else 2
+        weight[item.nodeid.split("::")[0]] = min(kind, weight.get(item.nodeid.split("::")[0], 2))
+    items.sort(key=lambda item: weight[item.nodeid.split("::")[0]])
 
 
 def _called_from(path_part: str, depth: int = 12) -> bool:

@@ -1,7 +1,10 @@
-"""The embedded default on the real SmolLM2-135M-Instruct (CPU, fp32): cache fidelity, lossless
-DDTree decoding with the packaged draft, the thinking axis, and that the draft is trained.
+"""The embedded default on the real SmolLM2-135M-Instruct (CPU, fp32): the GGUF target itself,
+cache fidelity, lossless DDTree decoding with the packaged draft, the thinking axis, and that the
+draft is trained.
 
-Slow (about a minute on 2 cores after the first ~30 s cache build): marked real_model."""
+Slow (about a minute on 2 cores after the first ~30 s cache build): marked real_model. The GGUF
+is dequantised once for the whole module (``gguf_engine``), the cached directory loaded once
+(``engine``)."""
 
 from __future__ import annotations
 
@@ -38,13 +41,31 @@ def engine(target_dir):
     return load_engine(target_dir, draft=embedded.default_draft_dir(), device="cpu", dtype="fp32")
 
 
-def test_cached_fp32_weights_are_exactly_the_gguf_weights(target_dir):
-    from transformers import AutoModelForCausalLM
+@pytest.fixture(scope="module")
+def gguf_engine(target_dir):
+    """The engine on the GGUF file itself (transformers dequantises it on load), no draft."""
+    from ddtree_diag.engine import load_engine
 
-    gguf = embedded.find_gguf()
-    from_gguf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    cached = AutoModelForCausalLM.from_pretrained(target_dir)
-    assert cached.dtype == torch.float32
+    return load_engine(embedded.find_gguf(), device="cpu", dtype="fp32")
+
+
+def test_gguf_target_loads_and_ar_decode_equals_hf_greedy(gguf_engine):
+    engine = gguf_engine
+    info = engine.info()
+    assert info["model_type"] == "llama" and info["layers"] == 30 and info["draft"] is None
+    assert info["model"] == "SmolLM2-135M-Instruct"  # the same name as the cached directory's
+    assert engine.tokenizer.convert_tokens_to_ids("<|im_end|>") in info["stop_token_ids"]
+    messages = [{"role": "user", "content": "Say hello in one short sentence."}]
+    gen = engine.generate(messages=messages, enable_thinking=False, max_tokens=24)
+    assert gen.mode == "ar" and gen.tree_budget == 0
+    prompt = engine.render_prompt(messages, enable_thinking=False)
+    assert gen.token_ids == engine.greedy_reference(prompt, 24)
+    assert gen.text.strip() and gen.finish_reason in ("stop", "length")
+
+
+def test_cached_fp32_weights_are_exactly_the_gguf_weights(gguf_engine, engine):
+    from_gguf, cached = gguf_engine.target.hf, engine.target.hf
+    assert cached.dtype == torch.float32 and engine.info()["model"] == "SmolLM2-135M-Instruct"
     assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()  # still tied
     ids = torch.tensor([[1, 4093, 198, 36218, 33662, 281, 582, 1890, 6330, 30, 2]])
     with torch.no_grad():
@@ -106,11 +127,11 @@ def test_sampled_user_prompts_are_finished_distinct_and_avoid_excluded_ones(targ
 
     model, tokenizer = dt.load_target(target_dir, "cpu")
     excluded = ["What is the capital of France?"]
-    prompts = dt.sample_user_prompts(model, tokenizer, 6, batch_size=8, seed=3, exclude=excluded)
-    assert 1 <= len(prompts) <= 6
+    prompts = dt.sample_user_prompts(model, tokenizer, 3, batch_size=6, seed=3, exclude=excluded)
+    assert 1 <= len(prompts) <= 3
     assert len({p.lower() for p in prompts}) == len(prompts)
     for prompt in prompts:
         assert 3 <= len(prompt.split()) <= 60 and "<|" not in prompt
         assert not dt.too_similar(prompt, excluded)
     # same seed, same prompts: the training data can be regenerated
-    assert dt.sample_user_prompts(model, tokenizer, 6, batch_size=8, seed=3, exclude=excluded) == prompts
+    assert dt.sample_user_prompts(model, tokenizer, 3, batch_size=6, seed=3, exclude=excluded) == prompts

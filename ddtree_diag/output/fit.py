@@ -3,8 +3,9 @@
 A table is described once as columns (header, kind, cells) and rendered in the first layout that
 fits: the free-text column (a case's output, a diff's changes) shrinks first, then the borders go,
 then the free-text column is left out, then columns that hold nothing but "unknown", and last the
-table splits (keys and numbers, then keys and text; or three tables sharing the row number). Number columns never wrap and are never narrower
-than their header or their widest cell; text columns may wrap at spaces.
+table splits (keys and numbers, then keys and text; or three tables sharing the row number).
+Number columns never wrap and are never narrower than their header or their widest cell; text
+columns may wrap at spaces.
 """
 
 from __future__ import annotations
