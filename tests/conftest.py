@@ -28,6 +28,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = Path(__file__).resolve().parent / "standin_server.py"
 
+# Output width does not depend on the terminal the tests run in (pytest-xdist's workers get
+# COLUMNS=80): consoles that are not a terminal use their documented default of 200 columns, and
+# the tests that check other widths give their consoles one explicitly.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 # Under pytest-xdist (`make test`), each worker and the servers it starts share the cores with the
 # other workers: give each its share of threads instead of letting torch take every core in each.
 # Set before any test module imports torch.
@@ -97,6 +103,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     """Run `python -m ddtree_diag ARGS` as a real process (real exit codes, real stdout)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_DIAG_", "OPENAI_"))}
     full_env.pop("NO_COLOR", None)
+    full_env.pop("COLUMNS", None)
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     done = subprocess.run(
