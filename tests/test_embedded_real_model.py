@@ -127,11 +127,11 @@ def test_sampled_user_prompts_are_finished_distinct_and_avoid_excluded_ones(targ
 
     model, tokenizer = dt.load_target(target_dir, "cpu")
     excluded = ["What is the capital of France?"]
-    prompts = dt.sample_user_prompts(model, tokenizer, 3, batch_size=6, seed=3, exclude=excluded)
-    assert 1 <= len(prompts) <= 3
+    prompts = dt.sample_user_prompts(model, tokenizer, 2, batch_size=6, seed=3, exclude=excluded)
+    assert 1 <= len(prompts) <= 2
     assert len({p.lower() for p in prompts}) == len(prompts)
     for prompt in prompts:
         assert 3 <= len(prompt.split()) <= 60 and "<|" not in prompt
         assert not dt.too_similar(prompt, excluded)
     # same seed, same prompts: the training data can be regenerated
-    assert dt.sample_user_prompts(model, tokenizer, 3, batch_size=6, seed=3, exclude=excluded) == prompts
+    assert dt.sample_user_prompts(model, tokenizer, 2, batch_size=6, seed=3, exclude=excluded) == prompts

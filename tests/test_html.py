@@ -16,7 +16,6 @@ from ddtree_diag.output.html import CSP, html_diff, html_report
 from ddtree_diag.output.reportfile import load_report, write_report
 from ddtree_diag.output.svg import axis, clean, esc, nice_ceiling
 from tests import browser
-from tests.conftest import run_cli
 from tests.reportkit import HOSTILE, slower_copy, varied_report
 
 ACTIVE_TAGS = {"script", "img", "link", "iframe", "object", "embed", "base", "form", "video", "audio", "source"}
@@ -210,11 +209,13 @@ def test_chromium_reports_console_errors_of_a_broken_page(tmp_path):
 
 @pytest.mark.e2e
 @needs_chromium
-def test_report_and_diff_pages_render_in_chromium_without_console_messages(saved_runs, tmp_path):
-    a, b = saved_runs
+def test_report_and_diff_pages_render_in_chromium_without_console_messages(tmp_path):
+    # the pages the CLI writes (test_report_format_html_and_diff_html checks it is these)
+    report = varied_report()
     report_page, diff_page = tmp_path / "run.html", tmp_path / "diff.html"
-    assert run_cli("report", str(a), "--format", "html", "-o", str(report_page)).code == 3
-    assert run_cli("diff", str(a), str(b), "--html", str(diff_page)).code == 1
+    report_page.write_text(html_report(report, 3), encoding="utf-8")
+    diff_page.write_text(html_diff(diff_runs(report, slower_copy(report)), "a.json", "b.json"), encoding="utf-8")
+    rendered = {}
     for path, charts in ((report_page, 3 + 4), (diff_page, 2)):
         page = browser.load(path)
         assert page.returncode == 0
@@ -222,5 +223,5 @@ def test_report_and_diff_pages_render_in_chromium_without_console_messages(saved
         dom = Elements(page.dom)
         assert dom.count("svg") == charts and dom.count("table") >= 1
         assert not {t for t, _ in dom.tags} & ACTIVE_TAGS  # the hostile text stayed text
-    rendered = browser.load(report_page).dom
-    assert "&lt;script&gt;alert(" in rendered and HOSTILE.split("\n")[1][:8] in rendered
+        rendered[path] = page.dom
+    assert "&lt;script&gt;alert(" in rendered[report_page] and HOSTILE.split("\n")[1][:8] in rendered[report_page]

@@ -144,6 +144,10 @@ def load_engine(
     model_name: str | None = None,
 ):
     """Load target (+ draft) into an ``Engine``; see the module docstring."""
+    # Paths first: a mistyped directory is one line at once, not after importing transformers.
+    directory, gguf_name = _target_location(target, gguf_file)
+    if draft is not None and not Path(draft).expanduser().is_dir():
+        raise UsageError(f"draft directory not found: {draft}")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -156,9 +160,6 @@ def load_engine(
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    directory, gguf_name = _target_location(target, gguf_file)
-    if draft is not None and not Path(draft).expanduser().is_dir():
-        raise UsageError(f"draft directory not found: {draft}")
     kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_name is not None:
         kwargs["gguf_file"] = gguf_name
