@@ -126,6 +126,21 @@ def probe_target(standin) -> str:
     return standin("--dialect", "ddtree").url
 
 
+@pytest.fixture(scope="session")
+def embedded_target_dir() -> Path:
+    """The embedded SmolLM2's dequantised cache directory (built once per machine, under a lock);
+    skips where the GGUF package or the gguf reader is not installed."""
+    from ddtree_diag.engine import embedded
+    from ddtree_diag.errors import UsageError
+
+    try:
+        embedded.find_gguf()
+    except UsageError as exc:
+        pytest.skip(str(exc))
+    pytest.importorskip("gguf")
+    return embedded.ensure_target_dir()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny matmuls on a shared 2-core box: extra intra-op threads only spin against each other."""
