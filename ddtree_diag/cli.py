@@ -8,6 +8,7 @@ remote path start fast.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 
@@ -69,6 +70,19 @@ def _one_line(text: str) -> str:
     from ddtree_diag.redaction import redact
 
     return redact(" ".join(text.split()))
+def _stdout_identity() -> tuple[int, int] | None:
+    try:
+        stat = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _stdout_went_away(before: tuple[int, int] | None) -> bool:
+    """Whether stdout was redirected to /dev/null during the run (what rich does on EPIPE)."""
+    now = _stdout_identity()
+    null = os.stat(os.devnull)
+    return now is not None and now != before and now == (null.st_dev, null.st_ino)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
     command = typer.main.get_command(app)
+    stdout_was = _stdout_identity()
     try:
         # Without standalone mode click returns the code of a typer.Exit instead of raising it.
         returned = command.main(args=args, prog_name="ddtree-diag", standalone_mode=False)
@@ -87,6 +102,20 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.stderr.write("ddtree-diag: interrupted\n")
         code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout left (``--help | head``): not an error of ours. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        from ddtree_diag.output.console import silence_stdout
+
+        silence_stdout()
+        code = 0
+    except SystemExit as exc:
+        # click and rich answer a closed stdout (EPIPE) themselves with exit 1 (rich after pointing
+        # stdout at /dev/null, click after wrapping it). A reader that stopped reading (``--help |
+        # head``) is not a failure of ours.
+        if exc.code != 1 or not (type(sys.stdout).__name__ == "PacifyFlushWrapper" or _stdout_went_away(stdout_was)):
+            raise
+        code = 0
     except DiagError as exc:
         if debug:
             traceback.print_exc()
@@ -100,7 +129,12 @@ def main(argv: list[str] | None = None) -> None:
             first = _one_line(str(exc).splitlines()[0]) if str(exc).strip() else ""
             sys.stderr.write(f"ddtree-diag: internal error: {type(exc).__name__}: {first} (rerun with --debug)\n")
             code = EXIT_USAGE
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        from ddtree_diag.output.console import silence_stdout
+
+        silence_stdout()
     sys.exit(code)
 
 

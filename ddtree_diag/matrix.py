@@ -98,9 +98,11 @@ def load_matrix(path: str | Path) -> Matrix:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"matrix file not found: {path}") from None
+        raise UsageError(f"matrix file not found: {path} (built-in matrices: {', '.join(builtin_names())})") from None
     except OSError as exc:
-        raise UsageError(f"cannot read matrix file {path}: {exc.strerror}") from None
+        raise UsageError(
+            f"cannot read matrix file {path}: {exc.strerror} (built-in matrices: {', '.join(builtin_names())})"
+        ) from None
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
@@ -355,7 +357,8 @@ def resolve_matrix(request: MatrixRequest) -> Matrix:
         found = builtin_matrix(spec)
         if found is None:
             raise UsageError(
-                f"matrix {spec!r} is neither a file nor a built-in matrix (built-in: {', '.join(builtin_names())})"
+                f"matrix {spec!r} is neither a file nor a built-in matrix (built-in matrices: "
+                f"{', '.join(builtin_names())})"
             )
         matrix = found
     else:

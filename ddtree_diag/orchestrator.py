@@ -28,6 +28,7 @@ from ddtree_diag.records import SKIPPED, TRANSPORT_STATUSES, BaselineComparison,
 from ddtree_diag.redaction import register as register_secrets
 
 OnResult = Callable[[ProbeResult], None]
+OnStage = Callable[[str], None]
 
 
 @dataclass
@@ -81,8 +82,11 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def execute(run: PreparedRun, report: RunReport, on_result: OnResult | None = None) -> RunReport:
-    """Run every case (and the baseline) into ``report``. KeyboardInterrupt and fatal errors
+def execute(
+    run: PreparedRun, report: RunReport, on_result: OnResult | None = None, on_stage: OnStage | None = None
+) -> RunReport:
+    """Run every case (and the baseline) into ``report``. ``on_result`` hears of each finished
+    case, ``on_stage`` of a stage starting (the baseline). KeyboardInterrupt and fatal errors
     propagate after the report is marked interrupted, so the caller can still write it."""
     report.tool_version = __version__
     report.started_at = report.started_at or _now()
@@ -96,6 +100,8 @@ def execute(run: PreparedRun, report: RunReport, on_result: OnResult | None = No
             lossless.check_possible(run.baseline, backend)
         run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result)
         if run.baseline is not None:
+            if on_stage is not None:
+                on_stage(f"baseline ({run.baseline.describe()}): running the T=0 cases without speculation")
             report.notes.extend(run_baseline(report, backend, run.baseline, run.plan.target))
     except BaseException:
         report.interrupted = True

@@ -8,7 +8,10 @@ modules cannot be imported from a zip (and would tie the file to one platform), 
 - typer is pinned below 0.26: later releases vendor click (cli.py imports click itself) and from
   0.29 need pydantic, whose core is compiled;
 - any other extension module that sneaks in fails the build, naming it.
-The engine extra (torch, transformers) is never included: engine commands say they need it.
+The engine extra (torch, transformers) is never included: engine commands say they need it. Nor
+is what only the engine uses: the packaged draft weights, the training prompts and the chat
+template (``ddtree_diag/data``) and the training code (``ddtree_diag/training``), so the file
+stays small (a few MB).
 After building, the file is smoke-tested with ``python -I -S`` (no site-packages at all): it must
 print its version and import every module of the remote path.
 
@@ -36,6 +39,8 @@ COMPILED = {"regex"}  # core dependencies that are extension modules: not vendor
 PINS = ["typer>=0.12,<0.26", "click>=8.1"]  # see the module docstring
 TARGET_PYTHON = "3.10"  # the oldest Python the tool supports: pulls tomli, exceptiongroup...
 EXTENSION_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
+# Parts of the package only the engine uses (it cannot run from the zipapp): left out.
+ENGINE_ONLY = ("data", "training")
 # Modules the remote path imports at run time; the smoke test imports each from the zip.
 REMOTE_MODULES = [
     "ddtree_diag.cli", "ddtree_diag.orchestrator", "ddtree_diag.matrix", "ddtree_diag.commands.run",
@@ -84,8 +89,16 @@ def install(staging: Path) -> None:
 
 
 def copy_package(staging: Path) -> None:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(ROOT / "ddtree_diag", staging / "ddtree_diag", ignore=ignore)  # built-in matrices too
+    package = ROOT / "ddtree_diag"
+    caches = shutil.ignore_patterns("__pycache__", "*.pyc")
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        left_out = set(caches(directory, names))
+        if Path(directory) == package:
+            left_out |= set(ENGINE_ONLY) & set(names)
+        return left_out
+
+    shutil.copytree(package, staging / "ddtree_diag", ignore=ignore)  # built-in matrices too
     (staging / "__main__.py").write_text(MAIN, encoding="utf-8")
 
 

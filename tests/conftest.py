@@ -28,6 +28,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = Path(__file__).resolve().parent / "standin_server.py"
 
+# Output width does not depend on the terminal the tests run in (pytest-xdist's workers get
+# COLUMNS=80): consoles that are not a terminal use their documented default of 200 columns, and
+# the tests that check other widths give their consoles one explicitly.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+# Under pytest-xdist (`make test`), each worker and the servers it starts share the cores with the
+# other workers: give each its share of threads instead of letting torch take every core in each.
+# Set before any test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -90,6 +103,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     """Run `python -m ddtree_diag ARGS` as a real process (real exit codes, real stdout)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_DIAG_", "OPENAI_"))}
     full_env.pop("NO_COLOR", None)
+    full_env.pop("COLUMNS", None)
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     done = subprocess.run(
@@ -107,8 +121,24 @@ def cli():
 @pytest.fixture
 def probe_target(standin) -> str:
     """URL of a healthy server for end-to-end tests that need nothing special from it (--via, the
-    zipapp). Switch to the reference server here, in one line, once it exists."""
+    zipapp): the stand-in, which starts in a fraction of a second (the reference server loads a
+    model first; tests/test_server.py probes it)."""
     return standin("--dialect", "ddtree").url
+
+
+@pytest.fixture(scope="session")
+def embedded_target_dir() -> Path:
+    """The embedded SmolLM2's dequantised cache directory (built once per machine, under a lock);
+    skips where the GGUF package or the gguf reader is not installed."""
+    from ddtree_diag.engine import embedded
+    from ddtree_diag.errors import UsageError
+
+    try:
+        embedded.find_gguf()
+    except UsageError as exc:
+        pytest.skip(str(exc))
+    pytest.importorskip("gguf")
+    return embedded.ensure_target_dir()
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +165,15 @@ def pytest_collection_modifyitems(config, items):
         if not kinds:
             uses_processes = E2E_FIXTURES & set(getattr(item, "fixturenames", ()))
             item.add_marker(pytest.mark.e2e if uses_processes else pytest.mark.unit)
+    # Slow files first: with `-n auto --dist loadfile` each file runs whole on one worker, and a
+    # long file handed out last would leave the other workers idle at the end. A file's weight is
+    # its slowest kind (real model, then processes, then in-process); the order within a file and
+    # among equals is kept.
+    weight: dict[str, int] = {}
+    for item in items:
+        kind = 0 if item.get_closest_marker("real_model") else 1 if item.get_closest_marker("e2e") else 2
+        weight[item.nodeid.split("::")[0]] = min(kind, weight.get(item.nodeid.split("::")[0], 2))
+    items.sort(key=lambda item: weight[item.nodeid.split("::")[0]])
 
 
 def _called_from(path_part: str, depth: int = 12) -> bool:

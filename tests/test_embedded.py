@@ -114,7 +114,7 @@ def test_cache_is_built_once_then_reused(fake_build, tmp_path):
     assert embedded.ensure_target_dir(tmp_path / "cache") == first
     assert len(fake_build) == 1  # second use: no rebuild
     # Built under a temporary name and renamed: nothing else is left in the cache root.
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [embedded.TARGET_DIR_NAME]
+    assert cache_entries(tmp_path / "cache") == [embedded.TARGET_DIR_NAME]
 
 
 def test_default_model_is_the_cached_target_and_the_packaged_draft(fake_build, tmp_path):
@@ -134,7 +134,7 @@ def test_changed_template_or_format_rebuilds_the_cache(fake_build, tmp_path, mon
     monkeypatch.setattr(embedded, "CACHE_FORMAT_VERSION", embedded.CACHE_FORMAT_VERSION + 1)
     embedded.ensure_target_dir(tmp_path / "cache")
     assert len(fake_build) == 3
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [embedded.TARGET_DIR_NAME]
+    assert cache_entries(tmp_path / "cache") == [embedded.TARGET_DIR_NAME]
 
 
 def test_incomplete_cache_is_rebuilt(fake_build, tmp_path):
@@ -152,7 +152,34 @@ def test_failed_build_leaves_no_cache_behind(monkeypatch, tmp_path, fake_build):
     monkeypatch.setattr(embedded, "_build_target_dir", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         embedded.ensure_target_dir(tmp_path / "cache")
-    assert list((tmp_path / "cache").iterdir()) == []
+    assert cache_entries(tmp_path / "cache") == []
+
+
+def cache_entries(root: Path) -> list[str]:
+    """What the cache root holds besides the build lock's file."""
+    return sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock"))
+
+
+def test_concurrent_first_uses_build_the_cache_once(fake_build, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    slow_build = embedded._build_target_dir
+
+    def slow(source: Path, out_dir: Path) -> None:
+        time.sleep(0.3)  # long enough for the other caller to arrive mid-build
+        slow_build(source, out_dir)
+
+    monkeypatch.setattr(embedded, "_build_target_dir", slow)
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(embedded.ensure_target_dir(tmp_path / "cache")))
+               for _ in range(3)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(fake_build) == 1 and len(results) == 3 and len(set(results)) == 1
+    assert cache_entries(tmp_path / "cache") == [embedded.TARGET_DIR_NAME]
 
 
 # ---- fixture chat template (rendered by transformers) -----------------------------------------
@@ -225,3 +252,17 @@ def test_packaged_draft_is_a_small_zlab_format_draft_for_smollm2():
     assert all(0 <= i < 30 for i in config["dflash_config"]["target_layer_ids"])
     assert (draft / "model.safetensors").stat().st_size <= 20 * 10**6
     assert (draft / "README.md").is_file()
+
+
+def test_one_model_name_for_the_embedded_model_however_it_is_named(tmp_path):
+    from ddtree_diag.engine.models import EMBEDDED_MODEL_NAME, model_id
+
+    cache = tmp_path / embedded.TARGET_DIR_NAME
+    cache.mkdir()
+    (cache / embedded.STAMP_FILE).write_text("{}")
+    assert model_id(cache) == EMBEDDED_MODEL_NAME  # the dequantised cache directory
+    assert model_id(tmp_path / "models" / embedded.GGUF_FILENAME) == EMBEDDED_MODEL_NAME  # its GGUF file
+    assert model_id(tmp_path, embedded.GGUF_FILENAME) == EMBEDDED_MODEL_NAME
+    assert model_id(tmp_path / "Qwen3-8B-Q4_K_M.gguf") == "Qwen3-8B-Q4_K_M"
+    assert model_id(tmp_path / "Qwen3-8B") == "Qwen3-8B"
+    assert model_id(tmp_path / "Qwen3-8B" / ".") == "Qwen3-8B"

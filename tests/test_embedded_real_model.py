@@ -1,7 +1,10 @@
-"""The embedded default on the real SmolLM2-135M-Instruct (CPU, fp32): cache fidelity, lossless
-DDTree decoding with the packaged draft, the thinking axis, and that the draft is trained.
+"""The embedded default on the real SmolLM2-135M-Instruct (CPU, fp32): the GGUF target itself,
+cache fidelity, lossless DDTree decoding with the packaged draft, the thinking axis, and that the
+draft is trained. (Draft training on it: tests/test_training_real_model.py.)
 
-Slow (about a minute on 2 cores after the first ~30 s cache build): marked real_model."""
+Slow (about a minute on 2 cores after the first ~30 s cache build): marked real_model. The GGUF
+is dequantised once for the whole module (``gguf_engine``), the cached directory loaded once
+(``engine``)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ddtree_diag.engine import embedded  # noqa: E402
-from ddtree_diag.errors import UsageError  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
 
@@ -22,13 +24,8 @@ TRAINING = [{"role": "user", "content": "Write a short paragraph about batteries
 
 
 @pytest.fixture(scope="session")
-def target_dir():
-    try:
-        embedded.find_gguf()
-    except UsageError as exc:
-        pytest.skip(str(exc))
-    pytest.importorskip("gguf")
-    return embedded.ensure_target_dir()
+def target_dir(embedded_target_dir):
+    return embedded_target_dir
 
 
 @pytest.fixture(scope="session")
@@ -38,13 +35,31 @@ def engine(target_dir):
     return load_engine(target_dir, draft=embedded.default_draft_dir(), device="cpu", dtype="fp32")
 
 
-def test_cached_fp32_weights_are_exactly_the_gguf_weights(target_dir):
-    from transformers import AutoModelForCausalLM
+@pytest.fixture(scope="module")
+def gguf_engine(target_dir):
+    """The engine on the GGUF file itself (transformers dequantises it on load), no draft."""
+    from ddtree_diag.engine import load_engine
 
-    gguf = embedded.find_gguf()
-    from_gguf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    cached = AutoModelForCausalLM.from_pretrained(target_dir)
-    assert cached.dtype == torch.float32
+    return load_engine(embedded.find_gguf(), device="cpu", dtype="fp32")
+
+
+def test_gguf_target_loads_and_ar_decode_equals_hf_greedy(gguf_engine):
+    engine = gguf_engine
+    info = engine.info()
+    assert info["model_type"] == "llama" and info["layers"] == 30 and info["draft"] is None
+    assert info["model"] == "SmolLM2-135M-Instruct"  # the same name as the cached directory's
+    assert engine.tokenizer.convert_tokens_to_ids("<|im_end|>") in info["stop_token_ids"]
+    messages = [{"role": "user", "content": "Say hello in one short sentence."}]
+    gen = engine.generate(messages=messages, enable_thinking=False, max_tokens=24)
+    assert gen.mode == "ar" and gen.tree_budget == 0
+    prompt = engine.render_prompt(messages, enable_thinking=False)
+    assert gen.token_ids == engine.greedy_reference(prompt, 24)
+    assert gen.text.strip() and gen.finish_reason in ("stop", "length")
+
+
+def test_cached_fp32_weights_are_exactly_the_gguf_weights(gguf_engine, engine):
+    from_gguf, cached = gguf_engine.target.hf, engine.target.hf
+    assert cached.dtype == torch.float32 and engine.info()["model"] == "SmolLM2-135M-Instruct"
     assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()  # still tied
     ids = torch.tensor([[1, 4093, 198, 36218, 33662, 281, 582, 1890, 6330, 30, 2]])
     with torch.no_grad():
@@ -78,39 +93,3 @@ def test_trained_draft_gets_tokens_accepted(engine):
     gen = engine.generate(messages=TRAINING, enable_thinking=False, tree_budget=64, max_tokens=32)
     assert gen.mean_acceptance_length > 1.5
     assert gen.token_ids == engine.greedy_reference(engine.render_prompt(TRAINING, enable_thinking=False), 32)
-
-
-def test_tiny_draft_training_run_on_cpu_writes_a_loadable_draft(target_dir, tmp_path):
-    from ddtree_diag.engine.draft import load_draft
-    from ddtree_diag.training import draft as dt
-
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("Name a color.\nSay hi.\n")
-    settings = dt.TrainSettings(
-        prompts_file=str(prompts), out_dir=str(tmp_path / "draft"), target_dir=str(target_dir),
-        block_size=4, num_draft_layers=1, max_new_tokens=6, steps=2, batch_size=2, anchors_per_seq=2,
-        device="cpu", log_every=1, follow_up_tokens=4, sampled_prompts=2, gen_batch_size=4,
-    )  # fmt: skip
-    lines: list[str] = []
-    result = dt.train_draft(settings, log=lines.append)
-    assert result["summary"]["steps_done"] == 2 and result["summary"]["sequences"] >= 3
-    assert any('"loss"' in line for line in lines)
-    assert any(line.startswith("sampled ") for line in lines)  # prompts the target wrote itself
-    draft = load_draft(tmp_path / "draft")
-    assert draft.config.block_size == 4 and draft.config.target_layer_ids == [1, 8, 14, 20, 27]
-    assert draft.config.mask_token_id == dt.SMOLLM2_MASK_TOKEN_ID
-
-
-def test_sampled_user_prompts_are_finished_distinct_and_avoid_excluded_ones(target_dir):
-    from ddtree_diag.training import draft as dt
-
-    model, tokenizer = dt.load_target(target_dir, "cpu")
-    excluded = ["What is the capital of France?"]
-    prompts = dt.sample_user_prompts(model, tokenizer, 6, batch_size=8, seed=3, exclude=excluded)
-    assert 1 <= len(prompts) <= 6
-    assert len({p.lower() for p in prompts}) == len(prompts)
-    for prompt in prompts:
-        assert 3 <= len(prompt.split()) <= 60 and "<|" not in prompt
-        assert not dt.too_similar(prompt, excluded)
-    # same seed, same prompts: the training data can be regenerated
-    assert dt.sample_user_prompts(model, tokenizer, 6, batch_size=8, seed=3, exclude=excluded) == prompts

@@ -424,13 +424,17 @@ def test_compiled_fast_path_equals_eager_on_cuda_fp32(tmp_path):
             assert quick.extras["cuda_graph_errors"] == [] and quick.extras["cuda_graphs"]
 
 
-def test_compiled_fast_path_equals_eager_on_cpu(engines):
+def test_compiled_fast_path_equals_eager_on_cpu(engines, monkeypatch):
     """The CPU twin of the CUDA fast-compile path: torch.compile'd layer halves and tree build give
     the eager path's tokens, and the compiled graphs are shared by all layers (no per-layer
-    recompiles: one graph per row count and function)."""
+    recompiles: one graph per row count and function). Traced with the aot_eager backend: the same
+    dynamo graphs and functionalisation as inductor without its C++ builds (a minute on a cold
+    cache here); the CUDA test above runs inductor itself."""
     from torch._dynamo.utils import counters
 
     engine = engines[8]
+    monkeypatch.setenv("DDTREE_DIAG_COMPILE_BACKEND", "aot_eager")
+    engine._decoders.pop("fast-compile", None)  # built afresh, with that backend
     graphs_before = counters["stats"]["unique_graphs"]
     try:
         for budget in (0, 4):
@@ -439,12 +443,13 @@ def test_compiled_fast_path_equals_eager_on_cpu(engines):
                 stop_token_ids=[],
             )  # fmt: skip
             assert_same(eager, quick, budget)
-        assert engine.decoder("fast-compile").torch_compile is True
+        decoder = engine.decoder("fast-compile")
+        assert decoder.torch_compile is True and decoder.compile_backend == "aot_eager"
         # AR: pre+post at 1 row; budget 4: target pre+post at 16 rows, draft pre+post at 8, the tree
         # build: 7 graphs for the 4 target and 2 draft layers, never one per layer
         assert counters["stats"]["unique_graphs"] - graphs_before <= 7
     finally:
-        engine.decoder("fast-compile").stages.clear()
+        engine._decoders.pop("fast-compile", None)
 
 
 def test_decode_path_from_the_environment(tmp_path, monkeypatch):

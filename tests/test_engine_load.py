@@ -206,5 +206,8 @@ def test_engine_info_json_and_table(paths, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["draft"]["block_size"] == 4 and data["layers"] == fx.TARGET_LAYERS
     assert run_engine_info(str(paths.target), None, None, None, None, as_json=False) == 0
-    out = capsys.readouterr().out
-    assert "none (AR only)" in out and "target layers" in out
+    out = capsys.readouterr().out  # captured: not a terminal, so plain "field: value" lines
+    lines = out.splitlines()
+    assert "draft: none (AR only)" in lines and f"target layers: {fx.TARGET_LAYERS}" in lines
+    assert f"model: {paths.target.name}" in lines and data["model"] == paths.target.name
+    assert not set(out) & set("┃│─━┏┗+|"), "no table borders when piped"

@@ -148,7 +148,7 @@ def test_report_of_a_probe_run_without_gate(standin, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [(["nope.json"], "report not found"),
-                                          (["{json}", "--format", "html"], "--format must be one of")])  # fmt: skip
+                                          (["{json}", "--format", "pdf"], "--format must be one of")])  # fmt: skip
 @pytest.mark.e2e
 def test_report_usage_errors(runs, args, needle):
     args = [a.replace("{json}", str(runs["healthy"]["json"])) for a in args]

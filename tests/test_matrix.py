@@ -102,3 +102,33 @@ def test_every_example_and_builtin_matrix_parses():
         parse_gate(matrix.gate, matrix.source)
         parse_baseline(matrix.baseline or None, matrix.source)
     assert {"smoke", "gate"} <= set(builtin_names())
+
+
+@pytest.mark.parametrize("spec", ["nope", "nope.toml", "missing/dir/m.toml", "."])
+def test_a_matrix_that_is_not_there_lists_the_built_ins(spec):
+    from ddtree_diag.matrix import MatrixRequest, builtin_names, resolve_matrix
+
+    with pytest.raises(UsageError) as caught:
+        resolve_matrix(MatrixRequest(matrix=spec))
+    assert f"built-in matrices: {', '.join(builtin_names())}" in str(caught.value)
+
+
+def test_help_shows_defaults_builtins_and_every_dialect():
+    """--help shows what an omitted --budget/--max-tokens/--matrix means and every --dialect."""
+    from typer.testing import CliRunner
+
+    from ddtree_diag.backends.dialects import DIALECTS
+    from ddtree_diag.cli import app
+    from ddtree_diag.commands.run import BUILTINS
+    from ddtree_diag.matrix import builtin_matrix, builtin_names
+
+    assert set(BUILTINS.split(", ")) == set(builtin_names())  # the help names every built-in
+    smoke = builtin_matrix("smoke")
+    for command in ("probe", "gate"):
+        result = CliRunner().invoke(app, [command, "--help"], terminal_width=400, env={"COLUMNS": "400"})
+        help_text = " ".join(result.output.split())
+        assert result.exit_code == 0
+        assert "Server dialect: " + " | ".join(("auto", *DIALECTS)) + "." in help_text
+        assert f"[default: the matrix's (smoke: {','.join(map(str, smoke.tree_budget))});" in help_text
+        assert f"[default: the matrix's (smoke: {smoke.max_tokens[0]}), else 48]" in help_text
+        assert f"built-in name ({BUILTINS})" in help_text

@@ -43,6 +43,16 @@ def essentials(report: dict) -> list[tuple]:
     return [(r["case"]["case_id"], r["status"], r["output"], r["spec"]["decode_rounds"]) for r in report["results"]]
 
 
+MAX_BYTES = 4 * 1024 * 1024
+
+
+def test_pyz_leaves_out_engine_only_data_and_stays_small(pyz):
+    names = zipfile.ZipFile(pyz).namelist()
+    assert not [n for n in names if n.startswith(("ddtree_diag/data/", "ddtree_diag/training/"))]
+    assert not [n for n in names if n.endswith((".safetensors", ".bin", ".gguf"))], "no weights"
+    assert pyz.stat().st_size <= MAX_BYTES, f"{pyz.stat().st_size / 1e6:.1f} MB"
+
+
 def test_pyz_vendors_no_compiled_module_and_no_engine_dependency(pyz):
     names = zipfile.ZipFile(pyz).namelist()
     assert "__main__.py" in names and "ddtree_diag/backends/agent.py" in names
@@ -70,10 +80,13 @@ def test_pyz_probes_via_a_prefix(pyz, target):
     assert all(r["status"] == "ok" and r["output"] for r in report["results"])
 
 
-def test_pyz_engine_commands_say_they_need_the_engine_extra(pyz):
-    result = run_pyz(pyz, "probe", "--engine", "--target", "some/model")
+@pytest.mark.parametrize("args", [("probe", "--engine", "--target", "some/model"), ("probe", "--engine"),
+                                  ("engine-info",), ("serve",), ("demo",), ("train-draft", "--out", "d")])  # fmt: skip
+def test_pyz_engine_commands_say_they_need_the_engine_extra(pyz, args):
+    result = run_pyz(pyz, *args)
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "needs the engine extra" in result.stderr
+    assert result.stderr.count("\n") == 1 and ("needs the engine extra" in result.stderr
+                                                or "needs the serve extra" in result.stderr), result.stderr
 
 
 def test_pyz_usage_errors_stay_one_line(pyz):

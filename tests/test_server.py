@@ -60,6 +60,26 @@ def test_health_models_and_metrics(server):
     assert "ddtree_spec_decode_num_drafts_total" in page and "ddtree_request_latency_seconds" in page
 
 
+def test_engine_and_server_report_one_model_name(server, models, capsys):
+    from ddtree_diag.backends import TargetSpec, make_backend
+    from ddtree_diag.commands.engine_info import run_engine_info
+    from ddtree_diag.records import ProbeCase
+
+    target, draft = models
+    served = httpx.get(f"{server}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"][0]["id"]
+    reply = post(server, chat("hi", max_tokens=2)).json()["model"]
+    assert run_engine_info(str(target), None, str(draft), "cpu", "fp32", as_json=True) == 0
+    info = json.loads(capsys.readouterr().out)["model"]
+    backend = make_backend(TargetSpec(engine=True, target=str(target), draft=str(draft), device="cpu", dtype="fp32"))
+    try:
+        backend.prepare([])
+        in_process = backend.run(ProbeCase("p", [{"role": "user", "content": "hi"}], max_tokens=2)).model
+        reported = backend.target_info()["model"]
+    finally:
+        backend.close()
+    assert served == reply == info == in_process == reported == target.name
+
+
 def test_probe_reads_rounds_and_acceptance(server, cli):
     result = cli("probe", "--url", server, "--json", "-", "--max-tokens", "24", env={"DDTREE_DIAG_API_KEY": API_KEY})
     assert result.code in (0, 1), result.stderr  # random weights may be flagged as garbage

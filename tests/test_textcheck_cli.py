@@ -82,6 +82,16 @@ def test_jsonl_gives_one_verdict_per_line_in_order(tmp_path):
     assert verdicts[2]["truncated"] is True
 
 
+def test_jsonl_verdicts_carry_the_input_line_number(tmp_path):
+    path = tmp_path / "in.jsonl"
+    # a blank line in the middle still counts: the numbers are the file's own line numbers
+    path.write_text(json.dumps({"text": "Hello!"}) + "\n\n" + json.dumps({"text": "the the the the the the"}) + "\n")
+    out = io.StringIO()
+    assert run_text_check(str(path), None, False, True, None, out=out) == 1
+    verdicts = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(v["line"], v["garbage"]) for v in verdicts] == [(1, False), (3, True)]
+
+
 def test_jsonl_all_clean_exits_0_and_flags_are_defaults(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text(json.dumps({"text": "Hello,"}) + "\n", encoding="utf-8")

@@ -49,7 +49,8 @@ class EngineBackend:
 
             started = time.perf_counter()
             self.engine = load_engine(
-                self.target, draft=self.draft, gguf_file=self.gguf_file, device=self.device, dtype=self.dtype
+                self.target, draft=self.draft, gguf_file=self.gguf_file, device=self.device, dtype=self.dtype,
+                model_name=self.model,
             )
             self.load_seconds = time.perf_counter() - started
         return self.engine

@@ -66,6 +66,15 @@ def run_demo(
     no_color: bool = False,
     startup_timeout: float = 600.0,
 ) -> int:
+    import importlib.util
+
+    from ddtree_diag.engine.models import require_engine_extra
+
+    # The server runs in a child process: say what is missing here, in one line, before starting it
+    # (e.g. in the single-file build, which has neither the engine nor the server).
+    require_engine_extra()
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise UsageError("demo needs the serve extra: pip install 'ddtree-diag[serve]'")
     from ddtree_diag.output.reportfile import check_writable
 
     check_writable(json_path, "--json")  # before the slow start, not after

@@ -40,10 +40,15 @@ def run_engine_info(
 
     from ddtree_diag.output.console import make_console
 
+    rows = engine_info_rows(info)
+    console = make_console()
+    if not console.is_terminal:  # piped or in a log: plain "field: value" lines to grep
+        typer.echo("\n".join(f"{name}: {value}" for name, value in rows))
+        return 0
     table = Table(title="ddtree-diag engine", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    for name, value in engine_info_rows(info):
+    for name, value in rows:
         table.add_row(name, value)
-    make_console().print(table)
+    console.print(table)
     return 0

@@ -54,6 +54,8 @@ class RunFlags:
     json_path: str | None = None
     junit: str | None = None
     summary: str | None = None
+    html: str | None = None
+    quiet: bool = False
     no_color: bool = False
     engine: bool = False
     target: str | None = None
@@ -91,15 +93,18 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
         None, "--prompt", "-p",
         help="Prompt: literal text, @file (text or JSON messages), or a prompt id from the matrix. Repeatable.")),
     ("thinking", str | None, typer.Option(
-        None, "--thinking", help="enable_thinking values, e.g. off,on ('default' = not sent). \\[default: off,on]")),
+        None, "--thinking",
+        help="enable_thinking values, e.g. off,on ('default' = not sent). \\[default: the matrix's, else off,on]")),
     ("budget", str | None, typer.Option(
         None, "--budget",
-        help="Tree budgets, e.g. 16,64 ('default' = the server's own). \\[default: the matrix's]")),
+        help="Tree budgets, e.g. 16,64 ('default' = the server's own). \\[default: the matrix's (smoke: 16,64); "
+        "with --prompt and no --matrix: default]")),
     ("temperature", str | None, typer.Option(
-        None, "--temperature", help="Temperature(s), e.g. 0 or 0,0.7. \\[default: 0]")),
+        None, "--temperature", help="Temperature(s), e.g. 0 or 0,0.7. \\[default: the matrix's, else 0]")),
     ("max_tokens", str | None, typer.Option(
-        None, "--max-tokens", help="max_tokens value(s), e.g. 48. \\[default: the matrix's, else 48]")),
-    ("repeat", int | None, typer.Option(None, "--repeat", help="Run every case N times. \\[default: 1]")),
+        None, "--max-tokens", help="max_tokens value(s), e.g. 48. \\[default: the matrix's (smoke: 48), else 48]")),
+    ("repeat", int | None, typer.Option(
+        None, "--repeat", help="Run every case N times. \\[default: the matrix's, else 1]")),
     ("baseline", str | None, typer.Option(
         None, "--baseline",
         help="Lossless check at T=0 against a non-speculative baseline: budget0 (same server, "
@@ -111,6 +116,10 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("junit", str | None, typer.Option(None, "--junit", help="Write JUnit XML (one testcase per case × check).")),
     ("summary", str | None, typer.Option(
         None, "--summary", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY).")),
+    ("html", str | None, typer.Option(
+        None, "--html", help="Write a self-contained HTML report with plots (no script, nothing from the network).")),
+    ("quiet", bool, typer.Option(
+        False, "--quiet", "-q", help="No progress: no bar on a terminal, no per-case lines on stderr elsewhere.")),
     ("no_color", bool, NO_COLOR),
     ("engine", bool, typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft).")),
     ("target", str | None, typer.Option(None, "--target", help="Engine: target HF model dir.")),

@@ -11,14 +11,14 @@ from ddtree_diag.commands.options import DEBUG, NO_COLOR
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from ddtree_diag.output.reportfile import check_writable, dump_json, load_report, write_output
 
-FORMATS = ("table", "markdown", "junit")
+FORMATS = ("table", "markdown", "junit", "html")
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
         run: str = typer.Argument(..., help="A JSON report written by probe/gate --json."),
-        format: str = typer.Option("table", "--format", "-f", help="table | markdown | junit"),
+        format: str = typer.Option("table", "--format", "-f", help=" | ".join(FORMATS) + "."),
         output: str | None = typer.Option(None, "--output", "-o", help="Write to PATH instead of stdout."),
         no_color: bool = NO_COLOR,
         debug: bool = DEBUG,
@@ -40,13 +40,14 @@ def register(app: typer.Typer) -> None:
             False, "--fail-on-text-change", help="A changed T=0 text is a regression too."
         ),
         json_path: str | None = typer.Option(None, "--json", help="Write the comparison as JSON to PATH."),
+        html: str | None = typer.Option(None, "--html", help="Write the comparison as a self-contained HTML page."),
         no_color: bool = NO_COLOR,
         debug: bool = DEBUG,
     ) -> None:
         """Compare two runs case by case; exit 1 on a regression beyond the tolerances."""
         raise typer.Exit(run_diff(a, b, acceptance_tolerance=acceptance_tolerance, tps_tolerance=tps_tolerance,
                                   fail_on_text_change=fail_on_text_change, json_path=json_path,
-                                  no_color=no_color))  # fmt: skip
+                                  html_path=html, no_color=no_color))  # fmt: skip
 
 
 def rerender(path: str, fmt: str, *, output: str | None = None, no_color: bool = False) -> int:
@@ -70,7 +71,12 @@ def rerender(path: str, fmt: str, *, output: str | None = None, no_color: bool =
         else:
             render_report(make_console(sys.stdout, no_color=no_color), report, code)
         return code
-    text = markdown.markdown_summary(report, code) if fmt == "markdown" else junit.junit_xml(report)
+    if fmt == "html":
+        from ddtree_diag.output.html import html_report
+
+        text = html_report(report, code)
+    else:
+        text = markdown.markdown_summary(report, code) if fmt == "markdown" else junit.junit_xml(report)
     if output:
         write_output(output, text)
     else:
@@ -86,6 +92,7 @@ def run_diff(
     tps_tolerance: float = 0.30,
     fail_on_text_change: bool = False,
     json_path: str | None = None,
+    html_path: str | None = None,
     no_color: bool = False,
 ) -> int:
     from ddtree_diag.output.console import make_console
@@ -94,6 +101,7 @@ def run_diff(
     if not (acceptance_tolerance >= 0 and tps_tolerance >= 0):  # NaN fails too
         raise UsageError("tolerances must be >= 0")
     check_writable(json_path, "--json")
+    check_writable(html_path, "--html")
     a, b = load_report(a_path), load_report(b_path)
     result = diff_runs(a, b, Tolerances(acceptance_tolerance, tps_tolerance, fail_on_text_change))
     # With --json -, stdout carries the JSON alone and the comparison table goes to stderr.
@@ -104,4 +112,8 @@ def run_diff(
         sys.stdout.write(text)
     elif json_path:
         write_output(json_path, text)
+    if html_path:
+        from ddtree_diag.output.html import html_diff
+
+        write_output(html_path, html_diff(result, a_path, b_path))
     return EXIT_CHECK_FAILED if result.regressed else EXIT_OK

@@ -7,10 +7,18 @@ and applies its ``[gate]`` thresholds. The work itself is the orchestrator's.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from ddtree_diag.commands.options import RunFlags, run_options
+
+if TYPE_CHECKING:
+    from ddtree_diag.records import RunReport
+
+
+# The matrices shipped in ddtree_diag/matrices (a test keeps this in step with the folder).
+BUILTINS = "smoke, gate"
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +27,8 @@ def register(app: typer.Typer) -> None:
     def probe(
         flags: RunFlags,
         matrix: str | None = typer.Option(
-            None, "--matrix", "-m", help="Matrix TOML file, or a built-in name (smoke, gate). \\[default: smoke]"
+            None, "--matrix", "-m",
+            help=f"Matrix TOML file, or a built-in name ({BUILTINS}). \\[default: smoke; none with --prompt]",
         ),
     ) -> None:
         """Run a probe matrix against a server (--url) or the in-process engine (--engine)."""
@@ -29,7 +38,7 @@ def register(app: typer.Typer) -> None:
     @run_options
     def gate(
         flags: RunFlags,
-        matrix: str = typer.Argument(..., help="Matrix TOML with a \\[gate] table, or a built-in name (gate)."),
+        matrix: str = typer.Argument(..., help=f"Matrix TOML with a \\[gate] table, or a built-in name ({BUILTINS})."),
     ) -> None:
         """Run a matrix and apply its \\[gate] thresholds: exit 0 pass, 1 fail (2 usage, 3 unreachable)."""
         raise typer.Exit(run_matrix(flags, matrix, gate=True))
@@ -58,16 +67,17 @@ def check_outputs(flags: RunFlags) -> None:
     """Every output path must be writable before the run starts (exit 2 at once, one line)."""
     from ddtree_diag.output.reportfile import check_writable
 
-    for path, flag in ((flags.json_path, "--json"), (flags.junit, "--junit"), (flags.summary, "--summary")):
+    for path, flag in ((flags.json_path, "--json"), (flags.junit, "--junit"), (flags.summary, "--summary"),
+                       (flags.html, "--html")):  # fmt: skip
         check_writable(path, flag)
 
 
 def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
-    """Run the matrix and render it. Returns the exit code; DiagError propagates (exit 2/3)."""
+    """Run the matrix, write the reports, render. Returns the exit code; DiagError propagates
+    (exit 2/3)."""
     from ddtree_diag import orchestrator
-    from ddtree_diag.errors import DiagError, UsageError
-    from ddtree_diag.output import junit, markdown
-    from ddtree_diag.output.console import make_console, progress, render_report
+    from ddtree_diag.errors import DiagError
+    from ddtree_diag.output.console import make_console, progress, render_report, silence_stdout
     from ddtree_diag.output.reportfile import write_report
     from ddtree_diag.records import RunReport
 
@@ -78,14 +88,15 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     prepared = orchestrator.prepare(plan_from(flags, matrix, gate=gate))  # type: ignore[arg-type]
     check_outputs(flags)
     report = RunReport()
+    tracker = progress(status_console, len(prepared.cases), quiet=flags.quiet)
     try:
-        with progress(status_console, len(prepared.cases)) as advance:
-            orchestrator.execute(prepared, report, on_result=advance)
+        with tracker as advance:
+            orchestrator.execute(prepared, report, on_result=advance, on_stage=tracker.note)
     except KeyboardInterrupt:
         pass  # execute marked the report interrupted; render and write what finished
     except BaseException:
         # A fatal error mid-run: keep what finished, then let the CLI report the error.
-        if flags.json_path:
+        if flags.json_path and not json_to_stdout:
             try:
                 write_report(report, flags.json_path)
             except DiagError as exc:
@@ -93,22 +104,44 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
         raise
     orchestrator.judge(report, prepared.gate)
     code = orchestrator.exit_code_for(report)
-    render_report(console, report, code)
-    # Every output is attempted; the ones that fail are named together (exit 2: nothing passes
-    # a CI gate whose report could not be written).
-    failures: list[str] = []
+    # Files first: a reader that closes stdout early (``| head``) must not cost the reports.
+    failures = write_outputs(report, flags, code, gate=gate)
+    try:
+        render_report(console, report, code)
+        if json_to_stdout:
+            write_report(report, "-")
+    except BrokenPipeError:
+        silence_stdout()
+    if failures:
+        from ddtree_diag.errors import UsageError
+
+        # nothing passes a CI gate whose report could not be written (exit 2, every failure named)
+        raise UsageError("; ".join(failures))
+    return code
+
+
+def write_outputs(report: RunReport, flags: RunFlags, code: int, *, gate: bool) -> list[str]:
+    """Write the report files a run asked for (JSON, JUnit, Markdown summary, HTML). Every one is
+    attempted; returns the one-line errors of those that could not be written."""
+    from ddtree_diag.errors import DiagError
+    from ddtree_diag.output import junit, markdown
+    from ddtree_diag.output.reportfile import write_report
+
     writers = []
-    if flags.json_path:
+    if flags.json_path and flags.json_path != "-":
         writers.append(lambda: write_report(report, flags.json_path))
     if flags.junit:
         writers.append(lambda: junit.write_junit(report, flags.junit))
     if gate or flags.summary:
         writers.append(lambda: markdown.write_summary(report, flags.summary, code))
+    if flags.html:
+        from ddtree_diag.output.html import write_html
+
+        writers.append(lambda: write_html(report, flags.html, code))
+    failures: list[str] = []
     for write in writers:
         try:
             write()
         except DiagError as exc:
             failures.append(str(exc))
-    if failures:
-        raise UsageError("; ".join(failures))
-    return code
+    return failures

@@ -8,8 +8,8 @@ Plain mode reads the whole input as one answer (one trailing newline dropped) an
 verdict with its reasons; ``--json`` prints ``Verdict.to_dict()`` instead. ``--jsonl`` reads one
 JSON object per line (``text`` or ``output``; optional ``prompt``, ``finish_reason``, ``thinking``,
 ``reasoning``, ``completion_tokens``, ``max_tokens``, ``id``) and writes one verdict per line, in
-order (with the input's ``id`` when it has one). Exit code: 0 all clean, 1 any garbage, 2 bad
-input or usage.
+order, each with the input's ``line`` number (1-based) and its ``id`` when it has one. Exit code:
+0 all clean, 1 any garbage, 2 bad input or usage.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: TextIO, source: str) -> int:
     # Parse everything first, so a bad line fails before any verdict is printed.
     # Split on "\n" only: str.splitlines would also split on U+0085/U+2028 inside a JSON string.
-    rows: list[tuple[dict[str, Any], str, dict[str, Any]]] = []
+    rows: list[tuple[int, dict[str, Any], str, dict[str, Any]]] = []
     for lineno, line in enumerate(raw.split("\n"), 1):
         if not line.strip():
             continue
@@ -131,15 +131,15 @@ def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: T
             kwargs["prompt"] = prompt
         if kwargs["finish_reason"] is None:
             kwargs["finish_reason"] = finish_reason
-        rows.append((row, text, kwargs))
+        rows.append((lineno, row, text, kwargs))
     from ddtree_diag.checks.quality import assess
 
     any_garbage = False
-    for row, text, kwargs in rows:
+    for lineno, row, text, kwargs in rows:
         verdict = assess(text, **kwargs)
-        record = verdict.to_dict()
-        if "id" in row:
-            record = {"id": row["id"], **record}
+        # The input line (1-based, blank lines counted) ties a verdict to its input line; the
+        # input's own id, when it has one, comes along too.
+        record = {"line": lineno, **({"id": row["id"]} if "id" in row else {}), **verdict.to_dict()}
         out.write(_dumps(record) + "\n")
         any_garbage = any_garbage or verdict.garbage
     return EXIT_CHECK_FAILED if any_garbage else EXIT_OK

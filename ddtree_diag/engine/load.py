@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ddtree_diag.engine.models import model_id
 from ddtree_diag.errors import UsageError
 
 DTYPES = {
@@ -140,8 +141,13 @@ def load_engine(
     device: str | None = None,
     dtype: str | None = None,
     decode_path: str | None = None,
+    model_name: str | None = None,
 ):
     """Load target (+ draft) into an ``Engine``; see the module docstring."""
+    # Paths first: a mistyped directory is one line at once, not after importing transformers.
+    directory, gguf_name = _target_location(target, gguf_file)
+    if draft is not None and not Path(draft).expanduser().is_dir():
+        raise UsageError(f"draft directory not found: {draft}")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -154,9 +160,6 @@ def load_engine(
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    directory, gguf_name = _target_location(target, gguf_file)
-    if draft is not None and not Path(draft).expanduser().is_dir():
-        raise UsageError(f"draft directory not found: {draft}")
     kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_name is not None:
         kwargs["gguf_file"] = gguf_name
@@ -177,7 +180,7 @@ def load_engine(
         draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
         check_draft_fits(draft_model.config, model.config, len(tokenizer))
     info = {
-        "model": str(Path(target).name if gguf_name is None else gguf_name),
+        "model": model_name or model_id(target, gguf_file),
         "target_path": str(directory if gguf_name is None else directory / gguf_name),
         "draft_path": str(draft) if draft is not None else None,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),

@@ -24,6 +24,21 @@ def require_engine_extra() -> None:
         )
 
 
+def model_id(target: str | Path, gguf_file: str | None = None) -> str:
+    """The one name a model goes by: in ``engine-info``, in the engine backend's results and
+    report, and in the reference server's ``/v1/models`` and replies. The embedded SmolLM2 (its
+    cache directory or its GGUF file) is ``SmolLM2-135M-Instruct``; another GGUF target is the
+    file's stem; another directory is the directory's name."""
+    from ddtree_diag.engine.embedded import GGUF_FILENAME, STAMP_FILE
+
+    path = Path(gguf_file if gguf_file else target).expanduser()
+    if path.suffix == ".gguf":
+        return EMBEDDED_MODEL_NAME if path.name == GGUF_FILENAME else path.stem
+    if (path / STAMP_FILE).is_file():  # the dequantised cache of the embedded target
+        return EMBEDDED_MODEL_NAME
+    return path.resolve().name or str(target)
+
+
 @dataclass
 class ModelChoice:
     target: str
@@ -44,12 +59,13 @@ def choose_models(
         chosen_draft = draft if draft is not None else (str(default_draft_dir()) if use_draft else None)
         return ModelChoice(str(ensure_target_dir()), chosen_draft, None, EMBEDDED_MODEL_NAME, True)
     if target is None:  # a bare GGUF file: the engine loads it from its folder
-        return ModelChoice(str(gguf), draft, None, Path(gguf).stem, False)
-    return ModelChoice(target, draft, gguf, Path(target).name or target, False)
+        return ModelChoice(str(gguf), draft, None, model_id(gguf), False)
+    return ModelChoice(target, draft, gguf, model_id(target, gguf), False)
 
 
 def load_chosen(choice: ModelChoice, device: str | None = None, dtype: str | None = None) -> Any:
     """Load the engine for a ModelChoice (imports torch: call only on engine paths)."""
     from ddtree_diag.engine import load_engine
 
-    return load_engine(choice.target, draft=choice.draft, gguf_file=choice.gguf_file, device=device, dtype=dtype)
+    return load_engine(choice.target, draft=choice.draft, gguf_file=choice.gguf_file, device=device, dtype=dtype,
+                       model_name=choice.name)  # fmt: skip

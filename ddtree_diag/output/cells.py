@@ -6,9 +6,10 @@ A ``Cell`` is plain text plus a style name (rich style syntax; other formats map
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ddtree_diag.records import MISMATCH, NEAR_TIE, ProbeResult
+from ddtree_diag.records import MISMATCH, NEAR_TIE, ProbeResult, RunReport
 
 DASH = "—"  # unknown, never 0
 
@@ -119,3 +120,42 @@ def output_text(result: ProbeResult) -> str:
     if not result.output and result.reasoning:
         return f"[reasoning] {result.reasoning}"
     return result.output or ""
+
+
+@dataclass
+class Grid:
+    """Values of a run by tree budget (rows) × thinking mode (columns), in the run's order."""
+
+    budgets: list[int | None]
+    modes: list[bool | None]
+    values: dict[tuple[int | None, bool | None], list[float]]
+
+    def mean(self, budget: int | None, mode: bool | None) -> float | None:
+        found = self.values.get((budget, mode))
+        return sum(found) / len(found) if found else None
+
+    @property
+    def largest(self) -> float:
+        return max((max(v) for v in self.values.values() if v), default=0.0)
+
+
+def by_budget_and_thinking(
+    report: RunReport, value: Callable[[ProbeResult], float | None], *, single_cell: bool = False
+) -> Grid | None:
+    """``value`` of every successful case grouped by budget × thinking; None when nothing is known,
+    or when the run has a single cell (one budget, one mode) unless ``single_cell``."""
+    budgets: list[int | None] = []
+    modes: list[bool | None] = []
+    values: dict[tuple[int | None, bool | None], list[float]] = {}
+    for result in report.results:
+        case = result.case
+        if case.tree_budget not in budgets:
+            budgets.append(case.tree_budget)
+        if case.enable_thinking not in modes:
+            modes.append(case.enable_thinking)
+        number = value(result) if result.ok else None
+        if number is not None:
+            values.setdefault((case.tree_budget, case.enable_thinking), []).append(number)
+    if not values or (not single_cell and len(budgets) < 2 and len(modes) < 2):
+        return None
+    return Grid(budgets, modes, values)

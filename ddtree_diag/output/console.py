@@ -6,14 +6,15 @@ ASCII-friendly layout and a fixed width, so the output is stable and greppable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections import defaultdict
 from statistics import mean
 from typing import IO, Any
 
 from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -23,6 +24,7 @@ from ddtree_diag.output.cells import (
     acceptance_cell,
     acceptance_style,
     budget_label,
+    by_budget_and_thinking,
     fmt,
     lossless_cell,
     output_text,
@@ -32,8 +34,25 @@ from ddtree_diag.output.cells import (
     ttft_cell,
     visible,
 )
-from ddtree_diag.records import RunReport
+from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
+from ddtree_diag.records import ProbeResult, RunReport
 from ddtree_diag.redaction import redacted_report
+
+
+def silence_stdout() -> None:
+    """The reader of stdout went away (``| head``): send what is left to /dev/null, so the
+    interpreter's final flush does not fail too."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Stop writing and raise BrokenPipeError, which the commands handle, instead of rich's
+        own exit 1: a run piped into ``head`` keeps its exit code."""
+        self.quiet = True
+        silence_stdout()
+        raise BrokenPipeError
 
 
 def make_console(file: IO[str] | None = None, *, no_color: bool = False) -> Console:
@@ -43,9 +62,9 @@ def make_console(file: IO[str] | None = None, *, no_color: bool = False) -> Cons
     if no_color or os.environ.get("NO_COLOR"):
         no_color = True
     if is_tty:
-        return Console(file=file, no_color=no_color, highlight=False)
+        return _Console(file=file, no_color=no_color, highlight=False)
     width = int(os.environ.get("COLUMNS", "0") or 0) or 200
-    return Console(
+    return _Console(
         file=file, no_color=True, force_terminal=False, width=width, highlight=False,
         color_system=None, emoji=False,
     )  # fmt: skip
@@ -55,116 +74,73 @@ def _text(cell: Cell) -> Text:
     return Text(cell.text, style=cell.style)
 
 
-def results_table(report: RunReport) -> Table:
-    results = report.results
+def _title(report: RunReport) -> str:
     target = report.target
-    title_bits = [target.get("url") or target.get("engine") or "", target.get("model") or ""]
+    bits = [target.get("url") or target.get("engine") or "", target.get("model") or ""]
     if target.get("dialect"):
-        title_bits.append(f"dialect {target['dialect']}")
-    table = Table(title=Text(visible(" · ".join(str(b) for b in title_bits if b), 400)), title_justify="left")
+        bits.append(f"dialect {target['dialect']}")
+    return " · ".join(b for b in bits if b)
+
+
+def results_columns(report: RunReport) -> list[Column]:
+    """The per-case table as columns; axes that do not vary across the run are left out."""
+    results = report.results
 
     def varies(getter) -> bool:
         return len({getter(r.case) for r in results}) > 1
 
-    show_prompt = varies(lambda c: c.prompt_id)
-    show_temperature = varies(lambda c: c.temperature)
-    show_max = varies(lambda c: c.max_tokens)
-    show_repeat = varies(lambda c: c.repeat)
-    columns: list[tuple[str, dict[str, Any]]] = [("#", {"justify": "right"})]
-    if show_prompt:
-        columns.append(("prompt", {}))
-    columns += [("think", {}), ("budget", {"justify": "right"})]
-    if show_temperature:
-        columns.append(("T", {"justify": "right"}))
-    if show_max:
-        columns.append(("max", {"justify": "right"}))
-    if show_repeat:
-        columns.append(("rep", {"justify": "right"}))
+    def column(header: str, kind: str, values: list[Any], justify: str = "right", key: bool = False) -> Column:
+        return Column(header, kind, justify if kind == NUMBER else "left", values, key)
+
+    def ok_only(getter) -> list[Any]:
+        return [getter(r) if r.ok else DASH for r in results]
+
+    columns = [column("#", NUMBER, [str(i) for i in range(1, len(results) + 1)], key=True)]
+    if varies(lambda c: c.prompt_id):
+        columns.append(column("prompt", TEXT, [r.case.prompt_id for r in results], key=True))
+    columns.append(column("think", TEXT, [thinking_label(r.case.enable_thinking) for r in results], key=True))
+    columns.append(column("budget", NUMBER, [budget_label(r.case.tree_budget) for r in results], key=True))
+    if varies(lambda c: c.temperature):
+        columns.append(column("T", NUMBER, [f"{r.case.temperature:g}" for r in results], key=True))
+    if varies(lambda c: c.max_tokens):
+        columns.append(column("max", NUMBER, [str(r.case.max_tokens) for r in results], key=True))
+    if varies(lambda c: c.repeat):
+        columns.append(column("rep", NUMBER, [str(r.case.repeat) for r in results], key=True))
     columns += [
-        ("tok", {"justify": "right"}),
-        ("finish", {}),
-        ("rounds", {"justify": "right"}),
-        ("accept", {"justify": "right"}),
-        ("tok/s srv", {"justify": "right"}),
-        ("tok/s cli", {"justify": "right"}),
-        ("TTFT", {"justify": "right"}),
-        ("quality", {}),
+        column("tok", NUMBER, ok_only(lambda r: fmt(r.completion_tokens, "d"))),
+        column("finish", TEXT, ok_only(lambda r: r.finish_reason or DASH)),
+        column("rounds", NUMBER, ok_only(lambda r: rounds_cell(r).text)),
+        column("accept", NUMBER, ok_only(lambda r: _text(acceptance_cell(r)))),
+        column("tok/s srv", NUMBER, ok_only(lambda r: fmt(r.spec.server_tokens_per_second, ".1f"))),
+        column("tok/s cli", NUMBER, ok_only(lambda r: fmt(r.timings.decode_tokens_per_second, ".1f"))),
+        column("TTFT", NUMBER, ok_only(lambda r: ttft_cell(r).text)),
+        column("quality", TEXT, [_text(quality_cell(r)) for r in results]),  # a failed case's status too
     ]
-    show_lossless = any(r.baseline for r in results)
-    if show_lossless:
-        columns.append(("lossless", {}))
-    columns.append(("output", {"overflow": "fold", "min_width": 20}))
-    for name, options in columns:
-        table.add_column(name, **options)
-
-    for index, result in enumerate(results, 1):
-        case = result.case
-        spec = result.spec
-        row: list[Any] = [str(index)]
-        if show_prompt:
-            row.append(case.prompt_id)
-        row += [thinking_label(case.enable_thinking), budget_label(case.tree_budget)]
-        if show_temperature:
-            row.append(f"{case.temperature:g}")
-        if show_max:
-            row.append(str(case.max_tokens))
-        if show_repeat:
-            row.append(str(case.repeat))
-        if not result.ok:
-            row += [DASH] * 7  # tok .. TTFT; the status goes in the quality column
-            row.append(_text(quality_cell(result)))
-            if show_lossless:
-                row.append(DASH)
-            row.append(Text(visible(output_text(result), 10_000), style="red"))
-            table.add_row(*_plain_cells(row))
-            continue
-        row += [
-            fmt(result.completion_tokens, "d"),
-            result.finish_reason or DASH,
-            rounds_cell(result).text,
-            _text(acceptance_cell(result)),
-            fmt(spec.server_tokens_per_second, ".1f"),
-            fmt(result.timings.decode_tokens_per_second, ".1f"),
-            ttft_cell(result).text,
-            _text(quality_cell(result)),
-            *([_text(lossless_cell(result))] if show_lossless else []),
-            visible(output_text(result)),
-        ]
-        table.add_row(*_plain_cells(row))
-    return table
+    if any(r.baseline for r in results):
+        columns.append(column("lossless", TEXT, ok_only(lambda r: _text(lossless_cell(r)))))
+    outputs = [visible(output_text(r)) if r.ok else Text(visible(output_text(r), 200), style="red") for r in results]
+    columns.append(column("output", FREE, outputs))
+    return columns
 
 
-def _plain_cells(row: list[Any]) -> list[Any]:
-    """Strings as Text: a server's words (``[/]`` in an answer or a finish reason) are never
-    read as rich markup."""
-    return [Text(visible(cell, 10_000)) if isinstance(cell, str) else cell for cell in row]
+def results_tables(console: Console, report: RunReport, on_dropped: Any = None) -> list[Table | Text]:
+    """The per-case table laid out for ``console.width`` (two tables when it must split)."""
+    return fit_tables(console, results_columns(report), _title(report) or None, on_dropped=on_dropped)
 
 
 def pivot_table(report: RunReport) -> Table | None:
     """Mean acceptance by tree budget (rows) × thinking (columns), when both are known."""
-    cells: dict[tuple[int | None, bool | None], list[float]] = defaultdict(list)
-    budgets: list[int | None] = []
-    modes: list[bool | None] = []
-    for result in report.results:
-        case = result.case
-        if case.tree_budget not in budgets:
-            budgets.append(case.tree_budget)
-        if case.enable_thinking not in modes:
-            modes.append(case.enable_thinking)
-        value = result.spec.mean_acceptance_length
-        if result.ok and value is not None:
-            cells[(case.tree_budget, case.enable_thinking)].append(value)
-    if not cells or (len(budgets) < 2 and len(modes) < 2):
+    grid = by_budget_and_thinking(report, lambda r: r.spec.mean_acceptance_length)
+    if grid is None:
         return None
     table = Table(title="mean acceptance (tokens/round)", title_justify="left")
-    table.add_column("budget \\ thinking")
-    for mode in modes:
-        table.add_column(thinking_label(mode), justify="right")
-    for budget in budgets:
+    table.add_column("budget \\ thinking", no_wrap=True)
+    for mode in grid.modes:
+        table.add_column(thinking_label(mode), justify="right", no_wrap=True)
+    for budget in grid.budgets:
         row: list[Any] = [budget_label(budget)]
-        for mode in modes:
-            values = cells.get((budget, mode))
-            value = mean(values) if values else None
+        for mode in grid.modes:
+            value = grid.mean(budget, mode)
             row.append(Text(fmt(value), style=acceptance_style(value)))
         table.add_row(*row)
     return table
@@ -190,15 +166,18 @@ def summary_line(report: RunReport, exit_code: int | None = None) -> str:
 
 def render_report(console: Console, report: RunReport, exit_code: int | None = None) -> None:
     report = redacted_report(report)
-    tables = [results_table(report)] if report.results else []
+    dropped: list[str] = []
+    tables = results_tables(console, report, on_dropped=dropped.append) if report.results else []
     pivot = pivot_table(report)
     if pivot is not None:
         tables.append(pivot)
     for table in tables:
-        if not console.is_terminal:
+        if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:
             table.box = box.ASCII  # plain, stable layout for logs and pipes
         console.print(table)
     legend = []
+    if dropped:
+        legend.append(f"left out at {console.width} columns: {dropped[0]} (see --json or --html for everything)")
     if any(r.spec.derived for r in report.results):
         legend.append("~ derived from other numbers (not reported by the server)")
     if any(r.spec.server_wide for r in report.results):
@@ -212,14 +191,19 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
     console.print(Text(summary_line(report, exit_code)))
 
 
+def _indented(text: str, style: str, indent: int = 4) -> Padding:
+    """Text wrapped at the console width, every line indented (evidence under a finding)."""
+    return Padding(Text(text, style=style), (0, 0, 0, indent), expand=False)
+
+
 def render_findings(console: Console, report: RunReport) -> None:
     for finding in report.findings:
         style = {"error": "bold red", "warning": "yellow"}.get(finding.severity, "cyan")
         console.print(Text(f"[{finding.severity}] {finding.title}", style=style))
         if finding.evidence:
-            console.print(Text(f"    evidence: {finding.evidence}", style="dim"))
+            console.print(_indented(f"evidence: {finding.evidence}", "dim"))
         if finding.check:
-            console.print(Text(f"    check: {finding.check}", style="dim"))
+            console.print(_indented(f"check: {finding.check}", "dim"))
 
 
 def render_gate(console: Console, report: RunReport) -> None:
@@ -233,17 +217,37 @@ def render_gate(console: Console, report: RunReport) -> None:
     console.print(Text(f"gate: {'PASSED' if passed else 'FAILED'}", style="bold green" if passed else "bold red"))
 
 
-class progress:
-    """A transient progress bar on a terminal for multi-case runs; a no-op elsewhere. Used as
-    ``with progress(console, total) as advance: ... advance(result)``."""
+def progress_line(result: ProbeResult, done: int, total: int) -> str:
+    """One finished case for a log: position, id, acceptance, tok/s and verdict."""
+    tps = result.timings.decode_tokens_per_second
+    if tps is None:
+        tps = result.spec.server_tokens_per_second
+    verdict = quality_cell(result).text
+    if not result.ok and result.error:
+        verdict += f": {visible(result.error, 100)}"
+    width = len(str(total))
+    return (f"[{done:>{width}}/{total}] {result.case_id}  accept {acceptance_cell(result).text}  "
+            f"tok/s {fmt(tps, '.1f')}  {verdict}")  # fmt: skip
 
-    def __init__(self, console: Console, total: int) -> None:
+
+class progress:
+    """Progress while cases run, used as ``with progress(console, total) as advance: ...
+    advance(result)``. On a terminal: a transient bar. Anywhere else (a CI log, a pipe): one line
+    per finished case, flushed at once, so a long run shows it is alive. ``quiet``: nothing."""
+
+    def __init__(self, console: Console, total: int, *, quiet: bool = False) -> None:
         self.console = console
         self.total = total
+        self.quiet = quiet
         self.bar: Any = None
+        self.done = 0
 
     def __enter__(self) -> Any:
-        if self.total <= 1 or not self.console.is_terminal:
+        if self.quiet:
+            return lambda result: None
+        if not self.console.is_terminal:
+            return self._log_line
+        if self.total <= 1:
             return lambda result: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -258,6 +262,18 @@ class progress:
             self.bar.update(task, advance=1, description=result.case_id)
 
         return advance
+
+    def _log_line(self, result: ProbeResult) -> None:
+        self.done += 1
+        stream = self.console.file
+        stream.write(progress_line(result, self.done, self.total) + "\n")
+        stream.flush()
+
+    def note(self, text: str) -> None:
+        """A stage of the run (the baseline starting), as a line in a log; nothing on a terminal."""
+        if not self.quiet and not self.console.is_terminal:
+            self.console.file.write(text + "\n")
+            self.console.file.flush()
 
     def __exit__(self, *exc_info: Any) -> None:
         if self.bar is not None:

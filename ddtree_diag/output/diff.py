@@ -52,6 +52,7 @@ class RunDiff:
     cases: list[CaseDiff]
     regressions: list[str]  # every regression, one line each, case-level and run-level
     summary: list[str]
+    shared: int = 0  # cases present in both runs
 
     @property
     def regressed(self) -> bool:
@@ -59,7 +60,7 @@ class RunDiff:
 
     def to_dict(self) -> dict[str, Any]:
         return {"regressed": self.regressed, "regressions": self.regressions, "summary": self.summary,
-                "cases": [c.to_dict() for c in self.cases]}  # fmt: skip
+                "shared_cases": self.shared, "cases": [c.to_dict() for c in self.cases]}  # fmt: skip
 
 
 def _garbage(result: ProbeResult | None) -> bool:
@@ -119,7 +120,11 @@ def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) 
             else:
                 diff.changes.append(line)
     regressions = [f"{c.case_id}: {r}" for c in cases for r in c.regressions]
+    shared = sum(1 for i in ids if i in a_by and i in b_by)
     summary = []
+    if not shared:
+        summary.append(f"the runs share no cases (A has {len(a_by)}, B has {len(b_by)}): different matrices, "
+                       "prompts or max_tokens? Nothing was compared case by case")  # fmt: skip
     matched = [(a_by[i], b_by[i]) for i in ids if i in a_by and i in b_by and a_by[i].ok and b_by[i].ok]
     speeds = [(_tps(x), _tps(y)) for x, y in matched if _tps(x) and _tps(y)]
     if speeds:
@@ -138,45 +143,44 @@ def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) 
     summary.append(f"garbage {garbage_a} → {garbage_b}; text changed in "
                    f"{sum(1 for c in cases if any(x.startswith('text changed') for x in c.changes + c.regressions))} "
                    f"case(s); {len(regressions)} regression(s)")  # fmt: skip
-    return RunDiff(cases=cases, regressions=regressions, summary=summary)
+    return RunDiff(cases=cases, regressions=regressions, summary=summary, shared=shared)
 
 
 def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
-    """A rich table of the cases that changed, then regressions and a summary."""
+    """A table of the cases that changed (fitted to the console's width), then regressions and a
+    summary. When the runs share no case, that comes first."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     from ddtree_diag.output.cells import DASH, visible
+    from ddtree_diag.output.fit import TEXT, Column, fit_tables
 
     def fmt(value: float | None, spec: str = ".2f") -> str:
         return DASH if value is None else format(value, spec)
 
-    table = Table(title=Text(f"{a_name} → {b_name}"), title_justify="left")
-    for name, justify in (("case", "left"), ("accept A", "right"), ("accept B", "right"),
-                          ("tok/s A", "right"), ("tok/s B", "right"), ("changes", "left")):  # fmt: skip
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for case in diff.cases:
-        if not case.changes and not case.regressions:
-            continue
+    if not diff.shared:
+        console.print(Text(f"no shared cases: {a_name} and {b_name} have no case id in common", style="bold red"))
+    changed = [c for c in diff.cases if c.changes or c.regressions]
+    columns = [Column("case", TEXT, "left", [], key=True), Column("accept A"), Column("accept B"),
+               Column("tok/s A"), Column("tok/s B"), Column("changes", TEXT, "left")]  # fmt: skip
+    for case in changed:
         a, b = case.a, case.b
-        text = Text()
-        for item in case.regressions:
-            text.append(f"✗ {item}\n", style="bold red")
-        for item in case.changes:
-            text.append(f"{item}\n", style="yellow" if "text" in item else "")
+        lines = [Text(f"✗ {item}", style="bold red") for item in case.regressions]
+        lines += [Text(item, style="yellow" if "text" in item else "") for item in case.changes]
         if b is not None and a is not None and a.output != b.output:
-            text.append(f"A: {visible(a.output, 50)}\nB: {visible(b.output, 50)}", style="dim")
-        table.add_row(
-            Text(visible(case.case_id, 400)),
-            fmt(a.spec.mean_acceptance_length if a else None), fmt(b.spec.mean_acceptance_length if b else None),
-            fmt(_tps(a) if a else None, ".1f"), fmt(_tps(b) if b else None, ".1f"),
-            text,
-        )  # fmt: skip
-    if table.row_count:
-        if not console.is_terminal:
-            table.box = box.ASCII
-        console.print(table)
+            lines.append(Text(f"A: {visible(a.output, 50)}", style="dim"))
+            lines.append(Text(f"B: {visible(b.output, 50)}", style="dim"))
+        values = [visible(case.case_id, 400), fmt(a.spec.mean_acceptance_length if a else None),
+                  fmt(b.spec.mean_acceptance_length if b else None), fmt(_tps(a) if a else None, ".1f"),
+                  fmt(_tps(b) if b else None, ".1f"), Text("\n").join(lines)]  # fmt: skip
+        for column, value in zip(columns, values, strict=True):
+            column.cells.append(value)
+    if changed:
+        for table in fit_tables(console, columns, f"{a_name} → {b_name}"):
+            if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:
+                table.box = box.ASCII
+            console.print(table)
     else:
         console.print("no case changed")
     for line in diff.regressions:

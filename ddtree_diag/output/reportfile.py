@@ -127,7 +127,6 @@ def _write_atomically(fd: int, temp: str, target: Path, data: bytes, mode: int |
 
 
 # The old name, kept for callers and readers who know it.
-write_atomic = write_output
 
 
 def append_output(path: str, text: str) -> None:
@@ -157,8 +156,13 @@ def write_report(report: RunReport, destination: str) -> None:
     """``-`` writes to stdout (and only JSON goes there); anything else is a file path."""
     text = report_json(report)
     if destination == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        if hasattr(sys.stdout, "buffer"):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
     else:
         write_output(destination, text)
 

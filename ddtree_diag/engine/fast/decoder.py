@@ -33,6 +33,7 @@ valid stream), and that sampling step runs outside the graphs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -83,7 +84,13 @@ def attention_window(needed: int, max_len: int) -> int:
 class FastDecoder:
     """Runs ``Engine.generate_ids`` rounds the fast way; see the module docstring."""
 
-    def __init__(self, engine: Engine, graphs: bool | None = None, torch_compile: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        graphs: bool | None = None,
+        torch_compile: bool = False,
+        compile_backend: str | None = None,
+    ) -> None:
         self.engine = engine
         self.target = engine.target
         self.draft = engine.draft
@@ -100,6 +107,10 @@ class FastDecoder:
         # every layer, since the layer is an input (inlined nn.Modules). The compiled kernels then
         # run inside the stage's CUDA graph. The prefill (its length varies) stays uncompiled.
         self.torch_compile = torch_compile
+        # torch.compile's backend: inductor (generated kernels), unless DDTREE_DIAG_COMPILE_BACKEND
+        # names another (aot_eager traces the same graphs without generating code: the CPU tests use
+        # it, since inductor's C++ builds take a minute there on a cold cache).
+        self.compile_backend = compile_backend or os.environ.get("DDTREE_DIAG_COMPILE_BACKEND") or "inductor"
         self._pre_attention, self._post_attention = target_pre_attention, target_post_attention
         self._draft_pre_attention = draft_pre_attention
         self._build_tree = None  # None: the module's build_tree_tensors, looked up per call
@@ -111,10 +122,11 @@ class FastDecoder:
             # one compiled graph per row count and model: AR, draft block, each budget's bucket, for
             # every model in the process; the default limit (8) sends the rest back to eager
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self._pre_attention = torch.compile(target_pre_attention, dynamic=False)
-            self._post_attention = torch.compile(target_post_attention, dynamic=False)
-            self._draft_pre_attention = torch.compile(draft_pre_attention, dynamic=False)
-            self._build_tree = torch.compile(build_tree_tensors, dynamic=False)
+            backend = self.compile_backend
+            self._pre_attention = torch.compile(target_pre_attention, dynamic=False, backend=backend)
+            self._post_attention = torch.compile(target_post_attention, dynamic=False, backend=backend)
+            self._draft_pre_attention = torch.compile(draft_pre_attention, dynamic=False, backend=backend)
+            self._build_tree = torch.compile(build_tree_tensors, dynamic=False, backend=backend)
         t = self.target
         self.rep = t.heads // t.kv_heads
         self.fused = [FusedWeights.for_layer(layer) for layer in t.layers]

@@ -1,0 +1,136 @@
+"""Rich tables that fit the console's width without cutting numbers or headers.
+
+A table is described once as columns (header, kind, cells) and rendered in the first layout that
+fits: the free-text column (a case's output, a diff's changes) shrinks first, then the borders go,
+then the free-text column is left out, then columns that hold nothing but "unknown", and last the
+table splits (keys and numbers, then keys and text; or three tables sharing the row number).
+Number columns never wrap and are never narrower than their header or their widest cell; text
+columns may wrap at spaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from ddtree_diag.output.cells import DASH
+
+NUMBER, TEXT, FREE = "number", "text", "free"  # column kinds: FREE = the column to shrink or drop first
+
+
+@dataclass
+class Column:
+    header: str
+    kind: str = NUMBER
+    justify: str = "right"
+    cells: list[Any] = field(default_factory=list)  # str or rich Text, one per row
+    key: bool = False  # identifies the row: repeated in both halves of a split table
+
+    @property
+    def unknown_only(self) -> bool:
+        return bool(self.cells) and all(_plain(c) in (DASH, "") for c in self.cells)
+
+
+def _as_text(cell: Any) -> Any:
+    return Text(cell) if isinstance(cell, str) else cell
+
+
+def _plain(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+@dataclass(frozen=True)
+class Layout:
+    boxed: bool = True
+    free_min: int | None = 20  # min width of the FREE column; None = leave it out
+    drop_unknown: bool = False
+    # 1: one table; 2: keys + numbers, then keys + text; 3: keys, then # + numbers, then # + text
+    split: int = 1
+
+
+LAYOUTS = (
+    Layout(),
+    Layout(free_min=10),
+    Layout(boxed=False, free_min=12),  # borders carry no information: they go before the output
+    Layout(boxed=False, free_min=None),
+    Layout(boxed=False, free_min=None, drop_unknown=True),
+    Layout(boxed=False, free_min=12, drop_unknown=True, split=2),
+    Layout(boxed=False, free_min=None, drop_unknown=True, split=2),
+    Layout(boxed=False, free_min=12, drop_unknown=True, split=3),
+    Layout(boxed=False, free_min=None, drop_unknown=True, split=3),
+)
+
+# Like rich's SIMPLE (no vertical rules, a rule under the header) in plain ASCII, for logs.
+SIMPLE_ASCII = box.Box("    \n    \n -- \n    \n    \n -- \n    \n    \n", ascii=True)
+
+
+def _table(columns: list[Column], layout: Layout, console: Console, title: str | None) -> Table:
+    title = _as_text(title) if title else title
+    if layout.boxed:
+        style = box.HEAVY_HEAD if console.is_terminal else box.ASCII
+        table = Table(title=title, title_justify="left", box=style)
+    else:  # no vertical rules: one space between columns
+        table = Table(title=title, title_justify="left", box=box.SIMPLE if console.is_terminal else SIMPLE_ASCII,
+                      show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)  # fmt: skip
+    rows = len(columns[0].cells) if columns else 0
+    for column in columns:
+        widest = max([len(word) for c in column.cells for word in _plain(c).split()] + [0])
+        options: dict[str, Any] = {"justify": column.justify, "min_width": len(column.header)}
+        if column.kind == NUMBER:
+            options.update(no_wrap=True, min_width=max(len(column.header), *(len(_plain(c)) for c in column.cells)))
+        elif column.kind == FREE:
+            options.update(overflow="fold", min_width=max(len(column.header), layout.free_min or 0))
+        else:
+            options.update(overflow="fold", min_width=max(len(column.header), min(widest, 24)))
+        table.add_column(column.header, **options)
+    for index in range(rows):
+        # strings as Text: a server's words (``[/]`` in an answer) are never read as rich markup
+        table.add_row(*(_as_text(column.cells[index]) for column in columns))
+    return table
+
+
+def min_width(console: Console, table: Table) -> int:
+    return Measurement.get(console, console.options.update_width(10_000), table).minimum
+
+
+def fit_tables(
+    console: Console,
+    columns: list[Column],
+    title: str | None = None,
+    *,
+    on_dropped: Callable[[str], None] | None = None,
+) -> list[Table | Text]:
+    """What to print for ``columns`` at ``console.width``: one table, or a title line and the
+    tables of a split layout."""
+    width = console.width
+    tables: list[Table] = []
+    for layout in LAYOUTS:
+        chosen = [c for c in columns if not (layout.drop_unknown and c.unknown_only and not c.key)]
+        if layout.free_min is None:
+            chosen = [c for c in chosen if c.kind != FREE]
+        keys = [c for c in chosen if c.key]
+        numbers = [c for c in chosen if not c.key and c.kind == NUMBER]
+        texts = [c for c in chosen if not c.key and c.kind != NUMBER]
+        if layout.split == 1:
+            groups = [chosen]
+        elif layout.split == 2:
+            groups = [keys + numbers, keys + texts]
+        else:  # the first key column (the row number) ties the three tables together
+            groups = [keys, keys[:1] + numbers, keys[:1] + texts]
+        # A split layout prints the title as its own line (wrapped at the console's width).
+        tables = [_table(group, layout, console, title if layout.split == 1 else None) for group in groups]
+        if all(min_width(console, t) <= width for t in tables):
+            break
+    left_out = [c.header for c in columns if c.header not in {str(col.header) for t in tables for col in t.columns}]
+    if left_out and on_dropped is not None:
+        on_dropped(", ".join(left_out))
+    if len(tables) > 1 and title:
+        return [Text(title), *tables]
+    return tables
