@@ -157,7 +157,7 @@ def test_special_and_full_outputs_after_a_run(standin, cli, tmp_path):
     server = standin("--dialect", "ddtree")
     json_path = tmp_path / "run.json"
     result = cli("probe", "--url", server.url, "--thinking", "off", "--json", str(json_path), "--junit", "/dev/full",
-                 "--summary", "/dev/null")  # fmt: skip
+                 "--summary", "/dev/null", "--quiet")  # fmt: skip
     assert result.code == 2, "a report that could not be written fails the job"
     assert result.stderr.strip() == "ddtree-diag: error: cannot write /dev/full: No space left on device"
     assert json.loads(json_path.read_text())["results"][0]["status"] == "ok", "the other outputs were written"

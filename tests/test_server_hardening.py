@@ -143,8 +143,8 @@ def test_prompt_over_the_context_is_a_400_or_an_sse_error_event(server):
 
 @pytest.fixture(scope="module")
 def impatient_server(models):
-    """A server with a 1 s per-request deadline."""
-    process, url = start_server(*models, "--request-timeout", "1")
+    """A server with a 0.1 s per-request deadline: far less than 450 tokens take on any CPU."""
+    process, url = start_server(*models, "--request-timeout", "0.1")
     yield url
     process.terminate()
     process.wait(timeout=30)
@@ -168,7 +168,8 @@ def test_request_deadline_frees_the_worker(impatient_server):
     # The worker is free again: a short request is answered at once (not queued behind the long one).
     started = time.monotonic()
     response = post(impatient_server, json_body=chat("next", max_tokens=2, tree_budget=0))
-    assert response.status_code == 200 and time.monotonic() - started < 10
+    # 200, or 408 when a loaded machine needs more than the 0.1 s for prefill: either way it was served now.
+    assert response.status_code in (200, 408) and time.monotonic() - started < 10
 
 
 # -- the fuzz -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import typer
 
 from ddtree_diag.commands.options import DEBUG, NO_COLOR
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
-from ddtree_diag.output.reportfile import check_writable, dump_json, load_report, write_output
+from ddtree_diag.output.reportfile import check_writable, dump_json, is_stdout, load_report, write_output
 
 FORMATS = ("table", "markdown", "junit", "html")
 
@@ -105,7 +105,7 @@ def run_diff(
     a, b = load_report(a_path), load_report(b_path)
     result = diff_runs(a, b, Tolerances(acceptance_tolerance, tps_tolerance, fail_on_text_change))
     # With --json -, stdout carries the JSON alone and the comparison table goes to stderr.
-    to_stdout = json_path == "-"
+    to_stdout = is_stdout(json_path)
     render_diff(make_console(sys.stderr if to_stdout else sys.stdout, no_color=no_color), result, a_path, b_path)
     text = dump_json(result.to_dict())
     if to_stdout:

@@ -78,10 +78,10 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     from ddtree_diag import orchestrator
     from ddtree_diag.errors import DiagError
     from ddtree_diag.output.console import make_console, progress, render_report, silence_stdout
-    from ddtree_diag.output.reportfile import write_report
+    from ddtree_diag.output.reportfile import is_stdout, write_report
     from ddtree_diag.records import RunReport
 
-    json_to_stdout = flags.json_path == "-"
+    json_to_stdout = is_stdout(flags.json_path)
     # With --json -, stdout carries JSON alone; the table goes to stderr.
     console = make_console(sys.stderr if json_to_stdout else sys.stdout, no_color=flags.no_color)
     status_console = make_console(sys.stderr, no_color=flags.no_color)
@@ -125,10 +125,10 @@ def write_outputs(report: RunReport, flags: RunFlags, code: int, *, gate: bool) 
     attempted; returns the one-line errors of those that could not be written."""
     from ddtree_diag.errors import DiagError
     from ddtree_diag.output import junit, markdown
-    from ddtree_diag.output.reportfile import write_report
+    from ddtree_diag.output.reportfile import is_stdout, write_report
 
     writers = []
-    if flags.json_path and flags.json_path != "-":
+    if flags.json_path and not is_stdout(flags.json_path):
         writers.append(lambda: write_report(report, flags.json_path))
     if flags.junit:
         writers.append(lambda: junit.write_junit(report, flags.junit))

@@ -152,10 +152,25 @@ def report_json(report: RunReport) -> str:
     return jsonsafe.dumps(report_dict(report)) + "\n"
 
 
+def is_stdout(path: str | None) -> bool:
+    """``-``, or a path that names this process's stdout (``/dev/stdout``, ``/dev/fd/1``): the JSON
+    then owns stdout and tables move to stderr, or the two would interleave."""
+    if path == "-":
+        return True
+    if not path:
+        return False
+    try:
+        here, there = os.fstat(sys.stdout.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured), or no such path yet
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 def write_report(report: RunReport, destination: str) -> None:
-    """``-`` writes to stdout (and only JSON goes there); anything else is a file path."""
+    """``-`` (or a path naming stdout) writes to stdout, where only JSON goes; anything else is a
+    file path."""
     text = report_json(report)
-    if destination == "-":
+    if is_stdout(destination):
         if hasattr(sys.stdout, "buffer"):
             sys.stdout.flush()
             sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
