@@ -53,8 +53,8 @@ DANGLING = {
     "id": ["yang", "dan", "di", "dari", "untuk", "dengan", "karena"],
     "sv": ["och", "att", "en", "ett", "med", "för", "av den", "eftersom"],
     "cs": ["a", "v", "na", "s", "z", "do", "pro", "že", "který", "protože"],
-    "zh": ["的", "和", "在", "把", "被", "对于", "因为"],
-    "ja": ["の", "を", "に", "と", "が", "から", "という"],
+    "zh": ["和", "把", "被", "对于", "因为", "或者", "与"],
+    "ja": ["を", "へ", "という", "および"],
 }  # fmt: skip
 # Punctuation of several scripts (what a hollow line or a run is made of).
 PUNCT = list(".,;:!?-–—…·•*_~'\"()[]«»„“”‘’。、，！？：；・।،؛¿¡") + ["...", "…", "‧"]
@@ -201,14 +201,19 @@ def clean_maths(rng):
     return Sample("\n".join(lines[: rng.randint(3, 5)]), f"Solve {a}x+{b}={c}.", label="clean")
 
 
+_LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "de": "German", "ru": "Russian", "it": "Italian"}
+
+
 def clean_poem(rng):
-    lang = rng.choice(["en", "es", "fr", "de", "ru", "it"])
-    refrain = " ".join(words(rng, lang, rng.randint(3, 6))).capitalize()
-    verses = []
-    for _ in range(rng.randint(2, 3)):
-        verse = [" ".join(words(rng, lang, rng.randint(3, 7))).capitalize() for _ in range(rng.randint(2, 4))]
-        verses.append("\n".join(verse + [refrain, refrain]))
-    return Sample("\n\n".join(verses), "Write a short song with a chorus.", label="clean", note=lang)
+    lang = rng.choice(sorted(_LANGUAGE_NAMES))
+
+    def line() -> str:
+        return " ".join(words(rng, lang, rng.randint(2, 6)) + words(rng, lang, 1, content=True)).capitalize()
+
+    refrain = line()
+    verses = ["\n".join([line() for _ in range(rng.randint(2, 4))] + [refrain, refrain]) for _ in range(rng.randint(2, 3))]
+    prompt = f"Write a short song in {_LANGUAGE_NAMES[lang]} with a chorus."
+    return Sample("\n\n".join(verses), prompt, label="clean", note=lang)
 
 
 def clean_translation(rng):

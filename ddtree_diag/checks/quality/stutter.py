@@ -33,7 +33,8 @@ def find_glued_repeat(
         repeats = len(glued.group()) // len(unit)
         if CJK_CHAR_RE.search(unit):
             continue
-        if unit in INTERJECTIONS or unit.rstrip("h") in INTERJECTIONS or set(unit) <= _DNA:
+        dna = word.isupper() and set(unit) <= _DNA
+        if unit in INTERJECTIONS or unit.rstrip("h") in INTERJECTIONS or dna:
             continue  # "hahaha", "lalala", "blahblahblah", codons
         if len(set(unit)) == 1:
             continue  # "aaaaaah", "zzzz", "mmmm": a drawn-out sound, or a flood the loop search counts
