@@ -51,7 +51,7 @@ DANGLING = {
     "he": ["של", "את", "על", "עם", "ו", "כי", "אשר"],
     "hi": ["का", "की", "के", "में", "से", "को", "और", "कि", "या"],
     "id": ["yang", "dan", "di", "dari", "untuk", "dengan", "karena"],
-    "sv": ["och", "att", "en", "ett", "med", "för", "av den", "eftersom"],
+    "sv": ["och", "att", "en", "ett", "av den", "eftersom"],
     "cs": ["a", "v", "na", "s", "z", "do", "pro", "že", "který", "protože"],
     "zh": ["和", "把", "被", "对于", "因为", "或者", "与"],
     "ja": ["を", "へ", "という", "および"],

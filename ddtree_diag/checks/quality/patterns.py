@@ -256,6 +256,19 @@ _DANGLING_BY_LANGUAGE = {
     "ur": "کا کی کے میں سے کو اور کہ یا پر لیکن",
 }
 DANGLING_BY_LANGUAGE = {lang: frozenset(words.split()) for lang, words in _DANGLING_BY_LANGUAGE.items()}
+# Where an article can end a sentence as a pronoun (German "das", Swedish "det"), a preposition
+# right before it still makes the ending dangling ("mit dem", "av den", "van de").
+_PREPOSITION_ARTICLE = {
+    "de": ("mit von zu bei nach aus für auf in an über unter vor durch gegen ohne um", "der die das dem den des"),
+    "nl": ("van met in op voor aan naar bij uit over door", "de het"),
+    "sv": ("av på i med för till från om under över", "den det de"),
+    "da": ("af på i med for til fra om under over", "den det de"),
+    "nb": ("av på i med for til fra om under over", "den det de"),
+    "en": ("of in on at by for with from to into about", "this these those its"),
+}
+PREPOSITION_ARTICLE = {
+    lang: (frozenset(preps.split()), frozenset(articles.split())) for lang, (preps, articles) in _PREPOSITION_ARTICLE.items()
+}
 # Chinese and Japanese: a last character (or two) that needs what follows.
 # (Left out: 在/对/及 end sentences as verbs or in set phrases; が/に/から/の end polite or casual
 # Japanese sentences.)

@@ -9,6 +9,7 @@ from ddtree_diag.checks.quality.patterns import (
     DANGLING_BY_LANGUAGE,
     DANGLING_CJK,
     FUNCTION_WORDS,
+    PREPOSITION_ARTICLE,
     UNFINISHED_END,
     WORDS_RE,
 )
@@ -48,7 +49,8 @@ def find_premature_stop(
         cut -= 1
     last_word = tail[cut:].lower().lstrip("'’")
     after_hyphen = cut > 0 and tail[cut - 1] in "-‐"  # "Fais-le", "allons-y": a pronoun, not an article
-    dangling = _dangling_words(words, ctx.prompt)
+    dangling, pairs = _dangling_words(words, ctx.prompt)
+    before_last = words[-2].lower() if len(words) >= 2 else ""
     why = None
     if end_char in UNFINISHED_END:
         why = f"ends on {end_char!r}"
@@ -59,6 +61,8 @@ def find_premature_stop(
     elif last_word and not after_hyphen:
         if last_word in dangling and (len(words) >= 2 or len(last_word) > 1):
             why = f"ends on the word {last_word!r}"
+        elif last_word in pairs[1] and before_last in pairs[0]:
+            why = f"ends on {before_last!r} {last_word!r}, a preposition and its article"
         elif len(words) >= 2 and short and last_word in _SHORT_DANGLING:
             before = words[-2].lower()
             if not (last_word in ("is", "are", "was", "were") and before in _PRONOUNS):
@@ -87,7 +91,7 @@ def find_premature_stop(
     ]
 
 
-def _dangling_words(words: list[str], prompt: str) -> frozenset[str]:
+def _dangling_words(words: list[str], prompt: str) -> tuple[frozenset[str], tuple[frozenset[str], frozenset[str]]]:
     """The words a sentence cannot end on, for the text's language (identified from its frequent
     words, then the prompt's); English's and its neighbours' when it cannot be told."""
     lowered = [w.casefold() for w in words[-60:]]
@@ -95,9 +99,11 @@ def _dangling_words(words: list[str], prompt: str) -> frozenset[str]:
     if not ranked or ranked[0][1] < 0.1:
         prompt_words = [w.casefold() for w in WORDS_RE.findall(prompt)]
         ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
+    none: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
     if ranked and ranked[0][1] >= 0.1 and ranked[0][0] in DANGLING_BY_LANGUAGE:
-        return DANGLING_BY_LANGUAGE[ranked[0][0]]
-    return FUNCTION_WORDS
+        lang = ranked[0][0]
+        return DANGLING_BY_LANGUAGE[lang], PREPOSITION_ARTICLE.get(lang, none)
+    return FUNCTION_WORDS, PREPOSITION_ARTICLE["en"]
 
 
 _PROSE_LINE_END = tuple(".!?。！？…」』”’\"')]}*`>:;|")
