@@ -14,6 +14,7 @@ order.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -91,6 +92,8 @@ def execute(run: PreparedRun, report: RunReport, on_result: OnResult | None = No
         if run.baseline is not None:
             lossless.check_possible(run.baseline, backend)
         run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result)
+        if run.gate is not None and run.gate.canary and run.cases:
+            report.canary = run_canary(backend, run.cases[0], seq=len(run.cases))
         if run.baseline is not None:
             report.notes.extend(run_baseline(report, backend, run.baseline, run.plan.target))
     except BaseException:
@@ -146,8 +149,9 @@ def run_cases(
 
     try:
         if concurrency <= 1:
-            for case in cases:
+            for seq, case in enumerate(cases):
                 result = backend.run(case)
+                result.seq = seq
                 finished(result)
                 report.results.append(result)
         else:
@@ -163,8 +167,16 @@ def _run_pool(backend: Backend, cases: list[ProbeCase], report: RunReport, concu
     done: list[ProbeResult] = []
     pool = ThreadPoolExecutor(max_workers=concurrency)
     pending: set[Future] = set()
+    sent = itertools.count()  # next() is atomic: the order requests actually started in
+
+    def run_one(case: ProbeCase) -> ProbeResult:
+        seq = next(sent)
+        result = backend.run(case)
+        result.seq = seq
+        return result
+
     try:
-        pending = {pool.submit(backend.run, case) for case in cases}
+        pending = {pool.submit(run_one, case) for case in cases}
         while pending:
             completed, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in completed:
@@ -177,6 +189,17 @@ def _run_pool(backend: Backend, cases: list[ProbeCase], report: RunReport, concu
         pool.shutdown(wait=False, cancel_futures=True)
         done.sort(key=lambda r: order[id(r.case)])
         report.results.extend(done)
+
+
+def run_canary(backend: Backend, case: ProbeCase, seq: int) -> ProbeResult:
+    """Send the first case once more after all the others: a server that carries state from
+    request to request answers it differently (text at T=0, or acceptance) the second time."""
+    from ddtree_diag.checks.quality import assess_result
+
+    result = backend.run(case)
+    result.seq = seq
+    assess_result(result)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,11 +30,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Languages written with spaces between words (the salad signal needs word boundaries).
-LANGUAGES = (
-    "ar bg bn ca cs da de el en es fa fi fil fr he hi hu id is it lt lv mk ms nb nl pl pt ro ru sh sk "
-    "sl sv ta tr uk ur vi"
-).split()
-TEST_LANGUAGES = "en es fr de it pt nl pl ru uk el tr fi ar he hi id sv cs".split()
+LANGUAGES = [
+    "ar", "bg", "bn", "ca", "cs", "da", "de", "el", "en", "es", "fa", "fi", "fil", "fr", "he", "hi", "hu", "id",
+    "is", "it", "lt", "lv", "mk", "ms", "nb", "nl", "pl", "pt", "ro", "ru", "sh", "sk", "sl", "sv", "ta", "tr",
+    "uk", "ur", "vi",
+]  # fmt: skip
+TEST_LANGUAGES = ["en", "es", "fr", "de", "it", "pt", "nl", "pl", "ru", "uk", "el", "tr", "fi", "ar", "he", "hi", "id",
+                  "sv", "cs"]  # fmt: skip
 
 
 def read_lists(wheel: str | None) -> dict[str, list[tuple[str, float]]]:

@@ -57,7 +57,7 @@ DANGLING = {
     "ja": ["を", "へ", "という", "および"],
 }  # fmt: skip
 # Punctuation of several scripts (what a hollow line or a run is made of).
-PUNCT = list(".,;:!?-–—…·•*_~'\"()[]«»„“”‘’。、，！？：；・।،؛¿¡") + ["...", "…", "‧"]
+PUNCT = [*list(".,;:!?-–—…·•*_~'\"()[]«»„“”‘’。、，！？：；・।،؛¿¡"), "...", "…", "‧"]
 BULLETS = ["-", "*", "•", "·", "+", "‣", "◦", "–", ">"]
 CJK_TEXT = (
     "我们今天讨论的是自然语言处理中的一些基本问题包括分词词性标注句法分析和语义理解这些任务在实际应用中都非常重要"
@@ -133,7 +133,7 @@ def _lang(rng: random.Random) -> str:
 
 def _code(rng: random.Random) -> str:
     names = [w for w in words(rng, "en", 12, min_len=3) if w.isascii()] or ["value", "item", "total"]
-    fn, a, b = (names + ["x", "y", "z"])[:3]
+    fn, a, b = ([*names, "x", "y", "z"])[:3]
     body = rng.choice([
         f"def {fn}({a}, {b}):\n    \"\"\"Return the {a} plus {b}.\"\"\"\n    return {a} + {b}\n\n\nprint({fn}(2, 3))",
         f"function {fn}({a}) {{\n  const {b} = [];\n  for (let i = 0; i < {a}.length; i++) {{\n"
@@ -211,7 +211,9 @@ def clean_poem(rng):
         return " ".join(words(rng, lang, rng.randint(2, 6)) + words(rng, lang, 1, content=True)).capitalize()
 
     refrain = line()
-    verses = ["\n".join([line() for _ in range(rng.randint(2, 4))] + [refrain, refrain]) for _ in range(rng.randint(2, 3))]
+    verses = [
+        "\n".join([line() for _ in range(rng.randint(2, 4))] + [refrain, refrain]) for _ in range(rng.randint(2, 3))
+    ]
     prompt = f"Write a short song in {_LANGUAGE_NAMES[lang]} with a chorus."
     return Sample("\n\n".join(verses), prompt, label="clean", note=lang)
 
@@ -308,7 +310,7 @@ def hollow_lines(rng):
 def empty_bullets(rng):
     lang = _lang(rng)
     n = rng.randint(3, 10)
-    bullet = rng.choice(BULLETS[:4] + ["1.", "a)"])
+    bullet = rng.choice([*BULLETS[:4], "1.", "a)"])
     items = []
     filled = rng.randint(0, 1)
     for i in range(n):

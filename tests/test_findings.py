@@ -45,7 +45,7 @@ def test_every_rule_is_quiet_on_a_healthy_run(healthy, rule):
      (("--lossy", "--tie-gap", "0.01"), "lossless-near-tie"),
      (("--flaky-text",), "repeats-disagree"),
      (("--inverse-budget",), "acceptance-not-rising-with-budget"),
-     (("--rounds-mismatch",), "rounds-accounting"),
+     (("--rounds-mismatch",), "metrics-contradict"),
      (("--server-tps", "5000"), "server-client-speed-mismatch"),
      (("--acceptance-decay",), "acceptance-falling-across-repeats"),
      (("--early-stop",), "garbage-also-in-baseline")],  # the stand-in says it at budget 0 too
@@ -78,9 +78,13 @@ def test_story_run_names_thinking_and_early_stop(tmp_path):
 def test_rounds_accounting_margin(healthy):
     run = altered(healthy)
     target = run.results[0]
-    target.spec.decode_rounds += 4  # 7 rounds × 2.33 = 16 for 7 tokens
+    target.spec.decode_rounds += 1  # 4 rounds × 2.33 = 9.3 for 7 tokens: a drift
     hits = findings.rounds_accounting(run)
     assert [f.cases for f in hits] == [[target.case_id]]
+    assert findings.metrics_contradict(run) == []
+    target.spec.decode_rounds += 3  # 7 rounds × 2.33 = 16 for 7 tokens: a contradiction
+    assert findings.rounds_accounting(run) == []
+    assert [f.cases for f in findings.metrics_contradict(run)] == [[target.case_id]]
     run = altered(healthy)
     for r in run.results:  # off by less than one token: the prefill token, rounding
         r.spec.mean_acceptance_length = (r.completion_tokens + 0.9) / r.spec.decode_rounds

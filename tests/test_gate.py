@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 from tests.gatekit import check, finding_ids, gate_run, write_matrix
 
 CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min_mean_acceptance",
-          "min_group_acceptance", "min_tokens_per_second", "findings"]  # fmt: skip
+          "min_group_acceptance", "min_tokens_per_second", "findings", "canary"]  # fmt: skip
 
 
 @pytest.mark.e2e

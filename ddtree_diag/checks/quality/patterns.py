@@ -267,7 +267,8 @@ _PREPOSITION_ARTICLE = {
     "en": ("of in on at by for with from to into about", "this these those its"),
 }
 PREPOSITION_ARTICLE = {
-    lang: (frozenset(preps.split()), frozenset(articles.split())) for lang, (preps, articles) in _PREPOSITION_ARTICLE.items()
+    lang: (frozenset(preps.split()), frozenset(articles.split()))
+    for lang, (preps, articles) in _PREPOSITION_ARTICLE.items()
 }
 # Chinese and Japanese: a last character (or two) that needs what follows.
 # (Left out: 在/对/及 end sentences as verbs or in set phrases; が/に/から/の end polite or casual

@@ -34,7 +34,7 @@ _MIN_WORDS = 8
 _LONG = 16_384
 _BLOCK = 1_024
 # Languages that write compounds as one word: a long unknown word made of two known ones is fine.
-_COMPOUNDING = frozenset("de nl sv da nb is fi hu et el".split())
+_COMPOUNDING = frozenset(["de", "nl", "sv", "da", "nb", "is", "fi", "hu", "et", "el"])
 
 
 def _stretches(text: str) -> list[tuple[int, int]]:

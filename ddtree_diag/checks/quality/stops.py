@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ddtree_diag.checks.quality.context import Context, excerpt
 from ddtree_diag.checks.quality import lexicon
+from ddtree_diag.checks.quality.context import Context, excerpt
 from ddtree_diag.checks.quality.patterns import (
     CJK_CHAR_RE,
     DANGLING_BY_LANGUAGE,
