@@ -89,9 +89,16 @@ def assess(
     max_tokens: int | None = None,
     thinking: bool | None = None,
     reasoning: str | None = None,
+    scorer: Any = None,
+    messages: list[dict[str, Any]] | None = None,
+    temperature: float | None = None,
 ) -> Verdict:
     """Judge one answer. ``thinking`` is the request's enable_thinking (None = unknown);
-    ``reasoning`` the server-separated thinking text, if any (checked for loops and leaks too)."""
+    ``reasoning`` the server-separated thinking text, if any (checked for loops and leaks too).
+
+    ``scorer`` (a ``checks.likelihood.Scorer``, optional and slow) adds the target-likelihood
+    reasons: the answer teacher-forced after ``messages`` (default: the prompt as one user turn);
+    with the deployment's own weights and ``temperature`` 0, the greedy check too."""
     text = text or ""
     prompt = prompt or ""
     finish = (finish_reason or "").strip().lower() or None
@@ -148,6 +155,17 @@ def assess(
     if reasoning and reasoning.strip():
         reasons.extend(content_signals(reasoning, ctx, 0, "reasoning", label="reasoning: "))
 
+    if scorer is not None and text.strip():
+        greedy = bool(getattr(scorer, "own_weights", False)) and temperature == 0
+        scored = scorer.score(
+            text, messages or [{"role": "user", "content": prompt}], enable_thinking=thinking,
+            stopped=finish in STOP_REASONS, greedy=greedy,
+        )  # fmt: skip
+        reasons.extend(
+            replace(r, evidence=text[r.span[0] : r.span[0] + EVIDENCE_CHARS] if r.span else "", source="text")
+            for r in scorer.reasons(scored, greedy=greedy)
+        )
+
     score = 1.0
     for reason in reasons:
         score *= 1.0 - max(0.0, min(1.0, reason.weight))
@@ -162,8 +180,9 @@ def _shifted(reason: Reason, offset: int) -> Reason:
     return replace(reason, span=(reason.span[0] + offset, reason.span[1] + offset))
 
 
-def assess_result(result: Any) -> Verdict:
-    """Assess a records.ProbeResult and store the verdict in ``result.quality``.
+def assess_result(result: Any, scorer: Any = None) -> Verdict:
+    """Assess a records.ProbeResult and store the verdict in ``result.quality``; ``scorer`` adds
+    the target-likelihood reasons (see ``assess``).
 
     Results that carry no answer because the request failed get no verdict (quality stays None).
     """
@@ -178,6 +197,9 @@ def assess_result(result: Any) -> Verdict:
         max_tokens=case.max_tokens,
         thinking=case.enable_thinking,
         reasoning=result.reasoning,
+        scorer=scorer,
+        messages=case.messages,
+        temperature=case.temperature,
     )
     result.quality = verdict
     return verdict
