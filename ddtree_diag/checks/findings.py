@@ -448,8 +448,9 @@ def acceptance_collapse(report: RunReport) -> list[Finding]:
     ]  # fmt: skip
     # A short answer's acceptance says little: only cases with enough rounds count as collapsed.
     collapsed = [
-        r for r in spec_cases if _accept(r) <= COLLAPSE_ACCEPTANCE and (r.spec.decode_rounds or 0) >= COLLAPSE_MIN_ROUNDS
-    ]
+        r for r in spec_cases
+        if _accept(r) <= COLLAPSE_ACCEPTANCE and (r.spec.decode_rounds or 0) >= COLLAPSE_MIN_ROUNDS
+    ]  # fmt: skip
     if len(collapsed) < 2:
         return []
     clean = [r for r in collapsed if not _garbage(r)]
