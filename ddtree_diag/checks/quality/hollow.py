@@ -24,7 +24,7 @@ _LINE_MARKER_RE = re.compile(
     r"|[^\W\d_]{1,12}[ \t]?\d{1,3}[ \t]*[:.)：])"
 )
 _CODE_LINE_CHARS = set("{}[]();/\\|`\"'")  # a line of these is code (closing brackets, quotes)
-_RULE_CHARS = set("-=_*~#+.·•─━═")  # a line of one of these repeated is a rule or an underline
+_RULE_CHARS = set("-=_*~#+·•─━═")  # a line of one of these repeated is a rule or an underline
 
 
 def _punct_only(text: str) -> bool:

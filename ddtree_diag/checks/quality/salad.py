@@ -59,7 +59,8 @@ class _Lookup:
         return any(word in lex for lex in self.lexicons)
 
     def flag(self, word: str) -> int:
-        """0 known, 1 unknown (long), 2 a short unknown piece or two words glued (``ofthe``)."""
+        """0 known, 1 unknown (long), 2 a short unknown piece, 3 a function word glued to a word
+        (``ofthe``)."""
         if self.known(word):
             return 0
         if "'" in word or "’" in word:
@@ -69,7 +70,7 @@ class _Lookup:
             if (head in self.function and (self.known(tail) or tail in self.function)) or (
                 tail in self.function and self.known(head) and len(tail) >= 2
             ):
-                return 2  # a function word glued to a word: "ofthe", "muttaolla"
+                return 3  # a function word glued to a word: "ofthe", "muttaolla"
         if self.compounding and len(word) >= 8:
             for cut in range(4, len(word) - 3):
                 if self.known(word[:cut]) and (self.known(word[cut:]) or self.known(word[cut + 1 :])):
@@ -150,16 +151,25 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]]):
         return None
     lookup = _Lookup(langs)
     flags = [lookup.flag(w) for w, _, _ in checked]
+    # A rare word said again (a name, a refrain, a term the answer is about) is one rare word.
+    seen: set[str] = set()
+    for i, (word, _, _) in enumerate(checked):
+        if flags[i] in (1, 3):
+            if word in seen:
+                flags[i] = 0
+            seen.add(word)
     window = min(WINDOW, len(flags))
     unknown = sum(1 for f in flags[:window] if f)
-    short = sum(1 for f in flags[:window] if f == 2)
-    best = (short, unknown, window, checked[0][1], checked[window - 1][2])
+    short = sum(1 for f in flags[:window] if f >= 2)
+    glued = sum(1 for f in flags[:window] if f == 3)
+    best = (short, unknown, window, checked[0][1], checked[window - 1][2], glued)
     for i in range(1, len(flags) - window + 1):
         out, inn = flags[i - 1], flags[i + window - 1]
         unknown += (inn > 0) - (out > 0)
-        short += (inn == 2) - (out == 2)
-        if (short + unknown) > best[0] + best[1]:
-            best = (short, unknown, window, checked[i][1], checked[i + window - 1][2])
+        short += (inn >= 2) - (out >= 2)
+        glued += (inn == 3) - (out == 3)
+        if (short + unknown + glued) > best[0] + best[1] + best[5]:
+            best = (short, unknown, window, checked[i][1], checked[i + window - 1][2], glued)
     return langs, best, lookup
 
 
@@ -167,7 +177,7 @@ def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) 
     stats = salad_stats(text, ctx.prompt, code_spans)
     if stats is None:
         return None
-    langs, (short, unknown, window, start, end), lookup = stats
+    langs, (short, unknown, window, start, end, glued), lookup = stats
     info = lexicon.index()[langs[0]]
     # What a clean text of this language leaves outside the lexicon per word, from wordfreq's own
     # frequencies, with room for the names, jargon and inflection the list does not hold.
@@ -175,17 +185,20 @@ def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) 
     rate_unknown = max(0.12, 2 * (1 - info["coverage"]))
     many_short = short >= max(3, 3 * rate_short * window) and unknown >= max(5, 0.2 * window, 2 * rate_unknown * window)
     mostly_unknown = unknown >= max(8, 0.5 * window, 3 * rate_unknown * window)
-    if not (many_short or mostly_unknown):
+    # Words glued to a function word ("ofthe", "muttaolla") are rare in any clean text.
+    many_glued = glued >= 3 and unknown >= max(4, 0.15 * window)
+    if not (many_short or mostly_unknown or many_glued):
         return None
     weight = 0.6
-    if short >= max(5, 4 * rate_short * window) or unknown >= max(10, 0.6 * window):
+    if short >= max(5, 4 * rate_short * window) or unknown >= max(10, 0.6 * window) or glued >= 5:
         weight = 0.8
     pieces = [w for w in _WORD_RE.findall(text, start, end) if w.lower() == w and lookup.flag(w.casefold())]
     shown = ", ".join(repr(w) for w in pieces[:6])
     return Reason(
         "word_salad",
         f"{unknown} of {window} words are not {'/'.join(langs)} words, {short} of them short pieces or glued "
-        f"words ({shown}); clean {langs[0]} text leaves ~{rate_unknown * window / 2:.0f}",
+        f"words ({glued} glued to a function word: {shown}); clean {langs[0]} text leaves "
+        f"~{rate_unknown * window / 2:.0f}",
         excerpt(text, start, end),
         weight,
         (start, end),

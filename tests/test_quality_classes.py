@@ -1,0 +1,117 @@
+"""Garbage classes and clean shapes, generated: random words of 19 languages in 6 scripts (real
+word lists, tests/quality_gen.py), random lengths, positions and punctuation. Each garbage class
+must be caught (and by the signal made for it), each clean shape must stay clean, over seeds the
+detector was never tuned on (bench/bench_quality.py measures the same classes over 200 seeds).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree_diag.checks.quality import assess
+from tests import quality_gen
+
+SEEDS = range(1000, 1040)  # not the bench's seeds (0-199)
+
+# class -> (least recall over SEEDS, the codes that should name it)
+GARBAGE = {
+    "glued repeat": (0.95, {"glued_repeat"}),
+    "hollow lines": (0.85, {"empty_list", "punct_run", "empty_output"}),  # nothing else in it: empty
+    "empty bullets": (0.95, {"empty_list"}),
+    "punctuation run": (0.9, {"punct_run", "token_loop"}),
+    "counting": (0.95, {"empty_list", "degenerate_enumeration"}),
+    "header+symbol": (0.85, {"empty_list", "punct_run", "line_loop", "empty_output"}),
+    "doubled words": (0.95, {"doubled_words"}),
+    "salad": (0.6, {"word_salad"}),
+    "salad after opening": (0.6, {"word_salad"}),
+    "salad after code": (0.65, {"word_salad"}),
+    "glued/split words": (0.65, {"word_salad"}),
+    "function-word stop": (0.75, {"premature_stop"}),
+}
+
+
+@pytest.mark.parametrize("klass", sorted(GARBAGE))
+def test_each_garbage_class_is_caught_and_named(klass):
+    least, codes = GARBAGE[klass]
+    caught = named = 0
+    for seed in SEEDS:
+        sample = quality_gen.generate(klass, seed)
+        verdict = assess(sample.text, **sample.assess_kwargs())
+        caught += verdict.garbage
+        named += verdict.garbage and bool(codes & set(verdict.codes))
+    assert caught / len(SEEDS) >= least, (klass, caught)
+    assert named >= 0.9 * caught, (klass, named, caught)
+
+
+@pytest.mark.parametrize("klass", sorted(quality_gen.CLEAN))
+def test_each_clean_shape_stays_clean(klass):
+    flagged = []
+    for seed in SEEDS:
+        sample = quality_gen.generate(klass, seed)
+        verdict = assess(sample.text, **sample.assess_kwargs())
+        if verdict.garbage:
+            flagged.append((sample.note, sample.text[:80], verdict.codes))
+    assert not flagged, flagged
+
+
+# --------------------------------------------------------------------------------------------
+# Properties: any word of any list, any count and place.
+
+LANGS = quality_gen.languages()
+word_in_any_language = st.sampled_from(LANGS).flatmap(
+    lambda lang: st.integers(0, 10_000).map(lambda seed: quality_gen.words(random.Random(seed), lang, 1, min_len=3)[0])
+)
+opening = st.sampled_from(LANGS).flatmap(
+    lambda lang: st.integers(0, 10_000).map(lambda seed: quality_gen.sentence(random.Random(seed), lang))
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(word_in_any_language, st.integers(3, 20), opening, st.booleans())
+def test_a_word_glued_to_itself_is_a_glued_repeat(word, times, before, capital):
+    unit = word.capitalize() if capital else word
+    if len(set(unit.lower())) == 1:
+        return  # "aaa": a drawn-out sound
+    verdict = assess(before + " " + unit * times, prompt="Tell me more.", finish_reason="stop")
+    if times >= (4 if len(unit) == 2 else 3):
+        assert "glued_repeat" in verdict.codes and verdict.garbage, verdict.to_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(word_in_any_language, min_size=4, max_size=12, unique=True), opening)
+def test_every_word_said_twice_is_doubled_words(words, before):
+    doubled = " ".join(f"{w} {w}" for w in words)
+    verdict = assess(before + " " + doubled + ".", prompt="Tell me more.", finish_reason="stop")
+    assert verdict.garbage and {"doubled_words", "token_loop", "phrase_loop"} & set(verdict.codes), verdict.to_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(quality_gen.PUNCT + quality_gen.BULLETS), st.integers(3, 20), opening,
+       st.sampled_from(["\n", "\n\n"]))  # fmt: skip
+def test_lines_of_one_mark_are_an_empty_list(mark, lines, before, gap):
+    if set(mark) <= set("{}[]();/\\|`\"'"):
+        return  # a line of brackets or quotes is code
+    verdict = assess(before + "\n" + gap.join([mark] * lines), prompt="Tell me more.", finish_reason="stop")
+    assert verdict.garbage and {"empty_list", "punct_run", "line_loop"} & set(verdict.codes), verdict.to_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 50), st.integers(4, 30), st.sampled_from(["{}.", "{})", "({})", "Step {}:", "{}、"]),
+       st.sampled_from([" ", "\n", "  "]), opening)  # fmt: skip
+def test_markers_counting_with_nothing_in_them(start, count, style, sep, before):
+    text = before + sep + sep.join(style.format(i) for i in range(start, start + count))
+    verdict = assess(text, prompt="Tell me more.", finish_reason="length")
+    assert verdict.garbage and "empty_list" in verdict.codes, verdict.to_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([*list(",;:!?。、，！？…"), "．"]), st.integers(12, 80), opening, st.booleans())
+def test_a_run_of_one_punctuation_mark(mark, count, before, at_end):
+    run = mark * count
+    text = before + " " + run + ("" if at_end else " " + before)
+    verdict = assess(text, prompt="Tell me more.", finish_reason="stop")
+    assert verdict.garbage and {"punct_run", "token_loop"} & set(verdict.codes), verdict.to_dict()
