@@ -84,7 +84,8 @@ def _words() -> dict[str, tuple[list[str], list[float]]]:
     data = json.loads(WORDS_PATH.read_text(encoding="utf-8"))
     out = {}
     for lang, pairs in data.items():
-        pairs = [(_final_sigma(w), f) for w, f in pairs if w.isalpha()]
+        pairs = [(_final_sigma(w), f) for w, f in pairs if all(ch.isalpha() or unicodedata.category(ch)[0] == "M"
+                                                                   for ch in w)]  # fmt: skip
         out[lang] = ([w for w, _ in pairs], [f for _, f in pairs])
     return out
 

@@ -115,3 +115,51 @@ def test_a_run_of_one_punctuation_mark(mark, count, before, at_end):
     text = before + " " + run + ("" if at_end else " " + before)
     verdict = assess(text, prompt="Tell me more.", finish_reason="stop")
     assert verdict.garbage and {"punct_run", "token_loop"} & set(verdict.codes), verdict.to_dict()
+
+
+# Languages the lexicon does not hold (and one it does, Vietnamese): real sentences. Their short
+# words overlap other languages' ("na", "de", "la") by chance; they must not read as salad.
+UNLISTED_LANGUAGES = {
+    "sw": ('Niambie kuhusu Kenya.',
+           'Kenya ni nchi iliyoko Afrika Mashariki. Mji mkuu wake ni Nairobi, na lugha rasmi ni Kiswahili na '
+           'Kiingereza. Nchi hii inajulikana kwa mbuga za wanyama, kilimo cha chai na wanariadha hodari wa mbio '
+           'ndefu.'),
+    "eu": ('Esadazu Bilbori buruz.',
+           'Bilbo Bizkaiko hiriburua da eta Euskal Herriko hiri handienetako bat. Guggenheim museoa oso ezaguna '
+           'da, eta hiriak itsasadar luze bat du erdialdean. Jende asko etortzen da urtero hiria bisitatzera.'),
+    "et": ('Räägi mulle Tallinnast.',
+           'Tallinn on Eesti pealinn ja suurim linn. Vanalinn on hästi säilinud ning kuulub UNESCO '
+           'maailmapärandi nimekirja. Linnas on palju kohvikuid, muuseume ja parke, mida turistid meelsasti '
+           'külastavad.'),
+    "eo": ('Rakontu pri Esperanto.',
+           'Esperanto estas planlingvo, kiun kreis Ludoviko Zamenhof en la jaro 1887. Ĝi havas regulan '
+           'gramatikon kaj simplan prononcon, tial multaj homoj lernas ĝin rapide kaj uzas ĝin por internacia '
+           'komunikado.'),
+    "la": ('Dic mihi de Roma.',
+           'Roma urbs antiqua est et caput imperii Romani fuit. Multi cives in foro conveniebant ut de re '
+           'publica disputarent. Hodie peregrini templa, theatra et vias veteres urbis libenter visitant.'),
+    "sq": ('Më trego për Tiranën.',
+           'Tirana është kryeqyteti i Shqipërisë dhe qyteti më i madh i vendit. Ajo ka shumë parqe, kafene dhe '
+           'ndërtesa me ngjyra të ndezura. Çdo vit gjithnjë e më shumë turistë vijnë për ta vizituar.'),
+    "vi": ('Hãy kể cho tôi về Hà Nội.',
+           'Hà Nội là thủ đô của Việt Nam và có lịch sử hơn một nghìn năm. Thành phố nổi tiếng với phố cổ, hồ '
+           'Hoàn Kiếm và nhiều món ăn ngon như phở và bún chả.'),
+    "az": ('Bakı haqqında danış.',
+           'Bakı Azərbaycanın paytaxtı və ən böyük şəhəridir. Şəhər Xəzər dənizinin sahilində yerləşir və qədim '
+           'İçərişəhər hissəsi ilə məşhurdur. Burada müasir binalar tarixi tikililərlə yanaşı durur.'),
+    "cy": ('Dywedwch wrthyf am Gaerdydd.',
+           "Caerdydd yw prifddinas Cymru a'r ddinas fwyaf yn y wlad. Mae ganddi gastell hanesyddol, stadiwm "
+           'enwog a bae prysur lle mae llawer o bobl yn mwynhau cerdded ar benwythnosau.'),
+    "ha": ('Faɗa mini game da Kano.',
+           'Kano birni ne mai tarihi a arewacin Najeriya. Kasuwar Kurmi ta shahara sosai, kuma mutane da yawa '
+           'suna zuwa daga wurare daban daban domin sayen kaya da sayarwa.'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("lang", sorted(UNLISTED_LANGUAGES))
+def test_languages_without_a_lexicon_are_not_salad(lang):
+    prompt, text = UNLISTED_LANGUAGES[lang]
+    verdict = assess(text, prompt=prompt, finish_reason="stop")
+    assert not verdict.garbage, verdict.to_dict()
+    translated = assess(text, prompt="Translate this paragraph into your language.", finish_reason="stop")
+    assert "word_salad" not in translated.codes

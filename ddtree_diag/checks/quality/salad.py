@@ -17,6 +17,7 @@ KiB between are read.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from ddtree_diag.checks.quality import lexicon
 from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
@@ -47,6 +48,15 @@ def _stretches(text: str) -> list[tuple[int, int]]:
     return picks
 
 
+_VOWELS = frozenset("aeiouyàáâãäåæèéêëìíîïòóôõöøùúûüýÿœăâîșțąęėįųūłóőűаеёиоуыэюяіїєўαεηιουωάέήίόύώϊϋΐΰ")
+_VOWELLED = re.compile(r"[a-zà-ɏ\u0400-\u04ff\u0370-\u03ff]")
+
+
+def _no_vowel(word: str) -> bool:
+    """A Latin, Cyrillic or Greek word without a vowel ("nth" aside, words have one)."""
+    return _VOWELLED.match(word) is not None and not (_VOWELS & set(word))
+
+
 class _Lookup:
     """Known / unknown / glued for the words of one text, against one or two languages."""
 
@@ -75,18 +85,32 @@ class _Lookup:
             for cut in range(4, len(word) - 3):
                 if self.known(word[:cut]) and (self.known(word[cut:]) or self.known(word[cut + 1 :])):
                     return 0  # "Donaudampfschiff": known parts (a linking s allowed)
-        return 2 if len(word) <= 4 else 1
+        if len(word) <= 4 or unicodedata.category(word[0])[0] == "M" or _no_vowel(word):
+            return 2  # short, or a piece no word has: a leading vowel sign, no vowel at all
+        return 1
 
 
-def _language(words: list[str], prompt: str) -> list[str] | None:
+def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | None:
     """The answer's language(s) from its own frequent words; when it has too few (salad keeps
-    few function words whole), the prompt's."""
+    few function words whole), the prompt's, unless the prompt asks for another language.
+
+    A language we hold no list for shares short words with some that we do ("na", "ya", "la"):
+    the answer is only judged as language L when some of L's frequent words of 4+ letters occur
+    in it (or a third of its words are L's frequent words)."""
     ranked = lexicon.identify(words)
     if ranked and ranked[0][1] >= 0.12:
-        return [ranked[0][0]] + [lang for lang, share in ranked[1:2] if share >= 0.7 * ranked[0][1]]
-    prompt_words = [w.casefold() for w in _WORD_RE.findall(prompt) if w[:1].islower() or len(w) > 1]
+        top = frozenset(lexicon.index()[ranked[0][0]]["top"])
+        long_hits = len({w for w in words if len(w) >= 4 and w in top})
+        if long_hits >= 2 or ranked[0][1] >= 0.33:
+            return [ranked[0][0]] + [lang for lang, share in ranked[1:2] if share >= 0.7 * ranked[0][1]]
+    if any_language:
+        return None
+    prompt_words = [c.casefold() for c in (chunk.strip(_EDGE) for chunk in prompt.split()) if _PLAIN_RE.fullmatch(c)]
     prompt_ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
     if prompt_ranked and prompt_ranked[0][1] >= 0.15:
+        top = frozenset(lexicon.index()[prompt_ranked[0][0]]["top"])
+        if not any(len(w) >= 3 and w in top for w in prompt_words):
+            return None  # two-letter coincidences ("de", "am") say nothing about the language
         script = lexicon.script_of_char(words[0][0])
         if lexicon.index()[prompt_ranked[0][0]]["script"] == script:
             return [prompt_ranked[0][0]] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else [])
@@ -94,7 +118,7 @@ def _language(words: list[str], prompt: str) -> list[str] | None:
 
 
 _CHUNK_RE = re.compile(r"\S+")
-_EDGE = "\"'“”‘’«»„()[]{}<>.,;:!?¡¿…*_~`|—–-。、，！？：；·"
+_EDGE = "\"'“”‘’«»„()[]{}<>.,;:!?¡¿…*_~`|—–-。、，！？：；·।॥؟،"
 # Letters, with the combining marks of Indic, Arabic and Hebrew writing (not \\w in `re`).
 _LETTER = r"(?:[^\W\d_]|[\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06ed\u0900-\u0dff])"
 _PLAIN_RE = re.compile(rf"{_LETTER}+(?:['’-]{_LETTER}+)*")
@@ -134,7 +158,7 @@ def _prose_words(text: str, code_spans: list[tuple[int, int]]) -> list[tuple[str
     return out
 
 
-def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]]):
+def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_language: bool = False):
     """(languages, (short-or-glued pieces, unknown words, window, start, end) of the worst window,
     lookup) or None when the text cannot be judged."""
     if not lexicon.index():
@@ -142,7 +166,7 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]]):
     checked = _prose_words(text, code_spans)
     if len(checked) < _MIN_WORDS:
         return None
-    langs = _language([w for w, _, _ in checked], prompt)
+    langs = _language([w for w, _, _ in checked], prompt, any_language)
     if langs is None:
         return None
     script = lexicon.index()[langs[0]]["script"]
@@ -151,6 +175,14 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]]):
         return None
     lookup = _Lookup(langs)
     flags = [lookup.flag(w) for w, _, _ in checked]
+    # Short unknown words that keep coming back are the function words of a language we hold no
+    # list for (Swahili "kwa", Welsh "yn"); salad's pieces are cut at random and rarely recur.
+    short_counts: dict[str, int] = {}
+    for (word, _, _), flag in zip(checked, flags, strict=True):
+        if flag == 2 and len(word) <= 4:
+            short_counts[word] = short_counts.get(word, 0) + 1
+    if sum(1 for count in short_counts.values() if count >= 2) >= 2:
+        return None
     # A rare word said again (a name, a refrain, a term the answer is about) is one rare word.
     seen: set[str] = set()
     for i, (word, _, _) in enumerate(checked):
@@ -174,7 +206,7 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]]):
 
 
 def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
-    stats = salad_stats(text, ctx.prompt, code_spans)
+    stats = salad_stats(text, ctx.prompt, code_spans, ctx.any_script)
     if stats is None:
         return None
     langs, (short, unknown, window, start, end, glued), lookup = stats

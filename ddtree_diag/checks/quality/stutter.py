@@ -12,7 +12,10 @@ from ddtree_diag.records import Reason
 
 # Candidate words: 8+ letters/marks in a row (a unit of 2 said 4 times, of 3 said 3 times). CJK is left to the loop
 # search, which sees one token per character.
-_LONG_WORD_RE = re.compile(r"[^\W\d_]{8,}")
+# Word characters with the combining marks of Indic, Arabic and Hebrew writing (not \\w in `re`):
+# one character class, so the patterns below stay linear.
+_MARKS = "\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06ed\u0900-\u0dff"
+_LONG_WORD_RE = re.compile(rf"[\w{_MARKS}]{{8,}}")
 _GLUED_RE = re.compile(r"(.{2,30}?)\1{2,}")
 _DNA = set("acgtu")
 
@@ -23,7 +26,7 @@ def find_glued_repeat(
     best: Reason | None = None
     for word_match in _LONG_WORD_RE.finditer(text, lo, len(text) if hi is None else hi):
         word = word_match.group()
-        if len(set(word)) * 2 > len(word):
+        if len(set(word)) * 2 > len(word) or any(ch.isdigit() or ch == "_" for ch in word):
             continue  # a unit said 3+ times leaves few distinct letters: most words stop here
         lowered = word.lower() if len(word.lower()) == len(word) else word
         glued = _GLUED_RE.search(lowered)
@@ -66,8 +69,8 @@ def _in_url(text: str, pos: int) -> bool:
 
 
 # Two equal words in a row (case-folded), only whitespace between them.
-_DOUBLE_RE = re.compile(r"(?<![\w'’-])([^\W\d_][\w'’]*)[ \t]+(\1)(?![\w'’-])", re.IGNORECASE)
-_WORD_RE = re.compile(r"[^\W\d_][\w'’]*")
+_DOUBLE_RE = re.compile(rf"(?<![\w'’{_MARKS}-])([\w'’{_MARKS}]+)[ \t]+(\1)(?![\w'’{_MARKS}-])", re.IGNORECASE)
+_WORD_RE = re.compile(rf"[\w'’{_MARKS}]+")
 
 
 def find_doubled_words(
@@ -80,10 +83,14 @@ def find_doubled_words(
     doubles = []
     for match in _DOUBLE_RE.finditer(text, lo, len(text) if hi is None else hi):
         word = match.group(1).lower()
-        if word in INTERJECTIONS or CJK_CHAR_RE.match(word) or inside_spans(match.start(), code_spans):
+        if (not word[0].isalpha() and word[0] not in "'’") or CJK_CHAR_RE.match(word):
+            continue  # numbers ("1 1"), identifiers, Chinese reduplication (看看)
+        if inside_spans(match.start(), code_spans):
             continue
         doubles.append(match)
-    if len(doubles) < 3:
+    # "very very", "no no" are said twice on purpose: they continue a chain but do not make one.
+    meant = sum(1 for m in doubles if m.group(1).lower() not in INTERJECTIONS)
+    if len(doubles) < 3 or meant < 2:
         return None
     # Chains: doubled pairs separated only by spaces/punctuation ("the the cat cat, sat sat").
     best_chain: list[re.Match] = []
@@ -99,11 +106,12 @@ def find_doubled_words(
     first, last = doubles[0].start(), doubles[-1].end()
     words_between = len(_WORD_RE.findall(text, first, last))
     density = 2 * len(doubles) / max(1, words_between)
-    if len(best_chain) >= 3:
+    chain_meant = sum(1 for m in best_chain if m.group(1).lower() not in INTERJECTIONS)
+    if len(best_chain) >= 3 and chain_meant >= 2:
         span = (best_chain[0].start(), best_chain[-1].end())
         weight = 0.7 if len(best_chain) < 5 else 0.8
         detail = f"{len(best_chain)} words in a row each said twice"
-    elif len(doubles) >= 4 and density >= 0.4:
+    elif meant >= 4 and density >= 0.4:
         span = (doubles[0].start(), doubles[-1].end())
         weight = 0.6
         detail = f"{len(doubles)} doubled words, {density:.0%} of the words in that stretch"
