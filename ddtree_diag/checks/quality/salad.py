@@ -10,7 +10,7 @@ the worst stretch of 30 words, judged against what the language's own frequency 
 clean text leaves (``short_missed`` in the index), plus the share of unknown words there.
 
 Limits: languages without a lexicon (and scripts written without spaces: Chinese, Japanese,
-Thai) are not checked; in a text longer than 16 KiB only the head, the tail and 32 sampled
+Thai) are not checked; in a text longer than 16 KiB only the head, the tail and 16 sampled
 KiB between are read.
 """
 
@@ -42,7 +42,7 @@ def _stretches(text: str) -> list[tuple[int, int]]:
     if len(text) <= _LONG:
         return [(0, len(text))]
     picks = [(0, 4 * _BLOCK)]
-    stride = max(8 * _BLOCK, len(text) // 32)  # at most ~48 KiB read, however long the text
+    stride = max(8 * _BLOCK, len(text) // 16)  # at most ~28 KiB read, however long the text
     picks += [(at, at + _BLOCK) for at in range(8 * _BLOCK, len(text) - 8 * _BLOCK, stride)]
     picks.append((len(text) - 8 * _BLOCK, len(text)))
     return picks
