@@ -16,10 +16,14 @@ reasons (weight 0) are reported but never count (``truncated``).
 
 Reason codes are stable (other tools may match on them); ``registry.REGISTRY`` lists them with
 their meaning, and the README's table is generated from it. Signal families, one module each:
-``stops`` (empty answer, premature stop), ``loops`` (repetition of every kind), ``scripts``
-(writing systems the prompt does not use), ``leaks`` (template and role markers), ``thinking``
-(think blocks), ``encoding`` (mojibake), ``content`` (what holds for any text, calling the
-others); ``context`` and ``patterns`` are what they share.
+``stops`` (empty answer, premature stop), ``loops`` (repetition of every kind), ``hollow``
+(list markers and punctuation with nothing in them), ``stutter`` (a word glued to itself, every
+word said twice), ``salad`` (pieces of words cut and glued, read against ``lexicon``'s word
+lists of 39 languages), ``scripts`` (writing systems the prompt does not use), ``leaks``
+(template and role markers), ``thinking`` (think blocks), ``encoding`` (mojibake), ``content``
+(what holds for any text, calling the others); ``context`` and ``patterns`` are what they share.
+The optional model-based reasons (``low_likelihood``, ``not_greedy``) come from
+``checks.likelihood`` through the ``scorer`` argument.
 
 Hard/soft depends on the evidence (how many repeats, how much of the text, what the prompt asked
 for); ``Reason.severity`` says which one a given reason is.
@@ -35,8 +39,10 @@ What the prompt changes: scripts used in the prompt, or languages it names ("in 
 the loop thresholds; prompts for a dialogue relax turn markers; prompts about chat templates or
 special tokens allow them in code blocks. Code blocks and table rows get looser loop thresholds.
 
-Known limits: an unfinished clause without a tell-tale last word (``... a coder named``) or one
-in a language whose function words are not listed (Arabic, Hindi) is not caught; a short stutter
+Known limits: an unfinished clause without a tell-tale last word (``... a coder named``) is only
+a soft signal (an unpunctuated last sentence), and one in a language whose function words are not
+listed (29 are) is not caught; salad in a language without a word list, or in a script written
+without spaces (Chinese, Japanese, Thai), is not caught without ``--score-with``; a short stutter
 (``the the the the``) deep inside a text longer than 16 KiB is only found when its 1 KiB block
 compresses much better than the rest (long texts are searched in such blocks and at the tail);
 famous intentional repetition (``Buffalo buffalo Buffalo buffalo ...``) is flagged.

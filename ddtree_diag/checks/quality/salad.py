@@ -161,8 +161,8 @@ def _prose_words(text: str, code_spans: list[tuple[int, int]]) -> list[tuple[str
 def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_language: bool = False):
     """(languages, (short-or-glued pieces, unknown words, window, start, end) of the worst window,
     lookup) or None when the text cannot be judged."""
-    if not lexicon.index():
-        return None
+    if text.count(" ") + text.count("\n") < _MIN_WORDS - 1 or not lexicon.index():
+        return None  # too few words to judge (most short answers stop here)
     checked = _prose_words(text, code_spans)
     if len(checked) < _MIN_WORDS:
         return None

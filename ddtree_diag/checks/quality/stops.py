@@ -49,7 +49,6 @@ def find_premature_stop(
         cut -= 1
     last_word = tail[cut:].lower().lstrip("'’")
     after_hyphen = cut > 0 and tail[cut - 1] in "-‐"  # "Fais-le", "allons-y": a pronoun, not an article
-    dangling, pairs = _dangling_words(words, ctx.prompt)
     before_last = words[-2].lower() if len(words) >= 2 else ""
     why = None
     if end_char in UNFINISHED_END:
@@ -59,6 +58,7 @@ def find_premature_stop(
     elif CJK_CHAR_RE.match(end_char) and len(CJK_CHAR_RE.findall(tail)) >= 6 and stripped.endswith(DANGLING_CJK):
         why = f"ends on {next(p for p in DANGLING_CJK if stripped.endswith(p))!r}, which needs what follows"
     elif last_word and not after_hyphen:
+        dangling, pairs = _dangling_words(words, ctx.prompt)
         if last_word in dangling and (len(words) >= 2 or len(last_word) > 1):
             why = f"ends on the word {last_word!r}"
         elif last_word in pairs[1] and before_last in pairs[0]:
