@@ -161,3 +161,19 @@ def test_smollm_greedy_answer_passes_and_a_perturbed_one_fails_at_the_right_plac
     words = text.split(" ")
     cut = " ".join(words[: len(words) // 2]).rstrip()  # at a word boundary: the same tokens
     assert smollm.score(cut, MESSAGES, stopped=True, greedy=True).not_greedy.at_stop
+
+
+def test_probe_engine_score_with_target_runs_the_greedy_check_on_token_ids(tmp_path, cli):
+    """--score-with target through the CLI on the in-process engine (tiny random models): the
+    engine is lossless, so no answer may be flagged not_greedy; every verdict was scored."""
+    target = fx.make_target(tmp_path / "target")
+    draft = fx.make_draft(tmp_path / "draft", block_size=4)
+    result = cli("probe", "--engine", "--target", str(target), "--draft", str(draft), "--device", "cpu",
+                 "--dtype", "fp32", "--score-with", "target", "--thinking", "off", "--budget", "0,8",
+                 "--max-tokens", "12", "--json", "-", timeout=600)  # fmt: skip
+    assert result.code in (0, 1), result.stderr  # random weights write gibberish: garbage is fine
+    report = result.json()
+    assert any("greedy check" in note for note in report["notes"])
+    for record in report["results"]:
+        codes = [r["code"] for r in record["quality"]["reasons"]]
+        assert "not_greedy" not in codes, record["quality"]

@@ -98,13 +98,15 @@ def assess(
     scorer: Any = None,
     messages: list[dict[str, Any]] | None = None,
     temperature: float | None = None,
+    answer_ids: list[int] | None = None,
 ) -> Verdict:
     """Judge one answer. ``thinking`` is the request's enable_thinking (None = unknown);
     ``reasoning`` the server-separated thinking text, if any (checked for loops and leaks too).
 
     ``scorer`` (a ``checks.likelihood.Scorer``, optional and slow) adds the target-likelihood
     reasons: the answer teacher-forced after ``messages`` (default: the prompt as one user turn);
-    with the deployment's own weights and ``temperature`` 0, the greedy check too."""
+    with the deployment's own weights and ``temperature`` 0, the greedy check too (on
+    ``answer_ids``, the answer's token ids, when the backend gave them: exact)."""
     text = text or ""
     prompt = prompt or ""
     finish = (finish_reason or "").strip().lower() or None
@@ -165,7 +167,7 @@ def assess(
         greedy = bool(getattr(scorer, "own_weights", False)) and temperature == 0
         scored = scorer.score(
             text, messages or [{"role": "user", "content": prompt}], enable_thinking=thinking,
-            stopped=finish in STOP_REASONS, greedy=greedy,
+            stopped=finish in STOP_REASONS, greedy=greedy, answer_ids=answer_ids if greedy else None,
         )  # fmt: skip
         reasons.extend(
             replace(r, evidence=text[r.span[0] : r.span[0] + EVIDENCE_CHARS] if r.span else "", source="text")
@@ -206,9 +208,16 @@ def assess_result(result: Any, scorer: Any = None) -> Verdict:
         scorer=scorer,
         messages=case.messages,
         temperature=case.temperature,
+        answer_ids=_token_ids(result) if result.reasoning is None else None,
     )
     result.quality = verdict
     return verdict
+
+
+def _token_ids(result: Any) -> list[int] | None:
+    """The answer's token ids when the backend recorded them (the in-process engine does)."""
+    ids = getattr(result, "extras", {}).get("token_ids")
+    return ids if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
 
 
 def summarize(quality: Verdict | dict[str, Any] | None, width: int | None = 60) -> str:
