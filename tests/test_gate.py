@@ -288,3 +288,15 @@ def test_score_with_target_needs_the_target(standin, cli):
     server = standin("--dialect", "ddtree")
     result = cli("probe", "--url", server.url, "--score-with", "target", "--thinking", "off")
     assert result.code == 2 and "--score-with target needs" in result.stderr
+
+
+def test_critical_findings_check_unless_findings_are_switched_off():
+    from ddtree_diag.records import Finding, RunReport
+
+    report = RunReport(findings=[Finding("metrics-contradict", "error", "numbers contradict", "e", "c", ["x"])])
+    unset = evaluate(report, parse_gate({"max_failed": 0}))
+    assert [c.name for c in unset.checks if not c.passed] == ["ran_cases", "critical_findings"]
+    off = evaluate(report, parse_gate({"max_failed": 0, "fail_on_findings": "none"}))
+    assert [c.name for c in off.checks if not c.passed] == ["ran_cases"]
+    warning_only = RunReport(findings=[Finding("rounds-accounting", "warning", "drift", "e", "c", ["x"])])
+    assert "critical_findings" not in {c.name for c in evaluate(warning_only, parse_gate({})).checks}

@@ -94,6 +94,10 @@ def compare_advice(report: RunReport) -> str:
     )
 
 
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 # What a garbage reason says about where the fault is, in words for the findings.
 GARBAGE_KINDS = {
     "template_leak": "chat-template tokens",
@@ -472,7 +476,7 @@ def acceptance_collapse(report: RunReport) -> list[Finding]:
         "hidden states wired to the draft from the wrong layers (target_layer_ids, an off-by-one "
         "in the hidden-states index); the wrong mask_token_id; draft positions/RoPE offset from the "
         "target's; the tree budget not reaching the tree builder. "
-        + compare_advice(report)[0].upper() + compare_advice(report)[1:] + " to confirm the output itself is right.",
+        + _capitalised(compare_advice(report)) + " to confirm the output itself is right.",
         [r.case_id for r in collapsed],
     )]  # fmt: skip
 
