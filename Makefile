@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast lint bench-cli bench-quality bench-engine bench-default bench-via demo pyz clean
+.PHONY: install test test-fast lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -37,6 +37,9 @@ bench-cli: install
 
 bench-quality: install
 	$(PYTHON) -m bench.bench_quality
+
+bench-likelihood: install
+	$(PYTHON) -m bench.bench_likelihood
 
 bench-engine: install
 	$(PYTHON) -m bench.engine_speed

@@ -14,6 +14,7 @@ order.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class RunPlan:
     baseline: str | None = None  # budget0 | url:URL | engine; the gate also reads [baseline]
     near_tie_gap: float | None = None
     gate: bool = False  # apply the matrix's [gate] thresholds
+    score_with: str | None = None  # embedded | target | a model path: the target-likelihood check
 
 
 @dataclass
@@ -70,6 +72,8 @@ def prepare(plan: RunPlan) -> PreparedRun:
             raise UsageError("--near-tie-gap must be >= 0 (nats)")
         baseline.near_tie_gap = plan.near_tie_gap
     gate_config = gate.parse_gate(matrix.gate, source) if plan.gate else None
+    if plan.score_with == "target" and plan.target.target is None and plan.target.gguf is None:
+        raise UsageError("--score-with target needs the deployment's weights: --target DIR or --gguf FILE")
     if gate_config is not None and gate_config.lossless and baseline is None:
         raise UsageError(
             f"{source}: gate.lossless = true needs a baseline: add [baseline] mode = \"budget0\" "
@@ -98,7 +102,11 @@ def execute(
             report.target["matrix"] = run.matrix.source
         if run.baseline is not None:
             lossless.check_possible(run.baseline, backend)
-        run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result)
+        scorer = load_scorer(run.plan, report)
+        run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result,
+                  scorer=scorer)  # fmt: skip
+        if run.gate is not None and run.gate.canary and run.cases:
+            report.canary = run_canary(backend, run.cases[0], seq=len(run.cases), scorer=scorer)
         if run.baseline is not None:
             if on_stage is not None:
                 on_stage(f"baseline ({run.baseline.describe()}): running the T=0 cases without speculation")
@@ -146,20 +154,23 @@ def run_cases(
     *,
     concurrency: int = 1,
     on_result: OnResult | None = None,
+    scorer: Any = None,
 ) -> RunReport:
-    """Fill ``report.results`` in matrix order, each with its quality verdict. KeyboardInterrupt
-    propagates after the report is marked interrupted."""
+    """Fill ``report.results`` in matrix order, each with its quality verdict (and the
+    target-likelihood reasons when a scorer is given). KeyboardInterrupt propagates after the
+    report is marked interrupted."""
     from ddtree_diag.checks.quality import assess_result
 
     def finished(result: ProbeResult) -> None:
-        assess_result(result)
+        assess_result(result, scorer)
         if on_result is not None:
             on_result(result)
 
     try:
         if concurrency <= 1:
-            for case in cases:
+            for seq, case in enumerate(cases):
                 result = backend.run(case)
+                result.seq = seq
                 finished(result)
                 report.results.append(result)
         else:
@@ -175,8 +186,16 @@ def _run_pool(backend: Backend, cases: list[ProbeCase], report: RunReport, concu
     done: list[ProbeResult] = []
     pool = ThreadPoolExecutor(max_workers=concurrency)
     pending: set[Future] = set()
+    sent = itertools.count()  # next() is atomic: the order requests actually started in
+
+    def run_one(case: ProbeCase) -> ProbeResult:
+        seq = next(sent)
+        result = backend.run(case)
+        result.seq = seq
+        return result
+
     try:
-        pending = {pool.submit(backend.run, case) for case in cases}
+        pending = {pool.submit(run_one, case) for case in cases}
         while pending:
             completed, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in completed:
@@ -189,6 +208,39 @@ def _run_pool(backend: Backend, cases: list[ProbeCase], report: RunReport, concu
         pool.shutdown(wait=False, cancel_futures=True)
         done.sort(key=lambda r: order[id(r.case)])
         report.results.extend(done)
+
+
+def run_canary(backend: Backend, case: ProbeCase, seq: int, scorer: Any = None) -> ProbeResult:
+    """Send the first case once more after all the others: a server that carries state from
+    request to request answers it differently (text at T=0, or acceptance) the second time."""
+    from ddtree_diag.checks.quality import assess_result
+
+    result = backend.run(case)
+    result.seq = seq
+    assess_result(result, scorer)
+    return result
+
+
+def load_scorer(plan: RunPlan, report: RunReport) -> Any:
+    """The --score-with model, loaded once (slow: a model load). The greedy check needs the
+    deployment's own weights: ``target``, or ``embedded`` when the target serves the embedded
+    model."""
+    if not plan.score_with:
+        return None
+    from ddtree_diag.checks.likelihood import EMBEDDED, scorer_for
+    from ddtree_diag.engine.models import EMBEDDED_MODEL_NAME
+
+    spec = plan.score_with
+    if spec == "target":
+        path, own = plan.target.target or plan.target.gguf, True
+    elif spec == EMBEDDED:
+        path, own = EMBEDDED, report.target.get("model") == EMBEDDED_MODEL_NAME
+    else:
+        path, own = spec, spec in (plan.target.target, plan.target.gguf)
+    scorer = scorer_for(str(path), own_weights=own, device=plan.target.device)
+    greedy = "with the greedy check at T=0" if own else "likelihood only (not the deployment's weights)"
+    report.notes.append(f"answers scored with {scorer.name} ({greedy})")
+    return scorer
 
 
 # ---------------------------------------------------------------------------------------------

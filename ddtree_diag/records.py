@@ -352,6 +352,7 @@ class ProbeResult:
     quality: Verdict | None = None  # the garbage-text verdict (None when the request failed)
     baseline: BaselineComparison | None = None  # the lossless comparison, when a baseline ran
     findings: list[str] = field(default_factory=list)  # ids of run findings naming this case
+    seq: int | None = None  # the order the request was sent in this run (0-based); None = unknown
 
     @property
     def ok(self) -> bool:
@@ -415,6 +416,9 @@ class RunReport:
     notes: list[str] = field(default_factory=list)  # run-level remarks (e.g. dialect detection)
     findings: list[Finding] = field(default_factory=list)
     gate: GateResult | None = None
+    # The gate's canary: its first case sent again after every other one (state carried between
+    # requests shows as a different text or a lower acceptance). Not one of the results.
+    canary: ProbeResult | None = None
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
 
@@ -430,6 +434,7 @@ class RunReport:
             "results": [r.to_dict() for r in self.results],
             "findings": [f.to_dict() for f in self.findings],
             "gate": self.gate.to_dict() if self.gate is not None else None,
+            "canary": self.canary.to_dict() if self.canary is not None else None,
         }
 
     @classmethod
@@ -442,4 +447,6 @@ class RunReport:
         fields["findings"] = [Finding.from_dict(f) for f in data.get("findings") or [] if isinstance(f, dict)]
         gate = data.get("gate")
         fields["gate"] = GateResult.from_dict(gate) if isinstance(gate, dict) else None
+        canary = data.get("canary")
+        fields["canary"] = ProbeResult.from_dict(canary) if isinstance(canary, dict) else None
         return cls(**fields)

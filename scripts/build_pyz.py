@@ -10,8 +10,11 @@ modules cannot be imported from a zip (and would tie the file to one platform), 
 - any other extension module that sneaks in fails the build, naming it.
 The engine extra (torch, transformers) is never included: engine commands say they need it. Nor
 is what only the engine uses: the packaged draft weights, the training prompts and the chat
-template (``ddtree_diag/data``) and the training code (``ddtree_diag/training``), so the file
-stays small (a few MB).
+template (under ``ddtree_diag/data``) and the training code (``ddtree_diag/training``), so the file
+stays small (a few MB). The word lists under ``data/lexicon`` stay: the quality check reads them.
+Pygments (rich needs it to import) keeps only the lexers rich itself names (Python, plain text):
+the tool never highlights code (typer's help runs in "rich" mode, tracebacks are the standard
+library's), and the other 1 MB of lexers would be a quarter of the file.
 After building, the file is smoke-tested with ``python -I -S`` (no site-packages at all): it must
 print its version and import every module of the remote path.
 
@@ -35,12 +38,14 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+PYGMENTS_LEXERS_KEPT = {"__init__.py", "_mapping.py", "python.py", "special.py"}  # see the docstring
 COMPILED = {"regex"}  # core dependencies that are extension modules: not vendored
 PINS = ["typer>=0.12,<0.26", "click>=8.1"]  # see the module docstring
 TARGET_PYTHON = "3.10"  # the oldest Python the tool supports: pulls tomli, exceptiongroup...
 EXTENSION_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
-# Parts of the package only the engine uses (it cannot run from the zipapp): left out.
-ENGINE_ONLY = ("data", "training")
+# Parts of the package only the engine uses (it cannot run from the zipapp): left out. Paths are
+# relative to the package; data/lexicon (the quality check's word lists) is kept.
+ENGINE_ONLY = ("training", "data/draft-smollm2", "data/prompts", "data/smollm2_chat_template.jinja")
 # Modules the remote path imports at run time; the smoke test imports each from the zip.
 REMOTE_MODULES = [
     "ddtree_diag.cli", "ddtree_diag.orchestrator", "ddtree_diag.matrix", "ddtree_diag.commands.run",
@@ -86,6 +91,10 @@ def install(staging: Path) -> None:
     if extensions:
         sys.exit(f"build_pyz: compiled modules cannot run from a zipapp: {', '.join(map(str, extensions))}")
     shutil.rmtree(staging / "bin", ignore_errors=True)
+    lexers = staging / "pygments" / "lexers"
+    for module in lexers.glob("*.py"):
+        if module.name not in PYGMENTS_LEXERS_KEPT:
+            module.unlink()
 
 
 def copy_package(staging: Path) -> None:
@@ -94,9 +103,8 @@ def copy_package(staging: Path) -> None:
 
     def ignore(directory: str, names: list[str]) -> set[str]:
         left_out = set(caches(directory, names))
-        if Path(directory) == package:
-            left_out |= set(ENGINE_ONLY) & set(names)
-        return left_out
+        here = Path(directory).relative_to(package)
+        return left_out | {name for name in names if (here / name).as_posix() in ENGINE_ONLY}
 
     shutil.copytree(package, staging / "ddtree_diag", ignore=ignore)  # built-in matrices too
     (staging / "__main__.py").write_text(MAIN, encoding="utf-8")
@@ -108,7 +116,11 @@ def smoke_test(archive: Path) -> None:
     version = subprocess.run([*isolated, str(archive), "--version"], capture_output=True, text=True)
     if version.returncode != 0 or "ddtree-diag" not in version.stdout:
         sys.exit(f"build_pyz: {archive} --version failed: {(version.stderr or version.stdout).strip()}")
-    code = f"import sys; sys.path.insert(0, {str(archive)!r})\nfor m in {REMOTE_MODULES!r}: __import__(m)"
+    # ... and the quality check's word lists are inside (a salad check without them sees nothing).
+    code = (f"import sys; sys.path.insert(0, {str(archive)!r})\nfor m in {REMOTE_MODULES!r}: __import__(m)\n"
+            "from ddtree_diag.checks.quality import lexicon\nassert 'the' in lexicon.words('en'), 'no lexicon'\n"
+            "import io, rich.console, rich.syntax\n"
+            "rich.console.Console(file=io.StringIO()).print(rich.syntax.Syntax('x = 1', 'python'))")
     imports = subprocess.run([*isolated, "-c", code], capture_output=True, text=True)
     if imports.returncode != 0:
         last = imports.stderr.strip().splitlines()[-1] if imports.stderr.strip() else "?"

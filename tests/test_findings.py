@@ -45,7 +45,7 @@ def test_every_rule_is_quiet_on_a_healthy_run(healthy, rule):
      (("--lossy", "--tie-gap", "0.01"), "lossless-near-tie"),
      (("--flaky-text",), "repeats-disagree"),
      (("--inverse-budget",), "acceptance-not-rising-with-budget"),
-     (("--rounds-mismatch",), "rounds-accounting"),
+     (("--rounds-mismatch",), "metrics-contradict"),
      (("--server-tps", "5000"), "server-client-speed-mismatch"),
      (("--acceptance-decay",), "acceptance-falling-across-repeats"),
      (("--early-stop",), "garbage-also-in-baseline")],  # the stand-in says it at budget 0 too
@@ -78,9 +78,13 @@ def test_story_run_names_thinking_and_early_stop(tmp_path):
 def test_rounds_accounting_margin(healthy):
     run = altered(healthy)
     target = run.results[0]
-    target.spec.decode_rounds += 4  # 7 rounds × 2.33 = 16 for 7 tokens
+    target.spec.decode_rounds += 1  # 4 rounds × 2.33 = 9.3 for 7 tokens: a drift
     hits = findings.rounds_accounting(run)
     assert [f.cases for f in hits] == [[target.case_id]]
+    assert findings.metrics_contradict(run) == []
+    target.spec.decode_rounds += 3  # 7 rounds × 2.33 = 16 for 7 tokens: a contradiction
+    assert findings.rounds_accounting(run) == []
+    assert [f.cases for f in findings.metrics_contradict(run)] == [[target.case_id]]
     run = altered(healthy)
     for r in run.results:  # off by less than one token: the prefill token, rounding
         r.spec.mean_acceptance_length = (r.completion_tokens + 0.9) / r.spec.decode_rounds
@@ -191,3 +195,79 @@ def test_analyse_orders_by_severity_and_tags_results(healthy):
     assert [f.id for f in out] == ["lossless-mismatch", "server-client-speed-mismatch"]
     assert run.results[0].findings == ["lossless-mismatch", "server-client-speed-mismatch"]
     assert run.findings is out
+
+
+# --------------------------------------------------------------------------------------------
+# Collapse, metric contradictions, state across the run, the canary: a real healthy run with
+# the numbers a faulty server would send. Every rule is also quiet on the healthy run above.
+
+
+def test_acceptance_collapse_is_an_error_that_names_causes(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        r.spec.mean_acceptance_length = 1.0
+        r.spec.decode_rounds = r.completion_tokens
+        r.spec.acceptance_lengths = None
+    [item] = findings.acceptance_collapse(run)
+    assert item.severity == "error" and "draft" in item.check and "target_layer_ids" in item.check
+    assert "mask_token_id" in item.check and len(item.cases) == len(run.results)
+    assert "--baseline budget0" in item.check  # the ddtree dialect takes a per-request budget
+    run.target["dialect"] = "vllm"  # a server whose budget is fixed at start: no budget0 advice
+    [item] = findings.acceptance_collapse(run)
+    assert "budget0" not in item.check and "--baseline url:URL" in item.check
+    # Half the cases collapsing is a budget problem, not a collapse; so is garbage at acceptance 1.
+    half = altered(healthy)
+    for r in half.results[: len(half.results) // 2]:
+        r.spec.mean_acceptance_length, r.spec.decode_rounds = 1.0, r.completion_tokens
+    assert findings.acceptance_collapse(half) == []
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [(lambda r: setattr(r.spec, "accepted_tokens", (r.spec.draft_tokens or 10) + 5) or
+      setattr(r.spec, "draft_tokens", r.spec.draft_tokens or 10), "drafted"),
+     (lambda r: setattr(r.spec, "mean_acceptance_length", r.case.tree_budget + 3.0), "tree_budget"),
+     (lambda r: setattr(r.spec, "acceptance_lengths", [2] * (r.spec.decode_rounds + 3)), "per-round lengths for"),
+     (lambda r: setattr(r.spec, "mean_acceptance_length", 0.5), "< 1"),
+     (lambda r: setattr(r.spec, "decode_rounds", r.spec.decode_rounds * 4), "completion tokens")],
+    ids=["accepted>drafted", "above-budget", "lengths-vs-rounds", "below-one", "rounds-x-acceptance"],
+)
+def test_metric_contradictions_are_errors(healthy, change, words):
+    run = altered(healthy)
+    change(run.results[0])
+    hits = findings.metrics_contradict(run)
+    assert [f.cases for f in hits] == [[run.results[0].case_id]], hits
+    assert hits[0].severity == "error" and words in hits[0].evidence
+
+
+def test_acceptance_decaying_over_the_run_order_is_found_across_cases(healthy):
+    run = altered(healthy)
+    for r in [*run.results, run.canary]:  # no repeat falls alone: the decay is over the run
+        r.spec.mean_acceptance_length = max(1.0, 3.0 * 0.85 ** r.seq)
+    [item] = findings.acceptance_decays_over_run(run)
+    assert item.severity == "error" and "order" in item.evidence
+    reordered = altered(run)
+    reordered.canary = None
+    for r in reordered.results:  # the same numbers sent in another order: no trend
+        r.seq = (r.seq * 5) % len(reordered.results)
+    assert findings.acceptance_decays_over_run(reordered) == []
+
+
+def test_canary_that_differs_is_an_error(healthy):
+    run = altered(healthy)
+    first = run.results[0]
+    run.canary = dataclasses.replace(first, output=first.output + " extra", seq=len(run.results))
+    [item] = findings.canary_differs(run)
+    assert item.severity == "error" and "differs from char" in item.evidence
+    run.canary = dataclasses.replace(first, seq=len(run.results))
+    assert findings.canary_differs(run) == []
+
+
+def test_garbage_shared_with_the_baseline_is_named_by_kind(healthy):
+    run = altered(healthy)
+    for r in run.results:
+        r.output = "Hello!<|im_end|>\n<|im_start|>user\nhi"
+        assess_result(r)
+        r.baseline.verdict = "identical"
+    [item] = findings.garbage_also_in_baseline(run)
+    assert "chat-template tokens" in item.title and "stop tokens" in item.check

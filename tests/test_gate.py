@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 from tests.gatekit import check, finding_ids, gate_run, write_matrix
 
 CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min_mean_acceptance",
-          "min_group_acceptance", "min_tokens_per_second", "findings"]  # fmt: skip
+          "min_group_acceptance", "min_tokens_per_second", "findings", "canary"]  # fmt: skip
 
 
 @pytest.mark.e2e
@@ -249,7 +249,7 @@ def test_readme_documents_every_gate_key():
     readme = (ROOT / "README.md").read_text()
     for key in ("min_mean_acceptance", "min_group_acceptance", "min_tokens_per_second",
                 "tokens_per_second_source", "max_garbage", "max_failed", "min_completion_tokens",
-                "lossless", "allow_near_ties", "fail_on_findings"):  # fmt: skip
+                "lossless", "allow_near_ties", "fail_on_findings", "canary"):  # fmt: skip
         assert key in readme, key
 
 
@@ -259,3 +259,44 @@ def test_engine_baseline_for_a_remote_model_needs_its_target(standin, cli):
     result = cli("probe", "--url", server.url, "--baseline", "engine", "--thinking", "off", "--budget", "16")
     assert result.code == 2
     assert "--baseline engine needs the server's target model" in result.stderr
+
+
+@pytest.mark.e2e
+def test_canary_resends_the_first_case_and_catches_state_carried_over(tmp_path):
+    code, report, _ = gate_run(tmp_path, ("--acceptance-decay",))
+    assert code == 1
+    canary = check(report, "canary")
+    assert not canary.passed and "acceptance fell" in canary.detail
+    assert report.canary.case_id == report.results[0].case_id and report.canary.seq == len(report.results)
+    assert "canary-differs" in finding_ids(report)
+    off = write_matrix(tmp_path, "[gate]\nmax_failed = 0\ncanary = false\n", name="nocanary.toml")
+    code, report, _ = gate_run(tmp_path, ("--acceptance-decay",), matrix=off)
+    assert report.canary is None and "canary" not in {c.name for c in report.gate.checks}
+    assert [r.seq for r in report.results] == list(range(len(report.results)))
+
+
+@pytest.mark.e2e
+def test_critical_findings_fail_a_gate_that_does_not_ask_for_findings(tmp_path):
+    lenient = write_matrix(tmp_path, "[gate]\nmax_failed = 0\n", name="lenient.toml")
+    code, report, _ = gate_run(tmp_path, ("--rounds-mismatch",), matrix=lenient)
+    assert code == 1
+    critical = check(report, "critical_findings")
+    assert not critical.passed and "contradict" in critical.detail
+
+
+def test_score_with_target_needs_the_target(standin, cli):
+    server = standin("--dialect", "ddtree")
+    result = cli("probe", "--url", server.url, "--score-with", "target", "--thinking", "off")
+    assert result.code == 2 and "--score-with target needs" in result.stderr
+
+
+def test_critical_findings_check_unless_findings_are_switched_off():
+    from ddtree_diag.records import Finding, RunReport
+
+    report = RunReport(findings=[Finding("metrics-contradict", "error", "numbers contradict", "e", "c", ["x"])])
+    unset = evaluate(report, parse_gate({"max_failed": 0}))
+    assert [c.name for c in unset.checks if not c.passed] == ["ran_cases", "critical_findings"]
+    off = evaluate(report, parse_gate({"max_failed": 0, "fail_on_findings": "none"}))
+    assert [c.name for c in off.checks if not c.passed] == ["ran_cases"]
+    warning_only = RunReport(findings=[Finding("rounds-accounting", "warning", "drift", "e", "c", ["x"])])
+    assert "critical_findings" not in {c.name for c in evaluate(warning_only, parse_gate({})).checks}

@@ -48,9 +48,33 @@ MAX_BYTES = 4 * 1024 * 1024
 
 def test_pyz_leaves_out_engine_only_data_and_stays_small(pyz):
     names = zipfile.ZipFile(pyz).namelist()
-    assert not [n for n in names if n.startswith(("ddtree_diag/data/", "ddtree_diag/training/"))]
+    engine_only = [n for n in names if n.startswith(("ddtree_diag/data/", "ddtree_diag/training/"))
+                   and not n.startswith("ddtree_diag/data/lexicon/") and not n.endswith("/")]  # fmt: skip
+    assert not engine_only
+    assert "ddtree_diag/data/lexicon/index.json" in names, "the quality check's word lists travel with it"
     assert not [n for n in names if n.endswith((".safetensors", ".bin", ".gguf"))], "no weights"
     assert pyz.stat().st_size <= MAX_BYTES, f"{pyz.stat().st_size / 1e6:.1f} MB"
+
+
+def test_pyz_text_verdicts_equal_the_installed_tool(pyz):
+    from ddtree_diag.checks.quality import assess
+
+    words = ("the process works by splitting the input into small parts and then sorting each part before "
+             "merging the sorted parts back together into one list which is returned to the caller").split()
+    texts = [
+        " ".join(words) + ".",
+        " ".join(w + words[i + 1] if i % 2 == 0 else w for i, w in enumerate(words[:-1]) if i % 3 != 1),  # glued
+        " ".join(w + " " + w for w in words) + ".",  # doubled words
+        "Die Antwort ist einfach: wir teilen die Eingabe und sortieren jeden Teil getrennt.",
+    ]
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    result = subprocess.run([sys.executable, "-I", "-S", str(pyz), "text-check", "--jsonl", "-"], input=lines,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    got = [json.loads(line) for line in result.stdout.splitlines()]
+    expected = [assess(t).to_dict() for t in texts]
+    assert [(g["garbage"], [r["code"] for r in g["reasons"]]) for g in got] == [
+        (e["garbage"], [r["code"] for r in e["reasons"]]) for e in expected]
+    assert [e["garbage"] for e in expected] == [False, True, True, False]
 
 
 def test_pyz_vendors_no_compiled_module_and_no_engine_dependency(pyz):

@@ -747,4 +747,5 @@ def test_reason_codes_come_from_one_registry_and_the_readme_shows_it():
     # every code a signal can emit is registered (the codes appear in the signal modules)
     sources = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "ddtree_diag/checks/quality").glob("*.py")
                       if p.name != "registry.py")  # fmt: skip
+    sources += (ROOT / "ddtree_diag/checks/likelihood.py").read_text(encoding="utf-8")  # the --score-with codes
     assert all(f'"{code}"' in sources for code in registry.REASON_CODES)

@@ -173,3 +173,26 @@ def test_module_entry_point_jsonl_and_usage_errors():
     assert b"Traceback" not in bad.stderr and bad.stderr.decode().startswith("ddtree-diag: error: -:1:")
     unknown = _module("--no-such-flag", stdin="")
     assert unknown.returncode == 2
+
+
+def test_greedy_without_a_model_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="--greedy needs --score-with"):
+        check(tmp_path, "Hello!", "Say hello.", False, False, "stop", greedy=True)
+
+
+@pytest.mark.real_model
+def test_score_with_the_embedded_model_from_the_command_line(tmp_path, cli):
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    clean = tmp_path / "clean.txt"
+    clean.write_text("The capital of Australia is Canberra.\n", encoding="utf-8")
+    salad = tmp_path / "salad.txt"
+    salad.write_text("The cap italof Aus tral iaisCan ber raa ndth ebig gestc ityis Syd neyw hichha sthe\n")
+    common = ("--prompt", "What is the capital of Australia?", "--finish-reason", "stop", "--json",
+              "--score-with", "embedded")  # fmt: skip
+    good = cli("text-check", str(clean), *common, timeout=600)
+    assert good.code == 0, good.stderr
+    bad = cli("text-check", str(salad), *common, timeout=600)
+    assert bad.code == 1, bad.stderr
+    reasons = {r["code"]: r for r in bad.json()["reasons"]}
+    assert "low_likelihood" in reasons and "nats/token" in reasons["low_likelihood"]["detail"]

@@ -33,6 +33,12 @@ TPS_RATIO = 3.0
 TPS_MIN_TOKENS = 6  # client decode tok/s of a 2-token answer is noise
 REPEAT_DROP_MARGIN = 0.3  # tokens/round, or 15% of the first repeat's acceptance if larger
 HIGH_ACCEPTANCE = 3.0
+COLLAPSE_ACCEPTANCE = 1.1  # tokens/round at or below which speculation gains nothing
+COLLAPSE_MIN_ROUNDS = 4  # a 3-token answer's acceptance says little
+DECAY_MIN_POINTS = 6
+DECAY_TAU = -0.6  # Kendall tau of acceptance against request order
+DECAY_TAU_ERROR = -0.75
+DECAY_DROP = 0.15  # the last third at least 15 % below the first (30 % for an error)
 
 
 def finding(
@@ -70,6 +76,52 @@ def _think(value: bool | None) -> str:
     return {True: "on", False: "off", None: "default"}[value]
 
 
+def compare_advice(report: RunReport) -> str:
+    """How to compare with a non-speculative run, in terms this target can take: ``budget0`` only
+    where a per-request budget exists (the engine, ddtree, ddtree-mlx, llama.cpp)."""
+    from ddtree_diag.backends.dialects import REGISTRY
+
+    name = report.target.get("dialect") or ""
+    if report.target.get("backend") == "engine" or name == "engine":
+        return "compare with --baseline budget0 (the same engine without the draft)"
+    dialect = REGISTRY.get(name)
+    if dialect is not None and dialect.sends_budget:
+        return "compare with --baseline budget0 (the same server at tree_budget=0)"
+    knob = f" ({dialect.budget_knob})" if dialect is not None else ""
+    return (
+        f"compare with a server without speculation, --baseline url:URL, or with the target alone, "
+        f"--baseline engine --target DIR; this server cannot switch speculation off per request{knob}"
+    )
+
+
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+# What a garbage reason says about where the fault is, in words for the findings.
+GARBAGE_KINDS = {
+    "template_leak": "chat-template tokens",
+    "thinking_leak": "think tags",
+    "unterminated_think": "an unclosed think block",
+    "role_leak": "role/turn markers",
+    "mojibake": "mis-decoded text",
+    "replacement_char": "broken bytes (U+FFFD)",
+    "control_chars": "control characters",
+    "script_mix": "another writing system",
+    "premature_stop": "a stop mid-sentence",
+    "empty_output": "an empty answer",
+    "word_salad": "word salad",
+    "low_likelihood": "text the model finds unlikely",
+}
+
+
+def garbage_kinds(codes: list[str]) -> list[str]:
+    kinds = [GARBAGE_KINDS[c] for c in codes if c in GARBAGE_KINDS]
+    if LOOP_CODES & set(codes):
+        kinds.append("repetition")
+    return list(dict.fromkeys(kinds))
+
+
 # ---------------------------------------------------------------------------------------------
 # Rules
 
@@ -90,7 +142,7 @@ def garbage_only_with_thinking(report: RunReport) -> list[Finding]:
         f"0/{len(off)} thinking-off cases: {_ids(on_bad)}",
         "The thinking path: the chat template's thinking block (a pre-filled <think>), the reasoning "
         "parser, and the KV/positions after a long prefix. A lower acceptance is expected there, "
-        "garbled text is not: compare with --baseline budget0 to see whether verification is at fault.",
+        f"garbled text is not: {compare_advice(report)} to see whether verification is at fault.",
         [r.case_id for r in on_bad],
     )]  # fmt: skip
 
@@ -149,7 +201,7 @@ def early_stop(report: RunReport) -> list[Finding]:
         shown + (f" (+{len(hits) - 4} more)" if len(hits) > 4 else ""),
         "Stop-token / EOS handling: a stop id checked against draft tokens that were never "
         "accepted, an end-of-turn id from the wrong template, or max_tokens applied to rounds "
-        "instead of tokens. Compare with --baseline budget0.",
+        f"instead of tokens. To tell the server's fault from the model's, {compare_advice(report)}.",
         [r.case_id for r in hits],
     )]  # fmt: skip
 
@@ -222,15 +274,24 @@ def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
     if not hits:
         return []
     codes = sorted({c for r in hits for c in _codes(r) if c != "truncated"})
+    kinds = garbage_kinds(codes)
     mode = hits[0].baseline.source or hits[0].baseline.mode
+    where = []
+    if {"template_leak", "role_leak"} & set(codes):
+        where.append("the chat template and the stop tokens (an end-of-turn id the server does not stop on "
+                     "lets the model write the next turn)")
+    if {"thinking_leak", "unterminated_think"} & set(codes):
+        where.append("the thinking toggle and the reasoning parser (how enable_thinking reaches the template)")
+    if not where:
+        where.append("the chat template (thinking block, special tokens), the prompt, and the model weights "
+                     "or quantisation")
     return [finding(
         "garbage-also-in-baseline", "warning",
-        "Garbage that the non-speculative baseline produces too",
+        f"Garbage that the non-speculative baseline produces too: {', '.join(kinds) or 'see quality'}",
         f"{len(hits)} garbage case(s) identical to the baseline ({mode}): {_ids(hits)}; "
-        f"reasons: {', '.join(codes) or 'see quality'}",
-        "Speculation is not what breaks these answers: the target says the same alone. Check the "
-        "chat template (thinking block, special tokens), the prompt, and the model weights or "
-        "quantisation — and whether the baseline shares the bug (same server, same template).",
+        f"kind: {', '.join(kinds) or 'see quality'} (reasons: {', '.join(codes) or 'see quality'})",
+        "Speculation is not what breaks these answers: the target says the same alone. Check "
+        + "; ".join(where) + " — and whether the baseline shares the bug (same server, same template).",
         [r.case_id for r in hits],
     )]  # fmt: skip
 
@@ -291,24 +352,87 @@ def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
-def rounds_accounting(report: RunReport) -> list[Finding]:
-    """decode_rounds × mean acceptance far from the completion tokens."""
-    hits = []
-    for r in _ok(report):
-        spec = r.spec
-        tokens = r.completion_tokens
-        if spec.derived or spec.server_wide or not spec.decode_rounds or _accept(r) is None or not tokens:
-            continue
-        implied = spec.decode_rounds * _accept(r)
-        upper = lower = ROUNDS_TOLERANCE_TOKENS + ROUNDS_TOLERANCE_FRACTION * tokens
-        if (r.finish_reason or "") == "length" or tokens >= r.case.max_tokens:
-            upper += _accept(r)  # a last round clipped at max_tokens may still be counted in full
-        if implied > tokens + upper or implied < tokens - lower:
-            hits.append((r, implied))
+def _accounting(result: ProbeResult) -> tuple[list[str], list[str]]:
+    """(contradictions, drifts) in one case's own spec numbers. A contradiction is impossible
+    for a correct server (more accepted than drafted, acceptance above the budget's bound, a
+    per-round list that does not match the round count or the mean, a token sum far off); a
+    drift is a small mismatch of rounds × acceptance with the token count."""
+    spec = result.spec
+    tokens = result.completion_tokens
+    accept = _accept(result)
+    wrong: list[str] = []
+    drift: list[str] = []
+    if spec.server_wide:
+        return wrong, drift
+    budget = result.case.tree_budget if result.case.tree_budget is not None else spec.tree_budget
+    if spec.draft_tokens is not None and spec.accepted_tokens is not None and spec.accepted_tokens > spec.draft_tokens:
+        wrong.append(f"{spec.accepted_tokens} accepted of {spec.draft_tokens} drafted")
+    if accept is not None and spec.decode_rounds:
+        if accept < 1 - 1e-6:
+            wrong.append(f"mean acceptance {accept:.2f} < 1 (every round commits at least the target's own token)")
+        if budget is not None and budget > 0 and accept > budget + 1 + 1e-6:
+            wrong.append(f"mean acceptance {accept:.2f} > tree_budget {budget} + 1")
+        if budget == 0 and accept > 1 + 1e-6:
+            wrong.append(f"mean acceptance {accept:.2f} at tree_budget 0 (no draft to accept)")
+    lengths = spec.acceptance_lengths
+    if lengths:
+        if spec.decode_rounds is not None and len(lengths) != spec.decode_rounds:
+            wrong.append(f"{len(lengths)} per-round lengths for {spec.decode_rounds} rounds")
+        if accept is not None and abs(mean(lengths) - accept) > 0.05 + 0.02 * accept:
+            wrong.append(f"per-round lengths average {mean(lengths):.2f}, reported mean {accept:.2f}")
+        if budget is not None and budget > 0 and max(lengths) > budget + 1:
+            wrong.append(f"a round accepted {max(lengths)} > tree_budget {budget} + 1")
+        if tokens and abs(sum(lengths) - tokens) > max(3, 0.25 * tokens):
+            wrong.append(f"per-round lengths sum to {sum(lengths)} for {tokens} completion tokens")
+        if spec.accepted_tokens is not None and abs(sum(n - 1 for n in lengths) - spec.accepted_tokens) > 1:
+            wrong.append(f"{spec.accepted_tokens} accepted tokens reported, per-round lengths say "
+                         f"{sum(n - 1 for n in lengths)}")  # fmt: skip
+    if not spec.derived and spec.decode_rounds and accept is not None and tokens:
+        implied = spec.decode_rounds * accept
+        tolerance = ROUNDS_TOLERANCE_TOKENS + ROUNDS_TOLERANCE_FRACTION * tokens
+        clipped = (result.finish_reason or "") == "length" or tokens >= result.case.max_tokens
+        upper = tolerance + (accept if clipped else 0)  # a last round clipped at max_tokens may count in full
+        off = implied - tokens
+        if off > upper or off < -tolerance:
+            line = f"{spec.decode_rounds} rounds × {accept:.2f} = {implied:.1f} vs {tokens} completion tokens"
+            if abs(off) > max(3 + tolerance, 0.25 * tokens):
+                wrong.append(line)
+            else:
+                drift.append(line)
+    return wrong, drift
+
+
+def metrics_contradict(report: RunReport) -> list[Finding]:
+    """A server's own numbers contradict each other, or the token count by a wide margin."""
+    hits = [(r, _accounting(r)[0]) for r in _ok(report)]
+    hits = [(r, wrong) for r, wrong in hits if wrong]
     if not hits:
         return []
-    shown = "; ".join(f"{r.case_id}: {r.spec.decode_rounds} rounds × {_accept(r):.2f} = {implied:.1f} vs "
-                      f"{r.completion_tokens} completion tokens" for r, implied in hits[:4])  # fmt: skip
+    shown = "; ".join(f"{r.case_id}: {', '.join(wrong[:2])}" for r, wrong in hits[:3])
+    return [finding(
+        "metrics-contradict", "error",
+        "The server's speculative-decoding numbers contradict each other",
+        shown + (f" (+{len(hits) - 3} more)" if len(hits) > 3 else ""),
+        "The acceptance, rounds and tok/s this run measures come from these numbers, so no "
+        "threshold on them can be trusted: look for the server counting rounds per draft step or "
+        "per request, acceptance without the bonus token or over the tree instead of the accepted "
+        "path, per-round lists that are not reset between requests, or a stats object from another "
+        "request.",
+        [r.case_id for r, _ in hits],
+    )]  # fmt: skip
+
+
+def rounds_accounting(report: RunReport) -> list[Finding]:
+    """decode_rounds × mean acceptance a little off the completion tokens (beyond 1 token + 5 %),
+    in a case whose numbers do not otherwise contradict each other (that is metrics-contradict)."""
+    hits = []
+    for r in _ok(report):
+        wrong, drift = _accounting(r)
+        if drift and not wrong:
+            hits.append((r, drift[0]))
+    if not hits:
+        return []
+    shown = "; ".join(f"{r.case_id}: {line}" for r, line in hits[:4])
     return [finding(
         "rounds-accounting", "warning",
         "decode_rounds × mean acceptance does not add up to the completion tokens",
@@ -317,6 +441,43 @@ def rounds_accounting(report: RunReport) -> list[Finding]:
         "acceptance without the bonus token, or the prefill token counted as a round. The "
         "acceptance numbers of this server cannot be trusted until it adds up.",
         [r.case_id for r, _ in hits],
+    )]  # fmt: skip
+
+
+def acceptance_collapse(report: RunReport) -> list[Finding]:
+    """Speculative cases (budget > 0, or the server's default) whose acceptance stays at ~1: the
+    draft's tokens are (almost) never accepted, while the text is fine."""
+    spec_cases = [
+        r for r in _ok(report) if r.case.tree_budget != 0 and _accept(r) is not None and not r.spec.server_wide
+    ]  # fmt: skip
+    # A short answer's acceptance says little: only cases with enough rounds count as collapsed.
+    collapsed = [
+        r for r in spec_cases
+        if _accept(r) <= COLLAPSE_ACCEPTANCE and (r.spec.decode_rounds or 0) >= COLLAPSE_MIN_ROUNDS
+    ]  # fmt: skip
+    if len(collapsed) < 2:
+        return []
+    clean = [r for r in collapsed if not _garbage(r)]
+    if len(collapsed) < 0.75 * len(spec_cases) or len(clean) * 2 < len(collapsed):
+        return []
+    budgets = sorted({str(r.case.tree_budget if r.case.tree_budget is not None else "default") for r in collapsed})
+    drafted = sum(r.spec.draft_tokens or 0 for r in collapsed)
+    accepted = sum(r.spec.accepted_tokens or 0 for r in collapsed)
+    counts = f"; {accepted} of {drafted} drafted tokens accepted" if drafted else ""
+    return [finding(
+        "acceptance-collapse", "error",
+        "Speculation accepts (almost) nothing: acceptance ~1 with clean text",
+        f"mean acceptance {mean(_accept(r) for r in collapsed):.2f} in {len(collapsed)}/{len(spec_cases)} "
+        f"speculative case(s) (budget {', '.join(budgets)}){counts}: every round commits little more "
+        f"than the target's own token, so the deployment runs at (or below) plain decoding speed",
+        "The target is fine (the text is clean); the draft is not helping. Likely causes: the draft "
+        "is not loaded or speculation silently fell back to plain decoding; the draft does not match "
+        "this target (trained for another model, another tokenizer or vocabulary); the target's "
+        "hidden states wired to the draft from the wrong layers (target_layer_ids, an off-by-one "
+        "in the hidden-states index); the wrong mask_token_id; draft positions/RoPE offset from the "
+        "target's; the tree budget not reaching the tree builder. "
+        + _capitalised(compare_advice(report)) + " to confirm the output itself is right.",
+        [r.case_id for r in collapsed],
     )]  # fmt: skip
 
 
@@ -376,6 +537,76 @@ def acceptance_falling_across_repeats(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+def acceptance_decays_over_run(report: RunReport) -> list[Finding]:
+    """Acceptance falling with the order requests were sent in, across the whole run (each
+    case's acceptance relative to its prompt's mean, so a matrix that ends on a harder prompt
+    does not count): state carried from request to request."""
+    points = [
+        r for r in _ok(report)
+        if r.seq is not None and _accept(r) is not None and r.case.tree_budget != 0 and not r.spec.server_wide
+    ]  # fmt: skip
+    if report.canary is not None and report.canary.ok and _accept(report.canary) is not None:
+        points.append(report.canary)
+    if len(points) < DECAY_MIN_POINTS:
+        return []
+    by_prompt: dict[str, list[float]] = defaultdict(list)
+    for r in points:
+        by_prompt[r.case.prompt_id].append(_accept(r))
+    points.sort(key=lambda r: r.seq)
+    relative = [_accept(r) / mean(by_prompt[r.case.prompt_id]) for r in points]
+    if len(by_prompt) == len(points):  # one case per prompt: nothing to normalise with
+        relative = [_accept(r) for r in points]
+    concordant = discordant = 0
+    for i, a in enumerate(relative):
+        for b in relative[i + 1 :]:
+            concordant += b > a
+            discordant += b < a
+    tau = (concordant - discordant) / max(1, concordant + discordant)
+    third = max(1, len(points) // 3)
+    early = mean(_accept(r) for r in points[:third])
+    late = mean(_accept(r) for r in points[-third:])
+    if tau > DECAY_TAU or late > (1 - DECAY_DROP) * early:
+        return []
+    strong = tau <= DECAY_TAU_ERROR and late <= (1 - 2 * DECAY_DROP) * early
+    return [finding(
+        "acceptance-decays-over-run", "error" if strong else "warning",
+        "Acceptance falls with every request the server has served",
+        f"over {len(points)} requests in the order sent: first third mean {early:.2f}, last third "
+        f"{late:.2f} (Kendall tau {tau:.2f} against the request order, acceptance relative to each "
+        f"prompt's mean); first {points[0].case_id}, last {points[-1].case_id}",
+        "State carried between requests: the draft's context KV or hidden-state buffer not reset, "
+        "tree buffers or a position counter that keep growing, a prefix cache handing the draft "
+        "stale hidden states, or memory pressure from leaked blocks. Restart the server and re-run: "
+        "if the first requests are fast again, it is state.",
+        [r.case_id for r in points if r is not report.canary],
+    )]  # fmt: skip
+
+
+def canary_differs(report: RunReport) -> list[Finding]:
+    """The gate's canary (its first case sent again at the end) answered differently."""
+    from ddtree_diag.checks.gate import canary_problems
+
+    canary = report.canary
+    if canary is None or not canary.ok:
+        return []
+    first = next((r for r in report.results if r.case_id == canary.case_id and r.ok), None)
+    if first is None:
+        return []
+    problems = canary_problems(first, canary)
+    if not problems:
+        return []
+    return [finding(
+        "canary-differs", "error",
+        "The first case answers differently when sent again at the end of the run",
+        f"{canary.case_id}, sent again after {canary.seq} request(s): " + "; ".join(problems),
+        "At T=0 the same request must give the same answer and about the same acceptance at any "
+        "point of a server's life: something is carried from request to request (KV cache or "
+        "draft context not reset, a prefix cache returning stale entries, batch-dependent kernels, "
+        "sampling state).",
+        [canary.case_id],
+    )]  # fmt: skip
+
+
 RULES: list[Callable[[RunReport], list[Finding]]] = [
     garbage_only_with_thinking,
     garbage_with_high_acceptance,
@@ -385,8 +616,12 @@ RULES: list[Callable[[RunReport], list[Finding]]] = [
     repeats_disagree,
     thinking_acceptance_drop,
     acceptance_not_rising_with_budget,
+    acceptance_collapse,
+    metrics_contradict,
     rounds_accounting,
     acceptance_falling_across_repeats,
+    acceptance_decays_over_run,
+    canary_differs,
     server_client_speed_mismatch,
 ]
 

@@ -11,6 +11,8 @@
     lossless = true                  # T=0 output = non-speculative baseline; repeats agree
     allow_near_ties = true           # a numerics near-tie is not a lossless failure
     fail_on_findings = "error"       # fail when a finding this severe (or worse) fires
+    canary = true                    # send the first case again at the end; text (T=0) and
+                                     # acceptance must not change (default: true)
 
 Every threshold is optional; a missing one is not checked. ``evaluate`` returns
 ``{"passed", "checks": [{"name", "passed", "detail", "cases"}]}``; a check's ``cases`` are the
@@ -29,6 +31,9 @@ from ddtree_diag.errors import UsageError
 from ddtree_diag.records import SEVERITIES, GateCheck, GateResult, ProbeResult, RunReport
 
 _SOURCES = ("client", "server")
+CANARY_ACCEPTANCE_MARGIN = 0.3  # tokens/round, or 15 % if larger
+# Findings that fail the gate even without fail_on_findings (see evaluate).
+CRITICAL_FINDINGS = frozenset({"acceptance-collapse", "metrics-contradict", "canary-differs"})
 
 
 @dataclass
@@ -42,12 +47,13 @@ class GateConfig:
     min_completion_tokens: int | None = None
     lossless: bool = False
     allow_near_ties: bool = True
-    fail_on_findings: str | None = None
+    fail_on_findings: str | None = None  # a severity; "none" = never; None (unset) = critical findings only
+    canary: bool = True
 
 
 _FLOATS = ("min_mean_acceptance", "min_group_acceptance", "min_tokens_per_second")
 _INTS = ("max_garbage", "max_failed", "min_completion_tokens")
-_BOOLS = ("lossless", "allow_near_ties")
+_BOOLS = ("lossless", "allow_near_ties", "canary")
 _KNOWN = {*_FLOATS, *_INTS, *_BOOLS, "tokens_per_second_source", "fail_on_findings"}
 
 
@@ -75,7 +81,7 @@ def parse_gate(table: dict[str, Any], source: str = "<matrix>") -> GateConfig:
                 raise UsageError(f"{where} must be \"client\" or \"server\", got {value!r}")
         elif key == "fail_on_findings":
             if value is False or value == "none":
-                value = None
+                value = "none"  # said explicitly: no findings check at all, not even the critical ones
             elif value not in SEVERITIES:
                 raise UsageError(f"{where} must be one of {', '.join(SEVERITIES)} or \"none\", got {value!r}")
         setattr(config, key, value)
@@ -195,7 +201,23 @@ def evaluate(report: RunReport, config: GateConfig) -> GateResult:
     if config.lossless:
         checks.append(_lossless_check(report, config))
 
-    if config.fail_on_findings is not None:
+    if config.canary and report.canary is not None:
+        checks.append(_canary_check(report))
+
+    if config.fail_on_findings == "none":
+        pass
+    elif config.fail_on_findings is None:
+        # Findings that say the run's own numbers or state cannot be trusted fail the gate even
+        # when the matrix does not ask to fail on findings: every threshold above reads them.
+        bad = [f for f in report.findings if f.id in CRITICAL_FINDINGS]
+        if bad:
+            checks.append(_check(
+                "critical_findings", False,
+                f"{len(bad)} finding(s) that make the run untrustworthy: "
+                + "; ".join(f"[{f.severity}] {f.title}" for f in bad),
+                [c for f in bad for c in f.cases],
+            ))  # fmt: skip
+    else:
         bad = [f for f in report.findings if f.at_least(config.fail_on_findings)]
         checks.append(_check(
             "findings", not bad,
@@ -206,6 +228,34 @@ def evaluate(report: RunReport, config: GateConfig) -> GateResult:
         ))  # fmt: skip
 
     return GateResult(all(c.passed for c in checks), checks)
+
+
+def _canary_check(report: RunReport) -> GateCheck:
+    canary = report.canary
+    first = next((r for r in report.results if r.case_id == canary.case_id), None)
+    if first is None or not first.ok or not canary.ok:
+        what = canary.error if not canary.ok else "the first case failed"
+        return _check("canary", canary.ok, f"canary not comparable: {what}", [canary.case_id])
+    problems = canary_problems(first, canary)
+    if not problems:
+        return _check("canary", True, f"{canary.case_id} sent again after {canary.seq} request(s): same answer")
+    return _check("canary", False, f"{canary.case_id} sent again at the end: " + "; ".join(problems),
+                  [canary.case_id])  # fmt: skip
+
+
+def canary_problems(first: ProbeResult, canary: ProbeResult) -> list[str]:
+    """How the canary differs from the first run of its case: the text at T=0, the acceptance."""
+    problems = []
+    if first.case.temperature != 0:
+        return problems  # sampled answers differ by design
+    a, b = (first.reasoning or "") + first.output, (canary.reasoning or "") + canary.output
+    if a != b:
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        problems.append(f"the T=0 text differs from char {at} ({a[at:at + 30]!r} first, {b[at:at + 30]!r} at the end)")
+    before, after = first.spec.mean_acceptance_length, canary.spec.mean_acceptance_length
+    if before is not None and after is not None and after < before - max(CANARY_ACCEPTANCE_MARGIN, 0.15 * before):
+        problems.append(f"acceptance fell from {before:.2f} to {after:.2f}")
+    return problems
 
 
 def _lossless_check(report: RunReport, config: GateConfig) -> GateCheck:

@@ -63,6 +63,7 @@ class RunFlags:
     draft: str | None = None
     device: str | None = None
     dtype: str | None = None
+    score_with: str | None = None
     debug: bool = False
 
 
@@ -127,6 +128,11 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("draft", str | None, typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format).")),
     ("device", str | None, typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present).")),
     ("dtype", str | None, typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32.")),
+    ("score_with", str | None, typer.Option(
+        None, "--score-with",
+        help="Also score every answer with a model, teacher-forced in one forward (needs the engine extra): "
+        "embedded (SmolLM2), target (the --target/--gguf weights: at T=0 every token must be their argmax) "
+        "or a model path. Adds low_likelihood / not_greedy reasons.")),
     ("debug", bool, DEBUG),
 ]  # fmt: skip
 assert [name for name, _, _ in _RUN_OPTIONS] == [f.name for f in fields(RunFlags)]

@@ -35,10 +35,21 @@ def register(app: typer.Typer) -> None:
         finish_reason: str | None = typer.Option(None, "--finish-reason", help="The server's finish_reason."),
         as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
         jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSON lines {text, prompt, finish_reason, ...}."),
+        score_with: str | None = typer.Option(
+            None, "--score-with",
+            help="Also teacher-force the text through a model (embedded, or an HF dir / .gguf path; needs the "
+            "engine extra): mean surprisal, worst span (low_likelihood).",
+        ),
+        greedy: bool = typer.Option(
+            False, "--greedy",
+            help="With --score-with: the text is that model's own T=0 answer, so every token must be its "
+            "argmax (not_greedy names the first that is not).",
+        ),
         debug: bool = DEBUG,
     ) -> None:
         """Flag text no healthy model would write (loops, leaks, script switches...): exit 1 if garbage."""
-        raise typer.Exit(run_text_check(file, prompt, as_json, jsonl, finish_reason))
+        raise typer.Exit(run_text_check(file, prompt, as_json, jsonl, finish_reason, score_with=score_with,
+                                        greedy=greedy))  # fmt: skip
 
 
 _JSONL_FIELDS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
@@ -52,20 +63,29 @@ def run_text_check(
     finish_reason: str | None,
     *,
     out: TextIO | None = None,
+    score_with: str | None = None,
+    greedy: bool = False,
 ) -> int:
     """Check the text in ``path`` ("-" or None = stdin) and print the verdict(s).
 
     Returns 0 when everything is clean, 1 when any input is garbage. Raises UsageError (exit 2)
-    for an unreadable file or a bad JSONL line.
+    for an unreadable file or a bad JSONL line, or --greedy without --score-with.
     """
     from ddtree_diag.checks.quality import assess
 
+    if greedy and not score_with:
+        raise UsageError("--greedy needs --score-with MODEL (the model whose T=0 answer the text is)")
     out = out or sys.stdout
     raw = _read(path)
+    scoring: dict[str, Any] = {}
+    if score_with:
+        from ddtree_diag.checks.likelihood import scorer_for
+
+        scoring = {"scorer": scorer_for(score_with, own_weights=greedy), "temperature": 0.0 if greedy else None}
     if jsonl:
-        return _check_jsonl(raw, prompt, finish_reason, out, source=path or "-")
+        return _check_jsonl(raw, prompt, finish_reason, out, source=path or "-", scoring=scoring)
     text = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
-    verdict = assess(text, prompt=prompt, finish_reason=finish_reason)
+    verdict = assess(text, prompt=prompt, finish_reason=finish_reason, **scoring)
     if as_json:
         out.write(_dumps(verdict.to_dict()) + "\n")
     else:
@@ -103,7 +123,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: TextIO, source: str) -> int:
+def _check_jsonl(
+    raw: str, prompt: str | None, finish_reason: str | None, out: TextIO, source: str, scoring: dict[str, Any]
+) -> int:
     # Parse everything first, so a bad line fails before any verdict is printed.
     # Split on "\n" only: str.splitlines would also split on U+0085/U+2028 inside a JSON string.
     rows: list[tuple[int, dict[str, Any], str, dict[str, Any]]] = []
@@ -136,7 +158,7 @@ def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: T
 
     any_garbage = False
     for lineno, row, text, kwargs in rows:
-        verdict = assess(text, **kwargs)
+        verdict = assess(text, **kwargs, **scoring)
         # The input line (1-based, blank lines counted) ties a verdict to its input line; the
         # input's own id, when it has one, comes along too.
         record = {"line": lineno, **({"id": row["id"]} if "id" in row else {}), **verdict.to_dict()}

@@ -16,10 +16,14 @@ reasons (weight 0) are reported but never count (``truncated``).
 
 Reason codes are stable (other tools may match on them); ``registry.REGISTRY`` lists them with
 their meaning, and the README's table is generated from it. Signal families, one module each:
-``stops`` (empty answer, premature stop), ``loops`` (repetition of every kind), ``scripts``
-(writing systems the prompt does not use), ``leaks`` (template and role markers), ``thinking``
-(think blocks), ``encoding`` (mojibake), ``content`` (what holds for any text, calling the
-others); ``context`` and ``patterns`` are what they share.
+``stops`` (empty answer, premature stop), ``loops`` (repetition of every kind), ``hollow``
+(list markers and punctuation with nothing in them), ``stutter`` (a word glued to itself, every
+word said twice), ``salad`` (pieces of words cut and glued, read against ``lexicon``'s word
+lists of 39 languages), ``scripts`` (writing systems the prompt does not use), ``leaks``
+(template and role markers), ``thinking`` (think blocks), ``encoding`` (mojibake), ``content``
+(what holds for any text, calling the others); ``context`` and ``patterns`` are what they share.
+The optional model-based reasons (``low_likelihood``, ``not_greedy``) come from
+``checks.likelihood`` through the ``scorer`` argument.
 
 Hard/soft depends on the evidence (how many repeats, how much of the text, what the prompt asked
 for); ``Reason.severity`` says which one a given reason is.
@@ -35,8 +39,10 @@ What the prompt changes: scripts used in the prompt, or languages it names ("in 
 the loop thresholds; prompts for a dialogue relax turn markers; prompts about chat templates or
 special tokens allow them in code blocks. Code blocks and table rows get looser loop thresholds.
 
-Known limits: an unfinished clause without a tell-tale last word (``... a coder named``) or one
-in a language whose function words are not listed (Arabic, Hindi) is not caught; a short stutter
+Known limits: an unfinished clause without a tell-tale last word (``... a coder named``) is only
+a soft signal (an unpunctuated last sentence), and one in a language whose function words are not
+listed (29 are) is not caught; salad in a language without a word list, or in a script written
+without spaces (Chinese, Japanese, Thai), is not caught without ``--score-with``; a short stutter
 (``the the the the``) deep inside a text longer than 16 KiB is only found when its 1 KiB block
 compresses much better than the rest (long texts are searched in such blocks and at the tail);
 famous intentional repetition (``Buffalo buffalo Buffalo buffalo ...``) is flagged.
@@ -89,9 +95,18 @@ def assess(
     max_tokens: int | None = None,
     thinking: bool | None = None,
     reasoning: str | None = None,
+    scorer: Any = None,
+    messages: list[dict[str, Any]] | None = None,
+    temperature: float | None = None,
+    answer_ids: list[int] | None = None,
 ) -> Verdict:
     """Judge one answer. ``thinking`` is the request's enable_thinking (None = unknown);
-    ``reasoning`` the server-separated thinking text, if any (checked for loops and leaks too)."""
+    ``reasoning`` the server-separated thinking text, if any (checked for loops and leaks too).
+
+    ``scorer`` (a ``checks.likelihood.Scorer``, optional and slow) adds the target-likelihood
+    reasons: the answer teacher-forced after ``messages`` (default: the prompt as one user turn);
+    with the deployment's own weights and ``temperature`` 0, the greedy check too (on
+    ``answer_ids``, the answer's token ids, when the backend gave them: exact)."""
     text = text or ""
     prompt = prompt or ""
     finish = (finish_reason or "").strip().lower() or None
@@ -148,6 +163,17 @@ def assess(
     if reasoning and reasoning.strip():
         reasons.extend(content_signals(reasoning, ctx, 0, "reasoning", label="reasoning: "))
 
+    if scorer is not None and text.strip():
+        greedy = bool(getattr(scorer, "own_weights", False)) and temperature == 0
+        scored = scorer.score(
+            text, messages or [{"role": "user", "content": prompt}], enable_thinking=thinking,
+            stopped=finish in STOP_REASONS, greedy=greedy, answer_ids=answer_ids if greedy else None,
+        )  # fmt: skip
+        reasons.extend(
+            replace(r, evidence=text[r.span[0] : r.span[0] + EVIDENCE_CHARS] if r.span else "", source="text")
+            for r in scorer.reasons(scored, greedy=greedy)
+        )
+
     score = 1.0
     for reason in reasons:
         score *= 1.0 - max(0.0, min(1.0, reason.weight))
@@ -162,8 +188,9 @@ def _shifted(reason: Reason, offset: int) -> Reason:
     return replace(reason, span=(reason.span[0] + offset, reason.span[1] + offset))
 
 
-def assess_result(result: Any) -> Verdict:
-    """Assess a records.ProbeResult and store the verdict in ``result.quality``.
+def assess_result(result: Any, scorer: Any = None) -> Verdict:
+    """Assess a records.ProbeResult and store the verdict in ``result.quality``; ``scorer`` adds
+    the target-likelihood reasons (see ``assess``).
 
     Results that carry no answer because the request failed get no verdict (quality stays None).
     """
@@ -178,9 +205,19 @@ def assess_result(result: Any) -> Verdict:
         max_tokens=case.max_tokens,
         thinking=case.enable_thinking,
         reasoning=result.reasoning,
+        scorer=scorer,
+        messages=case.messages,
+        temperature=case.temperature,
+        answer_ids=_token_ids(result) if result.reasoning is None else None,
     )
     result.quality = verdict
     return verdict
+
+
+def _token_ids(result: Any) -> list[int] | None:
+    """The answer's token ids when the backend recorded them (the in-process engine does)."""
+    ids = getattr(result, "extras", {}).get("token_ids")
+    return ids if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
 
 
 def summarize(quality: Verdict | dict[str, Any] | None, width: int | None = 60) -> str:

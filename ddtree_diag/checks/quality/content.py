@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from ddtree_diag.checks.quality.context import Context, code_spans_of, excerpt, inside_spans
 from ddtree_diag.checks.quality.encoding import find_mojibake, in_inline_code
+from ddtree_diag.checks.quality.hollow import find_empty_counting, find_hollow_lines, find_punct_run
 from ddtree_diag.checks.quality.leaks import find_role_leaks
-from ddtree_diag.checks.quality.loops import find_degenerate_enumeration, find_loops
+from ddtree_diag.checks.quality.loops import find_degenerate_enumeration, find_loops, search_windows
 from ddtree_diag.checks.quality.patterns import CONTROL_RE, MOJIBAKE_GATE_RE, TEMPLATE_RE
+from ddtree_diag.checks.quality.salad import find_word_salad
+from ddtree_diag.checks.quality.stutter import find_doubled_words, find_glued_repeat
 from ddtree_diag.records import Reason
 
 # --------------------------------------------------------------------------------------------
@@ -86,6 +89,21 @@ def content_signals(text: str, ctx: Context, offset: int, source: str, label: st
     if enum:
         add(*enum)
 
+    # Shape without content and stutters: in a long text only where the loop search looks (they
+    # all compress well); the heaviest reason per code is kept.
+    windows = search_windows(text)
+    best: dict[str, Reason] = {}
+    for lo, hi in _outside_code(windows, code_spans):
+        for finder in (find_hollow_lines, find_empty_counting, find_punct_run, find_glued_repeat, find_doubled_words):
+            found = finder(text, ctx, code_spans, lo, hi)
+            if found is not None and (found.code not in best or found.weight > best[found.code].weight):
+                best[found.code] = found
+    salad = find_word_salad(text, ctx, code_spans)
+    if salad is not None:
+        best[salad.code] = salad
+    for found in best.values():
+        add(found.code, found.detail, found.span, found.weight)
+
     out.extend(
         Reason(
             r.code,
@@ -95,6 +113,26 @@ def content_signals(text: str, ctx: Context, offset: int, source: str, label: st
             (r.span[0] + offset, r.span[1] + offset) if r.span else None,
             source,
         )
-        for r in find_loops(text, ctx, code_spans)
+        for r in find_loops(text, ctx, code_spans, windows)
     )
+    return out
+
+
+def _outside_code(windows: list[tuple[int, int]], code_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The windows minus long code blocks (the shape and stutter finders skip code anyway, and a
+    long answer is often mostly code)."""
+    blocks = [(a, b) for a, b in code_spans if b - a > 200]
+    if not blocks:
+        return windows
+    out = []
+    for lo, hi in windows:
+        at = lo
+        for a, b in blocks:
+            if b <= at or a >= hi:
+                continue
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
     return out

@@ -27,15 +27,17 @@ def find_mojibake(text: str, ctx: Context, offset: int, source: str, label: str)
     match = BADNESS_RE.search(text)
     if not match:
         return []
+    if ctx.prompt and ftfy.fix_encoding(ctx.prompt) != ctx.prompt:
+        return []  # the prompt quotes mis-decoded text: the answer explains or repeats it
     fixed = ftfy.fix_encoding(text)
     start = max(0, match.start() - 10)
     span = (start, min(len(text), match.end() + 20))
     if fixed != text:
-        sample = ""
-        for a, b in zip(NONSPACE_RE.findall(text), NONSPACE_RE.findall(fixed), strict=False):
-            if a != b:
-                sample = f" ({a!r} should read {b!r})"
-                break
+        pairs = [(a, b) for a, b in zip(NONSPACE_RE.findall(text), NONSPACE_RE.findall(fixed), strict=False) if a != b]
+        # Every broken word shown next to its repaired form: an explanation of mojibake, not damage.
+        if pairs and all(_core(b) in text for _, b in pairs):
+            return []
+        sample = f" ({pairs[0][0]!r} should read {pairs[0][1]!r})" if pairs else ""
         weight = 0.75
         detail = f"mis-decoded UTF-8{sample}"
     else:
@@ -51,6 +53,11 @@ def find_mojibake(text: str, ctx: Context, offset: int, source: str, label: str)
             source,
         )
     ]
+
+
+def _core(word: str) -> str:
+    """A word without the quotes and punctuation around it."""
+    return word.strip("\"'“”‘’«»()[]{}.,;:!?`*")
 
 
 _LATIN1_RUN_RE = re.compile(

@@ -135,13 +135,25 @@ _BLOCK = 1_024
 _TAIL = 8_192
 
 
-def find_loops(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> list[Reason]:
-    best: dict[str, Reason] = {}
+def search_windows(text: str) -> list[tuple[int, int]]:
+    """Where the repetition signals look: the whole text, or in a long one the stretches zlib
+    finds repetitive plus the head and the tail (see _suspect_windows)."""
     if len(text) <= _WINDOWED_ABOVE:
-        _loops_in(text, 0, len(text), ctx, code_spans, best)
-    else:
-        for lo, hi in _suspect_windows(text):
-            _loops_in(text, lo, hi, ctx, code_spans, best)
+        return [(0, len(text))]
+    windows = _suspect_windows(text)
+    if windows[0][0] > _BLOCK * 4:
+        windows.insert(0, (0, _BLOCK * 4))
+    elif windows[0][1] < _BLOCK * 4:
+        windows[0] = (0, _BLOCK * 4)
+    return windows
+
+
+def find_loops(
+    text: str, ctx: Context, code_spans: list[tuple[int, int]], windows: list[tuple[int, int]] | None = None
+) -> list[Reason]:
+    best: dict[str, Reason] = {}
+    for lo, hi in windows or search_windows(text):
+        _loops_in(text, lo, hi, ctx, code_spans, best)
     found = list(best.values())
     comp = _compression(text, ctx, code_spans)
     if comp:

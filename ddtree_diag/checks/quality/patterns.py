@@ -220,5 +220,59 @@ _FUNCTION_WORDS_TEXT = (
     "a an the and or but nor because although whereas unless my your our their whose y und oder et ou"
 )
 FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
+# Per language (wordfreq codes): words no finished sentence ends on: articles, conjunctions,
+# prepositions that need their object, relative words. Left out where the word also ends
+# sentences as a pronoun or a verb particle (German "das", "mit"; Dutch "het"; Swedish "det";
+# French "en", "le" after a hyphen is skipped by the caller).
+_DANGLING_BY_LANGUAGE = {
+    "en": "a an the and or but nor because although whereas unless my your our their whose which of",
+    "es": "el los un una y e o u de del que con para por sin porque aunque mi tu su sus nuestro cuyo",
+    "pt": "o os um uma e de do da dos das com para em no na nos nas porque mas ou meu teu seu cujo",
+    "it": "il lo gli un una uno e ed di del della dei delle che con per nel nella perché ma o mio tuo",
+    "fr": "le les un une et de des du au aux que avec pour dans sur parce mais ou mon ton son ses dont",
+    "ca": "el els un una i de del que amb per perquè però o",
+    "de": "ein eine einen einem einer und oder aber weil dass sondern denn mein dein sein ihr unser",
+    "nl": "de een en of omdat maar want mijn jouw zijn haar",
+    "sv": "och att en ett eftersom men eller min din sin",
+    "da": "og at en et fordi men eller min din sin",
+    "nb": "og at en et fordi men eller min din sin",
+    "pl": "i oraz w we na z ze do dla że który która które ponieważ ale lub albo mój twój",
+    "cs": "a v ve na s se z ze do pro že který která které protože ale nebo",
+    "sk": "a v vo na s so z zo do pre že ktorý ktorá ktoré pretože ale alebo",
+    "ru": "и в во на с со по для к ко о об от из до за что который которая которое которые а но или потому чтобы",
+    "uk": "і й та в у на з із зі по для до від що який яка яке які але або бо щоб",
+    "bg": "и в във на с със по за към от до че който която което които но или защото",
+    "el": "και το η ο οι τα του της των με για σε από ότι αλλά ή ένα μια",
+    "tr": "ve veya ile ama fakat çünkü",
+    "id": "yang dan di dari untuk dengan karena atau tetapi ke pada",
+    "ms": "yang dan di dari untuk dengan kerana atau tetapi ke pada",
+    "ro": "și sau cu de din pentru că care dar un o",
+    "hu": "a az és vagy de hogy mert egy",
+    "fi": "ja tai että koska mutta",
+    "ar": "في من على إلى و أن عن التي الذي ثم أو لكن مع هي هو",
+    "fa": "و در از به با که برای را یا اما",
+    "he": "של את על עם אשר כי או אל מן",
+    "hi": "का की के में से को और कि या पर लेकिन तथा एवं",
+    "ur": "کا کی کے میں سے کو اور کہ یا پر لیکن",
+}
+DANGLING_BY_LANGUAGE = {lang: frozenset(words.split()) for lang, words in _DANGLING_BY_LANGUAGE.items()}
+# Where an article can end a sentence as a pronoun (German "das", Swedish "det"), a preposition
+# right before it still makes the ending dangling ("mit dem", "av den", "van de").
+_PREPOSITION_ARTICLE = {
+    "de": ("mit von zu bei nach aus für auf in an über unter vor durch gegen ohne um", "der die das dem den des"),
+    "nl": ("van met in op voor aan naar bij uit over door", "de het"),
+    "sv": ("av på i med för till från om under över", "den det de"),
+    "da": ("af på i med for til fra om under over", "den det de"),
+    "nb": ("av på i med for til fra om under over", "den det de"),
+    "en": ("of in on at by for with from to into about", "this these those its"),
+}
+PREPOSITION_ARTICLE = {
+    lang: (frozenset(preps.split()), frozenset(articles.split()))
+    for lang, (preps, articles) in _PREPOSITION_ARTICLE.items()
+}
+# Chinese and Japanese: a last character (or two) that needs what follows.
+# (Left out: 在/对/及 end sentences as verbs or in set phrases; が/に/から/の end polite or casual
+# Japanese sentences.)
+DANGLING_CJK = ("和", "把", "被", "对于", "因为", "或者", "但是", "而且", "以及", "与", "を", "へ", "という", "および")
 STOP_REASONS = frozenset({"stop", "eos", "end_turn", "stop_sequence", "eos_token"})
 LENGTH_REASONS = frozenset({"length", "max_tokens", "max_length", "max_new_tokens"})

@@ -39,10 +39,27 @@ REGISTRY: tuple[ReasonCode, ...] = (
                "thinking"),
     ReasonCode("degenerate_enumeration", "hard", "list markers that never advance and hold nothing (`1. 1. 1.`)",
                "loops", loop=True),
+    ReasonCode("empty_list", "hard",
+               "lines holding only a list marker or punctuation, repeated (`-`, `•`, `。`), or markers counting "
+               "on with nothing in them (`1. 2. 3. 4.`)", "hollow", loop=True),
+    ReasonCode("punct_run", "hard", "one punctuation mark over and over (`,,,,,`, `。。。。。。`, `. . . . . . . .`)",
+               "hollow", loop=True),
+    ReasonCode("glued_repeat", "hard", "a word repeated with no separator (`WordWordWordWord`, any script)",
+               "stutter", loop=True),
+    ReasonCode("doubled_words", "hard", "every word said twice (`the the cat cat sat sat`)", "stutter", loop=True),
+    ReasonCode("word_salad", "hard/soft",
+               "pieces of words cut at the wrong places and glued (`ofthe`, `conv ert ed`): far more words "
+               "outside the language's lexicon than its text has", "salad"),
     ReasonCode("replacement_char", "hard", "U+FFFD replacement characters (broken byte-level decoding)", "content"),
     ReasonCode("control_chars", "hard", "C0/C1 control characters, lone surrogates or non-characters", "content"),
     ReasonCode("mojibake", "hard/soft", "UTF-8 decoded with the wrong codec (`Ã©tÃ©` for `été`), found with ftfy",
                "encoding"),
+    ReasonCode("low_likelihood", "hard/soft",
+               "`--score-with`: a reference model finds the answer (or a stretch of it) far less likely than "
+               "language (mean surprisal, worst span)", "likelihood"),
+    ReasonCode("not_greedy", "hard",
+               "`--score-with` the deployment's own weights at T=0: a token that is not the target's argmax "
+               "(first position, top-2 gap)", "likelihood"),
     ReasonCode("truncated", "info", "cut at max_tokens (`finish_reason=length`); never garbage by itself",
                "context"),
 )  # fmt: skip

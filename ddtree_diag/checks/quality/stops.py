@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from ddtree_diag.checks.quality import lexicon
 from ddtree_diag.checks.quality.context import Context, excerpt
-from ddtree_diag.checks.quality.patterns import CJK_CHAR_RE, FUNCTION_WORDS, UNFINISHED_END, WORDS_RE
+from ddtree_diag.checks.quality.patterns import (
+    CJK_CHAR_RE,
+    DANGLING_BY_LANGUAGE,
+    DANGLING_CJK,
+    FUNCTION_WORDS,
+    PREPOSITION_ARTICLE,
+    UNFINISHED_END,
+    WORDS_RE,
+)
 from ddtree_diag.records import Reason
 
 # --------------------------------------------------------------------------------------------
@@ -39,20 +48,27 @@ def find_premature_stop(
     while cut and (tail[cut - 1].isalnum() or tail[cut - 1] in "'’"):
         cut -= 1
     last_word = tail[cut:].lower().lstrip("'’")
+    after_hyphen = cut > 0 and tail[cut - 1] in "-‐"  # "Fais-le", "allons-y": a pronoun, not an article
+    before_last = words[-2].lower() if len(words) >= 2 else ""
     why = None
     if end_char in UNFINISHED_END:
         why = f"ends on {end_char!r}"
     elif stripped.count("```") % 2 == 1:
         why = "a code block is never closed"
-    elif last_word:
-        if last_word in FUNCTION_WORDS and (len(words) >= 2 or len(last_word) > 1):
+    elif CJK_CHAR_RE.match(end_char) and len(CJK_CHAR_RE.findall(tail)) >= 6 and stripped.endswith(DANGLING_CJK):
+        why = f"ends on {next(p for p in DANGLING_CJK if stripped.endswith(p))!r}, which needs what follows"
+    elif last_word and not after_hyphen:
+        dangling, pairs = _dangling_words(words, ctx.prompt)
+        if last_word in dangling and (len(words) >= 2 or len(last_word) > 1):
             why = f"ends on the word {last_word!r}"
+        elif last_word in pairs[1] and before_last in pairs[0]:
+            why = f"ends on {before_last!r} {last_word!r}, a preposition and its article"
         elif len(words) >= 2 and short and last_word in _SHORT_DANGLING:
             before = words[-2].lower()
             if not (last_word in ("is", "are", "was", "were") and before in _PRONOUNS):
                 why = f"ends on the word {last_word!r}"
     if why is None:
-        return []
+        return _unpunctuated_prose_end(answer, stripped, ctx, unknown_finish)
     if unknown_finish:
         weight = 0.4 if short else 0.2
     elif short:
@@ -70,6 +86,53 @@ def find_premature_stop(
             f"{finish} after {size}, but the text {why}",
             excerpt(answer, *span),
             weight,
+            span,
+        )
+    ]
+
+
+def _dangling_words(words: list[str], prompt: str) -> tuple[frozenset[str], tuple[frozenset[str], frozenset[str]]]:
+    """The words a sentence cannot end on, for the text's language (identified from its frequent
+    words, then the prompt's); English's and its neighbours' when it cannot be told."""
+    lowered = [w.casefold() for w in words[-60:]]
+    ranked = lexicon.identify(lowered) if lowered else []
+    if not ranked or ranked[0][1] < 0.1:
+        prompt_words = [w.casefold() for w in WORDS_RE.findall(prompt)]
+        ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
+    none: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+    if ranked and ranked[0][1] >= 0.1 and ranked[0][0] in DANGLING_BY_LANGUAGE:
+        lang = ranked[0][0]
+        return DANGLING_BY_LANGUAGE[lang], PREPOSITION_ARTICLE.get(lang, none)
+    return FUNCTION_WORDS, PREPOSITION_ARTICLE["en"]
+
+
+_PROSE_LINE_END = tuple(".!?。！？…」』”’\"')]}*`>:;|")
+
+
+def _unpunctuated_prose_end(answer: str, stripped: str, ctx: Context, unknown_finish: bool) -> list[Reason]:
+    """A structural tell in any language: the answer punctuates its sentences, yet its last
+    line, a sentence of prose, stops with no mark at all. Soft: a second signal is needed."""
+    if unknown_finish or ctx.lyric:
+        return []
+    last_line = stripped.rsplit("\n", 1)[-1].strip()
+    if not last_line or last_line.endswith(_PROSE_LINE_END) or not last_line[-1].isalpha():
+        return []
+    if last_line[:1] in "-*•#|>" or last_line[:2].rstrip(".)").isdigit() or "```" in stripped[-400:]:
+        return []  # a list item, a heading, a table row, code
+    words = WORDS_RE.findall(last_line)
+    if len(words) < 6 or len(WORDS_RE.findall(stripped)) < 12:
+        return []
+    earlier = stripped[: len(stripped) - len(last_line)]
+    sentence_ends = sum(earlier.count(mark) for mark in (". ", "! ", "? ", "。", "！", "？", ".\n"))
+    if sentence_ends < 1:
+        return []
+    span = (max(0, len(stripped) - 40), len(stripped))
+    return [
+        Reason(
+            "premature_stop",
+            "finish_reason=stop, but the last sentence stops with no punctuation although the earlier ones have it",
+            excerpt(answer, *span),
+            0.3,
             span,
         )
     ]

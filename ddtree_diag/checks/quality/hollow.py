@@ -1,0 +1,240 @@
+"""Structure with nothing in it: lines that hold only punctuation or a bare list marker (in any
+script), list markers that count on with no content (``1. 2. 3. 4.``), and runs of one
+punctuation character. A model that lost track of its state keeps the shape of an answer
+(bullets, numbering, a closing mark) and drops the words.
+
+Legitimate shapes stay quiet: Markdown rules and underlines (a whole line of ``-``, ``=``, ``*``),
+table rows and borders, code (fenced or inline) and lines of closing brackets, dot leaders in a
+table of contents (``Chapter 1 ........ 5``), fill-in blanks (``Name: ______``), an ellipsis or
+an emphatic ``!!!``.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.records import Reason
+
+# A list marker at the start of a line, in several scripts: bullets, "1." "1)" "(1)" "1、" "a)"
+# "iv." "#3", and "<word> <number>:" ("Step 3:", "Шаг 3:", "Paso 3:").
+_LINE_MARKER_RE = re.compile(
+    r"^(?:[-*+•·‣◦▪●○■□–—>]|\(?\d{1,3}[.):、）]|\(\d{1,3}\)|\(?[a-zA-Z][.)]|[ivxlcIVXLC]{1,5}[.)]|#\d{1,3}"
+    r"|[^\W\d_]{1,12}[ \t]?\d{1,3}[ \t]*[:.)：])"
+)
+_CODE_LINE_CHARS = set("{}[]();/\\|`\"'")  # a line of these is code (closing brackets, quotes)
+_RULE_CHARS = set("-=_*~#+·•─━═")  # a line of one of these repeated is a rule or an underline
+
+
+def _punct_only(text: str) -> bool:
+    """Only punctuation and spaces (Unicode categories P*, plus the maths/modifier symbols that
+    ASCII uses as punctuation: ``~ ^ + = < > |``); emoji and other symbols are content."""
+    return all(ch.isspace() or unicodedata.category(ch)[0] == "P" or unicodedata.category(ch) in ("Sm", "Sk")
+               for ch in text)  # fmt: skip
+
+
+def _hollow(line: str) -> bool:
+    """A line that holds a list marker or punctuation and nothing else, and is not a rule,
+    a table row or a line of code punctuation."""
+    stripped = line.strip()
+    if not stripped or stripped.startswith(("|", "```", "~~~")):
+        return False
+    squeezed = stripped.replace(" ", "")
+    if len(set(squeezed)) == 1 and squeezed[0] in _RULE_CHARS and len(squeezed) >= 3:
+        return False  # "---", "===", "* * *": a rule or an underline
+    if set(squeezed) <= _CODE_LINE_CHARS:
+        return False  # "}", "});", "]": code
+    marker = _LINE_MARKER_RE.match(stripped)
+    rest = stripped[marker.end() :] if marker else stripped
+    return _punct_only(rest)
+
+
+def find_hollow_lines(
+    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
+) -> Reason | None:
+    """Three or more hollow lines in a row (blank lines between them allowed), two or more ending
+    the answer, or an answer whose lines are nearly all hollow."""
+    hi = len(text) if hi is None else hi
+    if "\n" not in text:
+        return None
+    at = lo
+    run: list[tuple[int, int]] = []  # (start, end) of the hollow lines in the current run
+    best: list[tuple[int, int]] = []
+    hollow_total = content_total = 0
+    for line in text[lo:hi].split("\n"):
+        start, end = at, at + len(line)
+        at = end + 1
+        if not line or line.isspace():
+            continue
+        if len(line) > 24 or inside_spans(start, code_spans) or not _hollow(line):
+            if line.strip():
+                content_total += 1
+            run = []
+            continue
+        hollow_total += 1
+        run.append((start, end))
+        if len(run) > len(best):
+            best = list(run)
+    needed = 3 if not ctx.repeat else 8
+    mostly = hollow_total >= 2 and content_total <= 1 and hollow_total > content_total and not ctx.repeat
+    # Empty items where the answer ends ("a) first\nb)\nc)"): the list was never filled.
+    at_end = len(run) >= 2 and hi == len(text) and not text[run[-1][1] :].strip() and not ctx.repeat
+    if at_end and len(best) < 3:
+        best = list(run)
+    if len(best) < needed and not mostly and not at_end:
+        return None
+    if len(best) < 2:
+        return None
+    span = (best[0][0], best[-1][1])
+    lines = [text[a:b].strip() for a, b in best]
+    shown = ", ".join(repr(x) for x in dict.fromkeys(lines[:6]))
+    weight = 0.7 if len(best) >= 3 else 0.6
+    if len(best) >= 6:
+        weight = 0.8
+    return Reason(
+        "empty_list",
+        f"{len(best)} line(s) in a row hold only a list marker or punctuation ({shown}); "
+        f"{hollow_total} such line(s), {content_total} with content",
+        excerpt(text, *span),
+        weight,
+        span,
+    )
+
+
+# A list marker: "1." "1)" "(1)" "#1" "1:" "1、" "一、"; before it may stand a label word that is the
+# same at every marker ("Step 1: Step 2:", "Шаг 1: Шаг 2:").
+_COUNT_MARKER_RE = re.compile(
+    r"(?<![\w.,])(?:\((\d{1,3})\)|#(\d{1,3})|(\d{1,3})[.):、）:：]|([一二三四五六七八九十]{1,3})、)(?=\s|$)"
+)
+_LABEL_RE = re.compile(r"[^\W\d_]{1,12}")
+_CJK_DIGITS = {c: i for i, c in enumerate("一二三四五六七八九十", 1)}
+
+
+def _marker_number(match: re.Match) -> int:
+    for group in match.groups():
+        if group is None:
+            continue
+        if group.isdigit():
+            return int(group)
+        return sum(_CJK_DIGITS.get(c, 0) for c in group)
+    return -1
+
+
+def find_empty_counting(
+    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
+) -> Reason | None:
+    """Four or more list markers in a row that count on (``1. 2. 3. 4.``, ``(1) (2) (3)``,
+    ``Step 1: Step 2:``) with nothing but spaces or punctuation between them."""
+    if ctx.repeat:
+        return None
+    hi = len(text) if hi is None else hi
+    best: list[re.Match] = []
+    run: list[re.Match] = []
+    label = None
+    for match in _COUNT_MARKER_RE.finditer(text, lo, hi):
+        if inside_spans(match.start(), code_spans):
+            run = []
+            continue
+        if run:
+            between = text[run[-1].end() : match.start()]
+            line_start = text.rfind("\n", 0, match.start()) + 1
+            in_table = text[line_start : match.start()].lstrip().startswith("|")
+            word = _LABEL_RE.search(between)
+            # Nothing between but punctuation, or only the run's label word right before the number.
+            empty = _punct_only(between) or (
+                word is not None
+                and _punct_only(between[: word.start()])
+                and not between[word.end() :].strip()
+                and (label is None or word.group().lower() == label)
+            )
+            if empty and not in_table and _marker_number(match) == _marker_number(run[-1]) + 1:
+                if word is not None and not _punct_only(between):
+                    label = word.group().lower()
+                run.append(match)
+            else:
+                run, label = [match], None
+        else:
+            run = [match]
+        if len(run) > len(best):
+            best = list(run)
+    if len(best) < 4:
+        return None
+    span = (best[0].start(), best[-1].end())
+    weight = 0.7 if len(best) < 8 else 0.8
+    return Reason(
+        "empty_list",
+        f"{len(best)} list markers count on with nothing in them "
+        f"({best[0].group().strip()} … {best[-1].group().strip()})",
+        excerpt(text, *span),
+        weight,
+        span,
+    )
+
+
+# A run of one punctuation mark, contiguous ("!!!!!!!!", "。。。。。。") or spaced (". . . . . . . .").
+_RUN_RE = re.compile(r"([^\w\s]|_)(?:[ \t]?\1){3,}")
+_MARKUP = set("-=_*#~`|+<>/\\^")  # rules, underlines, borders, comments, arrows
+_DOTS = set(".·•‧∙⋅")
+_SEPARATORS = set(",，、;；:：")
+
+
+def find_punct_run(
+    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
+) -> Reason | None:
+    if ctx.repeat:
+        return None
+    hi = len(text) if hi is None else hi
+    found: Reason | None = None
+    for match in _RUN_RE.finditer(text, lo, hi):
+        char = match.group(1)
+        spaced = " " in match.group() or "\t" in match.group()
+        count = match.group().count(char)
+        start, end = match.span()
+        if inside_spans(start, code_spans) or unicodedata.category(char)[0] not in "PS":
+            continue
+        if unicodedata.category(char)[0] == "S" and char not in _MARKUP:
+            continue  # emoji and other symbols: the flood check's business
+        line_start = text.rfind("\n", 0, start) + 1
+        line_end = text.find("\n", end)
+        line_end = len(text) if line_end < 0 else line_end
+        line = text[line_start:line_end]
+        before, after = text[line_start:start], text[end:line_end]
+        if line.lstrip().startswith("|") or line.rstrip().endswith("|"):
+            continue  # a table
+        reaches_end = not text[end:].strip()
+        if char in _MARKUP or (spaced and char in "*-"):
+            # A whole line of it is a rule; mid-line it is a blank to fill or an arrow.
+            if not before.strip() and not after.strip():
+                continue
+            needed = 40
+        elif char in _DOTS:
+            if re.fullmatch(r"\s*\d[\d\s,.-]*", after) and before.strip():
+                continue  # dot leaders: "Chapter 1 ....... 5"
+            needed = 10
+        elif char in _SEPARATORS:
+            needed = 5
+        elif char in "…":
+            needed = 4
+        elif char in "!?！？":
+            needed = 10
+        else:
+            needed = 8
+        if spaced:
+            needed = max(needed, 8)
+        if reaches_end and ctx.truncated:
+            needed = max(5, needed // 2)
+        if count < needed:
+            continue
+        weight = 0.75 if count >= 3 * needed or reaches_end else 0.6
+        reason = Reason(
+            "punct_run",
+            f"{char!r} repeated {count}× in a row{' (spaced)' if spaced else ''}"
+            + (" to the end" if reaches_end else ""),
+            excerpt(text, start, end),
+            weight,
+            (start, end),
+        )
+        if found is None or reason.weight > found.weight:
+            found = reason
+    return found

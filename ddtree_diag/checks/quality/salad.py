@@ -1,0 +1,237 @@
+"""Subword salad: real words cut at the wrong places and glued (``ofthe``, ``conv ert ed``,
+``photo synth esis``), the text a position or cache bug makes of a target's own tokens.
+
+No model needed: the text's language is identified from its (and the prompt's) most frequent
+words, and each lower-case word is looked up in that language's lexicon of 16,000 frequent words
+(lexicon.py); a German-style compound counts as known when it splits into two known words. Clean
+text leaves only rare words and names outside it, and rare words are long; salad leaves many
+short pieces outside it. The signal is the number of *short* unknown pieces (<= 4 letters) in
+the worst stretch of 30 words, judged against what the language's own frequency list says a
+clean text leaves (``short_missed`` in the index), plus the share of unknown words there.
+
+Limits: languages without a lexicon (and scripts written without spaces: Chinese, Japanese,
+Thai) are not checked; in a text longer than 16 KiB only the head, the tail and 16 sampled
+KiB between are read.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from ddtree_diag.checks.quality import lexicon
+from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.records import Reason
+
+_WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+# Not prose: URLs and addresses, LaTeX ($...$, \\command), markup tags, code-ish joins (name(, =).
+_SKIP_RE = re.compile(
+    r"\S*(?:://|www\.|@)\S*|\$\$.+?\$\$|\$[^$\n]+\$|\\[A-Za-z]+|</?[A-Za-z][^<>\n]{0,200}>|&[a-z]+;"
+    r"|[^\W\d_]+(?=[(=_./\\:]\S)|(?m:^[ \t]*\$ .*$)",
+    re.DOTALL,
+)
+WINDOW = 30
+_MIN_WORDS = 8
+_LONG = 16_384
+_BLOCK = 1_024
+# Languages that write compounds as one word: a long unknown word made of two known ones is fine.
+_COMPOUNDING = frozenset(["de", "nl", "sv", "da", "nb", "is", "fi", "hu", "et", "el"])
+
+
+def _stretches(text: str) -> list[tuple[int, int]]:
+    if len(text) <= _LONG:
+        return [(0, len(text))]
+    picks = [(0, 4 * _BLOCK)]
+    stride = max(8 * _BLOCK, len(text) // 16)  # at most ~28 KiB read, however long the text
+    picks += [(at, at + _BLOCK) for at in range(8 * _BLOCK, len(text) - 8 * _BLOCK, stride)]
+    picks.append((len(text) - 8 * _BLOCK, len(text)))
+    return picks
+
+
+_VOWELS = frozenset("aeiouyàáâãäåæèéêëìíîïòóôõöøùúûüýÿœăâîșțąęėįųūłóőűаеёиоуыэюяіїєўαεηιουωάέήίόύώϊϋΐΰ")
+_VOWELLED = re.compile(r"[a-zà-ɏ\u0400-\u04ff\u0370-\u03ff]")
+
+
+def _no_vowel(word: str) -> bool:
+    """A Latin, Cyrillic or Greek word without a vowel ("nth" aside, words have one)."""
+    return _VOWELLED.match(word) is not None and not (_VOWELS & set(word))
+
+
+class _Lookup:
+    """Known / unknown / glued for the words of one text, against one or two languages."""
+
+    def __init__(self, langs: list[str]) -> None:
+        self.lexicons = [lexicon.words(lang) for lang in langs]
+        self.function = frozenset(w for lang in langs for w in lexicon.index()[lang]["top"][:100])
+        self.compounding = any(lang in _COMPOUNDING for lang in langs)
+
+    def known(self, word: str) -> bool:
+        return any(word in lex for lex in self.lexicons)
+
+    def flag(self, word: str) -> int:
+        """0 known, 1 unknown (long), 2 a short unknown piece, 3 a function word glued to a word
+        (``ofthe``)."""
+        if self.known(word):
+            return 0
+        if "'" in word or "’" in word:
+            return 0 if all(self.known(p) for p in re.split(r"['’]", word) if p) else 1
+        for cut in range(2, len(word) - 1):
+            head, tail = word[:cut], word[cut:]
+            if (head in self.function and (self.known(tail) or tail in self.function)) or (
+                tail in self.function and self.known(head) and len(tail) >= 2
+            ):
+                return 3  # a function word glued to a word: "ofthe", "muttaolla"
+        if self.compounding and len(word) >= 8:
+            for cut in range(4, len(word) - 3):
+                if self.known(word[:cut]) and (self.known(word[cut:]) or self.known(word[cut + 1 :])):
+                    return 0  # "Donaudampfschiff": known parts (a linking s allowed)
+        if len(word) <= 4 or unicodedata.category(word[0])[0] == "M" or _no_vowel(word):
+            return 2  # short, or a piece no word has: a leading vowel sign, no vowel at all
+        return 1
+
+
+def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | None:
+    """The answer's language(s) from its own frequent words; when it has too few (salad keeps
+    few function words whole), the prompt's, unless the prompt asks for another language.
+
+    A language we hold no list for shares short words with some that we do ("na", "ya", "la"):
+    the answer is only judged as language L when some of L's frequent words of 4+ letters occur
+    in it (or a third of its words are L's frequent words)."""
+    ranked = lexicon.identify(words)
+    if ranked and ranked[0][1] >= 0.12:
+        top = frozenset(lexicon.index()[ranked[0][0]]["top"])
+        long_hits = len({w for w in words if len(w) >= 4 and w in top})
+        if long_hits >= 2 or ranked[0][1] >= 0.33:
+            return [ranked[0][0]] + [lang for lang, share in ranked[1:2] if share >= 0.7 * ranked[0][1]]
+    if any_language:
+        return None
+    prompt_words = [c.casefold() for c in (chunk.strip(_EDGE) for chunk in prompt.split()) if _PLAIN_RE.fullmatch(c)]
+    prompt_ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
+    if prompt_ranked and prompt_ranked[0][1] >= 0.15:
+        top = frozenset(lexicon.index()[prompt_ranked[0][0]]["top"])
+        if not any(len(w) >= 3 and w in top for w in prompt_words):
+            return None  # two-letter coincidences ("de", "am") say nothing about the language
+        script = lexicon.script_of_char(words[0][0])
+        if lexicon.index()[prompt_ranked[0][0]]["script"] == script:
+            return [prompt_ranked[0][0]] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else [])
+    return None
+
+
+_CHUNK_RE = re.compile(r"\S+")
+_EDGE = "\"'“”‘’«»„()[]{}<>.,;:!?¡¿…*_~`|—–-。、，！？：；·।॥؟،"
+# Letters, with the combining marks of Indic, Arabic and Hebrew writing (not \\w in `re`).
+_LETTER = r"(?:[^\W\d_]|[\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06ed\u0900-\u0dff])"
+_PLAIN_RE = re.compile(rf"{_LETTER}+(?:['’-]{_LETTER}+)*")
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(b, out[-1][1]))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _prose_words(text: str, code_spans: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+    """Lower-case words of the prose: whitespace-separated chunks that are plain words once the
+    punctuation around them is stripped (``file.py``, ``sin(x)``, ``k0``, ``cÃ³mo`` are not),
+    outside code, URLs, LaTeX and markup; hyphenated words give their parts."""
+    stretches = _stretches(text)
+    skip = _merged(list(code_spans) + [m.span() for lo, hi in stretches for m in _SKIP_RE.finditer(text, lo, hi)])
+    out: list[tuple[str, int, int]] = []
+    for lo, hi in stretches:
+        for match in _CHUNK_RE.finditer(text, lo, hi):
+            chunk = match.group()
+            core = chunk.strip(_EDGE)
+            # Names, acronyms and identifiers (any capital letter) are not in a lexicon of words.
+            if not core or core.lower() != core or not _PLAIN_RE.fullmatch(core):
+                continue
+            if inside_spans(match.start(), skip):
+                continue
+            at = match.start() + chunk.index(core)
+            for part in core.split("-") if "-" in core else (core,):
+                if part:
+                    out.append((part.casefold(), at, at + len(part)))
+                at += len(part) + 1
+    return out
+
+
+def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_language: bool = False):
+    """(languages, (short-or-glued pieces, unknown words, window, start, end) of the worst window,
+    lookup) or None when the text cannot be judged."""
+    if text.count(" ") + text.count("\n") < _MIN_WORDS - 1 or not lexicon.index():
+        return None  # too few words to judge (most short answers stop here)
+    checked = _prose_words(text, code_spans)
+    if len(checked) < _MIN_WORDS:
+        return None
+    langs = _language([w for w, _, _ in checked], prompt, any_language)
+    if langs is None:
+        return None
+    script = lexicon.index()[langs[0]]["script"]
+    checked = [c for c in checked if lexicon.script_of_char(c[0][0]) == script]  # "α" in English: maths
+    if len(checked) < _MIN_WORDS:
+        return None
+    lookup = _Lookup(langs)
+    flags = [lookup.flag(w) for w, _, _ in checked]
+    # Short unknown words that keep coming back are the function words of a language we hold no
+    # list for (Swahili "kwa", Welsh "yn"); salad's pieces are cut at random and rarely recur.
+    short_counts: dict[str, int] = {}
+    for (word, _, _), flag in zip(checked, flags, strict=True):
+        if flag == 2 and len(word) <= 4:
+            short_counts[word] = short_counts.get(word, 0) + 1
+    if sum(1 for count in short_counts.values() if count >= 2) >= 2:
+        return None
+    # A rare word said again (a name, a refrain, a term the answer is about) is one rare word.
+    seen: set[str] = set()
+    for i, (word, _, _) in enumerate(checked):
+        if flags[i] in (1, 3):
+            if word in seen:
+                flags[i] = 0
+            seen.add(word)
+    window = min(WINDOW, len(flags))
+    unknown = sum(1 for f in flags[:window] if f)
+    short = sum(1 for f in flags[:window] if f >= 2)
+    glued = sum(1 for f in flags[:window] if f == 3)
+    best = (short, unknown, window, checked[0][1], checked[window - 1][2], glued)
+    for i in range(1, len(flags) - window + 1):
+        out, inn = flags[i - 1], flags[i + window - 1]
+        unknown += (inn > 0) - (out > 0)
+        short += (inn >= 2) - (out >= 2)
+        glued += (inn == 3) - (out == 3)
+        if (short + unknown + glued) > best[0] + best[1] + best[5]:
+            best = (short, unknown, window, checked[i][1], checked[i + window - 1][2], glued)
+    return langs, best, lookup
+
+
+def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    stats = salad_stats(text, ctx.prompt, code_spans, ctx.any_script)
+    if stats is None:
+        return None
+    langs, (short, unknown, window, start, end, glued), lookup = stats
+    info = lexicon.index()[langs[0]]
+    # What a clean text of this language leaves outside the lexicon per word, from wordfreq's own
+    # frequencies, with room for the names, jargon and inflection the list does not hold.
+    rate_short = max(0.03, 3 * info["short_missed"])
+    rate_unknown = max(0.12, 2 * (1 - info["coverage"]))
+    many_short = short >= max(3, 3 * rate_short * window) and unknown >= max(5, 0.2 * window, 2 * rate_unknown * window)
+    mostly_unknown = unknown >= max(8, 0.5 * window, 3 * rate_unknown * window)
+    # Words glued to a function word ("ofthe", "muttaolla") are rare in any clean text.
+    many_glued = glued >= 3 and unknown >= max(4, 0.15 * window)
+    if not (many_short or mostly_unknown or many_glued):
+        return None
+    weight = 0.6
+    if short >= max(5, 4 * rate_short * window) or unknown >= max(10, 0.6 * window) or glued >= 5:
+        weight = 0.8
+    pieces = [w for w in _WORD_RE.findall(text, start, end) if w.lower() == w and lookup.flag(w.casefold())]
+    shown = ", ".join(repr(w) for w in pieces[:6])
+    return Reason(
+        "word_salad",
+        f"{unknown} of {window} words are not {'/'.join(langs)} words, {short} of them short pieces or glued "
+        f"words ({glued} glued to a function word: {shown}); clean {langs[0]} text leaves "
+        f"~{rate_unknown * window / 2:.0f}",
+        excerpt(text, start, end),
+        weight,
+        (start, end),
+    )

@@ -1,0 +1,121 @@
+"""Stutters the token-level loop search cannot see: a word repeated with no separator
+(``partirpartirpartir``, one token to a word splitter, any script), and every word said twice
+(``the the cat cat sat sat``: runs of period 1 that never reach the loop thresholds)."""
+
+from __future__ import annotations
+
+import re
+
+from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.checks.quality.patterns import CJK_CHAR_RE, INTERJECTIONS
+from ddtree_diag.records import Reason
+
+# Candidate words: 8+ letters/marks in a row (a unit of 2 said 4 times, of 3 said 3 times). CJK is left to the loop
+# search, which sees one token per character.
+# Word characters with the combining marks of Indic, Arabic and Hebrew writing (not \\w in `re`):
+# one character class, so the patterns below stay linear.
+_MARKS = "\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06ed\u0900-\u0dff"
+_LONG_WORD_RE = re.compile(rf"[\w{_MARKS}]{{8,}}")
+_GLUED_RE = re.compile(r"(.{2,30}?)\1{2,}")
+_DNA = set("acgtu")
+
+
+def find_glued_repeat(
+    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
+) -> Reason | None:
+    best: Reason | None = None
+    for word_match in _LONG_WORD_RE.finditer(text, lo, len(text) if hi is None else hi):
+        word = word_match.group()
+        if len(set(word)) * 2 > len(word) or any(ch.isdigit() or ch == "_" for ch in word):
+            continue  # a unit said 3+ times leaves few distinct letters: most words stop here
+        lowered = word.lower() if len(word.lower()) == len(word) else word
+        glued = _GLUED_RE.search(lowered)
+        if not glued:
+            continue
+        unit = glued.group(1)
+        repeats = len(glued.group()) // len(unit)
+        if CJK_CHAR_RE.search(unit):
+            continue
+        dna = word.isupper() and set(unit) <= _DNA
+        if unit in INTERJECTIONS or unit.rstrip("h") in INTERJECTIONS or dna:
+            continue  # "hahaha", "lalala", "blahblahblah", codons
+        if len(set(unit)) == 1:
+            continue  # "aaaaaah", "zzzz", "mmmm": a drawn-out sound, or a flood the loop search counts
+        if repeats < (4 if len(unit) == 2 else 3):
+            continue
+        start = word_match.start() + glued.start()
+        end = word_match.start() + glued.end()
+        if inside_spans(start, code_spans) or word in ctx.prompt or _in_url(text, start):
+            continue
+        weight = 0.8 if repeats >= 5 else 0.7
+        reason = Reason(
+            "glued_repeat",
+            f"{unit!r} repeated {repeats}× with no separator",
+            excerpt(text, start, end),
+            weight,
+            (start, end),
+        )
+        if best is None or reason.weight > best.weight:
+            best = reason
+            if weight >= 0.8:
+                break
+    return best
+
+
+def _in_url(text: str, pos: int) -> bool:
+    chunk_start = max(text.rfind(" ", 0, pos), text.rfind("\n", 0, pos)) + 1
+    chunk = text[chunk_start:pos]
+    return "/" in chunk or "@" in chunk or "." in chunk
+
+
+# Two equal words in a row (case-folded), only whitespace between them.
+_DOUBLE_RE = re.compile(rf"(?<![\w'’{_MARKS}-])([\w'’{_MARKS}]+)[ \t]+(\1)(?![\w'’{_MARKS}-])", re.IGNORECASE)
+_WORD_RE = re.compile(rf"[\w'’{_MARKS}]+")
+
+
+def find_doubled_words(
+    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
+) -> Reason | None:
+    """Three or more doubled words in a row (``w w x x y y``), or doubles making up 40 % of the
+    words of a stretch of prose."""
+    if ctx.lyric or ctx.repeat:
+        return None
+    doubles = []
+    for match in _DOUBLE_RE.finditer(text, lo, len(text) if hi is None else hi):
+        word = match.group(1).lower()
+        if (not word[0].isalpha() and word[0] not in "'’") or CJK_CHAR_RE.match(word):
+            continue  # numbers ("1 1"), identifiers, Chinese reduplication (看看)
+        if inside_spans(match.start(), code_spans):
+            continue
+        doubles.append(match)
+    # "very very", "no no" are said twice on purpose: they continue a chain but do not make one.
+    meant = sum(1 for m in doubles if m.group(1).lower() not in INTERJECTIONS)
+    if len(doubles) < 3 or meant < 2:
+        return None
+    # Chains: doubled pairs separated only by spaces/punctuation ("the the cat cat, sat sat").
+    best_chain: list[re.Match] = []
+    chain: list[re.Match] = []
+    for match in doubles:
+        if chain and not _WORD_RE.search(text, chain[-1].end(), match.start()):
+            chain.append(match)
+        else:
+            chain = [match]
+        if len(chain) > len(best_chain):
+            best_chain = list(chain)
+    # Density: doubles among the words of the stretch from the first to the last double.
+    first, last = doubles[0].start(), doubles[-1].end()
+    words_between = len(_WORD_RE.findall(text, first, last))
+    density = 2 * len(doubles) / max(1, words_between)
+    chain_meant = sum(1 for m in best_chain if m.group(1).lower() not in INTERJECTIONS)
+    if len(best_chain) >= 3 and chain_meant >= 2:
+        span = (best_chain[0].start(), best_chain[-1].end())
+        weight = 0.7 if len(best_chain) < 5 else 0.8
+        detail = f"{len(best_chain)} words in a row each said twice"
+    elif meant >= 4 and density >= 0.4:
+        span = (doubles[0].start(), doubles[-1].end())
+        weight = 0.6
+        detail = f"{len(doubles)} doubled words, {density:.0%} of the words in that stretch"
+    else:
+        return None
+    shown = ", ".join(repr(m.group()) for m in (best_chain or doubles)[:3])
+    return Reason("doubled_words", f"{detail} ({shown})", excerpt(text, *span), weight, span)
