@@ -197,7 +197,11 @@ def test_api_key_is_sent_but_never_printed_or_saved(standin, cli, tmp_path):
      (["--url", "http://127.0.0.1:1", "--budget", "-3"], "--budget"),
      (["--url", "http://127.0.0.1:1", "--thinking", "maybe"], "--thinking"),
      (["--url", "http://127.0.0.1:1", "--dialect", "tgi"], "unknown --dialect"),
-     (["--thinking", "off"], "no target")],
+     (["--thinking", "off"], "no target"),
+     # argv bytes that are not UTF-8 (here 0xFF) reach Python as lone surrogates
+     (["--url", "http://127.0.0.1:1", "--model", "m\udcff"], "--model is not valid UTF-8"),
+     (["--url", "http://127.0.0.1:1", "--api-key", "k\udcff"], "--api-key is not valid UTF-8"),
+     (["--url", "http://127.0.0.1:1", "--prompt", "p\udcff"], "--prompt is not valid UTF-8")],
 )
 def test_usage_errors_are_exit_2_one_line(cli, args, needle):
     result = cli("probe", *args)

@@ -59,8 +59,9 @@ def test_pyz_leaves_out_engine_only_data_and_stays_small(pyz):
 def test_pyz_text_verdicts_equal_the_installed_tool(pyz):
     from ddtree_diag.checks.quality import assess
 
-    words = ("the process works by splitting the input into small parts and then sorting each part before "
-             "merging the sorted parts back together into one list which is returned to the caller").split()
+    sentence = ("the process works by splitting the input into small parts and then sorting each part before "
+                "merging the sorted parts back together into one list which is returned to the caller")
+    words = sentence.split()
     texts = [
         " ".join(words) + ".",
         " ".join(w + words[i + 1] if i % 2 == 0 else w for i, w in enumerate(words[:-1]) if i % 3 != 1),  # glued

@@ -369,7 +369,7 @@ class HttpBackend:
             if need:
                 raise UsageError("GET /v1/models did not answer a model list ({\"data\": [...]}); pass --model NAME")
             return []
-        return [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"].strip()]
+        return [m for m in listed if isinstance(m, dict) and _usable_name(m.get("id"))]
 
     def _detect(self, case: ProbeCase | None, owned_by: Any) -> tuple[str, str]:
         """Decide the dialect from one tiny plain request, then /v1/models' owned_by. An error
@@ -692,3 +692,15 @@ def _stream_error(chunk: dict[str, Any]) -> str:
     if isinstance(error, dict):
         error = error.get("message", error)
     return one_line(jsonsafe.displayable(str(error)), 200)
+
+
+def _usable_name(name: Any) -> bool:
+    """A model id we can send back: a non-blank string that is valid Unicode (a lone surrogate
+    from a JSON escape cannot be encoded into the next request)."""
+    if not isinstance(name, str) or not name.strip():
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -50,6 +50,14 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     from ddtree_diag.matrix import MatrixRequest
     from ddtree_diag.orchestrator import RunPlan
 
+    # Text that goes onto the wire must be Unicode: argv bytes that are not UTF-8 arrive as lone
+    # surrogates and would fail deep inside the HTTP client.
+    sent = [("--url", flags.url), ("--model", flags.model), ("--api-key", flags.api_key)]
+    for flag, value in sent + [("--prompt", prompt) for prompt in flags.prompt or []]:
+        if value is not None and not _is_utf8(value):
+            from ddtree_diag.errors import UsageError
+
+            raise UsageError(f"{flag} is not valid UTF-8")
     target = TargetSpec(
         url=flags.url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
         timeout=flags.timeout, max_response_bytes=parse_size(flags.max_response_bytes), stream=flags.stream,
@@ -62,6 +70,14 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     )  # fmt: skip
     return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
                    score_with=flags.score_with)  # fmt: skip
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_outputs(flags: RunFlags) -> None:
