@@ -48,6 +48,38 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def launch_serve(
+    *serve_args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``ddtree-diag serve ARGS`` on a free loopback port as a real subprocess; (process, url) once
+    /health answers 200. stderr goes to a file (``process.log``): a pipe nobody reads would block a
+    server that logs a lot. The caller terminates the process."""
+    import tempfile
+    import time
+
+    import httpx
+
+    port = free_port()
+    args = [sys.executable, "-m", "ddtree_diag", "serve", "--port", str(port), *serve_args]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the process
+    process = subprocess.Popen(args, cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    process.log = log  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"serve exited: {log.read()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("serve did not become healthy")
+
+
 @dataclass
 class Server:
     url: str

@@ -7,16 +7,12 @@ tokenizer and chat template; z-lab draft directory).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import launch_serve
 
 # Shared by the engine test modules.
 BUDGETS = (0, 1, 2, 4, 16, 64)
@@ -144,30 +140,36 @@ def edit_json(path: Path, **changes) -> None:
 
 
 def start_server(target: Path, draft: Path | None, *extra: str) -> tuple[subprocess.Popen, str]:
-    """``ddtree-diag serve`` on a free loopback port as a real subprocess; (process, url) once healthy."""
-    import httpx
-
-    port = free_port()
-    args = [sys.executable, "-m", "ddtree_diag", "serve", "--target", str(target), "--port", str(port),
-            "--device", "cpu", "--dtype", "fp32", *extra]  # fmt: skip
+    """``ddtree-diag serve`` on a tiny model as a real subprocess; (process, url) once healthy."""
+    args = ["--target", str(target), "--device", "cpu", "--dtype", "fp32", *extra]
     if draft is not None:
         args += ["--draft", str(draft)]
     # One intra-op thread: tiny matmuls on a shared 2-core box only thrash with more (10x slower).
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    # stderr to a file: a pipe nobody reads would block a server that logs a lot
-    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed with the process, by the caller
-    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-    process.log = log  # type: ignore[attr-defined]
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"server exited: {log.read()}")
+    return launch_serve(*args, env={"OMP_NUM_THREADS": "1"})
+
+
+# Tensor methods that read a value into Python (a host sync on a GPU).
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy")
+
+
+def refusing_host_reads(fn):
+    """``fn`` wrapped so that, while it runs, reading any tensor's value into Python raises."""
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def refuse(name):
+        def method(*args, **kwargs):
+            raise AssertionError(f"host read Tensor.{name} inside a round stage")
+
+        return method
+
+    def run():
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("server did not become healthy")
+            fn()
+        finally:
+            for name, method in originals.items():
+                setattr(torch.Tensor, name, method)
+
+    return run
+

@@ -307,30 +307,11 @@ def named(report: Any, expectation: str) -> bool:
     return any(c.name == name and not c.passed and (not word or word[0] in c.detail) for c in report.gate.checks)
 
 
-def start_serve(port: int, timeout: float = 300):
+def start_serve(timeout: float = 300):
     """`ddtree-diag serve` on the embedded model (fp32 on CPU: greedy decoding is exact)."""
-    import os
-    import subprocess
-    import sys
-    import time
+    from tests.conftest import launch_serve
 
-    from tests.conftest import ROOT
-
-    args = [sys.executable, "-m", "ddtree_diag", "serve", "--port", str(port), "--device", "cpu", "--dtype", "fp32"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"serve exited: {process.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("serve did not become healthy")
+    return launch_serve("--device", "cpu", "--dtype", "fp32", timeout=timeout)
 
 
 def run_fault(upstream: str, fault: str, workdir: Any) -> tuple[int, Any, str]:
@@ -357,9 +338,8 @@ def main() -> None:
     import time
     from pathlib import Path
 
-    from tests.conftest import free_port
 
-    process, url = start_serve(free_port())
+    process, url = start_serve()
     try:
         work = Path(tempfile.mkdtemp())
         print(f"{'fault':22} {'exit':>4}  {'caught':6}  named by")

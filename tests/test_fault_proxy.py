@@ -12,7 +12,6 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 pytest.importorskip("gguf")
 
-from tests.conftest import free_port
 from tests.fault_proxy import EXPECTED, FAULTS, named, run_fault, start_serve
 
 pytestmark = [pytest.mark.real_model, pytest.mark.engine]
@@ -21,7 +20,7 @@ pytestmark = [pytest.mark.real_model, pytest.mark.engine]
 @pytest.fixture(scope="module")
 def upstream():
     try:
-        process, url = start_serve(free_port())
+        process, url = start_serve()
     except RuntimeError as exc:
         pytest.skip(f"serve on the embedded model unavailable: {exc}")
     yield url

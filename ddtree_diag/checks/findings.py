@@ -63,9 +63,13 @@ def _accept(result: ProbeResult) -> float | None:
     return result.spec.mean_acceptance_length
 
 
+def _some(items: list[str], limit: int, sep: str = "; ") -> str:
+    """The first ``limit`` items joined, and how many more there are."""
+    return sep.join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
 def _ids(results: list[ProbeResult], limit: int = 6) -> str:
-    ids = [r.case_id for r in results]
-    return ", ".join(ids[:limit]) + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
+    return _some([r.case_id for r in results], limit, ", ")
 
 
 def _tokens(count: int | None) -> str:
@@ -194,11 +198,11 @@ def early_stop(report: RunReport) -> list[Finding]:
             hits.append(r)
     if not hits:
         return []
-    shown = "; ".join(f"{r.case_id}: {r.output!r} ({_tokens(r.completion_tokens)}, stop)" for r in hits[:4])
+    shown = _some([f"{r.case_id}: {r.output!r} ({_tokens(r.completion_tokens)}, stop)" for r in hits], 4)
     return [finding(
         "early-stop", "error",
         "Generation stops after a few tokens, mid-sentence",
-        shown + (f" (+{len(hits) - 4} more)" if len(hits) > 4 else ""),
+        shown,
         "Stop-token / EOS handling: a stop id checked against draft tokens that were never "
         "accepted, an end-of-turn id from the wrong template, or max_tokens applied to rounds "
         f"instead of tokens. To tell the server's fault from the model's, {compare_advice(report)}.",
@@ -408,11 +412,10 @@ def metrics_contradict(report: RunReport) -> list[Finding]:
     hits = [(r, wrong) for r, wrong in hits if wrong]
     if not hits:
         return []
-    shown = "; ".join(f"{r.case_id}: {', '.join(wrong[:2])}" for r, wrong in hits[:3])
     return [finding(
         "metrics-contradict", "error",
         "The server's speculative-decoding numbers contradict each other",
-        shown + (f" (+{len(hits) - 3} more)" if len(hits) > 3 else ""),
+        _some([f"{r.case_id}: {', '.join(wrong[:2])}" for r, wrong in hits], 3),
         "The acceptance, rounds and tok/s this run measures come from these numbers, so no "
         "threshold on them can be trusted: look for the server counting rounds per draft step or "
         "per request, acceptance without the bonus token or over the tree instead of the accepted "
@@ -432,11 +435,10 @@ def rounds_accounting(report: RunReport) -> list[Finding]:
             hits.append((r, drift[0]))
     if not hits:
         return []
-    shown = "; ".join(f"{r.case_id}: {line}" for r, line in hits[:4])
     return [finding(
         "rounds-accounting", "warning",
         "decode_rounds × mean acceptance does not add up to the completion tokens",
-        shown + (f" (+{len(hits) - 4} more)" if len(hits) > 4 else ""),
+        _some([f"{r.case_id}: {line}" for r, line in hits], 4),
         "Metric accounting bug in the server: rounds counted per draft step or per request, "
         "acceptance without the bonus token, or the prefill token counted as a round. The "
         "acceptance numbers of this server cannot be trusted until it adds up.",

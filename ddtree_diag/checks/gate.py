@@ -22,6 +22,7 @@ case ids that made it fail (or, for a passing check, that it was measured on is 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import mean
 from typing import Any
@@ -92,6 +93,14 @@ def _check(name: str, passed: bool, detail: str, cases: list[str] | None = None)
     return GateCheck(name, passed, detail, list(dict.fromkeys(cases or [])))
 
 
+def _count_check(name: str, hits: list[ProbeResult], most: int, what: str,
+                 describe: Callable[[ProbeResult], str]) -> GateCheck:  # fmt: skip
+    """At most ``most`` cases of a kind; the detail names the first three."""
+    shown = "; ".join(f"{r.case_id}: {describe(r)}" for r in hits[:3])
+    return _check(name, len(hits) <= most, f"{len(hits)} {what}, max {most}" + (f" — {shown}" if shown else ""),
+                  [r.case_id for r in hits])  # fmt: skip
+
+
 def _ok(report: RunReport) -> list[ProbeResult]:
     return [r for r in report.results if r.ok]
 
@@ -116,21 +125,12 @@ def evaluate(report: RunReport, config: GateConfig) -> GateResult:
 
     if config.max_failed is not None:
         failed = [r for r in results if not r.ok]
-        reasons = "; ".join(f"{r.case_id}: {r.status}: {r.error}" for r in failed[:3])
-        checks.append(_check(
-            "max_failed", len(failed) <= config.max_failed,
-            f"{len(failed)} failed request(s), max {config.max_failed}" + (f" — {reasons}" if reasons else ""),
-            [r.case_id for r in failed],
-        ))  # fmt: skip
+        checks.append(_count_check("max_failed", failed, config.max_failed, "failed request(s)",
+                                   lambda r: f"{r.status}: {r.error}"))  # fmt: skip
 
     if config.max_garbage is not None:
         garbage = [r for r in ok if r.garbage]
-        shown = "; ".join(f"{r.case_id}: {_top_reason(r)}" for r in garbage[:3])
-        checks.append(_check(
-            "max_garbage", len(garbage) <= config.max_garbage,
-            f"{len(garbage)} garbage case(s), max {config.max_garbage}" + (f" — {shown}" if shown else ""),
-            [r.case_id for r in garbage],
-        ))  # fmt: skip
+        checks.append(_count_check("max_garbage", garbage, config.max_garbage, "garbage case(s)", _top_reason))
 
     if config.min_completion_tokens is not None:
         short = [r for r in ok if (r.completion_tokens if r.completion_tokens is not None else len(r.output.split()))
