@@ -42,6 +42,14 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(_share))
 
 
+def sigint_default() -> None:
+    """``preexec_fn`` for a child that a test stops with SIGINT: a shell runs background jobs with
+    SIGINT ignored, the child would inherit that, and Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from ddtree_diag.records import RunReport
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, sigint_default
 
 DIALECTS = ["ddtree", "ddtree-mlx", "vllm", "sglang", "llamacpp", "openai"]
 
@@ -227,7 +227,7 @@ def test_ctrl_c_writes_partial_report_and_exits_130(standin, tmp_path):
         [sys.executable, "-m", "ddtree_diag", "probe", "--url", server.url, "--dialect", "vllm",
          "--model", "m", "--prompt", "Say hi.", "--prompt", "FAIL:slow", "--thinking", "off",
          "--json", str(path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
     )  # fmt: skip
     deadline = time.time() + 30
     while time.time() < deadline and len([r for r in server.requests() if "FAIL:slow" in str(r)]) == 0:

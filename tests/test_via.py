@@ -23,7 +23,7 @@ import pytest
 
 from ddtree_diag.backends import via
 from ddtree_diag.errors import UsageError
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, sigint_default
 
 SH_HOP = "sh -c 'exec \"$@\"' sh"  # a plain local shell: passes the words on untouched
 
@@ -300,7 +300,7 @@ def _start_slow_probe(server, pid_file: Path, json_path: Path) -> subprocess.Pop
          "--prompt", "Say hi.", "--prompt", "FAIL:slow", "--prompt", "Say bye.", "--thinking", "off",
          "--via", _pid_prefix(pid_file), "--json", str(json_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=sigint_default,
     )  # fmt: skip
 
 
