@@ -27,8 +27,8 @@ GARBAGE = {
     "header+symbol": (0.85, {"empty_list", "punct_run", "line_loop", "empty_output"}),
     "doubled words": (0.95, {"doubled_words"}),
     "salad": (0.6, {"word_salad"}),
-    "salad after opening": (0.6, {"word_salad"}),
-    "salad after code": (0.65, {"word_salad"}),
+    "salad after opening": (0.8, {"word_salad"}),
+    "salad after code": (0.8, {"word_salad"}),
     "glued/split words": (0.65, {"word_salad"}),
     "function-word stop": (0.75, {"premature_stop"}),
 }

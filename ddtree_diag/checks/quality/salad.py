@@ -31,6 +31,7 @@ _SKIP_RE = re.compile(
     re.DOTALL,
 )
 WINDOW = 30
+SHORT_WINDOW = 12
 _MIN_WORDS = 8
 _LONG = 16_384
 _BLOCK = 1_024
@@ -159,8 +160,8 @@ def _prose_words(text: str, code_spans: list[tuple[int, int]]) -> list[tuple[str
 
 
 def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_language: bool = False):
-    """(languages, (short-or-glued pieces, unknown words, window, start, end) of the worst window,
-    lookup) or None when the text cannot be judged."""
+    """(languages, per-word flags (see ``_Lookup.flag``), the words with their spans, lookup) or
+    None when the text cannot be judged."""
     if text.count(" ") + text.count("\n") < _MIN_WORDS - 1 or not lexicon.index():
         return None  # too few words to judge (most short answers stop here)
     checked = _prose_words(text, code_spans)
@@ -190,7 +191,13 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_l
             if word in seen:
                 flags[i] = 0
             seen.add(word)
-    window = min(WINDOW, len(flags))
+    return langs, flags, checked, lookup
+
+
+def _worst_window(flags: list[int], checked: list[tuple[str, int, int]], size: int) -> tuple[int, ...]:
+    """(short-or-glued pieces, unknown words, window, start, end, glued) of the ``size``-word
+    window with the most unknown, short and glued words."""
+    window = min(size, len(flags))
     unknown = sum(1 for f in flags[:window] if f)
     short = sum(1 for f in flags[:window] if f >= 2)
     glued = sum(1 for f in flags[:window] if f == 3)
@@ -202,28 +209,35 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_l
         glued += (inn == 3) - (out == 3)
         if (short + unknown + glued) > best[0] + best[1] + best[5]:
             best = (short, unknown, window, checked[i][1], checked[i + window - 1][2], glued)
-    return langs, best, lookup
+    return best
 
 
 def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
     stats = salad_stats(text, ctx.prompt, code_spans, ctx.any_script)
     if stats is None:
         return None
-    langs, (short, unknown, window, start, end, glued), lookup = stats
+    langs, flags, checked, lookup = stats
     info = lexicon.index()[langs[0]]
     # What a clean text of this language leaves outside the lexicon per word, from wordfreq's own
     # frequencies, with room for the names, jargon and inflection the list does not hold.
     rate_short = max(0.03, 3 * info["short_missed"])
     rate_unknown = max(0.12, 2 * (1 - info["coverage"]))
+    short, unknown, window, start, end, glued = _worst_window(flags, checked, WINDOW)
     many_short = short >= max(3, 3 * rate_short * window) and unknown >= max(5, 0.2 * window, 2 * rate_unknown * window)
     mostly_unknown = unknown >= max(8, 0.5 * window, 3 * rate_unknown * window)
     # Words glued to a function word ("ofthe", "muttaolla") are rare in any clean text.
     many_glued = glued >= 3 and unknown >= max(4, 0.15 * window)
-    if not (many_short or mostly_unknown or many_glued):
-        return None
     weight = 0.6
-    if short >= max(5, 4 * rate_short * window) or unknown >= max(10, 0.6 * window) or glued >= 5:
-        weight = 0.8
+    if many_short or mostly_unknown or many_glued:
+        if short >= max(5, 4 * rate_short * window) or unknown >= max(10, 0.6 * window) or glued >= 5:
+            weight = 0.8
+    else:
+        # A salad tail after a fluent opening is diluted in 30 words: a short stretch where most
+        # words are unknown and several are short pieces is as telling (clean text leaves ~1 short
+        # piece in 100 words, and its unknown words are long).
+        short, unknown, window, start, end, glued = _worst_window(flags, checked, SHORT_WINDOW)
+        if not (window == SHORT_WINDOW and short >= 4 and unknown >= max(8, 2 * rate_unknown * window)):
+            return None
     pieces = [w for w in _WORD_RE.findall(text, start, end) if w.lower() == w and lookup.flag(w.casefold())]
     shown = ", ".join(repr(w) for w in pieces[:6])
     return Reason(
