@@ -30,7 +30,7 @@ GARBAGE = {
     "salad after opening": (0.8, {"word_salad"}),
     "salad after code": (0.8, {"word_salad"}),
     "glued/split words": (0.65, {"word_salad"}),
-    "function-word stop": (0.75, {"premature_stop"}),
+    "function-word stop": (0.9, {"premature_stop"}),
 }
 
 
@@ -163,3 +163,30 @@ def test_languages_without_a_lexicon_are_not_salad(lang):
     assert not verdict.garbage, verdict.to_dict()
     translated = assess(text, prompt="Translate this paragraph into your language.", finish_reason="stop")
     assert "word_salad" not in translated.codes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["es", "pt", "it", "fr", "el"]), st.integers(0, 10_000))
+def test_a_preposition_and_its_article_at_the_end_is_a_stop(lang, seed):
+    """Romance and Greek: "... per la", "... para a" (stop) is unfinished; with a noun after it,
+    and a full stop, it is not."""
+    from ddtree_diag.checks.quality.patterns import PREPOSITION_ARTICLE
+
+    rng = random.Random(seed)
+    preps, articles = (sorted(group) for group in PREPOSITION_ARTICLE[lang])
+    body = quality_gen.sentence(rng, lang) + " " + " ".join(quality_gen.words(rng, lang, rng.randint(3, 10)))
+    ending = f"{rng.choice(preps)} {rng.choice(articles)}"
+    cut = assess(f"{body} {ending}", prompt="Tell me more.", finish_reason="stop")
+    assert "premature_stop" in cut.codes, (body, ending)
+    noun = quality_gen.words(rng, lang, 1, min_len=5)[0]
+    whole = assess(f"{body} {ending} {noun}.", prompt="Tell me more.", finish_reason="stop")
+    assert "premature_stop" not in whole.codes, (body, ending, noun)
+
+
+@pytest.mark.parametrize("last", ["को", "में", "की", "से"])
+def test_indic_words_are_read_with_their_vowel_signs(last):
+    """"को" is a consonant and a vowel sign: read whole, a Hindi postposition at the end is a stop;
+    a sentence closed with a danda is not."""
+    body = "भारत एक बड़ा देश है और यहाँ बहुत लोग रहते हैं लेकिन उन्होंने कहा कि सरकार"
+    assert "premature_stop" in assess(f"{body} {last}", prompt="मुझे भारत के बारे में बताओ।", finish_reason="stop").codes
+    assert not assess(f"{body} काम करती है।", prompt="मुझे भारत के बारे में बताओ।", finish_reason="stop").garbage

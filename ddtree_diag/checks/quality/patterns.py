@@ -25,6 +25,11 @@ MOJIBAKE_PROMPT_RE = re.compile(r"mojibake|encod|utf|latin-?1|cp1252|乱码|文�
 NONSPACE_RE = re.compile(r"\S+")
 FIRST_WORD_RE = re.compile(r"[^\w]*(\w+)")
 WORDS_RE = re.compile(r"[^\W_]+")
+# A letter, or a combining mark of Indic, Arabic or Hebrew writing (`re` has no \p{M}, and \w
+# leaves the vowel signs out, cutting "है" in two).
+LETTER = (r"(?:[^\W\d_]|[\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06ed"
+          r"\u0900-\u0963\u0966-\u0dff])")  # (the Devanagari dandas, sentence ends, are left out)
+MARKED_WORDS_RE = re.compile(rf"(?:{LETTER}|\d)+")
 CJK_CHAR_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 SENTENCE_END_RE = re.compile(r"[.!?。！？]\s")
 
@@ -265,6 +270,13 @@ _PREPOSITION_ARTICLE = {
     "da": ("af på i med for til fra om under over", "den det de"),
     "nb": ("av på i med for til fra om under over", "den det de"),
     "en": ("of in on at by for with from to into about", "this these those its"),
+    # Romance and Greek: a preposition and the article it governs ("per la", "para a", "για την").
+    "es": ("de con para por sin en desde hacia sobre entre contra hasta", "la las el los un una"),
+    "pt": ("de com para por sem em sobre entre até contra", "a as o os um uma"),
+    "it": ("per con su tra fra in di da senza verso", "la le lo gli il i un una"),
+    "fr": ("dans pour avec sur sous sans par entre vers chez contre de", "la le les un une"),
+    "ca": ("per amb sense de en sobre entre cap", "la les el els un una"),
+    "el": ("για σε από με προς χωρίς μετά κατά", "την τον το τα τη τις τους η ο οι"),
 }
 PREPOSITION_ARTICLE = {
     lang: (frozenset(preps.split()), frozenset(articles.split()))

@@ -21,6 +21,7 @@ import unicodedata
 
 from ddtree_diag.checks.quality import lexicon
 from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.checks.quality.patterns import LETTER
 from ddtree_diag.records import Reason
 
 _WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
@@ -120,9 +121,7 @@ def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | 
 
 _CHUNK_RE = re.compile(r"\S+")
 _EDGE = "\"'“”‘’«»„()[]{}<>.,;:!?¡¿…*_~`|—–-。、，！？：；·।॥؟،"
-# Letters, with the combining marks of Indic, Arabic and Hebrew writing (not \\w in `re`).
-_LETTER = r"(?:[^\W\d_]|[\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06ed\u0900-\u0dff])"
-_PLAIN_RE = re.compile(rf"{_LETTER}+(?:['’-]{_LETTER}+)*")
+_PLAIN_RE = re.compile(rf"{LETTER}+(?:['’-]{LETTER}+)*")
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

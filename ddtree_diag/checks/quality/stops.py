@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from ddtree_diag.checks.quality import lexicon
 from ddtree_diag.checks.quality.context import Context, excerpt
 from ddtree_diag.checks.quality.patterns import (
@@ -9,6 +11,7 @@ from ddtree_diag.checks.quality.patterns import (
     DANGLING_BY_LANGUAGE,
     DANGLING_CJK,
     FUNCTION_WORDS,
+    MARKED_WORDS_RE,
     PREPOSITION_ARTICLE,
     UNFINISHED_END,
     WORDS_RE,
@@ -40,12 +43,12 @@ def find_premature_stop(
         return []
     end_char = stripped[-1]
     tail = stripped[-400:]
-    words = WORDS_RE.findall(tail)
+    words = MARKED_WORDS_RE.findall(tail)
     # A long text is never "short"; CJK text has no spaces, so count two characters as a word.
     n_words = 100 if len(stripped) > 400 else max(len(words), len(CJK_CHAR_RE.findall(tail)) // 2)
     short = n_words <= 8 or (completion_tokens is not None and completion_tokens <= 8)
     cut = len(tail)
-    while cut and (tail[cut - 1].isalnum() or tail[cut - 1] in "'’"):
+    while cut and (tail[cut - 1].isalnum() or tail[cut - 1] in "'’" or unicodedata.category(tail[cut - 1])[0] == "M"):
         cut -= 1
     last_word = tail[cut:].lower().lstrip("'’")
     after_hyphen = cut > 0 and tail[cut - 1] in "-‐"  # "Fais-le", "allons-y": a pronoun, not an article
@@ -94,10 +97,10 @@ def find_premature_stop(
 def _dangling_words(words: list[str], prompt: str) -> tuple[frozenset[str], tuple[frozenset[str], frozenset[str]]]:
     """The words a sentence cannot end on, for the text's language (identified from its frequent
     words, then the prompt's); English's and its neighbours' when it cannot be told."""
-    lowered = [w.casefold() for w in words[-60:]]
+    lowered = [w.casefold() for w in words[-60:]]  # words with their combining marks
     ranked = lexicon.identify(lowered) if lowered else []
     if not ranked or ranked[0][1] < 0.1:
-        prompt_words = [w.casefold() for w in WORDS_RE.findall(prompt)]
+        prompt_words = [w.casefold() for w in MARKED_WORDS_RE.findall(prompt)]
         ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
     none: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
     if ranked and ranked[0][1] >= 0.1 and ranked[0][0] in DANGLING_BY_LANGUAGE:
