@@ -190,3 +190,37 @@ def test_indic_words_are_read_with_their_vowel_signs(last):
     body = "भारत एक बड़ा देश है और यहाँ बहुत लोग रहते हैं लेकिन उन्होंने कहा कि सरकार"
     assert "premature_stop" in assess(f"{body} {last}", prompt="मुझे भारत के बारे में बताओ।", finish_reason="stop").codes
     assert not assess(f"{body} काम करती है।", prompt="मुझे भारत के बारे में बताओ।", finish_reason="stop").garbage
+
+
+@settings(max_examples=40, deadline=None)
+@given(opening, st.sampled_from(list(";)]}\"'")), st.integers(4, 12), st.booleans())
+def test_the_same_line_of_code_punctuation_again_and_again_is_hollow(before, mark, times, blank_lines):
+    """";" or ")" alone on line after line (the same indentation) is no code: code closes its
+    brackets at different depths."""
+    lines = ("\n\n" if blank_lines else "\n").join([mark] * times)
+    verdict = assess(before + "\n" + lines, prompt="Tell me more.", finish_reason="length")
+    assert verdict.garbage and "empty_list" in verdict.codes, verdict.codes
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 8), st.sampled_from(["{}", "()", "[]"]))
+def test_nested_closing_brackets_stay_code(depth, pair):
+    opening_, closing = pair
+    lines = [f"{'  ' * level}item{level} = {opening_}" for level in range(depth)] + ["  " * depth + "x"]
+    lines += [f"{'  ' * level}{closing}" for level in reversed(range(depth))]
+    verdict = assess("Here it is:\n" + "\n".join(lines) + "\nDone.", prompt="Write it.", finish_reason="stop")
+    assert "empty_list" not in verdict.codes, verdict.codes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([chr(c) for c in range(0x2500, 0x25A0)] + ["^"]), st.integers(3, 119), opening)
+def test_a_line_of_box_drawing_or_a_bar_is_a_drawing(char, width, before):
+    verdict = assess(f"{before}\n{char * width}\nThat is the layout.", prompt="Draw it.", finish_reason="stop")
+    assert "token_loop" not in verdict.codes, verdict.codes
+
+
+@settings(max_examples=40, deadline=None)
+@given(opening, st.sampled_from(list("*-_=#~")), st.integers(10, 60), opening)
+def test_a_spaced_out_run_of_one_mark_mid_line_is_a_run(before, mark, times, after):
+    verdict = assess(f"{before} {' '.join([mark] * times)} {after}", prompt="Tell me more.", finish_reason="stop")
+    assert "punct_run" in verdict.codes, verdict.codes

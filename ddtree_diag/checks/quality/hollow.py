@@ -25,6 +25,7 @@ _LINE_MARKER_RE = re.compile(
 )
 _CODE_LINE_CHARS = set("{}[]();/\\|`\"'")  # a line of these is code (closing brackets, quotes)
 _RULE_CHARS = set("-=_*~#+·•─━═")  # a line of one of these repeated is a rule or an underline
+_SAME_CODE_LINES = 4
 
 
 def _punct_only(text: str) -> bool:
@@ -61,12 +62,21 @@ def find_hollow_lines(
     at = lo
     run: list[tuple[int, int]] = []  # (start, end) of the hollow lines in the current run
     best: list[tuple[int, int]] = []
+    # The same line of code punctuation, indentation and all, again and again (";", ")", '"'):
+    # code nests its closing brackets at different depths, so a fifth identical one is not code.
+    same: list[tuple[int, int]] = []
     hollow_total = content_total = 0
     for line in text[lo:hi].split("\n"):
         start, end = at, at + len(line)
         at = end + 1
         if not line or line.isspace():
             continue
+        if len(line) <= 3 and set(line.strip()) <= _CODE_LINE_CHARS and not inside_spans(start, code_spans):
+            same = [*same, (start, end)] if same and text[same[-1][0] : same[-1][1]] == line else [(start, end)]
+            if len(same) >= _SAME_CODE_LINES and len(same) > len(best):
+                best = list(same)
+        else:
+            same = []
         if len(line) > 24 or inside_spans(start, code_spans) or not _hollow(line):
             if line.strip():
                 content_total += 1
@@ -204,10 +214,11 @@ def find_punct_run(
             continue  # a table
         reaches_end = not text[end:].strip()
         if char in _MARKUP or (spaced and char in "*-"):
-            # A whole line of it is a rule; mid-line it is a blank to fill or an arrow.
+            # A whole line of it is a rule; mid-line it is a blank to fill, an arrow or a masked
+            # secret ("______", "---->", "********"), but nobody spaces those out ("* * * * * *").
             if not before.strip() and not after.strip():
                 continue
-            needed = 40
+            needed = 10 if spaced else 40
         elif char in _DOTS:
             if re.fullmatch(r"\s*\d[\d\s,.-]*", after) and before.strip():
                 continue  # dot leaders: "Chapter 1 ....... 5"

@@ -163,6 +163,8 @@ def find_loops(
 
 # One symbol (emoji, "!", "?", U+FFFD aside) 16+ times in a row, or 20+ newlines: the tokenizer
 # sees one token, so the loop search does not; markdown rules ("-----", "=====") and dots are fine.
+# Box drawing, block elements and the caret: a line of them is a drawing, not a loop.
+_DRAWING = frozenset(chr(c) for c in range(0x2500, 0x25A0)) | {"^"}
 _FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?:\n[ \t]*){19,}")
 
 
@@ -172,6 +174,8 @@ def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int
             continue
         unit = match.group(1) or "\n"
         count = match.group().count(unit)
+        if all(ch in _DRAWING for ch in unit) and count < 120:
+            continue  # a rule, a border or a bar ("────", "████", "^^^^" under an error)
         return Reason(
             "token_loop",
             f"{unit!r} repeated {count}× in a row",
