@@ -26,10 +26,10 @@ GARBAGE = {
     "counting": (0.95, {"empty_list", "degenerate_enumeration"}),
     "header+symbol": (0.85, {"empty_list", "punct_run", "line_loop", "empty_output"}),
     "doubled words": (0.95, {"doubled_words"}),
-    "salad": (0.6, {"word_salad"}),
+    "salad": (0.7, {"word_salad"}),
     "salad after opening": (0.8, {"word_salad"}),
     "salad after code": (0.8, {"word_salad"}),
-    "glued/split words": (0.65, {"word_salad"}),
+    "glued/split words": (0.7, {"word_salad"}),
     "function-word stop": (0.9, {"premature_stop"}),
 }
 
@@ -224,3 +224,19 @@ def test_a_line_of_box_drawing_or_a_bar_is_a_drawing(char, width, before):
 def test_a_spaced_out_run_of_one_mark_mid_line_is_a_run(before, mark, times, after):
     verdict = assess(f"{before} {' '.join([mark] * times)} {after}", prompt="Tell me more.", finish_reason="stop")
     assert "punct_run" in verdict.codes, verdict.codes
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["en", "de", "fr", "es", "pt", "it", "nl", "pl", "ru", "tr"]), st.integers(0, 10_000))
+def test_words_split_in_two_throughout_are_salad(lang, seed):
+    """Every long word cut in two at a random place ("fa zer", "conv erted") after a fluent
+    opening that tells the language: salad, in any of these languages."""
+    rng = random.Random(seed)
+    ws = quality_gen.words(rng, lang, 30, min_len=6)
+    pieces = []
+    for word in ws:
+        cut = rng.randint(2, len(word) - 2)
+        pieces += [word[:cut], word[cut:]]
+    verdict = assess(quality_gen.prose(rng, lang, 2, 3) + " " + " ".join(pieces) + ".",
+                     prompt=quality_gen.ask(rng, lang), finish_reason="stop")  # fmt: skip
+    assert "word_salad" in verdict.codes, (lang, " ".join(pieces[:12]))

@@ -175,8 +175,19 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_l
         return None
     lookup = _Lookup(langs)
     flags = [lookup.flag(w) for w, _, _ in checked]
+    # A word split in two ("fa zer", "ten ha"): an unknown piece that, joined to its neighbour
+    # across one space, makes a known word of 5+ letters. Counted like a glued word.
+    for i in range(1, len(checked)):
+        (left, _, left_end), (right, right_start, _) = checked[i - 1], checked[i]
+        if right_start - left_end != 1 or not (flags[i - 1] or flags[i]) or len(left) + len(right) < 5:
+            continue
+        if lookup.known(left + right):
+            for at in (i - 1, i):
+                if flags[at]:
+                    flags[at] = 3
     # Short unknown words that keep coming back are the function words of a language we hold no
-    # list for (Swahili "kwa", Welsh "yn"); salad's pieces are cut at random and rarely recur.
+    # list for (Swahili "kwa", Welsh "yn"); salad's pieces are cut at random and rarely recur
+    # (the pieces of a split word, counted above, aside).
     short_counts: dict[str, int] = {}
     for (word, _, _), flag in zip(checked, flags, strict=True):
         if flag == 2 and len(word) <= 4:
