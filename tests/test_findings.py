@@ -229,8 +229,11 @@ def test_acceptance_collapse_is_an_error_that_names_causes(healthy):
      (lambda r: setattr(r.spec, "mean_acceptance_length", r.case.tree_budget + 3.0), "tree_budget"),
      (lambda r: setattr(r.spec, "acceptance_lengths", [2] * (r.spec.decode_rounds + 3)), "per-round lengths for"),
      (lambda r: setattr(r.spec, "mean_acceptance_length", 0.5), "< 1"),
-     (lambda r: setattr(r.spec, "decode_rounds", r.spec.decode_rounds * 4), "completion tokens")],
-    ids=["accepted>drafted", "above-budget", "lengths-vs-rounds", "below-one", "rounds-x-acceptance"],
+     (lambda r: setattr(r.spec, "decode_rounds", r.spec.decode_rounds * 4), "completion tokens"),
+     (lambda r: setattr(r, "output", "tokenizers split words " * 20), "characters of text"),
+     (lambda r: setattr(r, "completion_tokens", r.case.max_tokens + 5), "max_tokens")],
+    ids=["accepted>drafted", "above-budget", "lengths-vs-rounds", "below-one", "rounds-x-acceptance",
+         "usage-below-the-text", "usage-above-max-tokens"],
 )
 def test_metric_contradictions_are_errors(healthy, change, words):
     run = altered(healthy)

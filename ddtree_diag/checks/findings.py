@@ -356,6 +356,9 @@ def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+MAX_CHARS_PER_TOKEN = 40  # non-space characters; a run of "-" or spaces is one token, words are not
+
+
 def _accounting(result: ProbeResult) -> tuple[list[str], list[str]]:
     """(contradictions, drifts) in one case's own spec numbers. A contradiction is impossible
     for a correct server (more accepted than drafted, acceptance above the budget's bound, a
@@ -366,6 +369,13 @@ def _accounting(result: ProbeResult) -> tuple[list[str], list[str]]:
     accept = _accept(result)
     wrong: list[str] = []
     drift: list[str] = []
+    # The usage block against what came back: no tokenizer packs 40 characters into a token, and
+    # a server that honours max_tokens does not bill more (one over for an end-of-turn token).
+    text_chars = len("".join((result.output + (result.reasoning or "")).split()))
+    if tokens is not None and text_chars >= 200 and text_chars > MAX_CHARS_PER_TOKEN * max(tokens, 1):
+        wrong.append(f"{tokens} completion tokens for {text_chars} characters of text")
+    if tokens is not None and result.case.max_tokens and tokens > result.case.max_tokens + 1:
+        wrong.append(f"{tokens} completion tokens with max_tokens {result.case.max_tokens}")
     if spec.server_wide:
         return wrong, drift
     budget = result.case.tree_budget if result.case.tree_budget is not None else spec.tree_budget
