@@ -366,7 +366,7 @@ def doubled_words(rng):
     return Sample(text, ask(rng, lang), rng.choice(["stop", "length"]), note=lang)
 
 
-def _salad(rng: random.Random, lang: str, n_words: int) -> str:
+def salad_text(rng: random.Random, lang: str, n_words: int) -> str:
     """Real words cut at wrong places and glued: the text a draft/target position bug produces."""
     ws = words(rng, lang, n_words)
     joined = "".join(ws)
@@ -380,19 +380,19 @@ def _salad(rng: random.Random, lang: str, n_words: int) -> str:
 
 def salad_prose(rng):
     lang = _lang(rng)
-    text = _salad(rng, lang, rng.randint(8, 30))
+    text = salad_text(rng, lang, rng.randint(8, 30))
     return Sample(text, ask(rng, lang), rng.choice(["stop", "length"]), note=lang)
 
 
 def salad_after_opening(rng):
     lang = _lang(rng)
-    text = prose(rng, lang, 1, 2) + " " + _salad(rng, lang, rng.randint(10, 30))
+    text = prose(rng, lang, 1, 2) + " " + salad_text(rng, lang, rng.randint(10, 30))
     return Sample(text, ask(rng, lang), rng.choice(["stop", "length"]), note=lang)
 
 
 def salad_after_code(rng):
     lang = _lang(rng)
-    text = sentence(rng, lang) + "\n\n" + _code(rng) + "\n\n" + _salad(rng, lang, rng.randint(10, 30))
+    text = sentence(rng, lang) + "\n\n" + _code(rng) + "\n\n" + salad_text(rng, lang, rng.randint(10, 30))
     return Sample(text, "Write the code. " + ask(rng, lang), rng.choice(["stop", "length"]), note=lang)
 
 

@@ -240,3 +240,27 @@ def test_words_split_in_two_throughout_are_salad(lang, seed):
     verdict = assess(quality_gen.prose(rng, lang, 2, 3) + " " + " ".join(pieces) + ".",
                      prompt=quality_gen.ask(rng, lang), finish_reason="stop")  # fmt: skip
     assert "word_salad" in verdict.codes, (lang, " ".join(pieces[:12]))
+
+
+# Real-looking prompts whose few frequent words ("de", "la", "mi") several languages share.
+PROMPTS = {
+    "de": "Erzähl mir etwas über die Geschichte Berlins.",
+    "fr": "Parle-moi de la cuisine française.",
+    "pl": "Opowiedz mi o historii Krakowa.",
+    "pt": "Fale-me sobre a história de Lisboa.",
+    "it": "Parlami della storia di Roma.",
+    "ru": "Расскажи мне об истории Москвы.",
+    "en": "Tell me about the history of Rome.",
+}
+
+
+@pytest.mark.parametrize("lang", sorted(PROMPTS))
+def test_salad_answering_a_short_prompt_is_judged_in_the_prompts_language(lang):
+    """A pure salad has too few whole words to tell its language; the prompt tells it, even when
+    its frequent words are shared with other languages."""
+    caught = 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        caught += assess(quality_gen.salad_text(rng, lang, rng.randint(12, 30)), prompt=PROMPTS[lang],
+                         finish_reason="stop").garbage  # fmt: skip
+    assert caught >= 15, (lang, caught)

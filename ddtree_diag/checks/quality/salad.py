@@ -107,16 +107,36 @@ def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | 
             return [ranked[0][0]] + [lang for lang, share in ranked[1:2] if share >= 0.7 * ranked[0][1]]
     if any_language:
         return None
-    prompt_words = [c.casefold() for c in (chunk.strip(_EDGE) for chunk in prompt.split()) if _PLAIN_RE.fullmatch(c)]
-    prompt_ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
-    if prompt_ranked and prompt_ranked[0][1] >= 0.15:
-        top = frozenset(lexicon.index()[prompt_ranked[0][0]]["top"])
-        if not any(len(w) >= 3 and w in top for w in prompt_words):
-            return None  # two-letter coincidences ("de", "am") say nothing about the language
-        script = lexicon.script_of_char(words[0][0])
-        if lexicon.index()[prompt_ranked[0][0]]["script"] == script:
-            return [prompt_ranked[0][0]] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else [])
+    prompt_lang = _prompt_language(prompt)
+    if prompt_lang is not None and lexicon.index()[prompt_lang]["script"] == lexicon.script_of_char(words[0][0]):
+        return [prompt_lang] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else [])
     return None
+
+
+def _prompt_language(prompt: str) -> str | None:
+    """The prompt's language, from its frequent words; short prompts share their few frequent
+    words between languages ("Parlami della storia": "di", "la"), so a tie is broken by the
+    language whose whole lexicon holds 2+ and two thirds of the prompt's words of 3+ letters
+    (names left out), if exactly one does. Two-letter coincidences ("de", "am") alone say nothing."""
+    chunks = [chunk.strip(_EDGE) for chunk in prompt.split()]
+    prompt_words = [c.casefold() for c in chunks if _PLAIN_RE.fullmatch(c)]
+    ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
+    if not ranked or ranked[0][1] < 0.15:
+        return None
+    top = frozenset(lexicon.index()[ranked[0][0]]["top"])
+    if any(len(w) >= 3 and w in top for w in prompt_words):
+        return ranked[0][0]
+    # Words of 3+ letters, without names (capitalised past the first word): a loanword list
+    # holds "Roma" and "Kano" in many languages.
+    longer = [c.casefold() for at, c in enumerate(chunks)
+              if len(c) >= 3 and _PLAIN_RE.fullmatch(c) and (at == 0 or c.lower() == c)]  # fmt: skip
+    counts = [(sum(1 for w in longer if w in lexicon.words(lang)), lang) for lang, share in ranked[:6] if share >= 0.15]
+    fits = [(known, lang) for known, lang in counts if known >= 2 and 3 * known >= 2 * len(longer)]
+    if not fits:
+        return None
+    best = max(known for known, _ in fits)
+    winners = [lang for known, lang in fits if known == best]
+    return winners[0] if len(winners) == 1 else None
 
 
 _CHUNK_RE = re.compile(r"\S+")
