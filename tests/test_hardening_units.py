@@ -93,7 +93,7 @@ def test_streamed_reply_that_never_ends_is_cut_in_process():
     started = time.monotonic()
     result = backend.run(ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}]))
     assert result.status == "timeout" and "within 0.5 s (--timeout)" in result.error
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.0  # 0.5 s, plus room for a loaded CI box
 
 
 @pytest.mark.e2e
@@ -111,7 +111,7 @@ def test_backend_cuts_a_silent_server_at_the_deadline():
         result = backend.run(ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}]))
         backend.close()
     assert result.status == "timeout"
-    assert 1.0 - 0.05 <= result.timings.e2e_s <= 1.5
+    assert 1.0 - 0.05 <= result.timings.e2e_s <= 2.0
 
 
 # -- sizes, numbers, counters --------------------------------------------------------------------
