@@ -42,6 +42,7 @@ min_mean_acceptance = 2.0
 min_group_acceptance = 2.0
 min_tokens_per_second = 50
 tokens_per_second_source = "client"
+max_ttft_s = 2.0
 fail_on_findings = "warning"
 """
 

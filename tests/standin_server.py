@@ -56,6 +56,7 @@ class State:
     inverse_budget = False  # acceptance falls as the tree budget grows
     server_tps: float | None = None  # report this tok/s instead of the measured one
     seconds_per_token = SECONDS_PER_TOKEN  # a slow server: decode takes this long per token
+    first_token_delay = 0.0  # a slow prefill: this long before anything is sent
     seen: dict[str, int] = {}  # noqa: RUF012 - times each request body was seen
 
 
@@ -244,6 +245,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if "FAIL:slow" in prompt:
             time.sleep(3)
+        time.sleep(State.first_token_delay)
         thinking = body.get("enable_thinking")
         if thinking is None:
             kwargs = body.get("chat_template_kwargs") or body.get("chat_template_args") or {}
@@ -350,10 +352,11 @@ def main() -> None:
     parser.add_argument("--inverse-budget", action="store_true")
     parser.add_argument("--server-tps", type=float, default=None)
     parser.add_argument("--seconds-per-token", type=float, default=SECONDS_PER_TOKEN)
+    parser.add_argument("--first-token-delay", type=float, default=0.0)  # a slow prefill, in seconds
     args = parser.parse_args()
     for name in ("answer", "lossy", "flaky_text", "tie_gap", "rounds_mismatch", "acceptance_decay",
                  "thinking_garbage", "thinking_low_acceptance", "early_stop", "loop", "inverse_budget",
-                 "server_tps", "seconds_per_token"):
+                 "server_tps", "seconds_per_token", "first_token_delay"):
         setattr(State, name, getattr(args, name))
     State.dialect = args.dialect
     State.per_request_metrics = not args.no_per_request_metrics

@@ -72,7 +72,7 @@ def test_junit_counts_match_the_gate(runs):
 
 def test_junit_of_a_healthy_run_has_no_failures(runs):
     root = ET.parse(runs["healthy"]["xml"]).getroot()
-    assert int(root.get("tests")) == 8 * 9 and int(root.get("failures")) == 0  # 9 checks, the canary too
+    assert int(root.get("tests")) == 8 * 10 and int(root.get("failures")) == 0  # 10 checks, the canary too
     assert root.find("testsuite/properties/property[@name='dialect']").get("value") == "ddtree"
 
 

@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 from tests.gatekit import check, finding_ids, gate_run, write_matrix
 
 CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min_mean_acceptance",
-          "min_group_acceptance", "min_tokens_per_second", "findings", "canary"]  # fmt: skip
+          "min_group_acceptance", "min_tokens_per_second", "max_ttft_s", "findings", "canary"]  # fmt: skip
 
 
 @pytest.mark.e2e
@@ -108,6 +108,25 @@ def test_slow_server_fails_min_tokens_per_second(tmp_path):
     speed = check(report, "min_tokens_per_second")
     assert not speed.passed and "mean client tok/s" in speed.detail
     assert all(r.timings.decode_tokens_per_second < 50 for r in report.results)
+
+
+@pytest.mark.e2e
+def test_slow_first_token_fails_max_ttft(tmp_path):
+    matrix = write_matrix(tmp_path, "[gate]\nmax_ttft_s = 0.3\n")
+    code, report, _ = gate_run(tmp_path, ("--first-token-delay", "0.6"), matrix=matrix)
+    assert code == 1
+    ttft = check(report, "max_ttft_s")
+    assert not ttft.passed and "slowest time to first token" in ttft.detail
+    assert set(ttft.cases) == {r.case_id for r in report.results if r.ok}
+    assert all(r.timings.ttft_s >= 0.6 for r in report.results if r.ok)
+
+
+def test_max_ttft_needs_a_streamed_case():
+    from ddtree_diag.records import ProbeCase, ProbeResult, RunReport
+
+    report = RunReport(results=[ProbeResult(case=ProbeCase(prompt_id="p", messages=[]), status="ok", output="hi")])
+    [result] = evaluate(report, parse_gate({"max_ttft_s": 1.0})).checks
+    assert not result.passed and "--stream" in result.detail
 
 
 @pytest.mark.e2e

@@ -5,6 +5,7 @@
     min_group_acceptance = 1.5       # the same, per tree budget × thinking group
     min_tokens_per_second = 20       # mean decode tok/s ...
     tokens_per_second_source = "client"   # ... measured by the client, or "server"
+    max_ttft_s = 2.0                 # every streamed case's time to first token, seconds
     max_garbage = 0                  # cases whose text is garbage
     max_failed = 0                   # cases whose request failed (HTTP/engine error)
     min_completion_tokens = 4        # every ok case produced at least this many tokens
@@ -43,6 +44,7 @@ class GateConfig:
     min_group_acceptance: float | None = None
     min_tokens_per_second: float | None = None
     tokens_per_second_source: str = "client"
+    max_ttft_s: float | None = None
     max_garbage: int | None = None
     max_failed: int | None = None
     min_completion_tokens: int | None = None
@@ -52,7 +54,7 @@ class GateConfig:
     canary: bool = True
 
 
-_FLOATS = ("min_mean_acceptance", "min_group_acceptance", "min_tokens_per_second")
+_FLOATS = ("min_mean_acceptance", "min_group_acceptance", "min_tokens_per_second", "max_ttft_s")
 _INTS = ("max_garbage", "max_failed", "min_completion_tokens")
 _BOOLS = ("lossless", "allow_near_ties", "canary")
 _KNOWN = {*_FLOATS, *_INTS, *_BOOLS, "tokens_per_second_source", "fail_on_findings"}
@@ -196,6 +198,20 @@ def evaluate(report: RunReport, config: GateConfig) -> GateResult:
                 name, passed,
                 f"mean {source} tok/s {value:.1f} over {len(speeds)} case(s), min {config.min_tokens_per_second:g}",
                 [] if passed else slow,
+            ))  # fmt: skip
+
+    if config.max_ttft_s is not None:
+        ttfts = [(r, r.timings.ttft_s) for r in ok if r.timings.ttft_s is not None]
+        if not ttfts:
+            checks.append(_check("max_ttft_s", False, "no TTFT measured in any case (it needs --stream)",
+                                 [r.case_id for r in ok]))  # fmt: skip
+        else:
+            slow = [r.case_id for r, v in ttfts if v > config.max_ttft_s]
+            worst = max(v for _, v in ttfts)
+            checks.append(_check(
+                "max_ttft_s", not slow,
+                f"slowest time to first token {worst:.2f} s over {len(ttfts)} case(s), max {config.max_ttft_s:g} s",
+                slow,
             ))  # fmt: skip
 
     if config.lossless:
