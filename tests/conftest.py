@@ -88,6 +88,13 @@ def launch_serve(
     raise RuntimeError("serve did not become healthy")
 
 
+def stop_serve(process: subprocess.Popen) -> None:
+    """Stop a server ``launch_serve`` started and close its log."""
+    process.terminate()
+    process.wait(timeout=30)
+    process.log.close()  # type: ignore[attr-defined]
+
+
 @dataclass
 class Server:
     url: str

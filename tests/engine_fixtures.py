@@ -6,13 +6,15 @@ tokenizer and chat template; z-lab draft directory).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from tests.conftest import launch_serve
+from tests.conftest import launch_serve, stop_serve
 
 # Shared by the engine test modules.
 BUDGETS = (0, 1, 2, 4, 16, 64)
@@ -146,6 +148,21 @@ def start_server(target: Path, draft: Path | None, *extra: str) -> tuple[subproc
         args += ["--draft", str(draft)]
     # One intra-op thread: tiny matmuls on a shared 2-core box only thrash with more (10x slower).
     return launch_serve(*args, env={"OMP_NUM_THREADS": "1"})
+
+
+@contextlib.contextmanager
+def serving(target: Path, draft: Path | None, *extra: str) -> Iterator[str]:
+    """``start_server`` for the length of a ``with`` block: yields the URL, stops the server."""
+    process, url = start_server(target, draft, *extra)
+    try:
+        yield url
+    finally:
+        stop_serve(process)
+
+
+def tiny_models(root: Path) -> tuple[Path, Path]:
+    """The server tests' pair: a tiny random Qwen3 target and a block-4 draft for it."""
+    return make_target(root / "target"), make_draft(root / "draft", block_size=4)
 
 
 # Tensor methods that read a value into Python (a host sync on a GPU).

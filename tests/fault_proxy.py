@@ -338,6 +338,8 @@ def main() -> None:
     import time
     from pathlib import Path
 
+    from tests.conftest import stop_serve
+
 
     process, url = start_serve()
     try:
@@ -352,8 +354,7 @@ def main() -> None:
             print(f"{fault:22} {code:>4}  {'yes' if caught else 'NO':6}  {', '.join(names) or '-'}"
                   f"  ({time.time() - start:.1f} s)", flush=True)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop_serve(process)
 
 
 if __name__ == "__main__":

@@ -305,17 +305,11 @@ def test_train_draft_engine_info_and_probe_on_a_hybrid_target(tmp_path, cli):
 
 @pytest.mark.e2e
 def test_reference_server_serves_a_hybrid_target_losslessly(tmp_path, cli):
-    from tests.engine_fixtures import start_server
-
     target = fx.make_hybrid_target(tmp_path / "target", kind="qwen3_next", pattern="LALL")
     draft = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=1)
-    process, url = start_server(target, draft)
-    try:
+    with fx.serving(target, draft) as url:
         result = cli("probe", "--url", url, "--budget", "16,64", "--max-tokens", "16", "--baseline", "budget0",
                      "--json", "-")  # fmt: skip
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     report = result.json()
     assert report["target"]["dialect"] == "ddtree" and len(report["results"]) == 4
     assert all(r["baseline"]["verdict"] == "identical" for r in report["results"]), result.stderr

@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 pytest.importorskip("gguf")
 
+from tests.conftest import stop_serve
 from tests.fault_proxy import EXPECTED, FAULTS, named, run_fault, start_serve
 
 pytestmark = [pytest.mark.real_model, pytest.mark.engine]
@@ -24,8 +25,7 @@ def upstream():
     except RuntimeError as exc:
         pytest.skip(f"serve on the embedded model unavailable: {exc}")
     yield url
-    process.terminate()
-    process.wait(timeout=30)
+    stop_serve(process)
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

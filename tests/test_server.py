@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 from tests.conftest import free_port  # noqa: E402
-from tests.engine_fixtures import make_draft, make_target, start_server  # noqa: E402
+from tests.engine_fixtures import serving, start_server, tiny_models  # noqa: E402
 
 pytestmark = pytest.mark.engine
 API_KEY = "test-key-123"
@@ -26,17 +26,13 @@ API_KEY = "test-key-123"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return make_target(root / "target"), make_draft(root / "draft", block_size=4)
+    return tiny_models(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
 def server(models):
-    target, draft = models
-    process, url = start_server(target, draft, "--api-key", API_KEY)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    with serving(*models, "--api-key", API_KEY) as url:
+        yield url
 
 
 def post(url: str, body, *, key: str | None = API_KEY, raw: bytes | None = None, timeout: float = 60):

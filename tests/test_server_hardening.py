@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.engine_fixtures import make_draft, make_target, start_server  # noqa: E402
+from tests.engine_fixtures import serving, tiny_models  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.e2e]
 FUZZ_EXAMPLES = 300
@@ -31,16 +31,13 @@ LIMITS = ("--max-context", "160", "--max-tree-budget", "16", "--request-timeout"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return make_target(root / "target"), make_draft(root / "draft", block_size=4)
+    return tiny_models(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
 def server(models):
-    process, url = start_server(*models, *LIMITS)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    with serving(*models, *LIMITS) as url:
+        yield url
 
 
 def post(url: str, *, json_body=None, raw: bytes | None = None, content_type: str | None = "application/json",
@@ -144,10 +141,8 @@ def test_prompt_over_the_context_is_a_400_or_an_sse_error_event(server):
 @pytest.fixture(scope="module")
 def impatient_server(models):
     """A server with a 0.1 s per-request deadline: far less than 450 tokens take on any CPU."""
-    process, url = start_server(*models, "--request-timeout", "0.1")
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    with serving(*models, "--request-timeout", "0.1") as url:
+        yield url
 
 
 def test_request_deadline_frees_the_worker(impatient_server):
