@@ -31,6 +31,18 @@ from tests import engine_fixtures as fx
 BUDGETS = [0, 1, 2, 4, 16, 64]
 
 
+def _with_draft(model: torch.nn.Module, device: str, dtype: torch.dtype, block_size: int) -> Engine:
+    """An engine on a mid-size random target (8 layers, hidden 512, vocab 8192) with a random
+    2-layer draft reading its layers 1, 4 and 6."""
+    draft_config = DraftConfig(
+        hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+        intermediate_size=1536, target_layer_ids=[1, 4, 6], mask_token_id=8191, block_size=block_size,
+        num_target_layers=8, head_dim=64, vocab_size=8192,
+    )  # fmt: skip
+    draft = DFlashDraft(draft_config).to(device=device, dtype=dtype).eval()
+    return Engine(TargetModel(model, max_len=512), tokenizer=None, draft=draft)
+
+
 def medium_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -40,13 +52,7 @@ def medium_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
     )  # fmt: skip
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
-    draft_config = DraftConfig(
-        hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-        intermediate_size=1536, target_layer_ids=[1, 4, 6], mask_token_id=8191, block_size=block_size,
-        num_target_layers=8, head_dim=64, vocab_size=8192,
-    )  # fmt: skip
-    draft = DFlashDraft(draft_config).to(device=device, dtype=dtype).eval()
-    return Engine(TargetModel(model, max_len=512), tokenizer=None, draft=draft)
+    return _with_draft(model, device, dtype, block_size)
 
 
 def medium_hybrid_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
@@ -61,13 +67,7 @@ def medium_hybrid_engine(device: str, dtype: torch.dtype, block_size: int) -> En
     )  # fmt: skip
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(config).to(device=device, dtype=dtype).eval()
-    draft_config = DraftConfig(
-        hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-        intermediate_size=1536, target_layer_ids=[1, 4, 6], mask_token_id=8191, block_size=block_size,
-        num_target_layers=8, head_dim=64, vocab_size=8192,
-    )  # fmt: skip
-    draft = DFlashDraft(draft_config).to(device=device, dtype=dtype).eval()
-    return Engine(TargetModel(model, max_len=512), tokenizer=None, draft=draft)
+    return _with_draft(model, device, dtype, block_size)
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -276,8 +276,7 @@ def chunked_gated_delta(
         outs.append(out)
         state = state_after(parts, size - 1)
     if state is None:
-        num_v_heads, dv = v.shape[-2:]
-        state = torch.zeros(num_v_heads, k.shape[-1], dv, dtype=torch.float32, device=v.device)
+        state = _zero_state(v.shape[-2], k.shape[-1], v.shape[-1], v.device)
     return torch.cat(outs) if outs else v.new_zeros(v.shape), state
 
 
