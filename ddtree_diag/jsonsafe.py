@@ -94,6 +94,12 @@ def dumps(value: Any, *, indent: int | None = 2) -> str:
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+def has_surrogates(text: str) -> bool:
+    """Lone surrogates: text that cannot be encoded as UTF-8, so never sent (argv bytes that are
+    not UTF-8, or a ``\\ud800`` escape in a reply)."""
+    return _SURROGATE.search(text) is not None
+
+
 def displayable(text: str) -> str:
     """Text that any UTF-8 stream can carry: lone surrogates shown as ``\\udXXX``."""
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) if _SURROGATE.search(text) else text

@@ -697,10 +697,4 @@ def _stream_error(chunk: dict[str, Any]) -> str:
 def _usable_name(name: Any) -> bool:
     """A model id we can send back: a non-blank string that is valid Unicode (a lone surrogate
     from a JSON escape cannot be encoded into the next request)."""
-    if not isinstance(name, str) or not name.strip():
-        return False
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return isinstance(name, str) and bool(name.strip()) and not jsonsafe.has_surrogates(name)

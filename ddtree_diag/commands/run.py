@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
 
 
 def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
+    from ddtree_diag import jsonsafe
     from ddtree_diag.backends import TargetSpec
     from ddtree_diag.backends.http import parse_size
     from ddtree_diag.matrix import MatrixRequest
@@ -54,7 +55,7 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     # surrogates and would fail deep inside the HTTP client.
     sent = [("--url", flags.url), ("--model", flags.model), ("--api-key", flags.api_key)]
     for flag, value in sent + [("--prompt", prompt) for prompt in flags.prompt or []]:
-        if value is not None and not _is_utf8(value):
+        if value is not None and jsonsafe.has_surrogates(value):
             from ddtree_diag.errors import UsageError
 
             raise UsageError(f"{flag} is not valid UTF-8")
@@ -70,14 +71,6 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     )  # fmt: skip
     return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
                    score_with=flags.score_with)  # fmt: skip
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_outputs(flags: RunFlags) -> None:
