@@ -34,6 +34,16 @@ STANDIN = Path(__file__).resolve().parent / "standin_server.py"
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
+# Every hypothesis test sees the same examples on every run (CI included) and keeps no example
+# database: a property either holds on its fixed sample or fails every time, never now and then.
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("fixed", derandomize=True, database=None)
+    _hypothesis_settings.load_profile("fixed")
+except ImportError:  # hypothesis is in the dev extra; without it, its tests are skipped
+    pass
+
 # Under pytest-xdist (`make test`), each worker and the servers it starts share the cores with the
 # other workers: give each its share of threads instead of letting torch take every core in each.
 # Set before any test module imports torch.
