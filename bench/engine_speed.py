@@ -116,10 +116,34 @@ def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_la
 
 def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], new_tokens: int, shape: str,
              bound_ms: float) -> None:  # fmt: skip
-    engine.use_path(path)
+    """One decode path over the budgets. ``<path>-unfused``: that path with the fused Triton
+    kernels off (DDTREE_DIAG_KERNELS=off), on a decoder of its own, for the comparison."""
+    unfused = path.endswith("-unfused")
+    real_path = path.removesuffix("-unfused")
+    previous = os.environ.get("DDTREE_DIAG_KERNELS")
+    engine._decoders.pop(real_path, None)  # stages are captured with the kernel setting of their time
+    if unfused:
+        os.environ["DDTREE_DIAG_KERNELS"] = "off"
+    try:
+        _run_budgets(engine, path, real_path, prompt, budgets, new_tokens, shape, bound_ms)
+    finally:
+        if unfused:
+            engine._decoders.pop(real_path, None)
+            if previous is None:
+                os.environ.pop("DDTREE_DIAG_KERNELS", None)
+            else:
+                os.environ["DDTREE_DIAG_KERNELS"] = previous
+
+
+def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], budgets: list[int], new_tokens: int,
+                 shape: str, bound_ms: float) -> None:  # fmt: skip
+    engine.use_path(real_path)
     for budget in [0, *budgets]:
-        # warm-up: same shapes (and, fast on CUDA, graph capture) before the timed run
+        # warm-up: same shapes (and, fast on CUDA, graph capture and kernel compiles) before the
+        # timed run; its wall time is what a first request of this shape costs in a fresh process
+        started = time.perf_counter()
         engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[])
+        first_s = time.perf_counter() - started
         result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=new_tokens, stop_token_ids=[])
         # tokens vs the eager path's at this budget (bf16: an exact near-tie may flip; fp32: must match)
         key = (shape, budget)
@@ -143,13 +167,14 @@ def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], n
             f"{path:>12} {budget if budget else 'AR':>6} {result.decode_rounds:>6} {tau:>5.2f} "
             f"{ms_round:>9.2f} {per['draft']:>7.2f} {per['tree']:>7.2f} {per['verify']:>7.2f} "
             f"{per['commit']:>7.2f} {result.decode_tokens_per_second or 0:>8.1f} {1000 * result.ttft_s:>8.1f} "
-            f"{share:>6.0f}% {fallbacks!s:>5} {same:>5}"
+            f"{share:>6.0f}% {fallbacks!s:>5} {same:>5} {first_s:>6.1f}"
         )
         RECORDS.append({
             "shape": shape, "path": path, "budget": budget, "rounds": result.decode_rounds, "tau": tau,
             "ms_per_round": ms_round, "stage_ms_per_round": per,
             "tokens_per_second": result.decode_tokens_per_second, "ttft_ms": 1000 * result.ttft_s,
             "verify_bandwidth_share": share / 100, "tree_fallbacks": fallbacks, "same_as_eager": same,
+            "first_request_s": first_s,
         })  # fmt: skip
 
 
@@ -232,7 +257,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
         say(f"per-node recurrent state the eager scan holds ({len(engine.target.linear_layers)} Gated DeltaNet "
             f"layers): {states}; the fast path's parallel solve holds none")  # fmt: skip
     header = f"{'path':>12} {'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} "
-    say(header + f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5} {'=eag':>5}")
+    header += f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5} {'=eag':>5}"
+    say(header + f" {'1st s':>6}")
     for path in args.paths:
         tokens = args.eager_tokens if path == "eager" else args.new_tokens
         try:
@@ -267,7 +293,8 @@ def main() -> int:
     parser.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     parser.add_argument("--budgets", default="16,64,256")
     parser.add_argument(
-        "--paths", default="eager,fast,fast-compile", help="comma list of " + ", ".join(DECODE_PATHS)
+        "--paths", default="eager,fast,fast-compile",
+        help="comma list of " + ", ".join(DECODE_PATHS) + " (any with '-unfused': without the fused kernels)",
     )
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=5)

@@ -44,6 +44,12 @@ try:
 except ImportError:  # hypothesis is in the dev extra; without it, its tests are skipped
     pass
 
+# Without an NVIDIA GPU, Triton kernels run through Triton's interpreter (numpy on the CPU), so the
+# fast path's fused kernels are tested there too. Triton reads this when it is first imported, so
+# it is set before any test module imports it.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Under pytest-xdist (`make test`), each worker and the servers it starts share the cores with the
 # other workers: give each its share of threads instead of letting torch take every core in each.
 # Set before any test module imports torch.

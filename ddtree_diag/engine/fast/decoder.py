@@ -41,11 +41,13 @@ import torch
 
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.decode import DecodeRequest, Generation, GenerationRecorder, make_generator
+from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.fast.graphs import Stage, StageTimer
 from ddtree_diag.engine.fast.layers import (
     FusedWeights,
     additive_mask,
     attend,
+    draft_context_kv,
     draft_pre_attention,
     linear_attention_rows,
     mlp_half,
@@ -268,7 +270,7 @@ class FastDecoder:
         for index, layer in enumerate(t.layers):
             fused = self.fused[index]
             if index in self.linear_state:
-                hidden = mlp_half(layer, hidden + self._linear_layer(index, layer, hidden, parents, anc), fused)
+                hidden = mlp_half(layer, hidden, fused, delta=self._linear_layer(index, layer, hidden, parents, anc))
                 if index in wanted and index != t.num_layers - 1:
                     features[index] = hidden
                 continue
@@ -290,7 +292,7 @@ class FastDecoder:
     ) -> torch.Tensor:
         """One Gated DeltaNet layer's output [1, rows, H]: the prompt (``parents`` None; committed at
         once) or tree rows (the parallel solve, kept for ``_commit``)."""
-        x = layer.input_layernorm(hidden)[0]
+        x = kernels.rms_norm(layer.input_layernorm, hidden)[0]
         module = layer.linear_attn
         if parents is None:
             out, state, conv = gdn.gdn_layer_prefill(module, x, None, None)
@@ -322,10 +324,10 @@ class FastDecoder:
         d = self.draft
         count = features.shape[0]
         slots = first_slot + self.slot_index[:count]
-        ctx = d.hidden_norm(d.fc(features[None].to(self.target.dtype)))
+        ctx = kernels.rms_norm(d.hidden_norm, d.fc(features[None].to(self.target.dtype)))
         rope = d.rope(slots, 1, ctx.dtype)
         for index, layer in enumerate(d.layers):
-            k, v = layer.self_attn.project_kv(ctx, *rope)
+            k, v = draft_context_kv(layer.self_attn, ctx, *rope)
             self.draft_k[index].index_copy_(2, slots, k)
             self.draft_v[index].index_copy_(2, slots, v)
         return slots
@@ -365,7 +367,7 @@ class FastDecoder:
             out = attend(q, self.draft_k[index][:, :, :window], self.draft_v[index][:, :, :window], layer_mask)
             out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
             hidden = self._post_attention(layer, hidden, out, fused)
-        hidden = d.norm(hidden)
+        hidden = kernels.rms_norm(d.norm, hidden)
         logits = self.target.lm_head(hidden[0, 1:])
         self.logprobs.copy_(torch.log_softmax(logits.float(), dim=-1))
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_diag.engine import gdn
+from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.rope import apply_rope
 
 
@@ -19,10 +20,10 @@ def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, hea
     of a gated query (Qwen3.5/3.6, Qwen3-Next: q_proj gives query|gate per head), else None.
     A pure function of its inputs, so on CUDA it can be compiled once and reused by every layer (the
     layer's weights are inputs, not constants). ``fused``: the layer's ``FusedWeights`` (one q|k|v
-    GEMM instead of three)."""
+    GEMM instead of three). Norms, rotary and SwiGLU go through ``kernels`` (fused on CUDA)."""
     attn = layer.self_attn
     rows = hidden.shape[1]
-    x = layer.input_layernorm(hidden)
+    x = kernels.rms_norm(layer.input_layernorm, hidden)
     if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
     else:
@@ -35,27 +36,31 @@ def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, hea
     k = k.view(1, rows, kv_heads, head_dim)
     v = v.view(1, rows, kv_heads, head_dim)
     if hasattr(attn, "q_norm"):
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return q, k, v, gate
+        q, k = kernels.norm_rope(attn.q_norm, q, cos, sin), kernels.norm_rope(attn.k_norm, k, cos, sin)
+    else:
+        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
+    return q, k, v.transpose(1, 2), gate
 
 
 def target_post_attention(layer, hidden, attn_out, fused=None, gate=None):
     """The rest of a decoder layer: (gated) output projection, residual, then ``mlp_half``."""
     if gate is not None:
         attn_out = attn_out * torch.sigmoid(gate)
-    return mlp_half(layer, hidden + layer.self_attn.o_proj(attn_out), fused)
+    return mlp_half(layer, hidden, fused, delta=layer.self_attn.o_proj(attn_out))
 
 
-def mlp_half(layer, hidden, fused=None):
-    """Norm, MLP (one gate|up GEMM when fused; the module itself otherwise, MoE included), residual."""
-    x = layer.post_attention_layernorm(hidden)
+def mlp_half(layer, hidden, fused=None, delta=None):
+    """Residual ``hidden + delta`` (when given), norm, MLP (one gate|up GEMM when fused; the module
+    itself otherwise, MoE included), residual."""
+    norm = layer.post_attention_layernorm
+    if delta is None:
+        x = kernels.rms_norm(norm, hidden)
+    else:
+        hidden, x = kernels.add_rms_norm(norm, hidden, delta)
     if fused is None or fused.gate_up_weight is None:
         out = layer.mlp(x)
         return hidden + (out[0] if isinstance(out, tuple) else out)
-    gate, up = F.linear(x, fused.gate_up_weight).chunk(2, dim=-1)
-    return hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    return hidden + layer.mlp.down_proj(kernels.silu_mul(layer.mlp.act_fn, F.linear(x, fused.gate_up_weight)))
 
 
 class FusedWeights(torch.nn.Module):
@@ -159,17 +164,23 @@ def _fuse(linears: list[torch.nn.Linear], name: str) -> torch.Tensor:
 def draft_pre_attention(layer, hidden, cos, sin, heads: int, head_dim: int, fused=None):
     """A draft layer up to attention, for the noise block (see ``target_pre_attention``)."""
     attn = layer.self_attn
-    x = layer.input_layernorm(hidden)
+    x = kernels.rms_norm(layer.input_layernorm, hidden)
     rows = hidden.shape[1]
     if fused is None or fused.qkv_weight is None:
         q = attn.q_norm(attn.q_proj(x).view(1, rows, heads, head_dim)).transpose(1, 2)
         k, v = attn.project_kv(x, cos, sin)
         return apply_rope(q, cos, sin), k, v
     q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
-    q = attn.q_norm(q.view(1, rows, heads, head_dim)).transpose(1, 2)
-    k = attn.k_norm(k.view(1, rows, -1, head_dim)).transpose(1, 2)  # as DraftAttention.project_kv
-    v = v.view(1, rows, -1, head_dim).transpose(1, 2)
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+    q = kernels.norm_rope(attn.q_norm, q.view(1, rows, heads, head_dim), cos, sin)
+    k = kernels.norm_rope(attn.k_norm, k.view(1, rows, -1, head_dim), cos, sin)  # as DraftAttention.project_kv
+    return q, k, v.view(1, rows, -1, head_dim).transpose(1, 2)
+
+
+def draft_context_kv(attn, ctx, cos, sin):
+    """``attn.project_kv(ctx, cos, sin)`` with the k norm and rotary through ``kernels``."""
+    rows = ctx.shape[1]
+    k = kernels.norm_rope(attn.k_norm, attn.k_proj(ctx).view(1, rows, attn.kv_heads, attn.head_dim), cos, sin)
+    return k, attn.v_proj(ctx).view(1, rows, attn.kv_heads, attn.head_dim).transpose(1, 2)
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

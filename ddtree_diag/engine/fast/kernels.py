@@ -1,0 +1,138 @@
+"""The fast path's elementwise steps, fused where Triton can run them.
+
+A decode round on a GPU is many small kernels per layer: an HF RMSNorm alone is seven (cast,
+square, mean, add, rsqrt, multiply, cast, scale), the q/k norms and rotary two dozen more. Inside
+a CUDA graph they no longer cost launches, but each still costs a trip through memory and a few
+microseconds. ``torch.compile`` fuses them, at tens of seconds of compiling on a cold cache; these
+functions instead call three hand-written Triton kernels (``triton_kernels``) that compile in
+about a second each, and fall back to the modules themselves everywhere else.
+
+When they run (``DDTREE_DIAG_KERNELS``): ``auto`` (default) on CUDA tensors when Triton imports
+and not while ``torch.compile`` traces (it fuses these itself); ``on`` also on CPU tensors (the
+tests do that under Triton's interpreter, ``TRITON_INTERPRET=1``); ``off`` never.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+# RMSNorm classes by where they apply the weight. "cast": Llama / Qwen2 / Qwen3 / the DFlash draft
+# (normalise in fp32, cast, then weight * x in the dtype). "offset": Qwen3.5 / Qwen3-Next
+# (x * (1 + weight) in fp32, then cast). Any other norm runs as its own module.
+_NORM_STYLES = {
+    "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
+    "Qwen3MoeRMSNorm": "cast",
+    "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
+}  # fmt: skip
+
+
+def mode() -> str:
+    return os.environ.get("DDTREE_DIAG_KERNELS", "auto").strip().lower() or "auto"
+
+
+@functools.cache
+def _triton():
+    """The kernels module, or None where Triton cannot be imported."""
+    try:
+        from ddtree_diag.engine.fast import triton_kernels
+    except Exception:  # no triton, or one that cannot load here: the modules run instead
+        return None
+    return triton_kernels
+
+
+def available() -> bool:
+    """Whether the fused kernels can run in this process (the setting allows them, Triton imports)."""
+    return mode() != "off" and _triton() is not None
+
+
+def _use(x: torch.Tensor):
+    """The kernels module when the kernels should run on ``x``, else None."""
+    setting = mode()
+    if setting == "off" or (setting == "auto" and not x.is_cuda):
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    return _triton()
+
+
+def _norm_params(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float, bool] | None:
+    """(weight, eps, offset) of an RMSNorm the kernels reproduce for ``x``, else None."""
+    style = _norm_style(module)
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if style is None or not isinstance(weight, torch.Tensor) or not isinstance(eps, float):
+        return None
+    if weight.shape != (x.shape[-1],) or weight.device != x.device or not weight.is_contiguous():
+        return None
+    if style == "cast" and weight.dtype != x.dtype:
+        return None  # the module's output would be promoted to the weight's dtype
+    return weight, eps, style == "offset"
+
+
+def _norm_style(module: torch.nn.Module) -> str | None:
+    cls = type(module)
+    if cls.__module__.startswith("transformers."):
+        return _NORM_STYLES.get(cls.__name__)
+    from ddtree_diag.engine.draft import RMSNorm
+
+    return "cast" if cls is RMSNorm else None
+
+
+def rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for an RMSNorm module, one fused kernel where possible."""
+    kernels, params = _use(x), None
+    if kernels is not None and x.stride(-1) == 1:
+        params = _norm_params(module, x)
+    if params is None:
+        return module(x)
+    return kernels.rms_norm(x, *params)[0]
+
+
+def add_rms_norm(
+    module: torch.nn.Module, hidden: torch.Tensor, delta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden + delta, module(hidden + delta)): the residual add and the next norm in one kernel."""
+    kernels, params = _use(hidden), None
+    same_layout = hidden.shape == delta.shape and hidden.dtype == delta.dtype
+    if kernels is not None and same_layout and hidden.stride(-1) == 1 and delta.stride(-1) == 1:
+        params = _norm_params(module, hidden)
+    if params is None:
+        total = hidden + delta
+        return total, module(total)
+    normed, total = kernels.rms_norm(hidden, *params, delta=delta)
+    return total, normed
+
+
+def norm_rope(module: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope(module(x).transpose(1, 2), cos, sin)`` for x [1, rows, heads, head_dim]: a per-head
+    q/k norm and rotary (full or partial) in one kernel. Returns [1, heads, rows, head_dim]."""
+    from ddtree_diag.engine.rope import apply_rope
+
+    kernels, params = _use(x), None
+    rows, rotary = x.shape[1], cos.shape[-1]
+    shapes_fit = (
+        x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 and rotary % 2 == 0 and rotary <= x.shape[-1]
+        and cos.shape == sin.shape and cos.numel() == rows * rotary and cos.dtype == x.dtype == sin.dtype
+        and cos.is_contiguous() and sin.is_contiguous()
+    )  # fmt: skip
+    if kernels is not None and shapes_fit:
+        params = _norm_params(module, x)
+    if params is None:
+        return apply_rope(module(x).transpose(1, 2), cos, sin)
+    return kernels.norm_rope(x, *params, cos, sin).transpose(1, 2)
+
+
+def silu_mul(act_fn: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
+    """``act_fn(gate) * up`` for ``gate_up`` holding gate | up on its last dim; one kernel for SiLU."""
+    kernels = _use(gate_up)
+    if kernels is not None and _is_silu(act_fn) and gate_up.stride(-1) == 1 and gate_up.shape[-1] % 2 == 0:
+        return kernels.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return act_fn(gate) * up
+
+
+def _is_silu(act_fn: torch.nn.Module) -> bool:
+    return isinstance(act_fn, torch.nn.SiLU) or type(act_fn).__name__ == "SiLUActivation"

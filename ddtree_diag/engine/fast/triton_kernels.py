@@ -1,0 +1,153 @@
+"""Hand-fused Triton kernels for the fast path's elementwise work (imported only where Triton is).
+
+Each kernel replaces a chain of small PyTorch kernels that a decode round otherwise launches per
+layer: RMSNorm (with the residual add before it), per-head q/k RMSNorm + rotary, and SiLU(gate) *
+up. They round where the HF modules round (to the tensor's dtype after each op the module does in
+that dtype), so in bf16 they differ from the modules only by the order of the variance sum, and
+in fp32 by float rounding. ``kernels.py`` decides when they run; its torch versions are the
+reference the tests compare these to (on CPU through Triton's interpreter, on CUDA for real).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Each program takes a tile of about TILE elements: one row of a wide hidden state, or several
+# narrow rows (a small model, or the heads of q/k), so tiny shapes are not thousands of programs.
+TILE = 4096
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr,
+    rows, x_row_stride, delta_row_stride, sum_row_stride, cols, eps,
+    OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    offs = tl.arange(0, BLOCK)[None, :]
+    inside = (row < rows) & (offs < cols)
+    x = tl.load(x_ptr + row * x_row_stride + offs, mask=inside, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        # the residual add happens in the input dtype, as `hidden + delta` would
+        delta = tl.load(delta_ptr + row * delta_row_stride + offs, mask=inside, other=0.0).to(tl.float32)
+        x = (x + delta).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * sum_row_stride + offs, x, mask=inside)
+        x = x.to(tl.float32)
+    normed = x * tl.rsqrt(tl.sum(x * x, axis=1) / cols + eps)[:, None]
+    w = tl.load(w_ptr + offs, mask=offs < cols, other=0.0).to(tl.float32)
+    if OFFSET:  # noqa: SIM108 -- Qwen3.5 / Qwen3-Next: (x * (1 + w)) in fp32, then cast
+        y = normed * (1.0 + w)
+    else:  # Llama / Qwen3: cast first, then scale by the weight
+        y = normed.to(out_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * cols + offs, y.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
+    pairs, heads, x_row_stride, x_head_stride, cos_row_stride, head_dim, rotary, eps,
+    OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # a tile of PAIRS (row, head) pairs, each head normed on its own
+    pair = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)[:, None]
+    row, head = pair // heads, pair % heads
+    offs = tl.arange(0, BLOCK)[None, :]
+    inside = (pair < pairs) & (offs < head_dim)
+    base = x_ptr + row * x_row_stride + head * x_head_stride
+    x = tl.load(base + offs, mask=inside, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / head_dim + eps)[:, None]
+    # rotate_half pairs dim i with i ± rotary/2 (dims past `rotary` do not turn): read the partner
+    # dims again instead of shuffling registers
+    half = rotary // 2
+    partner = tl.where(offs < half, offs + half, tl.where(offs < rotary, offs - half, offs))
+    xp = tl.load(base + partner, mask=inside, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=offs < head_dim, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=offs < head_dim, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    if OFFSET:
+        y = (x * inv_rms * (1.0 + w)).to(dtype).to(tl.float32)
+        yp = (xp * inv_rms * (1.0 + wp)).to(dtype).to(tl.float32)
+    else:
+        y = ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
+        yp = ((xp * inv_rms).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
+    turns = inside & (offs < rotary)
+    cos = tl.load(cos_ptr + row * cos_row_stride + offs, mask=turns, other=1.0).to(tl.float32)
+    sin = tl.load(sin_ptr + row * cos_row_stride + offs, mask=turns, other=0.0).to(tl.float32)
+    rotated = tl.where(offs < half, -yp, yp)
+    # x*cos + rotate_half(x)*sin, each product rounded to the dtype first as in apply_rope
+    out = ((y * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)).to(dtype)
+    out = tl.where(offs < rotary, out, y.to(dtype))
+    tl.store(out_ptr + pair * head_dim + offs, out, mask=inside)
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up_ptr, out_ptr, total, width, in_row_stride, BLOCK: tl.constexpr):
+    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # over the [rows, width] output
+    inside = index < total
+    source = gate_up_ptr + (index // width) * in_row_stride + index % width
+    gate = tl.load(source, mask=inside, other=0.0).to(tl.float32)
+    up = tl.load(source + width, mask=inside, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # silu rounds, then the product
+    tl.store(out_ptr + index, (activated * up).to(dtype), mask=inside)
+
+
+def _warps(elements: int) -> int:
+    return 1 if elements <= 256 else 4 if elements <= 2048 else 8
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, delta: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dim of ``x`` (+ ``delta`` first, when given). Returns (normed, the sum
+    that was normed: ``x`` itself without a delta)."""
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    x2 = x.reshape(rows, cols)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if delta is None:
+        total, d2, s2 = x, x2, x2
+    else:
+        total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        d2, s2 = delta.reshape(rows, cols), total.view(rows, cols)
+    block = triton.next_power_of_2(cols)
+    tile_rows = max(1, TILE // block)
+    _rms_norm_kernel[(triton.cdiv(rows, tile_rows),)](
+        x2, d2, weight, out, s2, rows, x2.stride(0), d2.stride(0), s2.stride(0), cols, eps,
+        OFFSET=offset, HAS_DELTA=delta is not None, ROWS=tile_rows, BLOCK=block,
+        num_warps=_warps(block * tile_rows),
+    )  # fmt: skip
+    return out, total
+
+
+def norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Per-head RMSNorm then rotary for ``x`` [1, rows, heads, head_dim] (any row/head strides, unit
+    stride within a head); cos/sin hold [rows, rotary] values. Returns a contiguous tensor."""
+    _, rows, heads, head_dim = x.shape
+    rotary = cos.shape[-1]
+    cos2, sin2 = cos.reshape(rows, rotary), sin.reshape(rows, rotary)
+    out = torch.empty((1, rows, heads, head_dim), dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(head_dim)
+    tile_pairs = max(1, TILE // block)
+    _norm_rope_kernel[(triton.cdiv(rows * heads, tile_pairs),)](
+        x, weight, cos2, sin2, out, rows * heads, heads, x.stride(1), x.stride(2), cos2.stride(0), head_dim,
+        rotary, eps, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block, num_warps=_warps(block * tile_pairs),
+    )  # fmt: skip
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for ``gate_up`` [..., 2 * width] holding gate | up."""
+    width = gate_up.shape[-1] // 2
+    rows = gate_up.numel() // (2 * width)
+    flat = gate_up.reshape(rows, 2 * width)
+    out = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(triton.cdiv(rows * width, block),)](
+        flat, out, rows * width, width, flat.stride(0), BLOCK=block, num_warps=4
+    )
+    return out

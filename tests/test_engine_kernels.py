@@ -1,0 +1,204 @@
+"""The fast path's fused Triton kernels (engine/fast/kernels.py) against the modules they replace.
+
+Without a GPU the kernels run through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``):
+the very kernel code the GPU runs, checked element by element against the HF modules, and end to
+end (fast decode with every norm, q/k norm + rotary and SwiGLU fused == the eager path, token for
+token, dense and hybrid). On a GPU the same checks run the compiled kernels on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("triton")
+
+from ddtree_diag.engine import load_engine  # noqa: E402
+from ddtree_diag.engine.draft import RMSNorm  # noqa: E402
+from ddtree_diag.engine.fast import kernels  # noqa: E402
+from ddtree_diag.engine.rope import apply_rope  # noqa: E402
+from tests import engine_fixtures as fx  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+
+# Interpreted kernels take CPU tensors, compiled ones CUDA tensors.
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
+def norm_modules(size: int) -> dict:
+    """One RMSNorm of each style, with non-trivial weights."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    made = {"qwen3": Qwen3RMSNorm(size, eps=1e-6), "qwen3_5": Qwen3_5RMSNorm(size, eps=1e-6)}
+    made["draft"] = RMSNorm(size, 1e-5)
+    generator = torch.Generator().manual_seed(size)
+    with torch.no_grad():
+        for style, module in made.items():
+            centre = 0.0 if style == "qwen3_5" else 1.0  # the offset style scales by 1 + weight
+            module.weight.copy_(torch.randn(size, generator=generator) * 0.3 + centre)
+    return made
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """Kernels on (CPU tensors too); returns the count of kernel calls by name."""
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("compiled Triton kernels need CUDA")
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    module = kernels._triton()
+    assert module is not None, "triton is installed but the kernel module did not import"
+    calls: dict[str, int] = {}
+    for name in ("rms_norm", "norm_rope", "silu_mul"):
+        original = getattr(module, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def assert_matches(got: torch.Tensor, want: torch.Tensor) -> None:
+    """fp32: equal up to float rounding. bf16 on a GPU: the kernels round where the modules do, so
+    only the variance sum's order can move an element, by one bf16 step, and rarely. Triton's
+    interpreter truncates instead of rounding when it casts to bf16, so there each of the (at most
+    four) roundings may be a step off, but no more."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+        return
+    steps = 4 if DEVICE == "cpu" else 1
+    magnitude = want.float().abs()
+    # a step of bf16 at the element's size (the tensor's mean size for elements near zero, where a
+    # rotary sum cancels)
+    step = torch.maximum(magnitude, magnitude.mean()) * 2**-7
+    worst = ((got.float() - want.float()).abs() / step).max()
+    assert worst <= steps, f"{worst:.2f} bf16 steps off"
+    if DEVICE == "cuda":
+        assert (got != want).float().mean() < 0.02
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("size", (64, 96, 320))
+def test_rms_norm_and_the_residual_add_equal_every_norm_style(fused, dtype, size):
+    generator = torch.Generator().manual_seed(7)
+    hidden = (torch.randn(1, 5, size, generator=generator) * 3).to(DEVICE, dtype)
+    delta = torch.randn(1, 5, size, generator=generator).to(DEVICE, dtype)
+    for style, module in norm_modules(size).items():
+        module = module.to(DEVICE, dtype)
+        assert_matches(kernels.rms_norm(module, hidden), module(hidden))
+        total, normed = kernels.add_rms_norm(module, hidden, delta)
+        assert_matches(total, hidden + delta)
+        if DEVICE == "cuda" or dtype == torch.float32:
+            assert torch.equal(total, hidden + delta), style  # the add rounds exactly like torch's
+        assert_matches(normed, module(hidden + delta))
+    assert fused["rms_norm"] == 6
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("rotary", (16, 4))  # full rotary (Qwen3) and partial (Qwen3.5: a quarter)
+def test_norm_rope_equals_the_norm_then_rotary_on_strided_heads(fused, dtype, rotary):
+    """q and k as the fast path hands them over: views into one fused q|k|v output (row stride =
+    the fused width), and a gated query (head stride = twice the head size)."""
+    rows, heads, kv_heads, head_dim = 6, 4, 2, 16
+    generator = torch.Generator().manual_seed(rotary)
+    qkv = torch.randn(1, rows, (heads + 2 * kv_heads) * head_dim, generator=generator).to(DEVICE, dtype)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    gated = torch.randn(1, rows, heads, 2 * head_dim, generator=generator).to(DEVICE, dtype).chunk(2, dim=-1)[0]
+    positions = torch.arange(3, 3 + rows, dtype=torch.float32)[:, None]
+    angles = positions * (1.0 / 10000 ** (torch.arange(0, rotary, 2) / rotary))
+    emb = torch.cat([angles, angles], dim=-1)[None, None]
+    cos, sin = emb.cos().to(DEVICE, dtype), emb.sin().to(DEVICE, dtype)
+    for style, module in norm_modules(head_dim).items():
+        module = module.to(DEVICE, dtype)
+        for x in (q.view(1, rows, heads, head_dim), k.view(1, rows, kv_heads, head_dim), gated):
+            want = apply_rope(module(x).transpose(1, 2), cos, sin)
+            got = kernels.norm_rope(module, x, cos, sin)
+            assert_matches(got, want)
+            assert got.shape == (1, x.shape[2], rows, head_dim), style
+    assert fused["norm_rope"] == 9
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_silu_mul_equals_the_activation_times_up(fused, dtype):
+    from transformers.activations import ACT2FN
+
+    gate_up = (torch.randn(1, 7, 2 * 1100, generator=torch.Generator().manual_seed(3)) * 4).to(DEVICE, dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    for act in (torch.nn.SiLU(), ACT2FN["silu"]):
+        got = kernels.silu_mul(act, gate_up)
+        assert_matches(got, act(gate) * up)
+    # another activation is not fused: the module runs
+    gelu = torch.nn.GELU()
+    assert torch.equal(kernels.silu_mul(gelu, gate_up), gelu(gate) * up)
+    assert fused["silu_mul"] == 2
+
+
+def test_unknown_norms_and_mismatched_dtypes_run_the_module_itself(fused):
+    class ScaledNorm(torch.nn.Module):  # an RMSNorm-looking module the kernels do not know
+        def __init__(self):
+            super().__init__()
+            self.weight, self.eps = torch.nn.Parameter(torch.ones(8)), 1e-6
+
+        def forward(self, x):
+            return x * 2
+
+    x = torch.randn(1, 3, 8, device=DEVICE)
+    assert torch.equal(kernels.rms_norm(ScaledNorm().to(DEVICE), x), x * 2)
+    promoted = norm_modules(8)["qwen3"].to(DEVICE)  # fp32 weight, bf16 input: the module's output is fp32
+    assert kernels.rms_norm(promoted, x.bfloat16()).dtype == torch.float32
+    assert fused.get("rms_norm", 0) == 0
+
+
+def test_kernels_stay_off_where_the_setting_says(monkeypatch):
+    module = norm_modules(8)["qwen3"]
+    x = torch.randn(1, 2, 8)
+    monkeypatch.setattr(kernels, "_triton", lambda: pytest.fail("kernels used"))
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "auto")  # auto: CUDA tensors only
+    assert torch.equal(kernels.rms_norm(module, x), module(x))
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "off")
+    assert not kernels.available()
+    assert torch.equal(kernels.rms_norm(module, x), module(x))
+
+
+# ---- whole rounds -----------------------------------------------------------------------------
+
+
+def generate(engine, path, prompt, **kwargs):
+    previous = engine.decode_path
+    engine.use_path(path)
+    try:
+        return engine.generate_ids(prompt, stop_token_ids=[], max_tokens=12, **kwargs)
+    finally:
+        engine.use_path(previous)
+
+
+def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path):
+    """Every norm, q/k norm + rotary and SwiGLU of the target and the draft through the kernels:
+    the fast rounds still give the eager path's tokens and acceptance (fp32, T=0)."""
+    engine = load_engine(fx.make_target(tmp_path / "t"), fx.make_draft(tmp_path / "d", block_size=4),
+                         device=DEVICE, dtype="fp32")  # fmt: skip
+    prompt = fx.PROMPTS[1]
+    for budget in (0, 4, 16):
+        eager = generate(engine, "eager", prompt, tree_budget=budget)
+        quick = generate(engine, "fast-nograph", prompt, tree_budget=budget)
+        assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
+    assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
+
+
+def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path):
+    """The same on a Qwen3.5-style hybrid (offset-style norms, a gated query, partial rotary)."""
+    target = fx.make_hybrid_target(tmp_path / "t", pattern="LLAL")
+    draft = fx.make_draft(tmp_path / "d", block_size=4, layer_ids=(0, 2), layers=1)
+    engine = load_engine(target, draft, device=DEVICE, dtype="fp32")
+    prompt = fx.PROMPTS[0]
+    for budget in (0, 8):
+        eager = generate(engine, "eager", prompt, tree_budget=budget)
+        quick = generate(engine, "fast-nograph", prompt, tree_budget=budget)
+        assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
+    assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
