@@ -82,26 +82,6 @@ def test_vectorised_tree_is_proven_on_bf16_rounded_logprobs():
             assert assert_same_tree(logprobs, budget, 2), (scale, budget)
 
 
-def test_frontier_pairs_keep_the_first_places_of_the_whole_grid_sort():
-    """The per-depth candidates the tree build sorts (a hyperbola of the grid) give the whole
-    width x top_k grid's first keep + 1 places exactly, ties (stable order) included."""
-    gen = torch.Generator().manual_seed(6)
-    for width, top_k, keep in ((1, 5, 5), (5, 5, 5), (16, 16, 16), (64, 64, 64), (30, 7, 30), (256, 256, 256)):
-        for quantum in (None, 0.5):  # continuous scores, then many exact ties
-            beam, values = torch.randn(width, generator=gen).double(), torch.randn(top_k, generator=gen).double()
-            if quantum:
-                beam, values = (beam / quantum).round() * quantum, (values / quantum).round() * quantum
-            beam, values = beam.sort(descending=True).values, values.sort(descending=True).values
-            grid = (beam[:, None] + values[None, :]).reshape(-1)
-            whole = torch.sort(grid, descending=True, stable=True).indices
-            flat, row, col = fast_tree.frontier_pairs(width, top_k, keep, torch.device("cpu"))
-            assert torch.equal(flat, row * top_k + col) and bool((flat[1:] > flat[:-1]).all())
-            part = flat[torch.sort(beam[row] + values[col], descending=True, stable=True).indices]
-            places = min(keep + 1, width * top_k)
-            assert torch.equal(part[:places], whole[:places]), (width, top_k, keep, quantum)
-            assert flat.numel() < width * top_k or width * top_k <= 2 * keep
-
-
 def test_ranked_top_k_is_a_stable_descending_sort():
     gen = torch.Generator().manual_seed(5)
     rows = torch.randint(-3, 3, (4, 50), generator=gen).float() / 2

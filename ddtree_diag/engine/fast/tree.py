@@ -43,25 +43,6 @@ def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     return values.gather(-1, ids), ids
 
 
-def frontier_pairs(
-    width: int, top_k: int, keep: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The (parent i, rank j) pairs of a width × top_k candidate grid that can be among the first
-    ``keep + 1`` of its stable descending sort by beam[i] + values[j], as (flat index i·top_k + j,
-    i, j), in flat order. Both axes are sorted descending, so every (i', j') <= (i, j) scores at
-    least as high and, on a tie, sorts first (lower flat index): (i, j) has at least
-    (i+1)(j+1) - 1 pairs before it, and only pairs with (i+1)(j+1) <= keep + 1 can make the cut
-    (or be the first pair cut). The same positions, siblings included, as the whole grid sorted.
-    Device ops only (no host data): capturable."""
-    bound = keep + 1
-    counts = (bound // torch.arange(1, width + 1, device=device)).clamp(max=top_k)
-    total = sum(min(top_k, bound // (i + 1)) for i in range(width))  # the same sum, known on the host
-    row = torch.repeat_interleave(torch.arange(width, device=device), counts, output_size=total)
-    starts = torch.cumsum(counts, 0) - counts
-    col = torch.arange(total, device=device) - starts[row]
-    return row * top_k + col, row, col
-
-
 def build_tree_tensors(
     depth_logprobs: torch.Tensor, budget: int, depth_limit: torch.Tensor | int, refine_steps: int = REFINE_STEPS
 ) -> dict[str, torch.Tensor]:
@@ -100,15 +81,11 @@ def build_tree_tensors(
     offset, beam = 0, values[0]
     for depth in range(2, max_depth + 1):
         width = beam.shape[0]
-        keep = min(budget, width * top_k)
-        # candidates (parent i, rank j) in parent-major order, only those that can rank among the
-        # first keep + 1 (see frontier_pairs): a sort of ~budget·ln(budget) instead of width·top_k
-        flat, row, col = frontier_pairs(width, top_k, keep, device)
-        candidates = beam[row] + values[depth - 1][col]
-        sorted_scores, sub_order = torch.sort(candidates, descending=True, stable=True)
-        order = flat[sub_order]
-        cut_scores.append(sorted_scores[keep] if keep < width * top_k else -inf)
-        where_in_beam = torch.full((width * top_k,), width * top_k, dtype=torch.long, device=device)
+        candidates = (beam[:, None] + values[depth - 1][None, :]).reshape(-1)  # parent-major
+        sorted_scores, order = torch.sort(candidates, descending=True, stable=True)
+        keep = min(budget, candidates.shape[0])
+        cut_scores.append(sorted_scores[keep] if keep < candidates.shape[0] else -inf)
+        where_in_beam = torch.empty_like(order)
         where_in_beam[order] = torch.arange(order.shape[0], device=device)
         order = order[:keep]
         parent_beam, rank = order // top_k, order % top_k
