@@ -3,9 +3,10 @@
 Each kernel replaces a chain of small PyTorch kernels that a decode round otherwise launches per
 layer: RMSNorm (with the residual add before it), per-head q/k RMSNorm + rotary, and SiLU(gate) *
 up. They round where the HF modules round (to the tensor's dtype after each op the module does in
-that dtype), so in bf16 they differ from the modules only by the order of the variance sum, and
-in fp32 by float rounding. ``kernels.py`` decides when they run; its torch versions are the
-reference the tests compare these to (on CPU through Triton's interpreter, on CUDA for real).
+that dtype, see ``_rounded``), so in bf16 they differ from the modules only where the variance
+sum's order or a fast exp moves a value across a rounding boundary, and in fp32 by float
+rounding. ``kernels.py`` decides when they run; the modules themselves are the reference the
+tests compare these to (on CPU through Triton's interpreter, on CUDA compiled).
 """
 
 from __future__ import annotations
@@ -13,6 +14,23 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _rounded(x, dtype: tl.constexpr):
+    """fp32 ``x`` rounded to ``dtype`` (kept in fp32), as torch rounds after each op in that dtype.
+    Triton's compiler folds a ``.to(bf16).to(fp32)`` pair away (measured on the H200: 23 % of bf16
+    products then differed from torch's), so bf16 rounds with integer ops: to nearest, ties to
+    even. Triton's interpreter truncates in casts; this rounds there as well."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif dtype == tl.float32:
+        return x
+    else:
+        return x.to(dtype).to(tl.float32)
+
 
 # Each program takes a tile of about TILE elements: one row of a wide hidden state, or several
 # narrow rows (a small model, or the heads of q/k), so tiny shapes are not thousands of programs.
@@ -32,16 +50,16 @@ def _rms_norm_kernel(
     if HAS_DELTA:
         # the residual add happens in the input dtype, as `hidden + delta` would
         delta = tl.load(delta_ptr + row * delta_row_stride + offs, mask=inside, other=0.0).to(tl.float32)
-        x = (x + delta).to(sum_ptr.dtype.element_ty)
-        tl.store(sum_ptr + row * sum_row_stride + offs, x, mask=inside)
-        x = x.to(tl.float32)
+        x = _rounded(x + delta, sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * sum_row_stride + offs, x.to(sum_ptr.dtype.element_ty), mask=inside)
     normed = x * tl.rsqrt(tl.sum(x * x, axis=1) / cols + eps)[:, None]
     w = tl.load(w_ptr + offs, mask=offs < cols, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
     if OFFSET:  # noqa: SIM108 -- Qwen3.5 / Qwen3-Next: (x * (1 + w)) in fp32, then cast
         y = normed * (1.0 + w)
     else:  # Llama / Qwen3: cast first, then scale by the weight
-        y = normed.to(out_ptr.dtype.element_ty).to(tl.float32) * w
-    tl.store(out_ptr + row * cols + offs, y.to(out_ptr.dtype.element_ty), mask=inside)
+        y = _rounded(normed, dtype) * w
+    tl.store(out_ptr + row * cols + offs, _rounded(y, dtype).to(dtype), mask=inside)
 
 
 @triton.jit
@@ -67,19 +85,19 @@ def _norm_rope_kernel(
     wp = tl.load(w_ptr + partner, mask=offs < head_dim, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
     if OFFSET:
-        y = (x * inv_rms * (1.0 + w)).to(dtype).to(tl.float32)
-        yp = (xp * inv_rms * (1.0 + wp)).to(dtype).to(tl.float32)
+        y = _rounded(x * inv_rms * (1.0 + w), dtype)
+        yp = _rounded(xp * inv_rms * (1.0 + wp), dtype)
     else:
-        y = ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
-        yp = ((xp * inv_rms).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
+        y = _rounded(_rounded(x * inv_rms, dtype) * w, dtype)
+        yp = _rounded(_rounded(xp * inv_rms, dtype) * wp, dtype)
     turns = inside & (offs < rotary)
     cos = tl.load(cos_ptr + row * cos_row_stride + offs, mask=turns, other=1.0).to(tl.float32)
     sin = tl.load(sin_ptr + row * cos_row_stride + offs, mask=turns, other=0.0).to(tl.float32)
     rotated = tl.where(offs < half, -yp, yp)
     # x*cos + rotate_half(x)*sin, each product rounded to the dtype first as in apply_rope
-    out = ((y * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)).to(dtype)
-    out = tl.where(offs < rotary, out, y.to(dtype))
-    tl.store(out_ptr + pair * head_dim + offs, out, mask=inside)
+    out = _rounded(_rounded(y * cos, dtype) + _rounded(rotated * sin, dtype), dtype)
+    out = tl.where(offs < rotary, out, y)
+    tl.store(out_ptr + pair * head_dim + offs, out.to(dtype), mask=inside)
 
 
 @triton.jit
@@ -90,8 +108,8 @@ def _silu_mul_kernel(gate_up_ptr, out_ptr, total, width, in_row_stride, BLOCK: t
     gate = tl.load(source, mask=inside, other=0.0).to(tl.float32)
     up = tl.load(source + width, mask=inside, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # silu rounds, then the product
-    tl.store(out_ptr + index, (activated * up).to(dtype), mask=inside)
+    activated = _rounded(gate / (1.0 + tl.exp(-gate)), dtype)  # silu rounds, then the product
+    tl.store(out_ptr + index, _rounded(activated * up, dtype).to(dtype), mask=inside)
 
 
 def _warps(elements: int) -> int:
