@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.draft import RMSNorm  # noqa: E402
 from ddtree_diag.engine.fast import kernels  # noqa: E402
+from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
 from ddtree_diag.engine.rope import apply_rope  # noqa: E402
 from tests import engine_fixtures as fx  # noqa: E402
 
@@ -159,8 +160,9 @@ def test_kernels_stay_off_where_the_setting_says(monkeypatch):
     monkeypatch.setattr(kernels, "_triton", lambda: pytest.fail("kernels used"))
     monkeypatch.setenv("DDTREE_DIAG_KERNELS", "auto")  # auto: CUDA tensors only
     assert torch.equal(kernels.rms_norm(module, x), module(x))
+    assert not kernels.active(torch.device("cpu"))
     monkeypatch.setenv("DDTREE_DIAG_KERNELS", "off")
-    assert not kernels.available()
+    assert not kernels.available() and not kernels.active(torch.device("cuda"))
     assert torch.equal(kernels.rms_norm(module, x), module(x))
 
 
@@ -186,7 +188,11 @@ def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path):
         eager = generate(engine, "eager", prompt, tree_budget=budget)
         quick = generate(engine, "fast-nograph", prompt, tree_budget=budget)
         assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
+        assert quick.extras["fused_kernels"] is True and "fused_kernels" not in eager.extras
     assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
+    engine.use_path("fast-nograph")
+    rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": "d"}))
+    assert rows["decode path"] == "fast-nograph, fused Triton kernels"
 
 
 def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path):

@@ -65,6 +65,14 @@ class Engine:
     def default_tree_budget(self) -> int:
         return DEFAULT_TREE_BUDGET if self.draft is not None else 0
 
+    def _fused_kernels(self) -> bool:
+        """Whether the decode path runs the fast path's fused Triton kernels (see fast/kernels)."""
+        if self.decode_path not in ("fast", "fast-nograph"):
+            return False
+        from ddtree_diag.engine.fast import kernels
+
+        return kernels.active(self.device)
+
     def info(self) -> dict[str, Any]:
         params = sum(p.numel() * p.element_size() for p in self.target.hf.parameters())
         draft_params = 0
@@ -85,6 +93,8 @@ class Engine:
             "device": str(self.device),
             "stop_token_ids": self.stop_token_ids,
             "default_tree_budget": self.default_tree_budget,
+            "decode_path": self.decode_path,
+            "fused_kernels": self._fused_kernels(),
             "draft": None,
             "memory": memory,
         }

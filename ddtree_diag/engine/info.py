@@ -15,6 +15,13 @@ def _size(num_bytes: int | None) -> str:
     return str(num_bytes)
 
 
+def _decode_path(info: dict[str, Any]) -> str:
+    path = str(info.get("decode_path"))
+    if path.startswith("fast") and path != "fast-compile":
+        path += ", fused Triton kernels" if info.get("fused_kernels") else ", torch ops (no fused kernels)"
+    return path
+
+
 def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     draft = info.get("draft") or {}
     memory = info.get("memory") or {}
@@ -49,6 +56,7 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
         ]
     rows += [
         ("default tree budget", str(info.get("default_tree_budget"))),
+        ("decode path", _decode_path(info)),
         ("target weights", _size(memory.get("target_weights_bytes"))),
         ("draft weights", _size(memory.get("draft_weights_bytes"))),
     ]

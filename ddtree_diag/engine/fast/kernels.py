@@ -48,6 +48,12 @@ def available() -> bool:
     return mode() != "off" and _triton() is not None
 
 
+def active(device: torch.device) -> bool:
+    """Whether the fused kernels run for tensors on ``device`` (outside ``torch.compile``)."""
+    setting = mode()
+    return setting != "off" and (setting == "on" or device.type == "cuda") and _triton() is not None
+
+
 def _use(x: torch.Tensor):
     """The kernels module when the kernels should run on ``x``, else None."""
     setting = mode()
