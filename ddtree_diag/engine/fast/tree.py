@@ -107,12 +107,20 @@ def build_tree_tensors(
     pool = score.shape[0]
     kind = (rank == 0).long()  # 0: pushed as a sibling, 1: pushed as a child
     invalid = (depth_of > limit).long()
-    negative = -score
+    # Each refinement pass orders nodes by (invalid, -score, secondary, index). The score order
+    # never changes, so rank the scores once (equal scores, equal rank) and sort each pass by one
+    # int64 key: one sort per pass instead of three stable sorts and their gathers.
+    by_score = torch.sort(-score, stable=True).indices
+    ordered = score[by_score]
+    steps = torch.cat([torch.zeros(1, dtype=torch.long, device=device), (ordered[1:] != ordered[:-1]).long()])
+    score_rank = torch.empty_like(by_score)
+    score_rank[by_score] = torch.cumsum(steps, 0)
+    width = 2 * pool + 4  # secondary + 1 lies in [0, 2 * pool + 3]
+    major = (invalid * pool + score_rank) * width
+    node_index = torch.arange(pool, device=device)
 
     def sorted_by(secondary: torch.Tensor) -> torch.Tensor:
-        order = torch.sort(secondary, stable=True).indices
-        order = order[torch.sort(negative[order], stable=True).indices]
-        return order[torch.sort(invalid[order], stable=True).indices]
+        return torch.sort((major + secondary + 1) * pool + node_index).indices
 
     order = sorted_by(torch.zeros(pool, dtype=torch.long, device=device))
     previous = order
