@@ -19,6 +19,9 @@ import os
 
 import torch
 
+from ddtree_diag.engine.draft import RMSNorm
+from ddtree_diag.engine.rope import apply_rope
+
 # RMSNorm classes by where they apply the weight. "cast": Llama / Qwen2 / Qwen3 / the DFlash draft
 # (normalise in fp32, cast, then weight * x in the dtype). "offset": Qwen3.5 / Qwen3-Next
 # (x * (1 + weight) in fp32, then cast). Any other norm runs as its own module.
@@ -82,8 +85,6 @@ def _norm_style(module: torch.nn.Module) -> str | None:
     cls = type(module)
     if cls.__module__.startswith("transformers."):
         return _NORM_STYLES.get(cls.__name__)
-    from ddtree_diag.engine.draft import RMSNorm
-
     return "cast" if cls is RMSNorm else None
 
 
@@ -115,8 +116,6 @@ def add_rms_norm(
 def norm_rope(module: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``apply_rope(module(x).transpose(1, 2), cos, sin)`` for x [1, rows, heads, head_dim]: a per-head
     q/k norm and rotary (full or partial) in one kernel. Returns [1, heads, rows, head_dim]."""
-    from ddtree_diag.engine.rope import apply_rope
-
     kernels, params = _use(x), None
     rows, rotary = x.shape[1], cos.shape[-1]
     shapes_fit = (
