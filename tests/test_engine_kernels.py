@@ -100,6 +100,26 @@ def test_rms_norm_and_the_residual_add_equal_every_norm_style(fused, dtype, size
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_gated_output_norm_equals_the_gated_delta_net_modules(fused, dtype):
+    """The Gated DeltaNet output norm: norm, weight, times silu(gate) (Qwen3.5 and Qwen3-Next)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNormGated
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    generator = torch.Generator().manual_seed(11)
+    x = (torch.randn(37, 128, generator=generator) * 2).to(DEVICE, dtype)
+    gate = (torch.randn(37, 128, generator=generator) * 3).to(DEVICE, dtype)
+    for cls in (Qwen3_5RMSNormGated, Qwen3NextRMSNormGated):
+        module = cls(128, eps=1e-6)
+        with torch.no_grad():
+            module.weight.copy_(torch.randn(128, generator=generator) * 0.3 + 1)
+        module = module.to(DEVICE, dtype)
+        assert_matches(kernels.gated_rms_norm(module, x, gate), module(x, gate))
+        # the plain entry points leave a gated norm alone (it needs its gate)
+        assert kernels._norm_params(module, x) is None
+    assert fused["rms_norm"] == 2
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 @pytest.mark.parametrize("rotary", (16, 4))  # full rotary (Qwen3) and partial (Qwen3.5: a quarter)
 def test_norm_rope_equals_the_norm_then_rotary_on_strided_heads(fused, dtype, rotary):
     """q and k as the fast path hands them over: views into one fused q|k|v output (row stride =
@@ -120,7 +140,9 @@ def test_norm_rope_equals_the_norm_then_rotary_on_strided_heads(fused, dtype, ro
             got = kernels.norm_rope(module, x, cos, sin)
             assert_matches(got, want)
             assert got.shape == (1, x.shape[2], rows, head_dim), style
-    assert fused["norm_rope"] == 9
+    for x in (q.view(1, rows, heads, head_dim), k.view(1, rows, kv_heads, head_dim), gated):
+        assert_matches(kernels.rope(x, cos, sin), apply_rope(x.transpose(1, 2), cos, sin))  # no q/k norm
+    assert fused["norm_rope"] == 12
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
@@ -178,13 +200,15 @@ def generate(engine, path, prompt, **kwargs):
         engine.use_path(previous)
 
 
-def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path):
-    """Every norm, q/k norm + rotary and SwiGLU of the target and the draft through the kernels:
-    the fast rounds still give the eager path's tokens and acceptance (fp32, T=0)."""
-    engine = load_engine(fx.make_target(tmp_path / "t"), fx.make_draft(tmp_path / "d", block_size=4),
-                         device=DEVICE, dtype="fp32")  # fmt: skip
+@pytest.mark.parametrize("model_type", ("qwen3", "llama"))
+def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, model_type):
+    """Every norm, q/k norm + rotary (Llama: rotary alone) and SwiGLU of the target and the draft
+    through the kernels: the fast rounds still give the eager path's tokens and acceptance (fp32,
+    T=0)."""
+    target = fx.make_target(tmp_path / "t", model_type=model_type)
+    engine = load_engine(target, fx.make_draft(tmp_path / "d", block_size=4), device=DEVICE, dtype="fp32")
     prompt = fx.PROMPTS[1]
-    for budget in (0, 4, 16):
+    for budget in (0, 4, 16) if model_type == "qwen3" else (4,):
         eager = generate(engine, "eager", prompt, tree_budget=budget)
         quick = generate(engine, "fast-nograph", prompt, tree_budget=budget)
         assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget

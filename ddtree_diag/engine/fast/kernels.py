@@ -24,11 +24,13 @@ from ddtree_diag.engine.rope import apply_rope
 
 # RMSNorm classes by where they apply the weight. "cast": Llama / Qwen2 / Qwen3 / the DFlash draft
 # (normalise in fp32, cast, then weight * x in the dtype). "offset": Qwen3.5 / Qwen3-Next
-# (x * (1 + weight) in fp32, then cast). Any other norm runs as its own module.
+# (x * (1 + weight) in fp32, then cast). "gated": the Gated DeltaNet output norm (the "cast" style,
+# then times silu(gate) in fp32, then cast). Any other norm runs as its own module.
 _NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
     "Qwen3MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
+    "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
 }  # fmt: skip
 
 
@@ -67,16 +69,21 @@ def _use(x: torch.Tensor):
     return _triton()
 
 
-def _norm_params(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, float, bool] | None:
-    """(weight, eps, offset) of an RMSNorm the kernels reproduce for ``x``, else None."""
+def _norm_params(
+    module: torch.nn.Module, x: torch.Tensor, gated: bool = False
+) -> tuple[torch.Tensor, float, bool] | None:
+    """(weight, eps, offset) of an RMSNorm the kernels reproduce for ``x``, else None. ``gated``:
+    the module must be a gated (SiLU) output norm; else it must not be one."""
     style = _norm_style(module)
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    if style is None or not isinstance(weight, torch.Tensor) or not isinstance(eps, float):
+    if style is None or (style == "gated") != gated or not isinstance(weight, torch.Tensor):
+        return None
+    if not isinstance(eps, float) or (gated and getattr(module, "activation", None) != "silu"):
         return None
     if weight.shape != (x.shape[-1],) or weight.device != x.device or not weight.is_contiguous():
         return None
-    if style == "cast" and weight.dtype != x.dtype:
+    if style != "offset" and weight.dtype != x.dtype:
         return None  # the module's output would be promoted to the weight's dtype
     return weight, eps, style == "offset"
 
@@ -113,21 +120,43 @@ def add_rms_norm(
     return total, normed
 
 
+def gated_rms_norm(module: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``module(x, gate)`` for a Gated DeltaNet output norm (norm, weight, times silu(gate))."""
+    kernels, params = _use(x), None
+    if kernels is not None and gate.shape == x.shape and x.stride(-1) == 1 and gate.stride(-1) == 1:
+        params = _norm_params(module, x, gated=True)
+    if params is None:
+        return module(x, gate)
+    return kernels.rms_norm(x, *params, gate=gate)[0]
+
+
 def norm_rope(module: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``apply_rope(module(x).transpose(1, 2), cos, sin)`` for x [1, rows, heads, head_dim]: a per-head
     q/k norm and rotary (full or partial) in one kernel. Returns [1, heads, rows, head_dim]."""
     kernels, params = _use(x), None
-    rows, rotary = x.shape[1], cos.shape[-1]
-    shapes_fit = (
-        x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 and rotary % 2 == 0 and rotary <= x.shape[-1]
-        and cos.shape == sin.shape and cos.numel() == rows * rotary and cos.dtype == x.dtype == sin.dtype
-        and cos.is_contiguous() and sin.is_contiguous()
-    )  # fmt: skip
-    if kernels is not None and shapes_fit:
+    if kernels is not None and _rope_fits(x, cos, sin):
         params = _norm_params(module, x)
     if params is None:
         return apply_rope(module(x).transpose(1, 2), cos, sin)
     return kernels.norm_rope(x, *params, cos, sin).transpose(1, 2)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope(x.transpose(1, 2), cos, sin)`` for x [1, rows, heads, head_dim] (targets without
+    q/k norms: Llama, Qwen2, Mistral) in one kernel. Returns [1, heads, rows, head_dim]."""
+    kernels = _use(x)
+    if kernels is None or not _rope_fits(x, cos, sin):
+        return apply_rope(x.transpose(1, 2), cos, sin)
+    return kernels.norm_rope(x, None, 0.0, False, cos, sin).transpose(1, 2)
+
+
+def _rope_fits(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    rows, rotary = x.shape[1], cos.shape[-1]
+    return (
+        x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 and rotary % 2 == 0 and rotary <= x.shape[-1]
+        and cos.shape == sin.shape and cos.numel() == rows * rotary and cos.dtype == x.dtype == sin.dtype
+        and cos.is_contiguous() and sin.is_contiguous()
+    )  # fmt: skip
 
 
 def silu_mul(act_fn: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, hea
     if hasattr(attn, "q_norm"):
         q, k = kernels.norm_rope(attn.q_norm, q, cos, sin), kernels.norm_rope(attn.k_norm, k, cos, sin)
     else:
-        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
+        q, k = kernels.rope(q, cos, sin), kernels.rope(k, cos, sin)
     return q, k, v.transpose(1, 2), gate
 
 
@@ -145,7 +145,7 @@ def linear_attention_rows(
         q.reshape(n, module.num_k_heads, module.head_k_dim), k.reshape(n, module.num_k_heads, module.head_k_dim),
         v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
     )  # fmt: skip
-    normed = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
+    normed = kernels.gated_rms_norm(module.norm, core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(normed.reshape(n, module.value_dim)), parts, windows[:, :, 1:]
 
 

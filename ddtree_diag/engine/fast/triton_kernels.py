@@ -1,12 +1,13 @@
 """Hand-fused Triton kernels for the fast path's elementwise work (imported only where Triton is).
 
 Each kernel replaces a chain of small PyTorch kernels that a decode round otherwise launches per
-layer: RMSNorm (with the residual add before it), per-head q/k RMSNorm + rotary, and SiLU(gate) *
-up. They round where the HF modules round (to the tensor's dtype after each op the module does in
-that dtype, see ``_rounded``), so in bf16 they differ from the modules only where the variance
-sum's order or a fast exp moves a value across a rounding boundary, and in fp32 by float
-rounding. ``kernels.py`` decides when they run; the modules themselves are the reference the
-tests compare these to (on CPU through Triton's interpreter, on CUDA compiled).
+layer: RMSNorm (with the residual add before it, or the SiLU gate after it in a Gated DeltaNet
+layer), per-head q/k RMSNorm + rotary (or rotary alone), and SiLU(gate) * up. They round where
+the HF modules round (to the tensor's dtype after each op the module does in that dtype, see
+``_rounded``), so in bf16 they differ from the modules only where the variance sum's order or a
+fast exp moves a value across a rounding boundary, and in fp32 by float rounding. ``kernels.py``
+decides when they run; the modules themselves are the reference the tests compare these to (on
+CPU through Triton's interpreter, on CUDA compiled).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ TILE = 4096
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr,
-    rows, x_row_stride, delta_row_stride, sum_row_stride, cols, eps,
-    OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, gate_ptr,
+    rows, x_row_stride, delta_row_stride, sum_row_stride, gate_row_stride, cols, eps,
+    OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_GATE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     offs = tl.arange(0, BLOCK)[None, :]
@@ -59,6 +60,9 @@ def _rms_norm_kernel(
         y = normed * (1.0 + w)
     else:  # Llama / Qwen3: cast first, then scale by the weight
         y = _rounded(normed, dtype) * w
+    if HAS_GATE:  # Gated DeltaNet output norm: (weight * norm(x)) in the dtype, times silu(gate) in fp32
+        gate = tl.load(gate_ptr + row * gate_row_stride + offs, mask=inside, other=0.0).to(tl.float32)
+        y = _rounded(y, dtype) * (gate / (1.0 + tl.exp(-gate)))
     tl.store(out_ptr + row * cols + offs, _rounded(y, dtype).to(dtype), mask=inside)
 
 
@@ -66,9 +70,9 @@ def _rms_norm_kernel(
 def _norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
     pairs, heads, x_row_stride, x_head_stride, cos_row_stride, head_dim, rotary, eps,
-    OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
+    NORM: tl.constexpr, OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # a tile of PAIRS (row, head) pairs, each head normed on its own
+    # a tile of PAIRS (row, head) pairs, each head normed on its own (NORM; else rotary alone)
     pair = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)[:, None]
     row, head = pair // heads, pair % heads
     offs = tl.arange(0, BLOCK)[None, :]
@@ -81,15 +85,18 @@ def _norm_rope_kernel(
     half = rotary // 2
     partner = tl.where(offs < half, offs + half, tl.where(offs < rotary, offs - half, offs))
     xp = tl.load(base + partner, mask=inside, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=offs < head_dim, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + partner, mask=offs < head_dim, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    if OFFSET:
-        y = _rounded(x * inv_rms * (1.0 + w), dtype)
-        yp = _rounded(xp * inv_rms * (1.0 + wp), dtype)
-    else:
-        y = _rounded(_rounded(x * inv_rms, dtype) * w, dtype)
-        yp = _rounded(_rounded(xp * inv_rms, dtype) * wp, dtype)
+    if NORM:
+        w = tl.load(w_ptr + offs, mask=offs < head_dim, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=offs < head_dim, other=0.0).to(tl.float32)
+        if OFFSET:
+            y = _rounded(x * inv_rms * (1.0 + w), dtype)
+            yp = _rounded(xp * inv_rms * (1.0 + wp), dtype)
+        else:
+            y = _rounded(_rounded(x * inv_rms, dtype) * w, dtype)
+            yp = _rounded(_rounded(xp * inv_rms, dtype) * wp, dtype)
+    else:  # x and xp hold values of the dtype already
+        y, yp = x, xp
     turns = inside & (offs < rotary)
     cos = tl.load(cos_ptr + row * cos_row_stride + offs, mask=turns, other=1.0).to(tl.float32)
     sin = tl.load(sin_ptr + row * cos_row_stride + offs, mask=turns, other=0.0).to(tl.float32)
@@ -117,10 +124,11 @@ def _warps(elements: int) -> int:
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, delta: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, delta: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm over the last dim of ``x`` (+ ``delta`` first, when given). Returns (normed, the sum
-    that was normed: ``x`` itself without a delta)."""
+    """RMSNorm over the last dim of ``x`` (+ ``delta`` first, when given; times silu(``gate``) after,
+    when given). Returns (normed, the sum that was normed: ``x`` itself without a delta)."""
     cols = x.shape[-1]
     rows = x.numel() // cols
     x2 = x.reshape(rows, cols)
@@ -130,21 +138,23 @@ def rms_norm(
     else:
         total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         d2, s2 = delta.reshape(rows, cols), total.view(rows, cols)
+    g2 = x2 if gate is None else gate.reshape(rows, cols)
     block = triton.next_power_of_2(cols)
     tile_rows = max(1, TILE // block)
     _rms_norm_kernel[(triton.cdiv(rows, tile_rows),)](
-        x2, d2, weight, out, s2, rows, x2.stride(0), d2.stride(0), s2.stride(0), cols, eps,
-        OFFSET=offset, HAS_DELTA=delta is not None, ROWS=tile_rows, BLOCK=block,
+        x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), g2.stride(0), cols, eps,
+        OFFSET=offset, HAS_DELTA=delta is not None, HAS_GATE=gate is not None, ROWS=tile_rows, BLOCK=block,
         num_warps=_warps(block * tile_rows),
     )  # fmt: skip
     return out, total
 
 
 def norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, cos: torch.Tensor, sin: torch.Tensor
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: bool, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
-    """Per-head RMSNorm then rotary for ``x`` [1, rows, heads, head_dim] (any row/head strides, unit
-    stride within a head); cos/sin hold [rows, rotary] values. Returns a contiguous tensor."""
+    """Per-head RMSNorm (none when ``weight`` is None) then rotary for ``x`` [1, rows, heads,
+    head_dim] (any row/head strides, unit stride within a head); cos/sin hold [rows, rotary]
+    values. Returns a contiguous tensor."""
     _, rows, heads, head_dim = x.shape
     rotary = cos.shape[-1]
     cos2, sin2 = cos.reshape(rows, rotary), sin.reshape(rows, rotary)
@@ -152,8 +162,9 @@ def norm_rope(
     block = triton.next_power_of_2(head_dim)
     tile_pairs = max(1, TILE // block)
     _norm_rope_kernel[(triton.cdiv(rows * heads, tile_pairs),)](
-        x, weight, cos2, sin2, out, rows * heads, heads, x.stride(1), x.stride(2), cos2.stride(0), head_dim,
-        rotary, eps, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block, num_warps=_warps(block * tile_pairs),
+        x, x if weight is None else weight, cos2, sin2, out, rows * heads, heads, x.stride(1), x.stride(2),
+        cos2.stride(0), head_dim, rotary, eps, NORM=weight is not None, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block,
+        num_warps=_warps(block * tile_pairs),
     )  # fmt: skip
     return out
 
