@@ -60,6 +60,10 @@ def fused(monkeypatch):
 
         def counted(*args, _original=original, _name=name, **kwargs):
             calls[_name] = calls.get(_name, 0) + 1
+            if len(args) > 3 and args[3] is True:  # an offset-style (Qwen3.5 / Qwen3-Next) norm
+                calls[f"{_name}_offset"] = calls.get(f"{_name}_offset", 0) + 1
+            if kwargs.get("gate") is not None:
+                calls["gated"] = calls.get("gated", 0) + 1
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counted)
@@ -97,6 +101,21 @@ def test_rms_norm_and_the_residual_add_equal_every_norm_style(fused, dtype, size
         assert torch.equal(total, hidden + delta), style  # the add rounds exactly like torch's
         assert_matches(normed, module(hidden + delta))
     assert fused["rms_norm"] == 6
+
+
+def test_nan_stays_nan_and_fp16_runs_the_modules(fused):
+    """A blow-up must show: a NaN in a row leaves that row NaN, as in the module (bf16 rounding
+    by integer ops must not turn NaN into a number). fp16 is not fused."""
+    module = norm_modules(64)["qwen3"].to(DEVICE, torch.bfloat16)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.bfloat16)
+    x[1, 5] = float("nan")
+    got, want = kernels.rms_norm(module, x), module(x)
+    assert torch.equal(got.isnan(), want.isnan()) and bool(got[1].isnan().all())
+    assert fused["rms_norm"] == 1
+    half = norm_modules(64)["qwen3"].to(DEVICE, torch.float16)
+    finite = x[[0, 2]].half()
+    assert torch.equal(kernels.rms_norm(half, finite), half(finite))
+    assert fused["rms_norm"] == 1
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
@@ -182,9 +201,9 @@ def test_kernels_stay_off_where_the_setting_says(monkeypatch):
     monkeypatch.setattr(kernels, "_triton", lambda: pytest.fail("kernels used"))
     monkeypatch.setenv("DDTREE_DIAG_KERNELS", "auto")  # auto: CUDA tensors only
     assert torch.equal(kernels.rms_norm(module, x), module(x))
-    assert not kernels.active(torch.device("cpu"))
+    assert not kernels.active(torch.device("cpu"), torch.float32)
     monkeypatch.setenv("DDTREE_DIAG_KERNELS", "off")
-    assert not kernels.available() and not kernels.active(torch.device("cuda"))
+    assert not kernels.available() and not kernels.active(torch.device("cuda"), torch.bfloat16)
     assert torch.equal(kernels.rms_norm(module, x), module(x))
 
 
@@ -220,7 +239,9 @@ def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, model_type):
 
 
 def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path):
-    """The same on a Qwen3.5-style hybrid (offset-style norms, a gated query, partial rotary)."""
+    """The same on a Qwen3.5-style hybrid (offset-style norms, a gated query, partial rotary, the
+    Gated DeltaNet output norm); the draft's norms are of the other style, so the offset and gated
+    counts come from the target's layers."""
     target = fx.make_hybrid_target(tmp_path / "t", pattern="LLAL")
     draft = fx.make_draft(tmp_path / "d", block_size=4, layer_ids=(0, 2), layers=1)
     engine = load_engine(target, draft, device=DEVICE, dtype="fp32")
@@ -230,3 +251,4 @@ def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path):
         quick = generate(engine, "fast-nograph", prompt, tree_budget=budget)
         assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
     assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
+    assert fused["rms_norm_offset"] and fused["norm_rope_offset"] and fused["gated"]

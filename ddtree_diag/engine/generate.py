@@ -67,11 +67,11 @@ class Engine:
 
     def _fused_kernels(self) -> bool:
         """Whether the decode path runs the fast path's fused Triton kernels (see fast/kernels)."""
-        if self.decode_path not in ("fast", "fast-nograph"):
+        if self.decode_path == "eager":
             return False
         from ddtree_diag.engine.fast import kernels
 
-        return kernels.active(self.device)
+        return kernels.active(self.device, self.dtype)
 
     def info(self) -> dict[str, Any]:
         params = sum(p.numel() * p.element_size() for p in self.target.hf.parameters())

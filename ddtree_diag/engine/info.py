@@ -17,7 +17,7 @@ def _size(num_bytes: int | None) -> str:
 
 def _decode_path(info: dict[str, Any]) -> str:
     path = str(info.get("decode_path"))
-    if path.startswith("fast") and path != "fast-compile":
+    if path.startswith("fast"):
         path += ", fused Triton kernels" if info.get("fused_kernels") else ", torch ops (no fused kernels)"
     return path
 

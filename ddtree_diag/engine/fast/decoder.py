@@ -573,9 +573,9 @@ class FastDecoder:
 
         return record.result(extras={
             "fast": True,
-            # norms, q/k norm + rotary and SwiGLU as fused Triton kernels (else: torch ops, or
-            # torch.compile's own fusion on the fast-compile path)
-            "fused_kernels": kernels.active(self.device) and not self.torch_compile,
+            # norms, q/k norm + rotary and SwiGLU as fused Triton kernels (else torch ops; on the
+            # fast-compile path, wherever torch.compile's own fusion does not run)
+            "fused_kernels": kernels.active(self.device, self.target.dtype),
             "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
             "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
             "fast_tree_fallbacks": fallbacks,

@@ -22,15 +22,15 @@ def _rounded(x, dtype: tl.constexpr):
     """fp32 ``x`` rounded to ``dtype`` (kept in fp32), as torch rounds after each op in that dtype.
     Triton's compiler folds a ``.to(bf16).to(fp32)`` pair away (measured on the H200: 23 % of bf16
     products then differed from torch's), so bf16 rounds with integer ops: to nearest, ties to
-    even. Triton's interpreter truncates in casts; this rounds there as well."""
+    even (a NaN stays NaN: the GPU's 0x7FFFFFFF would carry into the sign bit). Triton's
+    interpreter truncates in casts; this rounds there as well. Only fp32 and bf16 come here
+    (``kernels`` leaves fp16 to the modules: its casts would fold the same way)."""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    elif dtype == tl.float32:
-        return x
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
     else:
-        return x.to(dtype).to(tl.float32)
+        return x
 
 
 # Each program takes a tile of about TILE elements: one row of a wide hidden state, or several
@@ -44,7 +44,8 @@ def _rms_norm_kernel(
     rows, x_row_stride, delta_row_stride, sum_row_stride, gate_row_stride, cols, eps,
     OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_GATE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    # int64: row * stride passes 2**31 on long prompts (the prefill runs through here too)
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     offs = tl.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (offs < cols)
     x = tl.load(x_ptr + row * x_row_stride + offs, mask=inside, other=0.0).to(tl.float32)
@@ -73,7 +74,7 @@ def _norm_rope_kernel(
     NORM: tl.constexpr, OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     # a tile of PAIRS (row, head) pairs, each head normed on its own (NORM; else rotary alone)
-    pair = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)[:, None]
+    pair = tl.program_id(0).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)[:, None]
     row, head = pair // heads, pair % heads
     offs = tl.arange(0, BLOCK)[None, :]
     inside = (pair < pairs) & (offs < head_dim)
@@ -109,7 +110,7 @@ def _norm_rope_kernel(
 
 @triton.jit
 def _silu_mul_kernel(gate_up_ptr, out_ptr, total, width, in_row_stride, BLOCK: tl.constexpr):
-    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # over the [rows, width] output
+    index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # over [rows, width]; int64
     inside = index < total
     source = gate_up_ptr + (index // width) * in_row_stride + index % width
     gate = tl.load(source, mask=inside, other=0.0).to(tl.float32)
