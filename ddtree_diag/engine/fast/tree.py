@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 BUCKET = 16  # verify batches are padded to a multiple of this
-REFINE_STEPS = 4  # tie-break refinement passes of the vectorised tree build
+DOUBLING_STEPS = 4  # pointer-doubling passes over tied pusher chains (settles chains of 2**4)
+REFINE_STEPS = 1  # passes of the heap's tie rule after them (>= 1: the last one proves the order)
 
 
 def bucket_size(tokens: int) -> int:
@@ -43,8 +44,19 @@ def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     return values.gather(-1, ids), ids
 
 
+def _dense_rank(keys: torch.Tensor) -> torch.Tensor:
+    """0-based rank of each key among the distinct keys (equal keys, equal rank)."""
+    ordered, order = torch.sort(keys)
+    steps = torch.cat([torch.zeros(1, dtype=torch.long, device=keys.device), (ordered[1:] != ordered[:-1]).long()])
+    ranks = torch.empty_like(order)
+    ranks[order] = torch.cumsum(steps, 0)
+    return ranks
+
+
 def build_tree_tensors(
-    depth_logprobs: torch.Tensor, budget: int, depth_limit: torch.Tensor | int, refine_steps: int = REFINE_STEPS
+    depth_logprobs: torch.Tensor, budget: int, depth_limit: torch.Tensor | int,
+    refine_steps: int = REFINE_STEPS,
+    doubling_steps: int = DOUBLING_STEPS,
 ) -> dict[str, torch.Tensor]:
     """``tree.build_tree`` with tensor ops only (no host sync), padded to ``budget`` nodes.
 
@@ -56,9 +68,12 @@ def build_tree_tensors(
     Why it equals the heap: the heap pops nodes by (path score desc, push order asc). A node
     (ranks r1..rd) is pushed by exactly one node, its *pusher*: its previous sibling (rank-1) or,
     for rank 0, its parent; push order is (pop index of the pusher, sibling before child). So the
-    pop order is the unique fixed point of "sort by (-score, 2·rank(pusher) + kind)", which we
-    reach by a few refinement sorts starting from score order (ties are rare and short in
-    practice) and then verify (the last pass moved none of the selected nodes). The candidates are per-depth
+    pop order is the unique fixed point of "sort by (-score, 2·rank(pusher) + kind)". Iterating
+    that rule settles one more tied pusher per sort, and bf16 logits make long tie chains (10 % of
+    random bf16 rounds at budget 64-256 needed more than 4 sorts, and how many depended on the
+    last bit of log_softmax, i.e. on the CPU's SIMD width); so the pushers' score chains are first
+    ranked by pointer doubling (chains of 2**k in k sorts), then one pass of the rule decides
+    chains that meet at one pusher and verifies (it moved none of the selected nodes). The candidates are per-depth
     beams of the ``budget`` best extensions of the previous beam; a node the heap pops cannot
     fall out of a beam unless a beam's first excluded candidate ties or beats the cut score,
     which is checked. Scores are float64 sums in the heap's order, so they are bit-identical.
@@ -110,11 +125,7 @@ def build_tree_tensors(
     # Each refinement pass orders nodes by (invalid, -score, secondary, index). The score order
     # never changes, so rank the scores once (equal scores, equal rank) and sort each pass by one
     # int64 key: one sort per pass instead of three stable sorts and their gathers.
-    by_score = torch.sort(-score, stable=True).indices
-    ordered = score[by_score]
-    steps = torch.cat([torch.zeros(1, dtype=torch.long, device=device), (ordered[1:] != ordered[:-1]).long()])
-    score_rank = torch.empty_like(by_score)
-    score_rank[by_score] = torch.cumsum(steps, 0)
+    score_rank = _dense_rank(-score)
     width = 2 * pool + 4  # secondary + 1 lies in [0, 2 * pool + 3]
     major = (invalid * pool + score_rank) * width
     node_index = torch.arange(pool, device=device)
@@ -122,9 +133,22 @@ def build_tree_tensors(
     def sorted_by(secondary: torch.Tensor) -> torch.Tensor:
         return torch.sort((major + secondary + 1) * pool + node_index).indices
 
-    order = sorted_by(torch.zeros(pool, dtype=torch.long, device=device))
+    # Ties chain along pushers: two tied nodes are ordered by their pushers, which may tie too
+    # (equal bf16 logits at one depth make twin subtrees that tie node for node, as deep as a
+    # path's sum of ranks). Pointer doubling settles a chain of 2**k tied pushers in k sorts:
+    # after pass k, ``chain_rank`` orders nodes by the scores of X, pusher(X), ... 2**k links up
+    # (the origin first, a pusher missing from the pool last).
+    chain_rank = invalid * pool + score_rank
+    jump = pusher
+    for _ in range(doubling_steps):
+        ahead = torch.where(jump >= 0, chain_rank[jump.clamp(min=0)], torch.where(jump == -1, -1, 2 * pool))
+        chain_rank = _dense_rank(chain_rank * (2 * pool + 2) + ahead + 1)
+        jump = torch.where(jump >= 0, jump[jump.clamp(min=0)], jump)
+    order = torch.sort(chain_rank * pool + node_index).indices
     previous = order
     positions = torch.arange(pool, device=device)
+    # Then the heap's own rule, (score, pusher's position, sibling before child): it decides
+    # chains that meet at one pusher, and its last pass is the proof below.
     for _ in range(refine_steps):
         rank_of = torch.empty_like(order)
         rank_of[order] = positions
