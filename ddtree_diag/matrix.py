@@ -122,11 +122,12 @@ def matrix_from_dict(data: dict[str, Any], source: str = "<matrix>") -> Matrix:
             values = axes[key]
             if not isinstance(values, list) or not values:
                 raise UsageError(f"{source}: axes.{key} must be a non-empty list")
+            section = "axes"
         elif key in defaults:
-            values = [defaults[key]]
+            values, section = [defaults[key]], "defaults"
         else:
             continue
-        setattr(matrix, key, [_axis_value(key, v, f"{source}: axes.{key}") for v in values])
+        setattr(matrix, key, [_axis_value(key, v, f"{source}: {section}.{key}") for v in values])
     if "repeat" in defaults:
         matrix.repeat = _positive_int(defaults["repeat"], f"{source}: defaults.repeat")
     system = defaults.get("system")

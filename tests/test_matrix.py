@@ -50,12 +50,19 @@ def test_system_prompt_and_extra_fields():
      ({"axes": {"max_tokens": [0]}}, "integer >= 1"),
      ({"prompts": {"p": {"txt": "x"}}}, "prompts.p.'txt'"),
      ({"prompts": {"p": {"messages": [{"role": "bot", "content": "x"}]}}}, "role"),
-     ({"defaults": {"repeat": 0}}, "defaults.repeat")],
+     ({"defaults": {"repeat": 0}}, "defaults.repeat"),
+     ({"defaults": {"max_tokens": 0}}, "m.toml: defaults.max_tokens"),
+     ({"defaults": {"temperature": "hot"}}, "m.toml: defaults.temperature"),
+     ({"defaults": {"tree_budget": -1}, "axes": {"max_tokens": [8]}}, "m.toml: defaults.tree_budget"),
+     ({"defaults": {"max_tokens": 8}, "axes": {"max_tokens": [0]}}, "m.toml: axes.max_tokens")],
 )
 def test_bad_matrices_name_the_key(data, needle):
     with pytest.raises(UsageError) as info:
         matrix_from_dict(data, source="m.toml")
     assert needle in str(info.value) and "m.toml" in str(info.value)
+    # a key is named in the section it is really in
+    wrong = "axes." if needle.startswith("m.toml: defaults.") else "defaults." if "axes." in needle else None
+    assert wrong is None or wrong not in str(info.value)
 
 
 def test_overrides_replace_axes(tmp_path):
