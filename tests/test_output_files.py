@@ -135,6 +135,20 @@ def test_reports_are_strict_json_with_a_note_for_non_finite_numbers():
     assert any("non-finite numbers written as null" in n and "results[0].timings.e2e_s" in n for n in data["notes"])
 
 
+def test_the_check_tries_for_real_and_leaves_nothing(tmp_path):
+    existing = tmp_path / "old.json"
+    existing.write_text("keep me")
+    check_writable(str(existing), "--json")
+    check_writable(str(tmp_path / "new.json"), "--html")
+    assert existing.read_text() == "keep me", "an existing file is not truncated"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"], "no probe file is left"
+    # os.access says yes to root in /proc; creating a file there fails for everyone
+    for path, flag in (("/proc/nope.json", "--json"), ("/proc/version", "--junit")):
+        with pytest.raises(UsageError) as caught:
+            check_writable(path, flag)
+        assert str(caught.value).startswith(f"cannot write {flag} {path}: ") and "\n" not in str(caught.value)
+
+
 # -- the CLI ------------------------------------------------------------------------------------
 
 
@@ -150,6 +164,16 @@ def test_unwritable_output_fails_before_the_run(cli, tmp_path):
         assert result.stderr.count("\n") == 1 and f"cannot write {flag}" in result.stderr
     result = cli("probe", "--url", "http://127.0.0.1:9", "--model", "m", "--dialect", "openai", "--json", str(tmp_path))
     assert result.code == 2 and "is a directory" in result.stderr
+
+
+@pytest.mark.e2e
+def test_proc_outputs_fail_before_anything_is_sent(standin, cli, tmp_path):
+    server = standin("--dialect", "ddtree")
+    for flag in ("--json", "--html", "--junit", "--summary"):
+        result = cli("probe", "--url", server.url, "--thinking", "off", flag, "/proc/nope.out", "--quiet")
+        assert result.code == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and f"cannot write {flag} /proc/nope.out" in result.stderr
+    assert server.requests() == [], "the check runs before the first request"
 
 
 @pytest.mark.e2e

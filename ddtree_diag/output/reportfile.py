@@ -2,8 +2,9 @@
 
 What a CI user expects of ``--json/--junit/--summary/-o PATH``:
 
-- ``check_writable`` runs before the run: a path that cannot be written is one line and exit 2
-  at once, not after ten minutes of probing.
+- ``check_writable`` runs before the run: a path that cannot be written is one line naming the flag
+  and exit 2 at once, not after ten minutes of probing. It tries for real (a temporary file in the
+  folder, or an append-open of the existing file): ``os.access`` says yes to root even in /proc.
 - A regular file (new or existing) is written atomically: a temporary file in the same directory,
   fsync'd, then renamed over it, so a reader sees the old file or the new one. A symlink is
   followed: its target is replaced, the link stays. The mode of a new file follows the umask
@@ -42,7 +43,10 @@ def _reason(exc: OSError) -> str:
 
 
 def check_writable(path: str | None, flag: str = "output") -> None:
-    """UsageError (exit 2, one line) when ``path`` cannot be written; nothing is created."""
+    """UsageError (exit 2, one line naming ``flag``) when ``path`` cannot be written. The check is
+    real, not ``os.access`` (which says yes to root anywhere, /proc included): an existing regular
+    file is opened for append (nothing truncated), a new one's folder gets a temporary file that is
+    removed at once. Nothing is left behind; special files (FIFOs, devices) are never opened."""
     if not path or path == "-":
         return
     where = f"{flag} {path}"
@@ -57,8 +61,16 @@ def check_writable(path: str | None, flag: str = "output") -> None:
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
             raise UsageError(f"cannot write {where}: it is a directory")
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"cannot write {where}: permission denied")
+        if not stat.S_ISREG(info.st_mode):
+            # a FIFO would block until a reader came: only asked, never opened
+            if not os.access(path, os.W_OK):
+                raise UsageError(f"cannot write {where}: permission denied")
+            return
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise UsageError(f"cannot write {where}: {_reason(exc)}") from None
         return
     # A new file (or a dangling symlink's target): the nearest existing folder must take it.
     folder = Path(os.path.realpath(path)).parent
@@ -68,8 +80,13 @@ def check_writable(path: str | None, flag: str = "output") -> None:
         folder = folder.parent
     if not folder.is_dir():
         raise UsageError(f"cannot write {where}: {folder} is not a directory")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {where}: permission denied in {folder}")
+    try:
+        fd, temp = tempfile.mkstemp(prefix=".ddtree-diag-check.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise UsageError(f"cannot write {where}: cannot create a file in {folder} ({_reason(exc)})") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(temp)
 
 
 def write_output(path: str | Path, text: str) -> None:
