@@ -5,20 +5,25 @@ fits: the free-text column (a case's output, a diff's changes) shrinks first, th
 then the free-text column is left out, then columns that hold nothing but "unknown", and last the
 table splits (keys and numbers, then keys and text; or three tables sharing the row number).
 Number columns never wrap and are never narrower than their header or their widest cell; text
-columns may wrap at spaces.
+columns may wrap at spaces. The free-text column also folds text written without spaces (Chinese,
+Japanese, a glued run of garbage) at character boundaries, by display width (a CJK character is
+two cells), so an answer in such a language shrinks like any other instead of being left out.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
-from rich.text import Text
+from rich.text import Lines, Text
 
 from ddtree_diag.output.cells import DASH
 
@@ -36,6 +41,114 @@ class Column:
     @property
     def unknown_only(self) -> bool:
         return bool(self.cells) and all(_plain(c) in (DASH, "") for c in self.cells)
+
+
+FOLD_WORDS_OVER = 12  # cells: a longer run without a break may be folded anywhere
+
+# Marks a line should not start with (closing punctuation, CJK or not): kept with what precedes.
+_NO_LINE_START = set("、。，．・：；？！）」』】〕〉》〙〗｝］｠’”…‥ー々ゝゞヽヾ")
+_NO_LINE_START |= set("ぁぃぅぇぉっゃゅょゎァィゥェォッャュョヮヵヶ" ",.;:!?)]}%")
+_SPACE = re.compile(r"\s")
+
+
+def _clusters(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each user-perceived character: combining marks, variation selectors,
+    skin tones and zero-width-joined parts stay with their base."""
+    spans: list[tuple[int, int]] = []
+    for index, char in enumerate(text):
+        joins = spans and (
+            unicodedata.category(char) in ("Mn", "Me", "Mc")
+            or char in "\u200d\ufe0e\ufe0f"
+            or 0x1F3FB <= ord(char) <= 0x1F3FF
+            or text[index - 1] == "\u200d"
+        )
+        if joins:
+            spans[-1] = (spans[-1][0], index + 1)
+        else:
+            spans.append((index, index + 1))
+    return spans
+
+
+def _atoms(text: str) -> list[tuple[int, int, int]]:
+    """The pieces a line may break between, as (start, end, width without trailing spaces): a
+    run of narrow characters (a word), or a single wide character (CJK breaks anywhere), each
+    with the closing punctuation and the spaces that follow it."""
+    atoms: list[list[int]] = []  # [start, end, width]
+    after_space = previous_wide = True
+    for start, end in _clusters(text):
+        char = text[start:end]
+        width = cell_len(char)
+        if _SPACE.match(char):
+            if atoms:
+                atoms[-1][1] = end
+            else:
+                atoms.append([start, end, 0])
+            after_space = True
+            continue
+        glue = atoms and not after_space and (char in _NO_LINE_START or (width < 2 and not previous_wide))
+        if glue:
+            atoms[-1][1] = end
+            atoms[-1][2] += width
+        else:
+            atoms.append([start, end, width])
+        after_space, previous_wide = False, width >= 2
+    return [(a, b, w) for a, b, w in atoms]
+
+
+def fold_offsets(text: str, width: int) -> list[int]:
+    """Where to break ``text`` (one line) into lines of at most ``width`` cells: between words, or
+    between any two characters of unspaced text, and inside a word only when it alone is wider
+    than a line."""
+    width = max(width, 2)
+    offsets: list[int] = []
+    used = 0  # cells on the current line, spaces after its last piece included
+    for start, end, atom_width in _atoms(text):
+        if used and used + atom_width > width:
+            offsets.append(start)
+            used = 0
+        if atom_width > width:  # a piece wider than a line: fold it at character boundaries
+            content = text[start:end].rstrip()
+            for c_start, c_end in _clusters(content):
+                char_width = cell_len(content[c_start:c_end])
+                if used and used + char_width > width:
+                    offsets.append(start + c_start)
+                    used = 0
+                used += char_width
+            used += cell_len(text[start:end]) - cell_len(content)
+        else:
+            used += cell_len(text[start:end])
+    return offsets
+
+
+class Folded(Text):
+    """Text whose lines break between words and also inside unspaced text (see ``fold_offsets``);
+    its minimum width is its widest unbreakable piece, at most ``FOLD_WORDS_OVER`` cells."""
+
+    def __rich_measure__(self, console: Console, options: Any) -> Measurement:
+        measured = super().__rich_measure__(console, options)
+        widest = max((w for line in self.plain.splitlines() for *_, w in _atoms(line)), default=0)
+        return Measurement(min(measured.minimum, widest, FOLD_WORDS_OVER) or measured.minimum, measured.maximum)
+
+    def wrap(self, console: Console, width: int, *, justify: Any = None, overflow: Any = None,
+             tab_size: int = 8, no_wrap: bool | None = None) -> Lines:  # fmt: skip
+        if no_wrap or self.no_wrap:
+            return super().wrap(console, width, justify=justify, overflow=overflow, tab_size=tab_size, no_wrap=no_wrap)
+        lines = Lines()
+        for line in self.split(allow_blank=True):
+            if "\t" in line:
+                line.expand_tabs(tab_size)
+            pieces = line.divide(fold_offsets(line.plain, width))
+            for piece in pieces:
+                piece.rstrip_end(width)
+                piece.truncate(width, overflow="fold")
+            lines.extend(pieces)
+        return lines
+
+
+def folded(cell: Any) -> Folded:
+    if isinstance(cell, Text):
+        return Folded(cell.plain, style=cell.style, spans=list(cell.spans))
+    return Folded(str(cell))
 
 
 def _as_text(cell: Any) -> Any:
@@ -92,7 +205,7 @@ def _table(columns: list[Column], layout: Layout, console: Console, title: str |
         table.add_column(column.header, **options)
     for index in range(rows):
         # strings as Text: a server's words (``[/]`` in an answer) are never read as rich markup
-        table.add_row(*(_as_text(column.cells[index]) for column in columns))
+        table.add_row(*((folded if column.kind == FREE else _as_text)(column.cells[index]) for column in columns))
     return table
 
 
