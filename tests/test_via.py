@@ -213,11 +213,34 @@ def test_bad_prefixes_are_usage_errors(prefix):
      (127, "bash: line 1: pct: command not found", "not found on the way: bash: line 1: pct"),
      (255, "ssh: connect to host gpu port 22: Connection refused", "exited with code 255 before the agent"),
      (1, "ddtree-diag: the --via agent needs Python >= 3.8, found 3.6", "too old"),
-     (2, "Unknown option: -I", "too old")],
+     (2, "Unknown option: -I\nusage: /usr/bin/python2 [option] ... [-c cmd | -m mod | file | -] [arg] ...\n"
+         "Try `python -h' for more information.", "too old"),
+     (1, 'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n  File "<string>", line 40\n'
+         "SyntaxError: invalid syntax", "cannot parse the agent, so it is probably too old")],
 )  # fmt: skip
 def test_startup_failures_get_one_clear_line(code, stderr, needle):
-    message = via.startup_failure(code, ["", stderr, ""])
+    message = via.startup_failure(code, ["", *stderr.split("\n"), ""])
     assert needle in message and "\n" not in message
+
+
+ECHO = f"python3 -I -S -c {via.BOOTSTRAP}"
+
+
+@pytest.mark.parametrize(
+    "code, stderr, needle",
+    [(1, f"runner: refusing to run {ECHO!r}: permission denied",
+      "runner: refusing to run 'python3 -I -S -c <bootstrap>"),
+     (2, f"bash: -c: line 1: syntax error near unexpected token `('\nbash: -c: line 1: `{ECHO}'",
+      "bash: -c: line 1: syntax error near unexpected token"),
+     (1, f"+ {ECHO}\nerror: container 200 is not running", "error: container 200 is not running"),
+     (2, "Unknown option: -I", "exited with code 2 before the agent started: Unknown option: -I")],
+)  # fmt: skip
+def test_an_echoed_start_up_command_is_not_an_old_python(code, stderr, needle):
+    """The start-up command carries the version check's words; a far side that repeats it (a shell
+    error, a trace, a runtime's complaint) has said nothing about its Python."""
+    message = via.startup_failure(code, stderr.split("\n"))
+    assert "too old" not in message and needle in message and "\n" not in message, message
+    assert "sys.version_info" not in message
 
 
 # -- error paths through the real CLI ----------------------------------------------------------
@@ -235,6 +258,16 @@ def test_prefix_failures_are_exit_3_with_one_line(cli, target, prefix, needle):
     result = cli("probe", "--url", target, "--via", prefix)
     assert result.code == 3, result.stderr
     assert needle in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
+
+
+def test_far_side_error_repeating_the_command_is_quoted_not_read_as_old_python(cli, target):
+    prefix = "sh -c 'echo \"agent: cannot start: $*\" >&2; exit 1' sh"
+    result = cli("probe", "--url", target, "--via", prefix)
+    assert result.code == 3, result.stderr
+    assert "too old" not in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "exited with code 1 before the agent started: agent: cannot start: python3 -I -S -c <bootstrap>" in (
+        result.stderr
+    )
 
 
 def test_far_side_interpreter_can_be_named(cli, target):

@@ -86,24 +86,62 @@ def agent_command(via: str, python: str = "python3") -> list[str]:
     return prefix + words
 
 
+# What the far side prints when it really is too old: the bootstrap's own exit line (sys.exit with
+# the version found), Python 2 refusing -I (its usage line follows), or the agent not parsing.
+_TOO_OLD_EXIT = re.compile(r"^(?:ddtree-diag: )?(the --via agent needs Python >= [\d.]+, found \d+\.\d+)$")
+_PY2_USAGE = "[-c cmd | -m mod | file | -]"
+# Our own start-up command echoed back by a shell or a runtime ("...: python3 -I -S -c import sys;...")
+_ECHOED_BOOTSTRAP = re.compile(r"import sys;v=sys\.version_info(?:.*?readline\(\)\)\)\)|.*)")
+_ERROR_WORDS = ("error", "not found", "no such", "denied", "cannot", "can't", "could not", "unable", "fail",
+                "refused", "invalid", "unknown", "illegal", "fatal", "unexpected")
+
+
+def _echo_removed(line: str) -> str:
+    """A far-side line with our echoed bootstrap program cut down to a marker."""
+    return _ECHOED_BOOTSTRAP.sub("<bootstrap>", line)
+
+
+def _first_error_line(lines: list[str]) -> str:
+    """The far side's own first error line: a Python exception line (``XError: ...``) wins over
+    its ``Traceback`` header; then the first line with an error word; else the last line."""
+    cleaned = [_echo_removed(line) for line in lines]
+    for line in cleaned:
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", line):
+            return line
+    for line in cleaned:
+        if line.startswith("Traceback ") or line.startswith("File "):
+            continue
+        if any(word in line.lower() for word in _ERROR_WORDS):
+            return line
+    return cleaned[-1] if cleaned else ""
+
+
 def startup_failure(code: int | None, stderr_lines: list[str], python: str = "python3") -> str:
-    """One line saying why the agent never said hello, from the prefix's exit code and stderr."""
+    """One line saying why the agent never said hello, from the prefix's exit code and stderr.
+    "Too old" only when the far side's Python says so itself; a line that merely repeats our
+    start-up command (which contains the version check's text) is not that."""
     lines = [line.strip() for line in stderr_lines if line.strip()]
-    last = lines[-1][:200] if lines else ""
     for line in lines:
-        if "the --via agent needs Python" in line:
-            return f"python3 on the far side is too old: {line.removeprefix('ddtree-diag: ')}"
-    for line in lines:
-        if line.startswith("Unknown option"):  # Python 2 has no -I
-            return f"{python} on the far side is too old (the agent needs Python >= {MIN_AGENT_PYTHON}): {line}"
+        found = _TOO_OLD_EXIT.match(line)
+        if found:
+            return f"{python} on the far side is too old: {found.group(1)}"
+    option = next((line for line in lines if re.fullmatch(r"Unknown option: -[IS]", line)), None)
+    if option is not None and any(_PY2_USAGE in line for line in lines):  # Python 2 has no -I
+        return f"{python} on the far side is too old (the agent needs Python >= {MIN_AGENT_PYTHON}): {option}"
+    if any(line.startswith("SyntaxError:") for line in lines) and any('File "<string>"' in line for line in lines):
+        error = next(line for line in lines if line.startswith("SyntaxError:"))
+        return (f"{python} on the far side cannot parse the agent, so it is probably too old (the agent needs "
+                f"Python >= {MIN_AGENT_PYTHON}): {error[:200]}")  # fmt: skip
     name = re.compile(rf"(^|[\s'\"`:‘“]){re.escape(python)}($|[\s'\"`:’”])")
     missing = ("not found", "no such file", "failed to exec", "executable file not found")
     for line in lines:
-        if name.search(line) and any(m in line.lower() for m in missing):
-            return f"{python} missing on the far side (the --via command said: {line[:200]})"
-    if code == 127 or "not found" in last.lower():
-        return f"a command in the --via prefix was not found on the way: {last or f'exit {code}'}"
-    return f"the --via command exited with code {code} before the agent started: {last or 'no message'}"
+        shown = _echo_removed(line)
+        if name.search(shown) and any(m in shown.lower() for m in missing):
+            return f"{python} missing on the far side (the --via command said: {shown[:200]})"
+    first = _first_error_line(lines)[:200]
+    if code == 127 or "not found" in first.lower():
+        return f"a command in the --via prefix was not found on the way: {first or f'exit {code}'}"
+    return f"the --via command exited with code {code} before the agent started: {first or 'no message'}"
 
 
 class AgentTransport(httpx.BaseTransport):
