@@ -24,12 +24,17 @@ def register(app: typer.Typer) -> None:
         target: str | None = TARGET,
         draft: str | None = DRAFT,
         device: str | None = typer.Option(None, "--device", help="cuda or cpu."),
+        quiet: bool = typer.Option(
+            False, "--quiet", "-q", help="Nothing on stderr while the model loads and the cases run."),
         no_color: bool = NO_COLOR,
         debug: bool = DEBUG,
     ) -> None:
         """Start the reference server with the embedded model, probe it over HTTP, stop it."""
-        raise typer.Exit(run_demo(matrix=matrix, json_path=json_path, target=target, draft=draft, device=device,
-                                  no_color=no_color))  # fmt: skip
+        from ddtree_diag.output.waiting import configured
+
+        with configured(quiet=quiet, no_color=no_color):
+            raise typer.Exit(run_demo(matrix=matrix, json_path=json_path, target=target, draft=draft,
+                                      device=device, no_color=no_color, quiet=quiet))  # fmt: skip
 
 
 def _free_port() -> int:
@@ -64,6 +69,7 @@ def run_demo(
     draft: str | None = None,
     device: str | None = None,
     no_color: bool = False,
+    quiet: bool = False,
     startup_timeout: float = 600.0,
 ) -> int:
     import importlib.util
@@ -84,18 +90,25 @@ def run_demo(
     for flag, value in (("--target", target), ("--draft", draft), ("--device", device)):
         if value:
             command += [flag, value]
-    which = "embedded default model" if target is None else target
-    sys.stderr.write(f"ddtree-diag demo: starting the reference server on {url} ({which})\n")
+    from ddtree_diag.output.waiting import waiting
+
+    if target is None:
+        # The first run dequantises the embedded GGUF into the cache (~2 min on 2 cores): do it
+        # here, where it can be seen, rather than silently inside the server's start.
+        from ddtree_diag.engine.embedded import ensure_target_dir
+
+        ensure_target_dir()
+    which = "the embedded default model" if target is None else target
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     try:
-        started = time.monotonic()
-        _wait_healthy(process, url, startup_timeout)
-        sys.stderr.write(f"ddtree-diag demo: server ready in {time.monotonic() - started:.1f} s; probing\n")
+        with waiting(f"demo: starting the reference server on {url} (loading {which})"):
+            _wait_healthy(process, url, startup_timeout)
         from ddtree_diag.commands.options import RunFlags
         from ddtree_diag.commands.run import run_matrix
 
-        return run_matrix(RunFlags(url=url, json_path=json_path, no_color=no_color), matrix, gate=False)
+        flags = RunFlags(url=url, json_path=json_path, no_color=no_color, quiet=quiet)
+        return run_matrix(flags, matrix, gate=False)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

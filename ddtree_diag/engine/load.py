@@ -148,6 +148,17 @@ def load_engine(
     directory, gguf_name = _target_location(target, gguf_file)
     if draft is not None and not Path(draft).expanduser().is_dir():
         raise UsageError(f"draft directory not found: {draft}")
+    from ddtree_diag.output.waiting import waiting
+
+    name = model_name or model_id(target, gguf_file)
+    what = f"loading target model {name}" + (f" and draft {Path(draft).name}" if draft is not None else "")
+    with waiting(what):  # imports torch and transformers, then reads the weights: seconds to minutes
+        return _load(directory, gguf_name, target, draft, gguf_file, device, dtype, decode_path, name)
+
+
+def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str | Path | None,
+          gguf_file: str | None, device: str | None, dtype: str | None, decode_path: str | None,
+          name: str) -> Any:  # fmt: skip
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -180,7 +191,7 @@ def load_engine(
         draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
         check_draft_fits(draft_model.config, model.config, len(tokenizer))
     info = {
-        "model": model_name or model_id(target, gguf_file),
+        "model": name,
         "target_path": str(directory if gguf_name is None else directory / gguf_name),
         "draft_path": str(draft) if draft is not None else None,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
