@@ -90,7 +90,7 @@ def test_vllm_without_any_metrics_shows_unknown_not_zero(standin, cli):
 
 def test_strict_server_gets_a_retry_without_extra_fields(standin, cli):
     server = standin("--dialect", "openai", "--strict")
-    result, report = probe_json(cli, server.url, "--dialect", "openai", "--model", "m", "--no-stream")
+    result, report = probe_json(cli, server.url, "--dialect", "openai", "--model", "standin-model", "--no-stream")
     assert result.code == 0, result.stderr
     assert all(r["status"] == "ok" for r in report["results"])
     assert "chat_template_kwargs" in report["results"][0]["extras"]["retried_without_extra_fields"]
@@ -121,7 +121,7 @@ def test_dns_failure_is_exit_3(cli):
 
 def test_timeout_is_marked_and_exit_3(standin, cli):
     server = standin("--dialect", "vllm")
-    result, report = probe_json(cli, server.url, "--dialect", "vllm", "--model", "m", "--timeout", "1",
+    result, report = probe_json(cli, server.url, "--dialect", "vllm", "--model", "standin-model", "--timeout", "1",
                                 "--prompt", "FAIL:slow please", "--thinking", "off")  # fmt: skip
     assert result.code == 3
     assert report["results"][0]["status"] == "timeout"
@@ -225,7 +225,7 @@ def test_ctrl_c_writes_partial_report_and_exits_130(standin, tmp_path):
     path = tmp_path / "partial.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "ddtree_diag", "probe", "--url", server.url, "--dialect", "vllm",
-         "--model", "m", "--prompt", "Say hi.", "--prompt", "FAIL:slow", "--thinking", "off",
+         "--model", "standin-model", "--prompt", "Say hi.", "--prompt", "FAIL:slow", "--thinking", "off",
          "--json", str(path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
     )  # fmt: skip

@@ -308,7 +308,7 @@ def test_far_side_cannot_reach_the_url(cli):
 
 def test_far_side_read_timeout_is_a_timeout(standin, cli):
     server = standin("--dialect", "vllm")  # the stand-in can be told to answer slowly
-    result, report = probe(cli, server.url, "--dialect", "vllm", "--model", "m", "--timeout", "1",
+    result, report = probe(cli, server.url, "--dialect", "vllm", "--model", "standin-model", "--timeout", "1",
                            "--prompt", "FAIL:slow please", "--thinking", "off", via_prefix="env")  # fmt: skip
     assert result.code == 3
     assert report["results"][0]["status"] == "timeout"
@@ -329,9 +329,9 @@ def _alive(pid: int) -> bool:
 
 def _start_slow_probe(server, pid_file: Path, json_path: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "ddtree_diag", "probe", "--url", server.url, "--dialect", "vllm", "--model", "m",
-         "--prompt", "Say hi.", "--prompt", "FAIL:slow", "--prompt", "Say bye.", "--thinking", "off",
-         "--via", _pid_prefix(pid_file), "--json", str(json_path)],
+        [sys.executable, "-m", "ddtree_diag", "probe", "--url", server.url, "--dialect", "vllm",
+         "--model", "standin-model", "--prompt", "Say hi.", "--prompt", "FAIL:slow", "--prompt", "Say bye.",
+         "--thinking", "off", "--via", _pid_prefix(pid_file), "--json", str(json_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=sigint_default,
     )  # fmt: skip

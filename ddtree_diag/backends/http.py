@@ -161,8 +161,9 @@ def error_message(data: bytes, reason_phrase: str = "") -> str:
     return one_line(jsonsafe.dumps(jsonsafe.finite(body), indent=None), 200)
 
 
-def http_failure(response: httpx.Response, data: bytes, *, api_key_given: bool) -> str:
-    """One line for a non-2xx answer: redirects name their Location, 401/403 say what to pass."""
+def http_failure(response: httpx.Response, data: bytes, *, api_key_given: bool, url: str | None = None) -> str:
+    """One line for a non-2xx answer: redirects name their Location, 401/403 say what to pass, a
+    404 names the URL that answered it (``url``, shown without a password)."""
     code = response.status_code
     if 300 <= code < 400:
         location = response.headers.get("location")
@@ -172,7 +173,26 @@ def http_failure(response: httpx.Response, data: bytes, *, api_key_given: bool) 
     if code in AUTH_STATUSES:
         advice = "the API key was refused; check --api-key" if api_key_given else f"the server wants a key: {AUTH_HINT}"
         return f"HTTP {code}: {message} ({advice})"
+    if code == 404 and url:
+        return f"HTTP 404 from {url_without_password(url)}: {message}"
     return f"HTTP {code}: {message}"
+
+
+def listed_models(payload: Any) -> list[dict[str, Any]] | None:
+    """The usable entries of a /v1/models answer; None when it is not a model list."""
+    listed = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(listed, list):
+        return None
+    return [m for m in listed if isinstance(m, dict) and _usable_name(m.get("id"))]
+
+
+def served_ids(models: list[dict[str, Any]], shown: int = 5) -> str:
+    """``'a', 'b', 'c' and 4 more (7 in all)``: the first few ids a server lists, one line."""
+    ids = [one_line(repr(m["id"]), 80) for m in models]
+    text = ", ".join(ids[:shown])
+    if len(ids) > shown:
+        text += f" and {len(ids) - shown} more"
+    return f"{text} ({len(ids)} in all)" if len(ids) > 1 else text
 
 
 @dataclass
@@ -241,6 +261,7 @@ class HttpBackend:
             follow_redirects=False,  # a redirect is reported, never followed (it would drop a POST body)
         )
         self.detection_note: str | None = None
+        self.path_hint: str | None = None  # --url's path answers 404 where its root answers
         self.metrics_prefix: str | None = None  # set when /metrics exposes spec counters
         self.strict_fields_dropped = False
         self._metrics_lock = threading.Lock()  # before/after scrapes must not interleave
@@ -295,16 +316,23 @@ class HttpBackend:
         if hasattr(self.transport, "note"):
             notes.append(self.transport.note())
         owned_by = None
-        if self.model is None or self.dialect is None:
-            models = self._list_models()
-            if self.model is None:
-                if not models:
-                    raise UsageError(f"{self._shown_url}/v1/models lists no model; pass --model NAME")
-                self.model = models[0]["id"]
-                notes.append(f"model: {self.model} (first of {len(models)} from /v1/models)")
-            for entry in models:
-                if entry.get("id") == self.model:
-                    owned_by = entry.get("owned_by")
+        # Read even when --model and --dialect are both given: a model the server does not list
+        # would make every case a 404. Then only a usable list counts (anything else: go on).
+        soft = self.model is not None and self.dialect is not None
+        models = self._list_models(soft=soft)
+        if self.model is None:
+            if not models:
+                raise UsageError(f"{self._shown_url}/v1/models lists no model; pass --model NAME")
+            self.model = models[0]["id"]
+            notes.append(f"model: {self.model} (first of {len(models)} from /v1/models)")
+        elif models and self.model not in {entry["id"] for entry in models}:
+            raise UsageError(
+                f"--model {one_line(repr(self.model), 120)} is not served by {self._shown_url}: its /v1/models "
+                f"lists {served_ids(models)}; pass one of those (or no --model: the first is taken)"
+            )
+        for entry in models or []:
+            if entry.get("id") == self.model:
+                owned_by = entry.get("owned_by")
         if self.dialect is None:
             name, why = self._detect(cases[0] if cases else None, owned_by)
             self.dialect = dialects.get(name)
@@ -340,36 +368,60 @@ class HttpBackend:
                 return response, self._read_error_body(response, progress)
             return response, self._read_all(response, progress)
 
-    def _list_models(self) -> list[dict[str, Any]]:
+    def _list_models(self, *, soft: bool = False) -> list[dict[str, Any]] | None:
+        """The usable entries of GET /v1/models; None when it answered no model list. Without
+        --model that is a UsageError (nothing to probe); ``soft``: nothing here is an error."""
         url = f"{self.base_url}/v1/models"
+        shown = url_without_password(url)
         need = self.model is None  # without --model, /v1/models must answer
         try:
             response, data = self._get(url)
         except httpx.HTTPError as exc:
-            raise TransportError(f"GET /v1/models: {describe_transport_error(exc, url)[1]}") from None
+            if soft:
+                return None
+            raise TransportError(f"GET {shown}: {describe_transport_error(exc, url)[1]}") from None
         except BadReply as exc:
             if need:
-                raise UsageError(f"GET /v1/models: {exc}; pass --model NAME") from None
-            return []
+                raise UsageError(f"GET {shown}: {exc}; pass --model NAME") from None
+            return None
         if response.status_code >= 300:
             message = http_failure(response, data, api_key_given=self.api_key_given)
-            if response.status_code in AUTH_STATUSES:
-                raise UsageError(f"GET /v1/models answered {message}")
+            if response.status_code in AUTH_STATUSES and not soft:
+                raise UsageError(f"GET {shown} answered {message}")
+            if response.status_code == 404:
+                self.path_hint = self._path_hint()
             if need:
-                raise UsageError(f"GET /v1/models answered {message}; pass --model NAME")
-            return []
+                advice = self.path_hint or "pass --model NAME (or check the path in --url)"
+                raise UsageError(f"GET {shown} answered {message}; {advice}")
+            return None
         try:
             payload = jsonsafe.loads(data, what="the /v1/models answer")
         except ValueError as exc:
             if need:
-                raise UsageError(f"GET /v1/models: {exc}; pass --model NAME") from None
-            return []
-        listed = payload.get("data") if isinstance(payload, dict) else None
-        if not isinstance(listed, list):
-            if need:
-                raise UsageError("GET /v1/models did not answer a model list ({\"data\": [...]}); pass --model NAME")
-            return []
-        return [m for m in listed if isinstance(m, dict) and _usable_name(m.get("id"))]
+                raise UsageError(f"GET {shown}: {exc}; pass --model NAME") from None
+            return None
+        models = listed_models(payload)
+        if models is None and need:
+            raise UsageError(f"GET {shown} did not answer a model list ({{\"data\": [...]}}); pass --model NAME")
+        return models
+
+    def _path_hint(self) -> str | None:
+        """After a 404 from PATH/v1/models: when --url has a path and the server answers a model
+        list at its root (or at the root's /v1), the path looks wrong; say where it answers."""
+        parts = urlsplit(self.base_url)
+        if not parts.path.strip("/"):
+            return None
+        root = f"{parts.scheme}://{parts.netloc}"
+        try:
+            response, data = self._get(f"{root}/v1/models")
+            models = listed_models(jsonsafe.loads(data)) if response.status_code == 200 else None
+        except (httpx.HTTPError, BadReply, ValueError):
+            return None
+        if models is None:
+            return None
+        shown = url_without_password(root)
+        return (f"the path {parts.path!r} in --url looks wrong: {shown}/v1/models answers "
+                f"({served_ids(models) or 'no models listed'}); try --url {shown}")  # fmt: skip
 
     def _detect(self, case: ProbeCase | None, owned_by: Any) -> tuple[str, str]:
         """Decide the dialect from one tiny plain request, then /v1/models' owned_by. An error
@@ -389,7 +441,7 @@ class HttpBackend:
                 if response.status_code in AUTH_STATUSES:
                     raise UsageError(http_failure(response, data, api_key_given=self.api_key_given))
                 if response.status_code >= 300:
-                    failure = http_failure(response, data, api_key_given=self.api_key_given)
+                    failure = self._http_failure(response, data, url)
                 else:
                     found, failure = self._detect_from_reply(data)
                     if found:
@@ -512,22 +564,29 @@ class HttpBackend:
             result.timings.e2e_s = time.perf_counter() - started
             return
 
+    def _http_failure(self, response: httpx.Response, data: bytes, url: str) -> str:
+        """``http_failure`` for a request to ``url``; a 404 also gets the path hint, if any."""
+        message = http_failure(response, data, api_key_given=self.api_key_given, url=url)
+        if response.status_code == 404 and self.path_hint:
+            message += f" ({self.path_hint})"
+        return message
+
     def _failed_status(self, response: httpx.Response, result: ProbeResult, progress: _Progress,
-                       started: float) -> bool:  # fmt: skip
+                       started: float, url: str) -> bool:  # fmt: skip
         """Fill the result for a non-2xx answer; True when it was one."""
         if response.status_code < 300:
             return False
         data = self._read_error_body(response, progress)
         result.timings.e2e_s = time.perf_counter() - started
         result.status = STATUS_HTTP_ERROR
-        result.error = http_failure(response, data, api_key_given=self.api_key_given)
+        result.error = self._http_failure(response, data, url)
         return True
 
     def _plain(self, url, body, headers, case, result: ProbeResult, started: float, progress: _Progress) -> None:
         with self.client.stream("POST", url, json=body, headers=headers) as response:
             progress.headers = True
             result.http_status = response.status_code
-            if self._failed_status(response, result, progress, started):
+            if self._failed_status(response, result, progress, started, url):
                 return
             data = self._read_all(response, progress)
             content_type = response.headers.get("content-type", "no content-type")
@@ -567,7 +626,7 @@ class HttpBackend:
         with self.client.stream("POST", url, json=body, headers=headers) as response:
             progress.headers = True
             result.http_status = response.status_code
-            if self._failed_status(response, result, progress, started):
+            if self._failed_status(response, result, progress, started, url):
                 return
             content_type = response.headers.get("content-type", "")
             if "text/event-stream" not in content_type.lower():
