@@ -17,6 +17,32 @@ import typer
 
 from ddtree_diag.backends.dialects import DIALECTS
 
+
+def _flags_show_no_type() -> None:
+    """On/off flags (``--quiet``, ``--stream/--no-stream``, ``--help``) take no value, so help
+    shows no type after them: newer typer prints ``<bool>`` there, older click ``BOOLEAN``."""
+    try:
+        from typer import core
+    except ImportError:  # pragma: no cover
+        return
+    option = getattr(core, "TyperOption", None)
+    for name in ("display_type_rich", "make_metavar"):
+        original = getattr(option, name, None)
+        if original is None or getattr(original, "flagless", False):
+            continue
+
+        def patched(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if getattr(self, "is_flag", False) and not getattr(self, "count", False):
+                return None if _original.__name__ == "display_type_rich" else ""
+            return _original(self, *args, **kwargs)
+
+        patched.flagless = True  # type: ignore[attr-defined]
+        patched.__name__ = name
+        setattr(option, name, patched)
+
+
+_flags_show_no_type()
+
 DEBUG_HELP = "Show tracebacks instead of one-line errors."
 DEBUG = typer.Option(False, "--debug", help=DEBUG_HELP)
 NO_COLOR = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too).")

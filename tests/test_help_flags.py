@@ -1,0 +1,36 @@
+"""On/off flags take no value, so ``--help`` shows no type after them (no ``<bool>``, no
+``BOOLEAN``), while options that take a value keep theirs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def help_of(*args: str) -> str:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "ddtree_diag", *args, "--help"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("command", [(), ("probe",), ("gate",), ("text-check",), ("demo",), ("report",)])
+def test_on_off_flags_show_no_type(command):
+    out = help_of(*command)
+    assert "<bool>" not in out and "BOOLEAN" not in out, out
+    assert "--help" in out
+
+
+@pytest.mark.e2e
+def test_probe_help_keeps_the_types_of_options_that_take_a_value():
+    out = help_of("probe")
+    stream = next(line for line in out.splitlines() if "--no-stream" in line)
+    assert "<" not in stream.split("--no-stream", 1)[1].split("Stream", 1)[0]
+    assert any("--timeout" in line and ("<float>" in line or "FLOAT" in line) for line in out.splitlines())
