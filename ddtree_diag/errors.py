@@ -11,6 +11,8 @@ EXIT_CHECK_FAILED = 1  # a gate or check failed (garbage, lossless mismatch, thr
 EXIT_USAGE = 2  # bad flags, bad TOML, bad URL, missing model files
 EXIT_TRANSPORT = 3  # the target could not be reached
 EXIT_INTERRUPTED = 130  # Ctrl-C; the partial report was still written
+# SIGTERM (a CI cancel, `timeout`, a container stop) and SIGHUP (the SSH session went away) end a
+# run like Ctrl-C, with the shell's 128 + signal number: 143 and 129.
 
 
 class DiagError(Exception):
@@ -25,3 +27,13 @@ class UsageError(DiagError):
 
 class TransportError(DiagError):
     exit_code = EXIT_TRANSPORT
+
+
+class Terminated(KeyboardInterrupt):
+    """A termination signal during a run, handled as Ctrl-C is (partial reports are written)."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(name)
+        self.signum = signum
+        self.name = name
+        self.exit_code = 128 + signum

@@ -23,7 +23,17 @@ from typing import Any
 from ddtree_diag import __version__
 from ddtree_diag.backends import Backend, TargetSpec, make_backend
 from ddtree_diag.checks import findings, gate, lossless
-from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TRANSPORT, EXIT_USAGE, UsageError
+from ddtree_diag.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TRANSPORT,
+    EXIT_USAGE,
+    DiagError,
+    Terminated,
+    TransportError,
+    UsageError,
+)
 from ddtree_diag.matrix import Matrix, MatrixRequest, resolve_matrix
 from ddtree_diag.records import SKIPPED, TRANSPORT_STATUSES, BaselineComparison, ProbeCase, ProbeResult, RunReport
 from ddtree_diag.redaction import register as register_secrets
@@ -51,6 +61,7 @@ class PreparedRun:
     cases: list[ProbeCase]
     baseline: lossless.BaselineSpec | None
     gate: gate.GateConfig | None
+    notes: list[str] = field(default_factory=list)  # run-level remarks known before any request
 
 
 def prepare(plan: RunPlan) -> PreparedRun:
@@ -71,7 +82,15 @@ def prepare(plan: RunPlan) -> PreparedRun:
         if plan.near_tie_gap < 0:
             raise UsageError("--near-tie-gap must be >= 0 (nats)")
         baseline.near_tie_gap = plan.near_tie_gap
-    gate_config = gate.parse_gate(matrix.gate, source) if plan.gate else None
+    notes = []
+    gate_config = None
+    if plan.gate and matrix.gate:
+        gate_config = gate.parse_gate(matrix.gate, source)
+    elif plan.gate:
+        # A gate that checks nothing would pass anything: check what a probe run shows.
+        gate_config = gate.default_config(lossless=baseline is not None)
+        notes.append(f"{source} sets no [gate] thresholds: the gate applies the default checks "
+                     f"({gate.describe_config(gate_config)}); add a [gate] table for more")  # fmt: skip
     if plan.score_with == "target" and plan.target.target is None and plan.target.gguf is None:
         raise UsageError("--score-with target needs the deployment's weights: --target DIR or --gguf FILE")
     if gate_config is not None and gate_config.lossless and baseline is None:
@@ -79,7 +98,7 @@ def prepare(plan: RunPlan) -> PreparedRun:
             f"{source}: gate.lossless = true needs a baseline: add [baseline] mode = \"budget0\" "
             "(or \"url\" / \"engine\"), or pass --baseline"
         )
-    return PreparedRun(plan, matrix, cases, baseline, gate_config)
+    return PreparedRun(plan, matrix, cases, baseline, gate_config, notes)
 
 
 def _now() -> str:
@@ -94,6 +113,7 @@ def execute(
     propagate after the report is marked interrupted, so the caller can still write it."""
     report.tool_version = __version__
     report.started_at = report.started_at or _now()
+    report.notes.extend(run.notes)
     backend = make_backend(run.plan.target)
     try:
         report.notes.extend(backend.prepare(run.cases))
@@ -128,9 +148,27 @@ def judge(report: RunReport, gate_config: gate.GateConfig | None) -> None:
         report.gate = gate.evaluate(report, gate_config)
 
 
+def record_stop(report: RunReport, exc: BaseException) -> None:
+    """Mark ``report`` partial and say why: Ctrl-C, a signal, an unreachable target, an error."""
+    from ddtree_diag.redaction import redact
+
+    report.interrupted = True
+    if isinstance(exc, Terminated):
+        stop = {"reason": "terminated", "detail": exc.name, "exit_code": exc.exit_code}
+    elif isinstance(exc, KeyboardInterrupt):
+        stop = {"reason": "interrupted", "detail": "Ctrl-C", "exit_code": EXIT_INTERRUPTED}
+    else:
+        reason = "unreachable" if isinstance(exc, TransportError) else "error"
+        code = exc.exit_code if isinstance(exc, DiagError) else 1
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        stop = {"reason": reason, "detail": redact(detail), "exit_code": code}
+    report.stopped = stop
+
+
 def exit_code_for(report: RunReport) -> int:
     if report.interrupted:
-        return EXIT_INTERRUPTED
+        code = (report.stopped or {}).get("exit_code")
+        return code if isinstance(code, int) and not isinstance(code, bool) else EXIT_INTERRUPTED
     if any(r.http_status in (401, 403) for r in report.results):
         return EXIT_USAGE  # credentials are configuration: pass --api-key
     if any(r.status in TRANSPORT_STATUSES for r in report.results):

@@ -413,6 +413,9 @@ class RunReport:
     started_at: str | None = None  # ISO 8601, UTC
     finished_at: str | None = None
     interrupted: bool = False  # Ctrl-C or a fatal error: results are partial
+    # Why a partial run ended: {"reason": interrupted | terminated | unreachable | error,
+    # "detail": one line, "exit_code": the run's exit code}; None for a run that finished.
+    stopped: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # run-level remarks (e.g. dialect detection)
     findings: list[Finding] = field(default_factory=list)
     gate: GateResult | None = None
@@ -422,6 +425,22 @@ class RunReport:
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
 
+    def stop_label(self) -> str | None:
+        """How a partial run ended, for a summary line: None when it finished."""
+        if not self.interrupted:
+            return None
+        stopped = self.stopped or {}
+        reason, detail = stopped.get("reason"), stopped.get("detail") or ""
+        if reason == "interrupted":
+            return "INTERRUPTED by Ctrl-C (partial)"
+        if reason == "terminated":
+            return f"TERMINATED by {detail or 'a signal'} (partial)"
+        if reason == "unreachable":
+            return "STOPPED, target unreachable" + (f": {detail}" if detail else "") + " (partial)"
+        if reason == "error":
+            return "STOPPED by an error" + (f": {detail}" if detail else "") + " (partial)"
+        return "INTERRUPTED (partial)"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
@@ -429,6 +448,7 @@ class RunReport:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "interrupted": self.interrupted,
+            "stopped": self.stopped,
             "target": self.target,
             "notes": self.notes,
             "results": [r.to_dict() for r in self.results],
@@ -444,6 +464,8 @@ class RunReport:
             raise ValueError(f"unsupported report schema_version {version!r} (expected {SCHEMA_VERSION})")
         fields = _known_fields(cls, data)
         fields["results"] = [ProbeResult.from_dict(r) for r in data.get("results", [])]
+        if not isinstance(fields.get("stopped"), dict):
+            fields["stopped"] = None
         fields["findings"] = [Finding.from_dict(f) for f in data.get("findings") or [] if isinstance(f, dict)]
         gate = data.get("gate")
         fields["gate"] = GateResult.from_dict(gate) if isinstance(gate, dict) else None

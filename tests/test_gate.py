@@ -14,6 +14,7 @@ from ddtree_diag.checks.gate import GateConfig, evaluate, parse_gate
 from ddtree_diag.errors import UsageError
 from tests.conftest import ROOT
 from tests.gatekit import check, finding_ids, gate_run, write_matrix
+from tests.timing import SLOW_MIN_TOKENS_PER_SECOND, SLOW_SECONDS_PER_TOKEN
 
 CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min_mean_acceptance",
           "min_group_acceptance", "min_tokens_per_second", "max_ttft_s", "findings", "canary"]  # fmt: skip
@@ -102,15 +103,18 @@ def test_low_acceptance_fails_mean_and_group_checks(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.timing
 def test_slow_server_fails_min_tokens_per_second(tmp_path):
-    code, report, _ = gate_run(tmp_path, ("--seconds-per-token", "0.04"))
+    matrix = write_matrix(tmp_path, f"[gate]\nmin_tokens_per_second = {SLOW_MIN_TOKENS_PER_SECOND}\n")
+    code, report, _ = gate_run(tmp_path, ("--seconds-per-token", str(SLOW_SECONDS_PER_TOKEN)), matrix=matrix)
     assert code == 1
     speed = check(report, "min_tokens_per_second")
     assert not speed.passed and "mean client tok/s" in speed.detail
-    assert all(r.timings.decode_tokens_per_second < 50 for r in report.results)
+    assert all(r.timings.decode_tokens_per_second < SLOW_MIN_TOKENS_PER_SECOND for r in report.results)
 
 
 @pytest.mark.e2e
+@pytest.mark.timing
 def test_slow_first_token_fails_max_ttft(tmp_path):
     matrix = write_matrix(tmp_path, "[gate]\nmax_ttft_s = 0.3\n")
     code, report, _ = gate_run(tmp_path, ("--first-token-delay", "0.6"), matrix=matrix)

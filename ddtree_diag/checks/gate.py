@@ -60,6 +60,20 @@ _BOOLS = ("lossless", "allow_near_ties", "canary")
 _KNOWN = {*_FLOATS, *_INTS, *_BOOLS, "tokens_per_second_source", "fail_on_findings"}
 
 
+def default_config(lossless: bool) -> GateConfig:
+    """The checks a probe run shows, and a gate applies when its matrix sets no thresholds:
+    no failed request, no garbage, and lossless when a baseline ran."""
+    return GateConfig(max_failed=0, max_garbage=0, lossless=lossless)
+
+
+def describe_config(config: GateConfig) -> str:
+    """The thresholds a config sets, as ``key = value`` pairs (for notes)."""
+    unset = GateConfig()
+    shown = [f"{name} = {str(value).lower() if isinstance(value, bool) else value}"
+             for name, value in vars(config).items() if value != getattr(unset, name)]  # fmt: skip
+    return ", ".join(shown) or "none"
+
+
 def parse_gate(table: dict[str, Any], source: str = "<matrix>") -> GateConfig:
     """The ``[gate]`` table as a GateConfig; UsageError names the key at fault."""
     if not isinstance(table, dict):
@@ -123,7 +137,7 @@ def evaluate(report: RunReport, config: GateConfig) -> GateResult:
     if not results:
         checks.append(_check("ran_cases", False, "no case ran"))
     if report.interrupted:
-        checks.append(_check("complete", False, "the run was interrupted: results are partial"))
+        checks.append(_check("complete", False, f"the run did not finish: {report.stop_label() or 'interrupted'}"))
 
     if config.max_failed is not None:
         failed = [r for r in results if not r.ok]
@@ -277,6 +291,8 @@ def canary_problems(first: ProbeResult, canary: ProbeResult) -> list[str]:
 def _lossless_check(report: RunReport, config: GateConfig) -> GateCheck:
     compared = [r for r in _ok(report) if r.baseline and r.baseline.verdict not in ("", SKIPPED)]
     if not any(r.baseline for r in report.results):
+        if report.interrupted:
+            return _check("lossless", False, "the run stopped before the baseline ran")
         return _check("lossless", False, "lossless = true but no baseline ran (set [baseline] mode or --baseline)")
     bad_verdicts = {MISMATCH, ERROR} | (set() if config.allow_near_ties else {NEAR_TIE})
     bad = [r for r in compared if r.baseline.verdict in bad_verdicts]

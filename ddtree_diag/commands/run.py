@@ -6,7 +6,11 @@ and applies its ``[gate]`` thresholds. The work itself is the orchestrator's.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import typer
@@ -82,11 +86,48 @@ def check_outputs(flags: RunFlags) -> None:
         check_writable(path, flag)
 
 
+class _SignalWatch:
+    """What ``signals_as_interrupts`` yields: ``defer()`` stops raising and only remembers a
+    later signal in ``signal`` (the run ended; its reports are being written)."""
+
+    def __init__(self) -> None:
+        self.deferred = False
+        self.signal: int | None = None
+
+    def defer(self) -> None:
+        self.deferred = True
+
+    def handle(self, signum: int, frame: object) -> None:
+        from ddtree_diag.errors import Terminated
+
+        if self.deferred:
+            self.signal = self.signal or signum
+            return
+        raise Terminated(signum, signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def signals_as_interrupts() -> Iterator[_SignalWatch]:
+    """SIGTERM (CI cancel, ``timeout``, a container stop) and SIGHUP (the SSH session closed)
+    end a run as Ctrl-C does: what finished is judged, rendered and written. Main thread only."""
+    watch = _SignalWatch()
+    if threading.current_thread() is not threading.main_thread():
+        yield watch
+        return
+    wanted = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {signum: signal.signal(signum, watch.handle) for signum in wanted}
+    try:
+        yield watch
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     """Run the matrix, write the reports, render. Returns the exit code; DiagError propagates
     (exit 2/3)."""
     from ddtree_diag import orchestrator
-    from ddtree_diag.errors import DiagError
+    from ddtree_diag.errors import Terminated
     from ddtree_diag.output.console import make_console, progress, render_report, silence_stdout
     from ddtree_diag.output.reportfile import is_stdout, write_report
     from ddtree_diag.records import RunReport
@@ -99,29 +140,38 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     check_outputs(flags)
     report = RunReport()
     tracker = progress(status_console, len(prepared.cases), quiet=flags.quiet)
-    try:
-        with tracker as advance:
-            orchestrator.execute(prepared, report, on_result=advance, on_stage=tracker.note)
-    except KeyboardInterrupt:
-        pass  # execute marked the report interrupted; render and write what finished
-    except BaseException:
-        # A fatal error mid-run: keep what finished, then let the CLI report the error.
-        if flags.json_path and not json_to_stdout:
-            try:
-                write_report(report, flags.json_path)
-            except DiagError as exc:
-                sys.stderr.write(f"ddtree-diag: error: {exc}\n")
-        raise
-    orchestrator.judge(report, prepared.gate)
-    code = orchestrator.exit_code_for(report)
-    # Files first: a reader that closes stdout early (``| head``) must not cost the reports.
-    failures = write_outputs(report, flags, code, gate=gate)
-    try:
-        render_report(console, report, code)
-        if json_to_stdout:
-            write_report(report, "-")
-    except BrokenPipeError:
-        silence_stdout()
+    stopped_by: BaseException | None = None
+    with signals_as_interrupts() as late:
+        try:
+            with tracker as advance:
+                orchestrator.execute(prepared, report, on_result=advance, on_stage=tracker.note)
+        except BaseException as exc:  # Ctrl-C, a signal, an unreachable target, a bug: keep what finished
+            orchestrator.record_stop(report, exc)
+            stopped_by = exc
+        late.defer()  # from here a signal waits until every report is written
+        try:
+            orchestrator.judge(report, prepared.gate)
+        except Exception:
+            if stopped_by is None:
+                raise
+            # a partial report that cannot be judged is still written, and says why it stopped
+        code = orchestrator.exit_code_for(report)
+        # Files first: a reader that closes stdout early (``| head``) must not cost the reports.
+        failures = write_outputs(report, flags, code, gate=gate)
+        try:
+            render_report(console, report, code)
+            if json_to_stdout:
+                write_report(report, "-")
+        except BrokenPipeError:
+            silence_stdout()
+    if stopped_by is not None and not isinstance(stopped_by, KeyboardInterrupt):
+        for failure in failures:
+            sys.stderr.write(f"ddtree-diag: error: {failure}\n")
+        raise stopped_by  # the CLI prints it as one line, with its exit code
+    if isinstance(stopped_by, Terminated):
+        sys.stderr.write(f"ddtree-diag: terminated by {stopped_by.name}\n")
+    if late.signal is not None:
+        code = 128 + late.signal
     if failures:
         from ddtree_diag.errors import UsageError
 

@@ -36,7 +36,7 @@ from ddtree_diag.output.cells import (
 )
 from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
 from ddtree_diag.records import ProbeResult, RunReport
-from ddtree_diag.redaction import redacted_report
+from ddtree_diag.redaction import redact, redacted_report
 
 
 def silence_stdout() -> None:
@@ -158,7 +158,7 @@ def summary_line(report: RunReport, exit_code: int | None = None) -> str:
     if accepts:
         parts.append(f"mean acceptance {mean(accepts):.2f}")
     if report.interrupted:
-        parts.append("INTERRUPTED (partial)")
+        parts.append(report.stop_label() or "INTERRUPTED (partial)")
     if exit_code is not None:
         parts.append(f"exit {exit_code}")
     return " · ".join(parts)
@@ -226,8 +226,9 @@ def progress_line(result: ProbeResult, done: int, total: int) -> str:
     if not result.ok and result.error:
         verdict += f": {visible(result.error, 100)}"
     width = len(str(total))
-    return (f"[{done:>{width}}/{total}] {result.case_id}  accept {acceptance_cell(result).text}  "
+    line = (f"[{done:>{width}}/{total}] {result.case_id}  accept {acceptance_cell(result).text}  "
             f"tok/s {fmt(tps, '.1f')}  {verdict}")  # fmt: skip
+    return redact(line)  # a server may echo the key in its reason phrase
 
 
 class progress:
@@ -272,7 +273,7 @@ class progress:
     def note(self, text: str) -> None:
         """A stage of the run (the baseline starting), as a line in a log; nothing on a terminal."""
         if not self.quiet and not self.console.is_terminal:
-            self.console.file.write(text + "\n")
+            self.console.file.write(redact(text) + "\n")
             self.console.file.flush()
 
     def __exit__(self, *exc_info: Any) -> None:

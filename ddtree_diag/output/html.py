@@ -110,7 +110,7 @@ def html_report(report: RunReport, exit_code: int | None = None) -> str:
     kind = "gate" if report.gate is not None else "probe"
     verdict = "passed" if gate.passed else "failed"
     if report.interrupted:
-        verdict += " (interrupted: partial results)"
+        verdict += f" ({report.stop_label() or 'interrupted: partial results'})"
     body = [f'<header class="verdict {"passed" if gate.passed else "failed"}">',
             f"<h1>ddtree-diag {kind}: {'✓' if gate.passed else '✗'} {esc(verdict)}</h1>"]  # fmt: skip
     target = report.target

@@ -32,10 +32,9 @@ def checks_for(report: RunReport) -> GateResult:
     """The gate verdict, or — for a plain probe run — the probe's own pass/fail checks."""
     if report.gate is not None:
         return report.gate
-    from ddtree_diag.checks.gate import GateConfig, evaluate
+    from ddtree_diag.checks.gate import default_config, evaluate
 
-    config = GateConfig(max_failed=0, max_garbage=0, lossless=any(r.baseline for r in report.results))
-    return evaluate(report, config)
+    return evaluate(report, default_config(lossless=any(r.baseline for r in report.results)))
 
 
 def _cell(text: Any) -> str:
@@ -50,7 +49,7 @@ def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
     title = "gate" if report.gate is not None else "probe"
     verdict = "✅ passed" if gate.passed else "❌ failed"
     if report.interrupted:
-        verdict += " (interrupted: partial results)"
+        verdict += f" ({report.stop_label() or 'interrupted: partial results'})"
     lines.append(f"## ddtree-diag {title}: {verdict}")
     lines.append("")
     target = report.target

@@ -1,0 +1,26 @@
+"""Every wall-clock figure a test relies on, in one place.
+
+No test may pass or fail with the machine's speed or load (3 test workers on 2 busy cores run
+everything several times slower than an idle box). Tests that read a clock are marked
+``timing`` and take their bounds from here. Two kinds:
+
+- A fault that is slow *by construction* (a stand-in that sleeps per token, a delayed first
+  token) must fail a threshold: the sleep is a floor under what is measured, so the threshold
+  sits below the sleep-made figure and load can only make the failure surer.
+- A healthy run must pass a threshold, or a deadline must cut a request in time: load only adds
+  time, so these bounds sit an order of magnitude beyond the nominal figure. They still catch
+  what they are for: a missing deadline waits for a server that drips for minutes.
+"""
+
+from __future__ import annotations
+
+# How far past its deadline a cut request may end (nominal: a few ms past it).
+DEADLINE_SLACK_S = 10.0
+# A whole CLI run against a misbehaving server, start-up included, beyond its own deadlines.
+RUN_SLACK_S = 30.0
+# Gate thresholds a healthy stand-in must pass: it decodes at ~500 tok/s with a TTFT of ~ms.
+HEALTHY_MIN_TOKENS_PER_SECOND = 5
+HEALTHY_MAX_TTFT_S = 30.0
+# A stand-in made slow for the speed check: 0.04 s a token caps it at 25 tok/s on any machine.
+SLOW_SECONDS_PER_TOKEN = 0.04
+SLOW_MIN_TOKENS_PER_SECOND = 50
