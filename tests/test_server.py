@@ -160,6 +160,33 @@ def test_bad_input_is_4xx_with_openai_error_and_server_survives(server, body, ra
     assert post(server, chat("still alive", max_tokens=3)).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "fields, param",
+    [({"stream": "yes"}, "stream"),
+     ({"stream": 1}, "stream"),
+     ({"stream": "true"}, "stream"),
+     ({"logprobs": "yes"}, "logprobs"),
+     ({"logprobs": 0}, "logprobs"),
+     ({"enable_thinking": "no"}, "enable_thinking"),
+     ({"enable_thinking": 0}, "enable_thinking"),
+     ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
+     ({"chat_template_kwargs": {"enable_thinking": 1}}, "chat_template_kwargs.enable_thinking"),
+     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage")],
+)  # fmt: skip
+def test_wrong_typed_booleans_are_400_naming_the_field(server, fields, param):
+    response = post(server, chat("x", max_tokens=3, **fields))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert error["message"] == f"{param}: must be a JSON boolean (true or false)"
+
+
+def test_real_booleans_and_other_template_kwargs_still_work(server):
+    for fields in ({"stream": False, "logprobs": False, "enable_thinking": None},
+                   {"chat_template_kwargs": {"enable_thinking": False, "custom": "kept"}}):  # fmt: skip
+        assert post(server, chat("x", max_tokens=3, **fields)).status_code == 200
+
+
 def test_api_key_is_required(server):
     assert post(server, chat("x"), key=None).status_code == 401
     assert post(server, chat("x"), key="wrong").status_code == 401

@@ -105,27 +105,35 @@ class Message(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
+
+
+class TemplateKwargs(BaseModel):
+    """``chat_template_kwargs``: any keys; the one the server reads is type-checked."""
+
+    model_config = ConfigDict(extra="allow")
+    enable_thinking: bool | None = Field(default=None, strict=True)
 
 
 class ChatRequest(BaseModel):
-    # Numbers are strict: a boolean or a string where a number belongs is a 400, never coerced.
+    # Numbers and booleans are strict: a boolean or a string where a number belongs, or a string or
+    # a number where a boolean belongs ("stream": "yes", "logprobs": 1), is a 400, never coerced.
     model_config = ConfigDict(extra="ignore", strict=False)
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, strict=True)
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, strict=True, allow_inf_nan=False)
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1], strict=True)
-    logprobs: bool = False
+    logprobs: bool = Field(default=False, strict=True)
     top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     n: int = Field(default=1, ge=1, le=1, strict=True)
-    enable_thinking: bool | None = None
+    enable_thinking: bool | None = Field(default=None, strict=True)
     tree_budget: int | None = Field(default=None, ge=0, le=MAX_TREE_BUDGET, strict=True)
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
 
     @field_validator("temperature")
     @classmethod
@@ -149,14 +157,15 @@ class ChatRequest(BaseModel):
         """Top-level enable_thinking (the standalone server's knob) wins over the template kwargs."""
         if self.enable_thinking is not None:
             return self.enable_thinking
-        value = (self.chat_template_kwargs or {}).get("enable_thinking")
-        return value if isinstance(value, bool) else None
+        return self.chat_template_kwargs.enable_thinking if self.chat_template_kwargs is not None else None
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     first = exc.errors(include_url=False, include_input=False)[0]
     param = ".".join(str(p) for p in first.get("loc", ())) or None
     message = str(first.get("msg")).removeprefix("Value error, ")
+    if first.get("type") == "bool_type":  # strict: "yes", 1, "no" are not coerced
+        message = "must be a JSON boolean (true or false)"
     return f"{param}: {message}" if param else message, param
 
 
