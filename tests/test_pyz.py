@@ -43,7 +43,7 @@ def essentials(report: dict) -> list[tuple]:
     return [(r["case"]["case_id"], r["status"], r["output"], r["spec"]["decode_rounds"]) for r in report["results"]]
 
 
-MAX_BYTES = 4 * 1024 * 1024
+MAX_BYTES = 6 * 1024 * 1024  # sources ~4 MB, plus bytecode of the modules the tool imports at start
 
 
 def test_pyz_leaves_out_engine_only_data_and_stays_small(pyz):
@@ -86,6 +86,30 @@ def test_pyz_vendors_no_compiled_module_and_no_engine_dependency(pyz):
     tops = {n.split("/")[0] for n in names}
     assert not tops & {"torch", "transformers", "regex", "pydantic_core"}
     assert {"httpx", "rich", "typer", "click"} <= tops
+
+
+def test_pyz_starts_from_bytecode_on_the_building_python_and_from_source_on_others(pyz):
+    """zipimport reads ``module.pyc`` beside ``module.py`` (never ``__pycache__``): the building
+    interpreter imports the start-up modules from it; another version skips the foreign magic
+    number and compiles the source."""
+    import importlib.util
+
+    names = set(zipfile.ZipFile(pyz).namelist())
+    assert not [n for n in names if "__pycache__" in n]
+    for module in ("ddtree_diag/cli", "ddtree_diag/commands/options", "rich/console", "typer/main", "click/core"):
+        assert f"{module}.py" in names and f"{module}.pyc" in names, module
+    with zipfile.ZipFile(pyz) as archive:
+        assert archive.read("ddtree_diag/cli.pyc")[:4] == importlib.util.MAGIC_NUMBER
+    code = f"import sys; sys.path.insert(0, {str(pyz)!r}); import ddtree_diag.cli as m; print(m.__file__)"
+    here = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120)
+    assert here.returncode == 0 and here.stdout.strip().endswith("ddtree_diag/cli.pyc"), here.stderr
+    others = sorted(Path.home().glob(".pyenv/versions/3.1[0-9].*/bin/python3"))
+    others = [p for p in others if f"/{sys.version_info[0]}.{sys.version_info[1]}." not in str(p)]
+    if not others:
+        pytest.skip("no other Python 3 version on this machine")
+    there = subprocess.run([str(others[0]), "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120)
+    assert there.returncode == 0 and there.stdout.strip().endswith("ddtree_diag/cli.py"), there.stderr
+    assert run_pyz(pyz, "--version", python=str(others[0])).stdout.startswith("ddtree-diag ")
 
 
 def test_pyz_probes_like_the_installed_tool(pyz, target, cli):
