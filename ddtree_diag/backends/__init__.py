@@ -46,7 +46,7 @@ class TargetSpec:
     model: str | None = None
     dialect: str = "auto"
     api_key: str | None = None
-    timeout: float = 120.0  # seconds for a whole request (connect to last byte)
+    timeout: float = 120.0  # seconds for a whole request (connect to last byte); engine: per case
     max_response_bytes: int = 8 << 20  # a bigger body fails its case
     stream: bool = True
     concurrency: int = 1
@@ -75,13 +75,15 @@ def make_backend(spec: TargetSpec, *, transport: Any = None) -> Backend:
             raise UsageError("give either --url or --engine, not both")
         if spec.via is not None:
             raise UsageError("--via works with --url only (the engine runs in this process)")
+        if not 0 < spec.timeout < float("inf"):  # NaN fails this too
+            raise UsageError("--timeout must be a number of seconds > 0")
         from ddtree_diag.backends.engine import EngineBackend
         from ddtree_diag.engine.models import choose_models
 
         choice = choose_models(spec.target, spec.draft, spec.gguf, use_draft=spec.use_draft)
         return EngineBackend(
             target=choice.target, draft=choice.draft if spec.use_draft else None, gguf_file=choice.gguf_file,
-            device=spec.device, dtype=spec.dtype, model_name=choice.name,
+            device=spec.device, dtype=spec.dtype, model_name=choice.name, timeout=spec.timeout,
         )  # fmt: skip
     if not spec.url:
         raise UsageError("no target: give --url URL (or set DDTREE_DIAG_URL), or --engine")

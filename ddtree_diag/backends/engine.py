@@ -1,6 +1,9 @@
 """Backend that runs probe cases in-process on the DDTree engine (no server in between).
 
 Imports torch/transformers only when the engine is loaded (``prepare`` or the first ``run``).
+``--timeout S`` bounds each case's generation (prefill and decode, not the model load): the
+deadline is checked between decode rounds, so a case past it stops after the round in flight and
+is ``timeout``, with the text so far kept.
 """
 
 from __future__ import annotations
@@ -9,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddtree_diag.errors import DiagError
-from ddtree_diag.records import STATUS_ENGINE_ERROR, ProbeCase, ProbeResult, SpecMetrics, Timings
+from ddtree_diag.errors import DiagError, UsageError
+from ddtree_diag.records import STATUS_ENGINE_ERROR, STATUS_TIMEOUT, ProbeCase, ProbeResult, SpecMetrics, Timings
 
 
 def split_reasoning(text: str) -> tuple[str, str | None]:
@@ -32,7 +35,11 @@ class EngineBackend:
         device: str | None = None,
         dtype: str | None = None,
         model_name: str | None = None,
+        timeout: float | None = None,
     ) -> None:
+        if timeout is not None and not 0 < timeout < float("inf"):  # NaN fails this too
+            raise UsageError("--timeout must be a number of seconds > 0")
+        self.timeout = timeout  # seconds of generation per case (None: no limit)
         self.target = target
         self.model = model_name  # the id results and the report show (None: the engine's own)
         self.draft = draft
@@ -67,6 +74,7 @@ class EngineBackend:
     def run(self, case: ProbeCase) -> ProbeResult:
         engine = self.load()
         extra = case.extra or {}
+        deadline = None if self.timeout is None else time.perf_counter() + self.timeout
         try:
             gen = engine.generate(
                 messages=case.messages,
@@ -78,6 +86,7 @@ class EngineBackend:
                 stop=extra.get("stop"),
                 top_logprobs=int(extra.get("top_logprobs", 0) or 0),
                 mode=str(extra.get("mode", "auto")),  # "auto" | "ar" | "chain" | "tree"
+                deadline=deadline,
             )
         except (DiagError, RuntimeError, ValueError, IndexError, TypeError) as exc:
             message = str(exc).strip().splitlines()
@@ -110,7 +119,7 @@ class EngineBackend:
         }
         if gen.top_logprobs is not None:
             extras["top_logprobs"] = [[list(pair) for pair in row] for row in gen.top_logprobs]
-        return ProbeResult(
+        result = ProbeResult(
             case=case,
             dialect="engine",
             model=self.model or engine.info().get("model"),
@@ -123,6 +132,12 @@ class EngineBackend:
             spec=spec,
             extras=extras,
         )
+        if gen.finish_reason == "timeout":
+            # as over HTTP: the answer did not finish, so it has no finish_reason; its text is kept
+            result.status, result.finish_reason = STATUS_TIMEOUT, None
+            result.error = (f"generation ran past {self.timeout:g} s (--timeout): stopped after "
+                            f"{gen.completion_tokens} tokens, {gen.decode_rounds} decode rounds")  # fmt: skip
+        return result
 
     def target_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {

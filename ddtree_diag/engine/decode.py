@@ -45,13 +45,14 @@ class DecodeRequest:
     stop: list[str] | None = None  # stop strings
     top_logprobs: int = 0
     on_token: OnToken | None = None
+    deadline: float | None = None  # a time.perf_counter() value: no round starts after it ("timeout")
 
 
 @dataclass
 class Generation:
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "timeout"
     prompt_tokens: int
     completion_tokens: int
     acceptance_lengths: list[int]  # per round, bonus included
@@ -144,6 +145,8 @@ class GenerationRecorder:
             delta = self._stream_delta(final=finish is not None)
             if request.on_token(new_tokens, delta) is False:
                 finish = finish or "cancelled"
+        if finish is None and request.deadline is not None and time.perf_counter() >= request.deadline:
+            finish = "timeout"  # checked once per round: the round in flight always completes
         self.finish = finish
 
     def _stream_delta(self, final: bool) -> str:

@@ -153,10 +153,13 @@ class Engine:
         on_token: OnToken | None = None,
         mode: str = "auto",
         prompt_ids: list[int] | None = None,
+        deadline: float | None = None,
     ) -> Generation:
         """Decode one answer. ``mode``: "auto" (tree when a draft is loaded and budget > 0, else AR),
         "ar", "chain" (DFlash: the draft's argmax block) or "tree". ``prompt_ids`` bypasses the
-        chat template. ``on_token(new_ids, new_text)`` runs after every round; False cancels."""
+        chat template. ``on_token(new_ids, new_text)`` runs after every round; False cancels.
+        ``deadline`` (a ``time.perf_counter()`` value): no round starts after it; the answer so far
+        ends with finish_reason "timeout"."""
         if prompt_ids is None:
             if messages is None:
                 raise UsageError("generate needs messages or prompt_ids")
@@ -171,6 +174,7 @@ class Engine:
             top_logprobs=top_logprobs,
             on_token=on_token,
             mode=mode,
+            deadline=deadline,
         )
 
     def _resolve_mode(self, mode: str, budget: int) -> str:
@@ -196,6 +200,7 @@ class Engine:
         on_token: OnToken | None = None,
         mode: str = "auto",
         stop_token_ids: list[int] | None = None,
+        deadline: float | None = None,
     ) -> Generation:
         """Decode from token ids (no chat template); see ``generate``."""
         budget = self.default_tree_budget if tree_budget is None else int(tree_budget)
@@ -228,6 +233,7 @@ class Engine:
             stop=stop,
             top_logprobs=top_logprobs,
             on_token=on_token,
+            deadline=deadline,
         )
         return self.decoder().decode(request)
 
