@@ -118,13 +118,54 @@ def test_jsonl_text_with_line_separator_characters_stays_one_record(tmp_path):
         ('{"text": "ok", "max_tokens": "48"}\n', "in.jsonl:1: 'max_tokens' must be int"),
     ],
 )
-def test_bad_jsonl_is_a_usage_error_with_the_line(tmp_path, content, message):
+def test_a_bad_jsonl_line_is_named_with_its_number_and_the_good_lines_are_judged(tmp_path, content, message):
     path = tmp_path / "in.jsonl"
     path.write_text(content, encoding="utf-8")
-    out = io.StringIO()
-    with pytest.raises(UsageError, match=message.replace("[", r"\[")):
-        run_text_check(str(path), None, False, True, None, out=out)
-    assert out.getvalue() == ""  # nothing printed before the error
+    out, err = io.StringIO(), io.StringIO()
+    code = run_text_check(str(path), None, False, True, None, out=out, err=err)
+    assert code == 2  # nothing garbage, but not everything could be judged
+    errors = err.getvalue().splitlines()
+    assert errors[0].startswith(f"ddtree-diag: error: {tmp_path / message}"), errors
+    assert errors[-1] == f"ddtree-diag: 1 of {content.count(chr(10))} line(s) in {path} could not be judged"
+    good = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [g["line"] for g in good] == ([1] if content.startswith('{"text": "ok"}') else [])
+    assert all(not g["garbage"] for g in good)
+
+
+def test_jsonl_with_bad_lines_judges_the_rest_and_exits_by_what_it_found(tmp_path):
+    lines = [json.dumps({"text": "Fine, thanks."}), "{oops", json.dumps({"text": "<|im_start|>assistant\nHi"}),
+             "", json.dumps({"text": 7}), json.dumps({"text": "All good here.", "id": "c"})]  # fmt: skip
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    code = run_text_check(str(path), None, False, True, None, out=out, err=err)
+    assert code == 1  # a judged line is garbage: that is the finding, bad lines or not
+    verdicts = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(v["line"], v["garbage"]) for v in verdicts] == [(1, False), (3, True), (6, False)]
+    assert verdicts[2]["id"] == "c"
+    errors = err.getvalue().splitlines()
+    assert errors[0].startswith(f"ddtree-diag: error: {path}:2: not valid JSON (")
+    assert errors[1] == f"ddtree-diag: error: {path}:5: needs a string 'text' field"
+    assert errors[2] == f"ddtree-diag: 2 of 5 line(s) in {path} could not be judged"
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("\n".join([lines[0], lines[1], lines[5]]) + "\n", encoding="utf-8")
+    assert run_text_check(str(clean), None, False, True, None, out=io.StringIO(), err=io.StringIO()) == 2
+
+
+def test_plain_verdict_uses_200_columns_when_piped_and_excerpts_start_at_words(tmp_path):
+    from ddtree_diag.commands.textcheck import excerpt
+
+    text = "Here is a long answer. " + "the the the the the the the the the the " + "x" * 150
+    code, out = check(tmp_path, text, "Say something.", False, False, "stop")
+    assert code == 1
+    assert max(len(line) for line in out.splitlines()) > 80  # not wrapped at rich's 80-column default
+    assert max(len(line) for line in out.splitlines()) <= 200
+    words = "The quick brown fox jumps over the lazy dog"
+    assert excerpt(words, (12, 30), words[12:30]) == "…brown fox jumps over…"
+    assert excerpt(words, (5, 20), words[5:20]) == "…quick brown fox…"
+    assert excerpt(words, (0, 9), words[0:9]) == "The quick…"
+    assert excerpt(words, (35, 43), words[35:43]) == "…lazy dog"
+    assert excerpt("", None, "quoted") == "quoted"
 
 
 def test_missing_file_is_a_usage_error(tmp_path):
@@ -168,8 +209,8 @@ def test_module_entry_point_jsonl_and_usage_errors():
     proc = _module("--jsonl", stdin=lines)
     assert proc.returncode == 1
     assert [json.loads(x)["garbage"] for x in proc.stdout.decode().splitlines()] == [True, False]
-    bad = _module("--jsonl", stdin="{oops\n")
-    assert bad.returncode == 2
+    bad = _module("--jsonl", stdin="{oops\n" + json.dumps({"text": "Fine."}) + "\n")
+    assert bad.returncode == 2 and [json.loads(x)["line"] for x in bad.stdout.decode().splitlines()] == [2]
     assert b"Traceback" not in bad.stderr and bad.stderr.decode().startswith("ddtree-diag: error: -:1:")
     unknown = _module("--no-such-flag", stdin="")
     assert unknown.returncode == 2

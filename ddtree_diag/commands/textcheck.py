@@ -8,8 +8,14 @@ Plain mode reads the whole input as one answer (one trailing newline dropped) an
 verdict with its reasons; ``--json`` prints ``Verdict.to_dict()`` instead. ``--jsonl`` reads one
 JSON object per line (``text`` or ``output``; optional ``prompt``, ``finish_reason``, ``thinking``,
 ``reasoning``, ``completion_tokens``, ``max_tokens``, ``id``) and writes one verdict per line, in
-order, each with the input's ``line`` number (1-based) and its ``id`` when it has one. Exit code:
-0 all clean, 1 any garbage, 2 bad input or usage.
+order, each with the input's ``line`` number (1-based) and its ``id`` when it has one. A line that
+cannot be judged (not JSON, not an object, no text, a field of the wrong type) is named on stderr
+with its number and why, and the other lines are judged all the same. Exit code: 0 every input
+judged clean, 1 any garbage, 2 no garbage but a line could not be judged (or bad usage, an
+unreadable file).
+
+The plain verdict is laid out like ``probe``'s table: the terminal's width, else $COLUMNS, else
+200 columns; evidence excerpts start and end at word boundaries, with "…" where text was cut.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any, TextIO
 import typer
 
 from ddtree_diag.commands.options import DEBUG
-from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from ddtree_diag.records import Verdict
 
 
@@ -63,13 +69,15 @@ def run_text_check(
     finish_reason: str | None,
     *,
     out: TextIO | None = None,
+    err: TextIO | None = None,
     score_with: str | None = None,
     greedy: bool = False,
 ) -> int:
     """Check the text in ``path`` ("-" or None = stdin) and print the verdict(s).
 
-    Returns 0 when everything is clean, 1 when any input is garbage. Raises UsageError (exit 2)
-    for an unreadable file or a bad JSONL line, or --greedy without --score-with.
+    Returns 0 when everything is clean, 1 when any input is garbage, 2 when nothing was garbage
+    but a JSONL line could not be judged (each such line is named on ``err``). Raises UsageError
+    (exit 2) for an unreadable file, or --greedy without --score-with.
     """
     from ddtree_diag.checks.quality import assess
 
@@ -83,13 +91,13 @@ def run_text_check(
 
         scoring = {"scorer": scorer_for(score_with, own_weights=greedy), "temperature": 0.0 if greedy else None}
     if jsonl:
-        return _check_jsonl(raw, prompt, finish_reason, out, source=path or "-", scoring=scoring)
+        return _check_jsonl(raw, prompt, finish_reason, out, err or sys.stderr, source=path or "-", scoring=scoring)
     text = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
     verdict = assess(text, prompt=prompt, finish_reason=finish_reason, **scoring)
     if as_json:
         out.write(_dumps(verdict.to_dict()) + "\n")
     else:
-        _print_verdict(verdict, out)
+        _print_verdict(verdict, out, text)
     return EXIT_CHECK_FAILED if verdict.garbage else EXIT_OK
 
 
@@ -123,56 +131,105 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_jsonl(
-    raw: str, prompt: str | None, finish_reason: str | None, out: TextIO, source: str, scoring: dict[str, Any]
-) -> int:
-    # Parse everything first, so a bad line fails before any verdict is printed.
-    # Split on "\n" only: str.splitlines would also split on U+0085/U+2028 inside a JSON string.
-    rows: list[tuple[int, dict[str, Any], str, dict[str, Any]]] = []
-    for lineno, line in enumerate(raw.split("\n"), 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise UsageError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        text = row.get("text", row.get("output"))
-        if not isinstance(text, str):
-            raise UsageError(f"{where}: needs a string 'text' field")
-        kwargs = {key: row.get(key) for key in _JSONL_FIELDS}
-        for key, types in _FIELD_TYPES.items():
-            value = kwargs[key]
-            if value is not None and (
-                not isinstance(value, types) or (types == (int,) and isinstance(value, bool))
-            ):
-                raise UsageError(f"{where}: '{key}' must be {types[0].__name__}, got {type(value).__name__}")
-        if kwargs["prompt"] is None:
-            kwargs["prompt"] = prompt
-        if kwargs["finish_reason"] is None:
-            kwargs["finish_reason"] = finish_reason
-        rows.append((lineno, row, text, kwargs))
+def _parse_line(line: str, prompt: str | None, finish_reason: str | None) -> tuple[dict, str, dict[str, Any]]:
+    """(row, text, assess keyword arguments) of one JSONL line; ValueError says why it cannot be
+    judged, in one line."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    text = row.get("text", row.get("output"))
+    if not isinstance(text, str):
+        raise ValueError("needs a string 'text' field")
+    kwargs = {key: row.get(key) for key in _JSONL_FIELDS}
+    for key, types in _FIELD_TYPES.items():
+        value = kwargs[key]
+        if value is not None and (not isinstance(value, types) or (types == (int,) and isinstance(value, bool))):
+            raise ValueError(f"'{key}' must be {types[0].__name__}, got {type(value).__name__}")
+    if kwargs["prompt"] is None:
+        kwargs["prompt"] = prompt
+    if kwargs["finish_reason"] is None:
+        kwargs["finish_reason"] = finish_reason
+    return row, text, kwargs
+
+
+def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: TextIO, err: TextIO, source: str,
+                 scoring: dict[str, Any]) -> int:  # fmt: skip
+    """Judge every line that can be judged; name each one that cannot on ``err``."""
     from ddtree_diag.checks.quality import assess
 
     any_garbage = False
-    for lineno, row, text, kwargs in rows:
+    judged = bad = 0
+    # Split on "\n" only: str.splitlines would also split on U+0085/U+2028 inside a JSON string.
+    for lineno, line in enumerate(raw.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row, text, kwargs = _parse_line(line, prompt, finish_reason)
+        except ValueError as exc:
+            bad += 1
+            err.write(f"ddtree-diag: error: {source}:{lineno}: {exc}\n")
+            err.flush()
+            continue
         verdict = assess(text, **kwargs, **scoring)
         # The input line (1-based, blank lines counted) ties a verdict to its input line; the
         # input's own id, when it has one, comes along too.
         record = {"line": lineno, **({"id": row["id"]} if "id" in row else {}), **verdict.to_dict()}
         out.write(_dumps(record) + "\n")
+        judged += 1
         any_garbage = any_garbage or verdict.garbage
-    return EXIT_CHECK_FAILED if any_garbage else EXIT_OK
+    if bad:
+        err.write(f"ddtree-diag: {bad} of {bad + judged} line(s) in {source} could not be judged\n")
+    if any_garbage:
+        return EXIT_CHECK_FAILED
+    return EXIT_USAGE if bad else EXIT_OK
 
 
-def _print_verdict(verdict: Verdict, out: TextIO) -> None:
-    from rich.console import Console  # lazy: keeps `import ddtree_diag.commands.textcheck` light
-    from rich.markup import escape
+EXCERPT_CHARS = 60
+_WORD_REACH = 20  # how far an excerpt may move to start or end at a word boundary
+
+
+def _is_word(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def excerpt(text: str, span: tuple[int, int] | None, evidence: str) -> str:
+    """The evidence as an excerpt of ``text`` that starts and ends at word boundaries (moving back
+    to the start of a word cut in two, or on to the next one when that word is long), with "…"
+    where the text goes on. Evidence not found at its span is shown as it is."""
+    if not evidence:
+        return ""
+    start = span[0] if span is not None and text[span[0] : span[0] + len(evidence)] == evidence else text.find(evidence)
+    if start < 0:
+        return evidence
+    end = min(len(text), start + max(len(evidence), 1), start + EXCERPT_CHARS)
+    if 0 < start < len(text) and _is_word(text[start - 1]) and _is_word(text[start]):  # cut mid-word
+        back = start
+        while back > 0 and _is_word(text[back - 1]) and start - back < _WORD_REACH:
+            back -= 1
+        if back == 0 or not _is_word(text[back - 1]):
+            start = back
+        else:  # a very long word: start at the next one instead
+            while start < end and _is_word(text[start]):
+                start += 1
+    if 0 < end < len(text) and _is_word(text[end - 1]) and _is_word(text[end]):
+        forward = end
+        while forward < len(text) and _is_word(text[forward]) and forward - end < _WORD_REACH:
+            forward += 1
+        end = forward
+    shown = text[start:end].strip() or evidence
+    return ("…" if start > 0 else "") + shown + ("…" if end < len(text) else "")
+
+
+def _print_verdict(verdict: Verdict, out: TextIO, text: str = "") -> None:
+    from rich.markup import escape  # lazy: keeps `import ddtree_diag.commands.textcheck` light
     from rich.table import Table
 
-    console = Console(file=out, highlight=False, soft_wrap=True)
+    from ddtree_diag.output.console import make_console
+
+    console = make_console(out)  # the terminal's width; in a pipe or a log $COLUMNS, else 200, as probe
     if verdict.garbage:
         console.print(f"[bold red]✗ garbage[/] (score {verdict.score:.2f})")
     else:
@@ -187,6 +244,6 @@ def _print_verdict(verdict: Verdict, out: TextIO) -> None:
     table.add_column("evidence", overflow="fold")
     for reason in verdict.reasons:
         colour = {"hard": "red", "soft": "yellow"}.get(reason.severity, "dim")
-        evidence = repr(reason.evidence) if reason.evidence else ""
+        evidence = repr(excerpt(text, reason.span, reason.evidence)) if reason.evidence else ""
         table.add_row(reason.code, f"[{colour}]{reason.severity}[/]", escape(reason.detail), escape(evidence))
     console.print(table)
