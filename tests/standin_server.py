@@ -37,6 +37,7 @@ class State:
     per_request_metrics = True  # vLLM: --per-request-spec-decode-metrics
     metrics_endpoint = True
     strict = False  # reject unknown fields with 400, like the real OpenAI API
+    any_model = False  # answer any model name (llama.cpp, SGLang); else 404 for unlisted ones
     drafts = 0
     draft_tokens = 0
     accepted = 0
@@ -221,6 +222,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         with State.lock:
             State.requests.append(body)
+        if not State.any_model and body.get("model") not in ("standin-model", None):
+            # as vLLM and OpenAI do; llama.cpp and SGLang answer any name (--any-model)
+            self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                       "type": "NotFoundError"}})  # fmt: skip
+            return
         if State.strict:
             known = {"model", "messages", "max_tokens", "temperature", "stream"}
             unknown = sorted(set(body) - known)
@@ -338,6 +344,7 @@ def main() -> None:
     parser.add_argument("--no-per-request-metrics", action="store_true")
     parser.add_argument("--no-metrics-endpoint", action="store_true")
     parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--any-model", action="store_true")
     # Fault modes (see State); each one makes exactly one kind of problem real.
     parser.add_argument("--answer", default=ANSWER)
     parser.add_argument("--lossy", action="store_true")
@@ -362,6 +369,7 @@ def main() -> None:
     State.per_request_metrics = not args.no_per_request_metrics
     State.metrics_endpoint = not args.no_metrics_endpoint
     State.strict = args.strict
+    State.any_model = args.any_model
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     print(f"PORT {server.server_address[1]}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):

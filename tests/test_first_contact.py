@@ -23,9 +23,11 @@ CHAT = {"choices": [{"message": {"role": "assistant", "content": "Hi."}, "finish
 
 
 def backend(models_reply: httpx.Response | None, *, model: str | None = "gpt-4", dialect: str = "openai",
-            url: str = "http://server.invalid:8000", dead_path: str | None = None) -> tuple[HttpBackend, list[str]]:
+            url: str = "http://server.invalid:8000", dead_path: str | None = None,
+            any_model: bool = False) -> tuple[HttpBackend, list[str]]:  # fmt: skip
     """A backend on a scripted server: ``models_reply`` for /v1/models (None: 404), a completion for
-    /v1/chat/completions, 404 for anything else and for everything under ``dead_path``."""
+    /v1/chat/completions (404 for a model the list lacks, unless ``any_model``), 404 for anything
+    else and for everything under ``dead_path``."""
     seen: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -36,6 +38,10 @@ def backend(models_reply: httpx.Response | None, *, model: str | None = "gpt-4",
         if path.endswith("/v1/models") and models_reply is not None:
             return models_reply
         if path.endswith("/v1/chat/completions"):
+            listed = models_reply.json().get("data") if models_reply is not None and models_reply.is_success else None
+            asked = json.loads(request.content).get("model")
+            if not any_model and isinstance(listed, list) and listed and asked not in [m.get("id") for m in listed]:
+                return httpx.Response(404, json={"error": {"message": f"The model `{asked}` does not exist."}})
             return httpx.Response(200, json=CHAT)
         return httpx.Response(404, json={"error": {"message": "not found"}})
 
@@ -55,7 +61,14 @@ def test_unserved_model_is_a_usage_error_naming_the_served_ids(dialect):
     message = str(caught.value)
     assert "--model 'gpt-4' is not served" in message and "\n" not in message
     assert "'org/model-0', 'org/model-1'" in message and "(8 in all)" in message and "org/model-7" not in message
-    assert seen == ["GET /v1/models"], "nothing else was sent"
+    assert "a 1-token request for it answered HTTP 404" in message
+    assert seen == ["GET /v1/models", "POST /v1/chat/completions"], "nothing but the 1-token check was sent"
+
+
+def test_unlisted_model_that_the_server_answers_is_a_note():
+    made, _seen = backend(httpx.Response(200, json={"data": [{"id": "a"}]}), any_model=True)
+    notes = made.prepare([CASE])
+    assert any("'gpt-4' is not listed by /v1/models" in n for n in notes) and made.run(CASE).status == "ok"
 
 
 @pytest.mark.parametrize("reply", [
@@ -93,7 +106,18 @@ def test_cli_unserved_model_exits_2_before_any_case(standin, cli, extra):
     assert result.code == 2, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert "--model 'gpt-4' is not served" in result.stderr and "'standin-model'" in result.stderr
-    assert server.requests() == [], "no case (and no detection request) was sent"
+    assert "answered HTTP 404" in result.stderr
+    assert [r["max_tokens"] for r in server.requests()] == [1], "only the 1-token model check was sent"
+
+
+@pytest.mark.e2e
+def test_cli_unlisted_model_that_the_server_answers_goes_on(standin, cli):
+    """llama.cpp and SGLang answer any model name: unlisted is not unserved there."""
+    server = standin("--dialect", "llamacpp", "--any-model")
+    result = cli("probe", "--url", server.url, "--model", "my-alias", "--thinking", "off", "--json", "-")
+    assert result.code == 0, result.stderr
+    assert any("'my-alias' is not listed by /v1/models" in n and "answered it anyway" in n
+               for n in result.json()["notes"])  # fmt: skip
 
 
 # -- a wrong path in --url ---------------------------------------------------------------------

@@ -326,10 +326,19 @@ class HttpBackend:
             self.model = models[0]["id"]
             notes.append(f"model: {self.model} (first of {len(models)} from /v1/models)")
         elif models and self.model not in {entry["id"] for entry in models}:
-            raise UsageError(
-                f"--model {one_line(repr(self.model), 120)} is not served by {self._shown_url}: its /v1/models "
-                f"lists {served_ids(models)}; pass one of those (or no --model: the first is taken)"
-            )
+            # Unlisted is not always unserved (llama.cpp and SGLang answer any name): one 1-token
+            # request decides, and only a refusal stops the run.
+            shown_model = one_line(repr(self.model), 120)
+            answered = self._try_model(cases[0] if cases else None)
+            if answered is not None and answered < 300:
+                notes.append(f"model: {shown_model} is not listed by /v1/models (it lists {served_ids(models)}); "
+                             "the server answered it anyway")  # fmt: skip
+            else:
+                refused = f"; a 1-token request for it answered HTTP {answered}" if answered else ""
+                raise UsageError(
+                    f"--model {shown_model} is not served by {self._shown_url}: its /v1/models "
+                    f"lists {served_ids(models)}{refused}; pass one of those (or no --model: the first is taken)"
+                )
         for entry in models or []:
             if entry.get("id") == self.model:
                 owned_by = entry.get("owned_by")
@@ -422,6 +431,21 @@ class HttpBackend:
         shown = url_without_password(root)
         return (f"the path {parts.path!r} in --url looks wrong: {shown}/v1/models answers "
                 f"({served_ids(models) or 'no models listed'}); try --url {shown}")  # fmt: skip
+
+    def _try_model(self, case: ProbeCase | None) -> int | None:
+        """The HTTP status of a plain 1-token chat request for ``self.model``; None when none
+        could be sent or it got no answer."""
+        if case is None:
+            return None
+        probe = ProbeCase(prompt_id="model-check", messages=case.messages, max_tokens=1)
+        body = dialects.build_request("openai", probe, self.model or "", stream=False)
+        try:
+            response, data = self._get(f"{self.base_url}/v1/chat/completions", method="POST", json=body)
+        except (httpx.HTTPError, BadReply):
+            return None
+        if response.status_code in AUTH_STATUSES:
+            raise UsageError(http_failure(response, data, api_key_given=self.api_key_given))
+        return response.status_code
 
     def _detect(self, case: ProbeCase | None, owned_by: Any) -> tuple[str, str]:
         """Decide the dialect from one tiny plain request, then /v1/models' owned_by. An error
