@@ -164,6 +164,9 @@ class Verdict:
     score: float
     reasons: list[Reason] = field(default_factory=list)
     truncated: bool = False
+    # --score-with: the model's scores of this text and the thresholds they were judged by
+    # (checks.likelihood.LikelihoodScore.summary), whether or not a reason fired
+    likelihood: dict[str, Any] | None = None
 
     @property
     def top_reason(self) -> Reason | None:
@@ -205,6 +208,7 @@ class Verdict:
             "score": round(self.score, 3),
             "truncated": self.truncated,
             "reasons": [r.to_dict() for r in self.reasons],
+            **({"likelihood": self.likelihood} if self.likelihood is not None else {}),
         }
 
     @classmethod
@@ -214,6 +218,7 @@ class Verdict:
             score=float(data.get("score", 0.0)),
             reasons=[Reason.from_dict(r) for r in data.get("reasons", []) if isinstance(r, dict)],
             truncated=bool(data.get("truncated", False)),
+            likelihood=data["likelihood"] if isinstance(data.get("likelihood"), dict) else None,
         )
 
 

@@ -177,3 +177,12 @@ def test_probe_engine_score_with_target_runs_the_greedy_check_on_token_ids(tmp_p
     for record in report["results"]:
         codes = [r["code"] for r in record["quality"]["reasons"]]
         assert "not_greedy" not in codes, record["quality"]
+        # every scored answer shows its figures and the thresholds, flagged or not
+        scores = record["quality"]["likelihood"]
+        assert scores["greedy_checked"] is True and scores["not_greedy_at_token"] is None
+        assert scores["tokens"] > 0 and scores["mean_surprisal"] > 0 and scores["thresholds"]["mean_hard"] > 0
+    saved = tmp_path / "run.json"
+    saved.write_text(result.stdout)
+    shown = cli("report", str(saved))
+    assert "target likelihood" in shown.stdout and "nats/token" in shown.stdout
+    assert "low_likelihood at >=" in shown.stdout

@@ -233,6 +233,10 @@ def test_score_with_the_embedded_model_from_the_command_line(tmp_path, cli):
               "--score-with", "embedded")  # fmt: skip
     good = cli("text-check", str(clean), *common, timeout=600)
     assert good.code == 0, good.stderr
+    scores = good.json()["likelihood"]  # a clean answer shows its scores and the thresholds too
+    assert scores["mean_surprisal"] < scores["thresholds"]["mean_soft"] and scores["model"]
+    plain = cli("text-check", str(clean), *common[:-3], "--score-with", "embedded", timeout=600)
+    assert plain.code == 0 and "nats/token over" in plain.stdout and "low_likelihood at >=" in plain.stdout
     bad = cli("text-check", str(salad), *common, timeout=600)
     assert bad.code == 1, bad.stderr
     reasons = {r["code"]: r for r in bad.json()["reasons"]}

@@ -37,6 +37,9 @@ MEAN_HARD = 5.5
 SPAN_TOKENS = 16
 SPAN_HARD = 7.5
 NEAR_TIE_GAP = 0.05  # nats, as the lossless check's default
+MIN_TOKENS = 4  # shorter answers are not judged by likelihood (too few tokens to mean anything)
+THRESHOLDS = {"mean_soft": MEAN_SOFT, "mean_hard": MEAN_HARD, "span_hard": SPAN_HARD, "span_tokens": SPAN_TOKENS,
+              "min_tokens": MIN_TOKENS, "near_tie_gap": NEAR_TIE_GAP}  # fmt: skip
 EMBEDDED = "embedded"
 
 
@@ -71,6 +74,35 @@ class LikelihoodScore:
         data["not_greedy"] = self.not_greedy.__dict__ if self.not_greedy else None
         return data
 
+    def summary(self, *, greedy: bool) -> dict[str, Any]:
+        """The figures a reader needs to see how close the text came to a reason, with the
+        thresholds: kept in the verdict of every scored text, clean or not."""
+        miss = self.not_greedy
+        return {
+            "model": self.model,
+            "tokens": self.tokens,
+            "mean_surprisal": round(self.mean_surprisal, 3),
+            "worst_span_surprisal": round(self.worst_span_surprisal, 3),
+            "greedy_checked": greedy,
+            "not_greedy_at_token": miss.token_index if (greedy and miss) else None,
+            "thresholds": THRESHOLDS,
+        }
+
+
+def describe_scores(summary: dict[str, Any]) -> str:
+    """One line of a verdict's ``likelihood`` summary: the figures against their thresholds."""
+    limits = summary.get("thresholds") or {}
+    parts = [f"{summary.get('model')}: {summary.get('mean_surprisal', 0):.2f} nats/token over "
+             f"{summary.get('tokens')} tokens (low_likelihood at >= {limits.get('mean_soft')} soft, "
+             f">= {limits.get('mean_hard')} hard)"]  # fmt: skip
+    if summary.get("tokens", 0) >= (limits.get("span_tokens") or SPAN_TOKENS):
+        parts.append(f"worst {limits.get('span_tokens')}-token stretch {summary.get('worst_span_surprisal', 0):.2f} "
+                     f"(>= {limits.get('span_hard')})")  # fmt: skip
+    if summary.get("greedy_checked"):
+        at = summary.get("not_greedy_at_token")
+        parts.append("every token the greedy choice" if at is None else f"not greedy at token {at}")
+    return "; ".join(parts)
+
 
 class Scorer:
     """A loaded reference model that scores answers. ``own_weights``: it IS the deployment's
@@ -85,6 +117,13 @@ class Scorer:
     def load(cls, spec: str = EMBEDDED, *, own_weights: bool = False, device: str | None = None,
              dtype: str | None = None) -> Scorer:  # fmt: skip
         """``spec``: "embedded" or a path (an HF model directory, or a .gguf file)."""
+        from ddtree_diag.output.waiting import waiting
+
+        with waiting(f"loading the scoring model ({spec}) for --score-with"):  # the engine's own line nests inside
+            return cls._load(spec, own_weights=own_weights, device=device, dtype=dtype)
+
+    @classmethod
+    def _load(cls, spec: str, *, own_weights: bool, device: str | None, dtype: str | None) -> Scorer:
         from ddtree_diag.engine.models import choose_models, load_chosen
 
         if spec == EMBEDDED:
@@ -212,7 +251,7 @@ def _first_not_greedy(tok, text, answer_ids, offsets, logprobs, stop_ids, scored
 
 def likelihood_reasons(score: LikelihoodScore, *, greedy: bool) -> list[Reason]:
     out: list[Reason] = []
-    if score.tokens >= 4:
+    if score.tokens >= MIN_TOKENS:
         mean = score.mean_surprisal
         span = score.worst_span
         if mean >= MEAN_SOFT:

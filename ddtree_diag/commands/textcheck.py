@@ -235,6 +235,10 @@ def _print_verdict(verdict: Verdict, out: TextIO, text: str = "") -> None:
     else:
         trunc = " [yellow](truncated)[/]" if verdict.truncated else ""
         console.print(f"[bold green]✓ clean[/] (score {verdict.score:.2f}){trunc}")
+    if verdict.likelihood is not None:
+        from ddtree_diag.checks.likelihood import describe_scores
+
+        console.print(f"scores: {escape(describe_scores(verdict.likelihood))}")
     if not verdict.reasons:
         return
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)

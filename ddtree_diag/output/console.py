@@ -186,9 +186,32 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
         console.print(Text(line, style="dim"))
     for note in report.notes:
         console.print(Text(f"note: {visible(note, 10_000)}", style="dim"))
+    render_scores(console, report)
     render_findings(console, report)
     render_gate(console, report)
     console.print(Text(summary_line(report, exit_code)))
+
+
+def render_scores(console: Console, report: RunReport) -> None:
+    """``--score-with``: every scored case's figures, clean or not, and the thresholds once."""
+    scored = [(r, r.quality.likelihood) for r in report.results if r.quality is not None and r.quality.likelihood]
+    if not scored:
+        return
+    table = Table(box=box.ASCII if not console.is_terminal else box.SIMPLE, header_style="bold")
+    table.add_column("case", overflow="fold")
+    for header in ("tokens", "nats/token", "worst span", "greedy"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for result, score in scored:
+        at = score.get("not_greedy_at_token")
+        greedy = "—" if not score.get("greedy_checked") else "✓" if at is None else f"✗ token {at}"
+        table.add_row(visible(result.case_id, 200), str(score.get("tokens")), f"{score.get('mean_surprisal', 0):.2f}",
+                      f"{score.get('worst_span_surprisal', 0):.2f}", greedy)  # fmt: skip
+    limits = scored[0][1].get("thresholds") or {}
+    table.title = f"target likelihood ({visible(str(scored[0][1].get('model')), 80)})"
+    table.caption = (f"low_likelihood at >= {limits.get('mean_soft')} (soft) / >= {limits.get('mean_hard')} (hard) "
+                     f"nats/token, or a {limits.get('span_tokens')}-token stretch >= {limits.get('span_hard')}; "
+                     f"answers under {limits.get('min_tokens')} tokens are not judged")  # fmt: skip
+    console.print(table)
 
 
 def _indented(text: str, style: str, indent: int = 4) -> Padding:

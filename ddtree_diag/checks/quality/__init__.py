@@ -163,12 +163,15 @@ def assess(
     if reasoning and reasoning.strip():
         reasons.extend(content_signals(reasoning, ctx, 0, "reasoning", label="reasoning: "))
 
+    likelihood = None
     if scorer is not None and text.strip():
         greedy = bool(getattr(scorer, "own_weights", False)) and temperature == 0
         scored = scorer.score(
             text, messages or [{"role": "user", "content": prompt}], enable_thinking=thinking,
             stopped=finish in STOP_REASONS, greedy=greedy, answer_ids=answer_ids if greedy else None,
         )  # fmt: skip
+        if hasattr(scored, "summary"):
+            likelihood = scored.summary(greedy=greedy)
         reasons.extend(
             replace(r, evidence=text[r.span[0] : r.span[0] + EVIDENCE_CHARS] if r.span else "", source="text")
             for r in scorer.reasons(scored, greedy=greedy)
@@ -179,7 +182,8 @@ def assess(
         score *= 1.0 - max(0.0, min(1.0, reason.weight))
     score = round(1.0 - score, 4)
     reasons.sort(key=lambda r: -r.weight)
-    return Verdict(garbage=score >= GARBAGE_THRESHOLD, score=score, reasons=reasons, truncated=truncated)
+    return Verdict(garbage=score >= GARBAGE_THRESHOLD, score=score, reasons=reasons, truncated=truncated,
+                   likelihood=likelihood)  # fmt: skip
 
 
 def _shifted(reason: Reason, offset: int) -> Reason:
