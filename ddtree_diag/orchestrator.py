@@ -298,7 +298,7 @@ def baseline_target(spec: lossless.BaselineSpec, backend: Any, target: TargetSpe
         if target.target is None and target.gguf is None and getattr(backend, "model", None) != EMBEDDED_MODEL_NAME:
             raise UsageError("--baseline engine needs the server's target model: --target DIR or --gguf FILE")
         return TargetSpec(engine=True, target=target.target, gguf=target.gguf, use_draft=False,
-                          device=target.device, dtype=target.dtype)  # fmt: skip
+                          device=target.device, dtype=target.dtype, timeout=target.timeout)  # fmt: skip
     common = dict(api_key=target.api_key, timeout=target.timeout, max_response_bytes=target.max_response_bytes,
                   stream=False, concurrency=1, via=None)
     if spec.mode == "budget0":
