@@ -170,8 +170,9 @@ def test_probe_engine_score_with_target_runs_the_greedy_check_on_token_ids(tmp_p
     draft = fx.make_draft(tmp_path / "draft", block_size=4)
     result = cli("probe", "--engine", "--target", str(target), "--draft", str(draft), "--device", "cpu",
                  "--dtype", "fp32", "--score-with", "target", "--thinking", "off", "--budget", "0,8",
-                 "--max-tokens", "12", "--json", "-", timeout=600)  # fmt: skip
+                 "--max-tokens", "12", "--json", "-", "--quiet", timeout=600)  # fmt: skip
     assert result.code in (0, 1), result.stderr  # random weights write gibberish: garbage is fine
+    assert "loading" not in result.stderr, "--quiet silences the model loads (target and scorer)"
     report = result.json()
     assert any("greedy check" in note for note in report["notes"])
     for record in report["results"]:

@@ -235,9 +235,25 @@ def test_score_with_the_embedded_model_from_the_command_line(tmp_path, cli):
     assert good.code == 0, good.stderr
     scores = good.json()["likelihood"]  # a clean answer shows its scores and the thresholds too
     assert scores["mean_surprisal"] < scores["thresholds"]["mean_soft"] and scores["model"]
-    plain = cli("text-check", str(clean), *common[:-3], "--score-with", "embedded", timeout=600)
-    assert plain.code == 0 and "nats/token over" in plain.stdout and "low_likelihood at >=" in plain.stdout
     bad = cli("text-check", str(salad), *common, timeout=600)
     assert bad.code == 1, bad.stderr
     reasons = {r["code"]: r for r in bad.json()["reasons"]}
     assert "low_likelihood" in reasons and "nats/token" in reasons["low_likelihood"]["detail"]
+
+
+def test_plain_verdict_prints_the_likelihood_scores_with_their_thresholds():
+    """A clean scored answer still shows its figures (the model run itself is tested above)."""
+    import io
+
+    from ddtree_diag.checks.likelihood import THRESHOLDS
+    from ddtree_diag.commands.textcheck import _print_verdict
+    from ddtree_diag.records import Verdict
+
+    scores = {"model": "SmolLM2", "tokens": 40, "mean_surprisal": 2.03, "worst_span_surprisal": 3.5,
+              "greedy_checked": True, "not_greedy_at_token": None, "thresholds": THRESHOLDS}  # fmt: skip
+    out = io.StringIO()
+    _print_verdict(Verdict(garbage=False, score=0.0, likelihood=scores), out, "text")
+    shown = " ".join(out.getvalue().split())
+    assert "SmolLM2: 2.03 nats/token over 40 tokens" in shown
+    assert f"low_likelihood at >= {THRESHOLDS['mean_soft']} soft" in shown and "worst 16-token stretch 3.50" in shown
+    assert "every token the greedy choice" in shown

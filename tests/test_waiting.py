@@ -75,8 +75,7 @@ def test_probe_engine_says_the_model_is_loading(cli, tmp_path):
     loading = f"ddtree-diag: loading target model {target.name} and draft {draft.name}"
     assert lines[0] == loading + "…", shown.stderr  # before anything else, the first thing on stderr
     assert any(re.fullmatch(re.escape(loading) + r": done in \d+\.\d s", line) for line in lines), shown.stderr
-    quiet = cli(*args, "--quiet", timeout=600)
-    assert quiet.code in (0, 1) and "loading" not in quiet.stderr, quiet.stderr
+    # --quiet reaching the engine's load is checked on another engine run (tests/test_likelihood.py)
 
 
 @pytest.mark.unit
