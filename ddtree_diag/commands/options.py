@@ -47,13 +47,40 @@ DEBUG_HELP = "Show tracebacks instead of one-line errors."
 DEBUG = typer.Option(False, "--debug", help=DEBUG_HELP)
 NO_COLOR = typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too).")
 NEAR_TIE_HELP = "Top-2 logprob gap (nats) under which a T=0 divergence is a numerics near-tie."
-NEAR_TIE_GAP = typer.Option(None, "--near-tie-gap", help=NEAR_TIE_HELP + " \\[default: 0.05]")
-TARGET = typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2).")
-GGUF = typer.Option(None, "--gguf", help="Target GGUF file.")
-DRAFT = typer.Option(None, "--draft", help="DFlash draft dir (default: the embedded one).")
-DEVICE = typer.Option(None, "--device", help="cuda or cpu (default: cuda if present).")
-DTYPE = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on cuda, fp32 on cpu).")
 DIALECT_HELP = "Server dialect: " + " | ".join(("auto", *DIALECTS)) + "."
+
+# Help panels of the run options (probe, gate): what to probe, what to send, what to check, where
+# the results go, and the in-process engine.
+TARGET_PANEL, MATRIX_PANEL, CHECKS_PANEL, OUTPUT_PANEL, ENGINE_PANEL = (
+    "Target", "Matrix (overrides the matrix file)", "Checks", "Output", "In-process engine")  # fmt: skip
+
+
+def target_option(panel: str | None = None) -> Any:
+    return typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2).",
+                        rich_help_panel=panel)  # fmt: skip
+
+
+def gguf_option(panel: str | None = None) -> Any:
+    return typer.Option(None, "--gguf", help="Target GGUF file.", rich_help_panel=panel)
+
+
+def draft_option(panel: str | None = None) -> Any:
+    return typer.Option(None, "--draft", help="DFlash draft dir, z-lab format (default: the embedded one).",
+                        rich_help_panel=panel)  # fmt: skip
+
+
+def device_option(panel: str | None = None) -> Any:
+    return typer.Option(None, "--device", help="cuda or cpu (default: cuda if present).", rich_help_panel=panel)
+
+
+def dtype_option(panel: str | None = None) -> Any:
+    return typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on cuda, fp32 on cpu).",
+                        rich_help_panel=panel)  # fmt: skip
+
+
+# The engine flags as most commands take them (serve, engine-info, demo, train); the run options
+# put the same definitions in their own panel.
+TARGET, GGUF, DRAFT, DEVICE, DTYPE = target_option(), gguf_option(), draft_option(), device_option(), dtype_option()
 
 
 @dataclass
@@ -96,67 +123,80 @@ class RunFlags:
 # (name, annotation, typer option) in help order; the names are RunFlags' fields.
 _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("url", str | None, typer.Option(
-        None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True,
+        None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True, rich_help_panel=TARGET_PANEL,
         help="Base URL of the OpenAI-compatible server (with or without /v1).")),
     ("via", str | None, typer.Option(
-        None, "--via", envvar="DDTREE_DIAG_VIA", show_envvar=True,
+        None, "--via", envvar="DDTREE_DIAG_VIA", show_envvar=True, rich_help_panel=TARGET_PANEL,
         help="Make the requests from the far side of this command prefix, e.g. "
         "\"ssh root@gpu-host pct exec 200 --\" (needs python3 >= 3.8 there, nothing else).")),
-    ("model", str | None, typer.Option(None, "--model", help="Model id (default: first from /v1/models).")),
-    ("dialect", str, typer.Option("auto", "--dialect", help=DIALECT_HELP)),
+    ("model", str | None, typer.Option(None, "--model", rich_help_panel=TARGET_PANEL,
+                                       help="Model id (default: first from /v1/models).")),
+    ("dialect", str, typer.Option("auto", "--dialect", help=DIALECT_HELP, rich_help_panel=TARGET_PANEL)),
     ("api_key", str | None, typer.Option(
         None, "--api-key", envvar=["DDTREE_DIAG_API_KEY", "OPENAI_API_KEY"], show_default=False,
-        show_envvar=True, help="Bearer token (never printed or saved).")),
+        show_envvar=True, rich_help_panel=TARGET_PANEL, help="Bearer token (never printed or saved).")),
     ("timeout", float, typer.Option(
-        120.0, "--timeout",
-        help="Seconds for a whole request, connect to last byte (streamed or not); past it the case is a timeout.")),
+        120.0, "--timeout", rich_help_panel=TARGET_PANEL,
+        help="Seconds for a whole request, connect to last byte (streamed or not); past it the case is a timeout. "
+        "With --engine: each case's generation.")),
     ("max_response_bytes", str, typer.Option(
-        "8M", "--max-response-bytes",
+        "8M", "--max-response-bytes", rich_help_panel=TARGET_PANEL,
         help="Largest response body read (bytes, or with K/M/G); a bigger one fails its case.")),
-    ("stream", bool, typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT.")),
+    ("stream", bool, typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT.",
+                                  rich_help_panel=TARGET_PANEL)),
     ("concurrency", int, typer.Option(
-        1, "--concurrency", help="Parallel requests (1: clean per-request numbers).")),
+        1, "--concurrency", help="Parallel requests (1: clean per-request numbers).", rich_help_panel=TARGET_PANEL)),
     ("prompt", list[str] | None, typer.Option(
-        None, "--prompt", "-p",
+        None, "--prompt", "-p", rich_help_panel=MATRIX_PANEL, metavar="TEXT|@FILE",
         help="Prompt: literal text, @file (text or JSON messages), or a prompt id from the matrix. Repeatable.")),
     ("thinking", str | None, typer.Option(
-        None, "--thinking",
+        None, "--thinking", rich_help_panel=MATRIX_PANEL,
         help="enable_thinking values, e.g. off,on ('default' = not sent). \\[default: the matrix's, else off,on]")),
     ("budget", str | None, typer.Option(
-        None, "--budget",
+        None, "--budget", rich_help_panel=MATRIX_PANEL,
         help="Tree budgets, e.g. 16,64 ('default' = the server's own). \\[default: the matrix's (smoke: 16,64); "
         "with --prompt and no --matrix: default]")),
     ("temperature", str | None, typer.Option(
-        None, "--temperature", help="Temperature(s), e.g. 0 or 0,0.7. \\[default: the matrix's, else 0]")),
+        None, "--temperature", rich_help_panel=MATRIX_PANEL,
+        help="Temperature(s), e.g. 0 or 0,0.7. \\[default: the matrix's, else 0]")),
     ("max_tokens", str | None, typer.Option(
-        None, "--max-tokens", help="max_tokens value(s), e.g. 48. \\[default: the matrix's (smoke: 48), else 48]")),
+        None, "--max-tokens", rich_help_panel=MATRIX_PANEL,
+        help="max_tokens value(s), e.g. 48. \\[default: the matrix's (smoke: 48), else 48]")),
     ("repeat", int | None, typer.Option(
-        None, "--repeat", help="Run every case N times. \\[default: the matrix's, else 1]")),
+        None, "--repeat", help="Run every case N times. \\[default: the matrix's, else 1]",
+        rich_help_panel=MATRIX_PANEL)),
     ("baseline", str | None, typer.Option(
-        None, "--baseline",
+        None, "--baseline", rich_help_panel=CHECKS_PANEL,
         help="Lossless check at T=0 against a non-speculative baseline: budget0 (same server, "
         "tree_budget=0), url:URL (a server without speculation) or engine (target alone). "
         "Overrides a matrix's \\[baseline].")),
-    ("near_tie_gap", float | None, NEAR_TIE_GAP),
+    ("near_tie_gap", float | None, typer.Option(
+        None, "--near-tie-gap", help=NEAR_TIE_HELP + " \\[default: 0.05]", rich_help_panel=CHECKS_PANEL)),
     ("json_path", str | None, typer.Option(
-        None, "--json", help="Write the JSON report to PATH ('-' = stdout only, the table goes to stderr).")),
-    ("junit", str | None, typer.Option(None, "--junit", help="Write JUnit XML (one testcase per case × check).")),
+        None, "--json", rich_help_panel=OUTPUT_PANEL,
+        help="Write the JSON report to PATH ('-' = stdout only, the table goes to stderr).")),
+    ("junit", str | None, typer.Option(None, "--junit", help="Write JUnit XML (one testcase per case × check).",
+                                       rich_help_panel=OUTPUT_PANEL)),
     ("summary", str | None, typer.Option(
-        None, "--summary", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY).")),
+        None, "--summary", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY).",
+        rich_help_panel=OUTPUT_PANEL)),
     ("html", str | None, typer.Option(
-        None, "--html", help="Write a self-contained HTML report with plots (no script, nothing from the network).")),
+        None, "--html", rich_help_panel=OUTPUT_PANEL,
+        help="Write a self-contained HTML report with plots (no script, nothing from the network).")),
     ("quiet", bool, typer.Option(
-        False, "--quiet", "-q",
+        False, "--quiet", "-q", rich_help_panel=OUTPUT_PANEL,
         help="No progress: no bar or model-load spinner on a terminal, no per-case or load lines in a log.")),
-    ("no_color", bool, NO_COLOR),
-    ("engine", bool, typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft).")),
-    ("target", str | None, typer.Option(None, "--target", help="Engine: target HF model dir.")),
-    ("gguf", str | None, typer.Option(None, "--gguf", help="Engine: target GGUF file.")),
-    ("draft", str | None, typer.Option(None, "--draft", help="Engine: DFlash draft dir (z-lab format).")),
-    ("device", str | None, typer.Option(None, "--device", help="Engine: cuda or cpu (default: cuda if present).")),
-    ("dtype", str | None, typer.Option(None, "--dtype", help="Engine: bf16, fp16 or fp32.")),
+    ("no_color", bool, typer.Option(False, "--no-color", help="No colour (NO_COLOR is honoured too).",
+                                    rich_help_panel=OUTPUT_PANEL)),
+    ("engine", bool, typer.Option(False, "--engine", help="Run in-process (HF target + DFlash draft).",
+                                  rich_help_panel=ENGINE_PANEL)),
+    ("target", str | None, target_option(ENGINE_PANEL)),
+    ("gguf", str | None, gguf_option(ENGINE_PANEL)),
+    ("draft", str | None, draft_option(ENGINE_PANEL)),
+    ("device", str | None, device_option(ENGINE_PANEL)),
+    ("dtype", str | None, dtype_option(ENGINE_PANEL)),
     ("score_with", str | None, typer.Option(
-        None, "--score-with",
+        None, "--score-with", rich_help_panel=CHECKS_PANEL,
         help="Also score every answer with a model, teacher-forced in one forward (needs the engine extra): "
         "embedded (SmolLM2), target (the --target/--gguf weights: at T=0 every token must be their argmax) "
         "or a model path. Adds low_likelihood / not_greedy reasons.")),
