@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ddtree_diag.backends import dialects
@@ -172,3 +174,15 @@ def test_detect_from_owner():
     assert dialects.detect_from_owner("vllm") == "vllm"
     assert dialects.detect_from_owner("llamacpp") == "llamacpp"
     assert dialects.detect_from_owner("openai") is None
+
+
+@pytest.mark.parametrize("name", dialects.DIALECTS)
+def test_every_registered_dialect_is_documented_and_builds_a_request(name):
+    """A new dialect is covered by the registry-driven tests (here, the fuzz and the end-to-end
+    probe over the stand-in); this one asks for its README row and a request it can send."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert f"| `{name}`" in readme, f"the README's dialect table has no row for {name}"
+    case = ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}], enable_thinking=True,
+                     tree_budget=16, max_tokens=8)  # fmt: skip
+    body = dialects.build_request(name, case, "m", stream=True)
+    assert body["model"] == "m" and body["messages"] == case.messages and body["stream"] is True

@@ -26,12 +26,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddtree_diag.backends.dialects import DIALECTS
 from ddtree_diag.backends.http import PARSER_GAP, HttpBackend
 from ddtree_diag.errors import DiagError
 from ddtree_diag.records import ProbeCase, ProbeResult, RunReport
 from tests.fuzz_replies import metrics_page, metrics_pages, models_reply, plain_reply, stream_reply
 
-DIALECTS = ["ddtree", "ddtree-mlx", "vllm", "sglang", "llamacpp", "openai"]
+# every registered dialect: a new one is fuzzed and probed end to end without touching this file
 REPLY_EXAMPLES = 700  # x 6 dialects x (plain + streamed) = 8,400 replies
 PREPARE_EXAMPLES = 600  # /v1/models + detection + /metrics: up to 3 replies each
 METRICS_EXAMPLES = 400  # before/after /metrics pages around a case: 3 replies each

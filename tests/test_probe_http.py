@@ -14,10 +14,11 @@ import time
 
 import pytest
 
+from ddtree_diag.backends.dialects import DIALECTS
 from ddtree_diag.records import RunReport
 from tests.conftest import ROOT, free_port, sigint_default
 
-DIALECTS = ["ddtree", "ddtree-mlx", "vllm", "sglang", "llamacpp", "openai"]
+# every registered dialect: a new one is fuzzed and probed end to end without touching this file
 
 
 def probe_json(cli, url, *args):
