@@ -17,7 +17,7 @@ import typer
 from ddtree_diag import __version__
 from ddtree_diag.commands import demo, engine_info, report, run, serve, textcheck, train
 from ddtree_diag.commands.options import DEBUG
-from ddtree_diag.errors import EXIT_INTERRUPTED, EXIT_USAGE, DiagError
+from ddtree_diag.errors import EXIT_INTERRUPTED, EXIT_USAGE, DiagError, one_line
 
 app = typer.Typer(
     name="ddtree-diag",
@@ -65,11 +65,6 @@ def _click_exit_code(exc: Exception) -> int | None:
     return None
 
 
-def _one_line(text: str) -> str:
-    """An error as one line, with any secret of this run masked."""
-    from ddtree_diag.redaction import redact
-
-    return redact(" ".join(text.split()))
 def _stdout_identity() -> tuple[int, int] | None:
     try:
         stat = os.fstat(sys.stdout.fileno())
@@ -119,14 +114,14 @@ def main(argv: list[str] | None = None) -> None:
     except DiagError as exc:
         if debug:
             traceback.print_exc()
-        sys.stderr.write(f"ddtree-diag: error: {_one_line(str(exc))}\n")
+        sys.stderr.write(f"ddtree-diag: error: {one_line(str(exc))}\n")
         code = exc.exit_code
     except Exception as exc:
         code = _click_exit_code(exc)
         if code is None:  # a bug of ours: one line, the traceback only on request
             if debug:
                 traceback.print_exc()
-            first = _one_line(str(exc).splitlines()[0]) if str(exc).strip() else ""
+            first = one_line(str(exc).splitlines()[0]) if str(exc).strip() else ""
             sys.stderr.write(f"ddtree-diag: internal error: {type(exc).__name__}: {first} (rerun with --debug)\n")
             code = EXIT_USAGE
     try:

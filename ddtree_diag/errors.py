@@ -15,6 +15,17 @@ EXIT_INTERRUPTED = 130  # Ctrl-C; the partial report was still written
 # run like Ctrl-C, with the shell's 128 + signal number: 143 and 129.
 
 
+def one_line(text: object, limit: int | None = None) -> str:
+    """Any message as one line (whitespace runs collapsed), cut to ``limit`` characters with an
+    ellipsis, with every secret of this run masked: how errors reach a user or a report."""
+    from ddtree_diag.redaction import redact
+
+    line = " ".join(str(text).split())
+    if limit is not None and len(line) > limit:
+        line = line[: max(1, limit - 1)] + "…"
+    return redact(line)
+
+
 class DiagError(Exception):
     """An error the user can act on; its message is one line."""
 
