@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_diag import __version__
-from ddtree_diag.backends import Backend, TargetSpec, make_backend
+from ddtree_diag.backends import Backend, EngineTarget, HttpTarget, Target, make_backend
 from ddtree_diag.checks import findings, gate, lossless
 from ddtree_diag.errors import (
     EXIT_CHECK_FAILED,
@@ -46,12 +46,30 @@ OnStage = Callable[[str], None]
 class RunPlan:
     """What to run: the target, the matrix, and the checks beyond the per-case quality verdict."""
 
-    target: TargetSpec = field(default_factory=TargetSpec)
+    target: Target = field(default_factory=HttpTarget)  # where the cases run
     matrix: MatrixRequest = field(default_factory=MatrixRequest)
     baseline: str | None = None  # budget0 | url:URL | engine; the gate also reads [baseline]
     near_tie_gap: float | None = None
     gate: bool = False  # apply the matrix's [gate] thresholds
     score_with: str | None = None  # embedded | target | a model path: the target-likelihood check
+    # The other kind's flags. ``http`` (engine runs): what a url: baseline is sent with (api key,
+    # size cap), and the --url/--via that must not come with --engine. ``weights`` (server runs):
+    # the deployment's weights (--target/--gguf/--device/--dtype) for --baseline engine and
+    # --score-with target.
+    http: HttpTarget | None = None
+    weights: EngineTarget | None = None
+
+    @property
+    def request_settings(self) -> HttpTarget:
+        """The HTTP settings of this run: the probed server's, else the --url/--api-key flags."""
+        if isinstance(self.target, HttpTarget):
+            return self.target
+        return self.http or HttpTarget(timeout=self.target.timeout)
+
+    @property
+    def local_weights(self) -> EngineTarget | None:
+        """The deployment's weights in this process: the engine run's, else the flags' (or None)."""
+        return self.target if isinstance(self.target, EngineTarget) else self.weights
 
 
 @dataclass
@@ -68,7 +86,7 @@ def prepare(plan: RunPlan) -> PreparedRun:
     """Resolve the matrix and the checks; UsageError before anything is sent when they do not fit."""
     # Secrets first: any error below may quote a URL.
     baseline_url = plan.baseline[4:] if plan.baseline and plan.baseline.startswith("url:") else None
-    register_secrets(plan.target.api_key, plan.target.url, baseline_url)
+    register_secrets(plan.request_settings.api_key, plan.request_settings.url, baseline_url)
     matrix = resolve_matrix(plan.matrix)
     cases = matrix.cases()
     source = matrix.source or "<matrix>"
@@ -91,7 +109,8 @@ def prepare(plan: RunPlan) -> PreparedRun:
         gate_config = gate.default_config(lossless=baseline is not None)
         notes.append(f"{source} sets no [gate] thresholds: the gate applies the default checks "
                      f"({gate.describe_config(gate_config)}); add a [gate] table for more")  # fmt: skip
-    if plan.score_with == "target" and plan.target.target is None and plan.target.gguf is None:
+    weights = plan.local_weights
+    if plan.score_with == "target" and (weights is None or not weights.has_weights):
         raise UsageError("--score-with target needs the deployment's weights: --target DIR or --gguf FILE")
     if gate_config is not None and gate_config.lossless and baseline is None:
         raise UsageError(
@@ -114,7 +133,7 @@ def execute(
     report.tool_version = __version__
     report.started_at = report.started_at or _now()
     report.notes.extend(run.notes)
-    backend = make_backend(run.plan.target)
+    backend = make_backend(run.plan.target, http=run.plan.http)
     try:
         report.notes.extend(backend.prepare(run.cases))
         report.target = backend.target_info()
@@ -130,7 +149,7 @@ def execute(
         if run.baseline is not None:
             if on_stage is not None:
                 on_stage(f"baseline ({run.baseline.describe()}): running the T=0 cases without speculation")
-            report.notes.extend(run_baseline(report, backend, run.baseline, run.plan.target))
+            report.notes.extend(run_baseline(report, backend, run.baseline, run.plan))
     except BaseException:
         report.interrupted = True
         report.target = report.target or backend.target_info()
@@ -269,13 +288,14 @@ def load_scorer(plan: RunPlan, report: RunReport) -> Any:
     from ddtree_diag.engine.models import EMBEDDED_MODEL_NAME
 
     spec = plan.score_with
+    weights = plan.local_weights or EngineTarget()
     if spec == "target":
-        path, own = plan.target.target or plan.target.gguf, True
+        path, own = weights.target or weights.gguf, True
     elif spec == EMBEDDED:
         path, own = EMBEDDED, report.target.get("model") == EMBEDDED_MODEL_NAME
     else:
-        path, own = spec, spec in (plan.target.target, plan.target.gguf)
-    scorer = scorer_for(str(path), own_weights=own, device=plan.target.device)
+        path, own = spec, spec in (weights.target, weights.gguf)
+    scorer = scorer_for(str(path), own_weights=own, device=weights.device)
     greedy = "with the greedy check at T=0" if own else "likelihood only (not the deployment's weights)"
     report.notes.append(f"answers scored with {scorer.name} ({greedy})")
     return scorer
@@ -285,29 +305,10 @@ def load_scorer(plan: RunPlan, report: RunReport) -> Any:
 # The lossless baseline
 
 
-def baseline_target(spec: lossless.BaselineSpec, backend: Any, target: TargetSpec) -> TargetSpec | None:
-    """Where the baseline runs, built from the probe's own target; None = the probe's backend
-    itself (budget 0 through the same in-process engine)."""
-    if getattr(backend, "name", "") == "engine" and spec.mode in ("budget0", "engine"):
-        return None
-    if spec.mode == "engine":
-        from ddtree_diag.engine.models import EMBEDDED_MODEL_NAME
-
-        # The target alone: --target/--gguf, else the embedded default model, which is only the
-        # right baseline when the server runs that model.
-        if target.target is None and target.gguf is None and getattr(backend, "model", None) != EMBEDDED_MODEL_NAME:
-            raise UsageError("--baseline engine needs the server's target model: --target DIR or --gguf FILE")
-        return TargetSpec(engine=True, target=target.target, gguf=target.gguf, use_draft=False,
-                          device=target.device, dtype=target.dtype, timeout=target.timeout)  # fmt: skip
-    common = dict(api_key=target.api_key, timeout=target.timeout, max_response_bytes=target.max_response_bytes,
-                  stream=False, concurrency=1, via=None)
-    if spec.mode == "budget0":
-        return TargetSpec(url=backend.base_url, model=backend.model, dialect=backend.dialect.name, **common)
-    return TargetSpec(url=spec.url, **common)
-
-
-def run_baseline(report: RunReport, backend: Any, spec: lossless.BaselineSpec, target: TargetSpec) -> list[str]:
-    """Fill ``result.baseline`` for every result; returns notes for the report."""
+def run_baseline(report: RunReport, backend: Backend, spec: lossless.BaselineSpec, plan: RunPlan) -> list[str]:
+    """Fill ``result.baseline`` for every result; returns notes for the report. The backend says
+    where its baseline runs (``Backend.baseline_target``: itself at budget 0, the same server, a
+    second server or the engine)."""
     to_compare = []
     for result in report.results:
         reason = lossless.skip_reason(result)
@@ -317,13 +318,12 @@ def run_baseline(report: RunReport, backend: Any, spec: lossless.BaselineSpec, t
             result.baseline = BaselineComparison(mode=spec.mode, verdict=SKIPPED, detail=reason)
     if not to_compare:
         return [f"baseline ({spec.describe()}): no T=0 case to compare"]
-    where = baseline_target(spec, backend, target)
+    where = backend.baseline_target(spec.mode, spec.url, http=plan.request_settings, weights=plan.local_weights)
     # With --via the baseline is requested from the far side too: share the agent.
-    transport = getattr(backend, "transport", None)
-    shared = transport.shared() if transport is not None and where is not None and not where.engine else None
+    shared = backend.shared_transport() if isinstance(where, HttpTarget) else None
     base_backend = backend if where is None else make_backend(where, transport=shared)
     notes: list[str] = []
-    ask_logprobs = getattr(base_backend, "name", "") == "http"
+    ask_logprobs = base_backend.openai_logprobs
     cache: dict[str, ProbeResult] = {}
     try:
         if base_backend is not backend:
@@ -347,7 +347,9 @@ def run_baseline(report: RunReport, backend: Any, spec: lossless.BaselineSpec, t
     return notes
 
 
-def _run_baseline_case(backend: Any, case: ProbeCase, spec: lossless.BaselineSpec, ask_logprobs: bool) -> ProbeResult:
+def _run_baseline_case(
+    backend: Backend, case: ProbeCase, spec: lossless.BaselineSpec, ask_logprobs: bool
+) -> ProbeResult:
     result = backend.run(lossless.baseline_case(case, spec, logprobs=ask_logprobs))
     if ask_logprobs and lossless.logprobs_refused(result):
         result = backend.run(lossless.baseline_case(case, spec, logprobs=False))

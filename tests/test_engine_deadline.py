@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from ddtree_diag.backends import TargetSpec, make_backend  # noqa: E402
+from ddtree_diag.backends import EngineTarget, make_backend  # noqa: E402
 from ddtree_diag.engine import decode, load_engine  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
@@ -71,8 +71,8 @@ def test_the_deadline_stops_generation_after_the_round_in_flight(engine, monkeyp
 def test_backend_marks_a_case_past_the_timeout(models, monkeypatch):
     case = ProbeCase("p", [{"role": "user", "content": "Say hello."}], enable_thinking=False, tree_budget=8,
                      max_tokens=40)  # fmt: skip
-    backend = make_backend(TargetSpec(engine=True, target=str(models[0]), draft=str(models[1]), device="cpu",
-                                      dtype="fp32", timeout=30))  # fmt: skip
+    backend = make_backend(EngineTarget(target=str(models[0]), draft=str(models[1]), device="cpu",
+                                        dtype="fp32", timeout=30))  # fmt: skip
     backend.prepare([case])
     assert backend.run(case).status == "ok"
     clock = Clock()
@@ -95,7 +95,7 @@ def test_backend_marks_a_case_past_the_timeout(models, monkeypatch):
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf")])
 def test_a_bad_timeout_is_a_usage_error_before_the_model_loads(bad):
     with pytest.raises(UsageError, match="--timeout"):
-        make_backend(TargetSpec(engine=True, target="/nonexistent", timeout=bad))
+        make_backend(EngineTarget(target="/nonexistent", timeout=bad))
 
 
 @pytest.mark.e2e

@@ -57,7 +57,7 @@ def test_health_models_and_metrics(server):
 
 
 def test_engine_and_server_report_one_model_name(server, models, capsys):
-    from ddtree_diag.backends import TargetSpec, make_backend
+    from ddtree_diag.backends import EngineTarget, make_backend
     from ddtree_diag.commands.engine_info import run_engine_info
     from ddtree_diag.records import ProbeCase
 
@@ -66,7 +66,7 @@ def test_engine_and_server_report_one_model_name(server, models, capsys):
     reply = post(server, chat("hi", max_tokens=2)).json()["model"]
     assert run_engine_info(str(target), None, str(draft), "cpu", "fp32", as_json=True) == 0
     info = json.loads(capsys.readouterr().out)["model"]
-    backend = make_backend(TargetSpec(engine=True, target=str(target), draft=str(draft), device="cpu", dtype="fp32"))
+    backend = make_backend(EngineTarget(target=str(target), draft=str(draft), device="cpu", dtype="fp32"))
     try:
         backend.prepare([])
         in_process = backend.run(ProbeCase("p", [{"role": "user", "content": "hi"}], max_tokens=2)).model

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddtree_diag.backends import TRANSPORT_IN_PROCESS, HttpTarget, Target
 from ddtree_diag.errors import DiagError, UsageError
 from ddtree_diag.records import STATUS_ENGINE_ERROR, STATUS_TIMEOUT, ProbeCase, ProbeResult, SpecMetrics, Timings
 
@@ -48,6 +49,23 @@ class EngineBackend:
         self.dtype = dtype
         self.engine: Any = None
         self.load_seconds: float | None = None
+
+    # -- capabilities (see backends.Backend) ----------------------------------------------------
+
+    dialect_name = "engine"
+    sends_budget = True  # the case's budget goes straight to the decoder (0: autoregressive)
+    budget_knob = "tree_budget per case"
+    transport_kind = TRANSPORT_IN_PROCESS
+    openai_logprobs = False  # its top-k log-probs are extras, not the OpenAI shape
+
+    def baseline_target(self, mode: str, url: str | None, *, http: HttpTarget, weights: Any) -> Target | None:
+        """budget0 and engine: this engine at budget 0 (None); url: that server."""
+        if mode in ("budget0", "engine"):
+            return None
+        return http.baseline(url)
+
+    def shared_transport(self) -> None:
+        return None
 
     def load(self) -> Any:
         """Load the engine once; configuration problems raise UsageError (exit code 2)."""

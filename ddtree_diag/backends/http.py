@@ -28,8 +28,16 @@ import httpx
 from httpx_sse import EventSource
 
 from ddtree_diag import jsonsafe
+from ddtree_diag.backends import (
+    TRANSPORT_HTTP,
+    TRANSPORT_VIA,
+    EngineTarget,
+    HttpTarget,
+    Target,
+    dialects,
+    engine_baseline,
+)
 from ddtree_diag.backends import deadline as deadlines
-from ddtree_diag.backends import dialects
 from ddtree_diag.backends.deadline import Deadline
 from ddtree_diag.backends.metrics import SpecCounters, parse_spec_counters
 from ddtree_diag.errors import TransportError, UsageError
@@ -266,6 +274,44 @@ class HttpBackend:
         self.strict_fields_dropped = False
         self._metrics_lock = threading.Lock()  # before/after scrapes must not interleave
 
+    # -- capabilities (see backends.Backend) ----------------------------------------------------
+
+    @property
+    def via(self) -> Any:
+        """The ``--via`` agent this backend owns (None: our own sockets, or a shared agent)."""
+        from ddtree_diag.backends.via import AgentTransport
+
+        return self.transport if isinstance(self.transport, AgentTransport) else None
+
+    @property
+    def dialect_name(self) -> str | None:
+        return self.dialect.name if self.dialect is not None else None
+
+    @property
+    def sends_budget(self) -> bool:
+        return self.dialect is None or self.dialect.sends_budget
+
+    @property
+    def budget_knob(self) -> str:
+        return self.dialect.budget_knob if self.dialect is not None else "unknown until the dialect is detected"
+
+    @property
+    def transport_kind(self) -> str:
+        return TRANSPORT_VIA if self.via is not None else TRANSPORT_HTTP
+
+    openai_logprobs = True
+
+    def baseline_target(self, mode: str, url: str | None, *, http: HttpTarget,
+                        weights: EngineTarget | None) -> Target:  # fmt: skip
+        if mode == "engine":
+            return engine_baseline(weights, timeout=http.timeout, model=self.model)
+        if mode == "budget0":  # this server, as detected: only the budget changes
+            return http.baseline(self.base_url).replace(model=self.model, dialect=self.dialect_name or "auto")
+        return http.baseline(url)
+
+    def shared_transport(self) -> httpx.BaseTransport | None:
+        return self.via.shared() if self.via is not None else None
+
     # -- reading bodies ------------------------------------------------------------------------
 
     def _chunks(self, response: httpx.Response, progress: _Progress, limit: int | None = None) -> Iterator[bytes]:
@@ -313,8 +359,8 @@ class HttpBackend:
 
     def prepare(self, cases: list[ProbeCase]) -> list[str]:
         notes: list[str] = []
-        if hasattr(self.transport, "note"):
-            notes.append(self.transport.note())
+        if self.via is not None:
+            notes.append(self.via.note())
         owned_by = None
         # Read even when --model and --dialect are both given: a model the server does not list
         # would make every case a 404. Then only a usable list counts (anything else: go on).
@@ -754,7 +800,7 @@ class HttpBackend:
             return None
 
     def target_info(self) -> dict[str, Any]:
-        via = self.transport.describe() if hasattr(self.transport, "describe") else None
+        via = self.via.describe() if self.via is not None else None
         return {
             "backend": "http",
             **({"via": via} if via else {}),

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ddtree_diag.budget import AR_BUDGET
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import (
     BASELINE_ERROR,
@@ -33,6 +34,9 @@ from ddtree_diag.records import (
     ProbeResult,
     RunReport,
 )
+
+if TYPE_CHECKING:
+    from ddtree_diag.backends import Backend
 
 __all__ = [
     "ERROR", "IDENTICAL", "MISMATCH", "NEAR_TIE", "SKIPPED", "BaselineSpec", "baseline_case", "check_possible",
@@ -314,15 +318,13 @@ def repeat_disagreements(report: RunReport) -> list[RepeatDisagreement]:
 # What the baseline runs (the orchestrator runs it)
 
 
-def check_possible(spec: BaselineSpec, backend: Any) -> None:
-    """Refuse a baseline that cannot mean anything for this target (before the run starts)."""
-    if spec.mode != "budget0" or getattr(backend, "name", "") == "engine":
-        return
-    dialect = getattr(backend, "dialect", None)
-    if dialect is not None and not dialect.sends_budget:
+def check_possible(spec: BaselineSpec, backend: Backend) -> None:
+    """Refuse a baseline that cannot mean anything for this target (before the run starts, after
+    ``backend.prepare`` has detected its dialect)."""
+    if spec.mode == "budget0" and not backend.sends_budget:
         raise UsageError(
-            f"--baseline budget0 needs a server that takes a per-request tree budget; {dialect.name} "
-            f"does not ({dialect.budget_knob}): use --baseline url:URL (a server without speculation) "
+            f"--baseline budget0 needs a server that takes a per-request tree budget; {backend.dialect_name} "
+            f"does not ({backend.budget_knob}): use --baseline url:URL (a server without speculation) "
             "or --baseline engine"
         )
 
@@ -332,7 +334,7 @@ def baseline_case(case: ProbeCase, spec: BaselineSpec, *, logprobs: bool) -> Pro
     extra = dict(case.extra)
     if logprobs and spec.top_logprobs:
         extra.update(logprobs=True, top_logprobs=spec.top_logprobs)
-    budget = 0 if spec.mode in ("budget0", "engine") else None  # url: send no budget at all
+    budget = AR_BUDGET if spec.mode in ("budget0", "engine") else None  # url: send no budget at all
     return dataclasses.replace(case, tree_budget=budget, extra=extra)
 
 

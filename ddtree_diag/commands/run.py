@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
 
 def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     from ddtree_diag import jsonsafe
-    from ddtree_diag.backends import TargetSpec
+    from ddtree_diag.backends import EngineTarget, HttpTarget
     from ddtree_diag.backends.http import parse_size
     from ddtree_diag.matrix import MatrixRequest
     from ddtree_diag.orchestrator import RunPlan
@@ -63,18 +63,21 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
             from ddtree_diag.errors import UsageError
 
             raise UsageError(f"{flag} is not valid UTF-8")
-    target = TargetSpec(
+    http = HttpTarget(
         url=flags.url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
         timeout=flags.timeout, max_response_bytes=parse_size(flags.max_response_bytes), stream=flags.stream,
-        concurrency=flags.concurrency, engine=flags.engine,
-        target=flags.target, gguf=flags.gguf, draft=flags.draft, device=flags.device, dtype=flags.dtype,
+        concurrency=flags.concurrency,
     )  # fmt: skip
+    weights = EngineTarget(target=flags.target, gguf=flags.gguf, draft=flags.draft, device=flags.device,
+                           dtype=flags.dtype, timeout=flags.timeout, concurrency=flags.concurrency)  # fmt: skip
+    # --engine runs the cases in process; the other kind's flags serve the baseline and the scorer.
+    target, other = (weights, {"http": http}) if flags.engine else (http, {"weights": weights})
     request = MatrixRequest(
         matrix=matrix, prompts=list(flags.prompt or []), thinking=flags.thinking, budget=flags.budget,
         temperature=flags.temperature, max_tokens=flags.max_tokens, repeat=flags.repeat,
     )  # fmt: skip
     return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
-                   score_with=flags.score_with)  # fmt: skip
+                   score_with=flags.score_with, **other)  # fmt: skip
 
 
 def check_outputs(flags: RunFlags) -> None:

@@ -1,0 +1,62 @@
+"""The tree budget: what one number on the wire means, and how far it may go.
+
+A case's ``tree_budget`` is ``None`` ("default": nothing is sent, the server or engine uses its
+own), ``0`` (plain autoregressive decoding through the same loop: the budget0 baseline), or
+``N > 0`` (a draft tree of at most N nodes per verify round; a chain server reads it as its draft
+length). ``MAX_TREE_BUDGET`` is the reference server's schema ceiling and the range of
+``serve --max-tree-budget``; a CPU server caps requests lower by default (``CPU_MAX_TREE_BUDGET``).
+
+Pure and light (no httpx, no torch): the matrix, the backends, the lossless check, the server and
+the ``serve`` command all read their budget rules from here.
+"""
+
+from __future__ import annotations
+
+from ddtree_diag.errors import UsageError
+
+AR_BUDGET = 0  # no draft: the target alone, one token per round
+MAX_TREE_BUDGET = 4096  # the largest budget any request or serve flag may name
+CPU_MAX_TREE_BUDGET = 256  # serve's default cap on CPU (a 4096-node tree there takes minutes)
+DEFAULT_LABEL = "default"  # how a None budget reads in case ids, tables and flags
+DEFAULT_WORDS = ("default", "none", "server")  # what --budget / a matrix accepts for None
+
+
+def label(budget: int | None) -> str:
+    """``default`` for None, else the number."""
+    return DEFAULT_LABEL if budget is None else str(budget)
+
+
+def resolve(requested: int | None, default: int) -> int:
+    """The budget a decoder uses: the request's own, else the server's or engine's default."""
+    return default if requested is None else requested
+
+
+def server_default(engine_default: int, limit: int) -> int:
+    """The budget a server applies to requests that send none: the engine's, within its limit."""
+    return min(int(engine_default), limit)
+
+
+def check_limit(limit: int | None, flag: str = "--max-tree-budget") -> None:
+    """A server's own ceiling must lie in 0..MAX_TREE_BUDGET."""
+    if limit is not None and not 0 <= limit <= MAX_TREE_BUDGET:
+        raise UsageError(f"{flag} must be in 0-{MAX_TREE_BUDGET}")
+
+
+def check_default(budget: int | None, limit: int | None, *, flag: str = "--tree-budget",
+                  limit_flag: str = "--max-tree-budget", limit_is_flag: bool = True) -> None:  # fmt: skip
+    """A server's default budget: >= 0 and within its ceiling (the flag's, or the resolved one)."""
+    if budget is None:
+        return
+    if budget < 0:
+        raise UsageError(f"{flag} must be >= 0")
+    if limit is not None and budget > limit:
+        if limit_is_flag:
+            raise UsageError(f"{flag} {budget} is over {limit_flag} {limit}")
+        raise UsageError(f"{flag} {budget} is over the limit {limit} ({limit_flag})")
+
+
+def over_limit(budget: int | None, limit: int) -> str | None:
+    """Why a request's budget is refused by a server with this ceiling; None when it fits."""
+    if budget is None or budget <= limit:
+        return None
+    return f"tree_budget {budget} exceeds this server's limit {limit} (serve --max-tree-budget)"
