@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from ddtree_diag.backends.engine import EngineBackend, split_reasoning  # noqa: E402
 from ddtree_diag.commands.engine_info import run_engine_info  # noqa: E402
 from ddtree_diag.engine import load_engine  # noqa: E402
-from ddtree_diag.engine.target import check_supported  # noqa: E402
+from ddtree_diag.engine.arch import check_supported  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
 from tests import engine_fixtures as fx  # noqa: E402

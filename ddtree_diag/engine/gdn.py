@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ddtree_diag.engine.arch import text_config
+
 # transformers' l2norm (aligned with the FLA kernels) adds eps inside the rsqrt.
 L2NORM_EPS = 1e-6
 
@@ -382,7 +384,7 @@ def per_node_state_bytes(config: Any, budget: int, dtype: torch.dtype, state_dty
     Per node and layer: recurrent state Hv × dk × dv (``state_dtype``; transformers keeps it in
     fp32 even for bf16 models) + a conv window of K-1 inputs × conv_dim (``dtype``, the model's).
     """
-    cfg = getattr(config, "text_config", None) or config
+    cfg = text_config(config)
     layers = sum(1 for t in (cfg.layer_types or []) if t == "linear_attention")
     hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim

@@ -1,6 +1,6 @@
 """The Engine: a loaded target (+ draft), its tokenizer and chat template, stop tokens, and the
 choice of decode path. Decoding itself is in ``eager`` (the reference loop) and ``fast``; both
-implement ``decode.Decoder``.
+implement ``decode.Decoder`` and read the Engine as a ``decode.DecodeContext``.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ddtree_diag.engine.arch import END_OF_TURN_TOKENS
 from ddtree_diag.engine.decode import (
     MIN_SAMPLING_TEMPERATURE,
     MODES,
@@ -22,13 +23,13 @@ from ddtree_diag.engine.draft import DFlashDraft
 from ddtree_diag.engine.target import TargetModel
 from ddtree_diag.errors import UsageError
 
-__all__ = ["DECODE_PATHS", "DEFAULT_TREE_BUDGET", "Engine", "Generation"]
+# END_OF_TURN_TOKENS lives in ``arch``; it stays importable here for callers outside the engine.
+__all__ = ["DECODE_PATHS", "DEFAULT_TREE_BUDGET", "END_OF_TURN_TOKENS", "Engine", "Generation"]
 
 DEFAULT_TREE_BUDGET = 64
 # eager: the readable reference loop; fast: engine/fast (CUDA graphs on a GPU); fast-nograph: the
 # same rounds without graphs; fast-compile: fast + torch.compile'd layer halves and tree build.
 DECODE_PATHS = ("eager", "fast", "fast-nograph", "fast-compile")
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
 
 
 class Engine:

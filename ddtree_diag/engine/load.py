@@ -99,7 +99,7 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
             ids.add(eos)
         elif isinstance(eos, (list, tuple)):
             ids.update(int(i) for i in eos)
-    from ddtree_diag.engine.generate import END_OF_TURN_TOKENS
+    from ddtree_diag.engine.arch import END_OF_TURN_TOKENS
 
     vocab = tokenizer.get_vocab()
     for token in END_OF_TURN_TOKENS:
@@ -166,8 +166,9 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
 
     hf_logging.disable_progress_bar()  # our own output stays readable; errors still surface
     hf_logging.set_verbosity_error()
+    from ddtree_diag.engine.arch import check_supported
     from ddtree_diag.engine.generate import Engine
-    from ddtree_diag.engine.target import TargetModel, check_supported
+    from ddtree_diag.engine.target import TargetModel
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)

@@ -19,19 +19,8 @@ import os
 
 import torch
 
-from ddtree_diag.engine.draft import RMSNorm
+from ddtree_diag.engine.arch import norm_style
 from ddtree_diag.engine.rope import apply_rope
-
-# RMSNorm classes by where they apply the weight. "cast": Llama / Qwen2 / Qwen3 / the DFlash draft
-# (normalise in fp32, cast, then weight * x in the dtype). "offset": Qwen3.5 / Qwen3-Next
-# (x * (1 + weight) in fp32, then cast). "gated": the Gated DeltaNet output norm (the "cast" style,
-# then times silu(gate) in fp32, then cast). Any other norm runs as its own module.
-_NORM_STYLES = {
-    "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
-    "Qwen3MoeRMSNorm": "cast",
-    "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
-    "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
-}  # fmt: skip
 
 
 def mode() -> str:
@@ -80,7 +69,7 @@ def _norm_params(
 ) -> tuple[torch.Tensor, float, bool] | None:
     """(weight, eps, offset) of an RMSNorm the kernels reproduce for ``x``, else None. ``gated``:
     the module must be a gated (SiLU) output norm; else it must not be one."""
-    style = _norm_style(module)
+    style = norm_style(module)
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if style is None or (style == "gated") != gated or not isinstance(weight, torch.Tensor):
@@ -92,13 +81,6 @@ def _norm_params(
     if style != "offset" and weight.dtype != x.dtype:
         return None  # the module's output would be promoted to the weight's dtype
     return weight, eps, style == "offset"
-
-
-def _norm_style(module: torch.nn.Module) -> str | None:
-    cls = type(module)
-    if cls.__module__.startswith("transformers."):
-        return _NORM_STYLES.get(cls.__name__)
-    return "cast" if cls is RMSNorm else None
 
 
 def rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

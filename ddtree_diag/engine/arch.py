@@ -1,0 +1,112 @@
+"""What the engine knows about target architectures, in one place.
+
+Dense targets: the Llama / Qwen2 / Qwen3 / Mistral family (pre-norm decoder layers, rope, GQA,
+optional q/k norm and q/k/v bias). Hybrid targets: Qwen3.5 / Qwen3.6 (``qwen3_5``, also their MoE
+variant) and Qwen3-Next (``qwen3_next``), whose Gated DeltaNet ("linear attention") layers sit
+between full-attention layers with a gated query (``q_proj`` gives query|gate per head, the output
+is scaled by sigmoid(gate)) and partial rotary embeddings (HF's rotary module returns cos/sin for
+the rotated dims only; ``rope.apply_rope`` turns those and keeps the rest).
+
+``detect`` reads a loaded HF model once into an ``Arch`` that the target forward and the fast path
+read; ``check_supported`` refuses the rest from the config alone (before any weight is read).
+Norm styles are per module class (``norm_style``): the fused kernels reproduce a norm only when
+they know where it applies its weight. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ddtree_diag.errors import UsageError
+
+DENSE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+# Gated-DeltaNet hybrids the engine verifies (trees included) with per-node recurrent state.
+HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
+SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES | HYBRID_MODEL_TYPES
+
+# Stop tokens besides EOS: the end-of-turn tokens of the chat templates we know, where the
+# tokenizer's vocabulary has them.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+
+# RMSNorm classes by where they apply the weight. "cast": Llama / Qwen2 / Qwen3 / the DFlash draft
+# (normalise in fp32, cast, then weight * x in the dtype). "offset": Qwen3.5 / Qwen3-Next
+# (x * (1 + weight) in fp32, then cast). "gated": the Gated DeltaNet output norm (the "cast" style,
+# then times silu(gate) in fp32, then cast). Any other norm runs as its own module.
+NORM_STYLES = {
+    "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
+    "Qwen3MoeRMSNorm": "cast",
+    "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
+    "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One loaded target's architecture, detected once from its config and modules."""
+
+    model_type: str
+    linear_layers: tuple[int, ...]  # Gated DeltaNet layers (recurrent state); the rest attend (KV cache)
+    num_layers: int
+    gated_query: bool  # q_proj gives [query | gate] per head; the output is scaled by sigmoid(gate)
+    qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3, Qwen3.5)
+    multimodal_rope: bool  # the rotary module takes one position row per rope section (Qwen3.5)
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.linear_layers)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if i not in self.linear_layers)
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config (a vision-language checkpoint nests it as ``text_config``)."""
+    return getattr(config, "text_config", None) or config
+
+
+def is_hybrid(config: Any) -> bool:
+    cfg = text_config(config)
+    return cfg.model_type in HYBRID_MODEL_TYPES or "linear_attention" in (getattr(cfg, "layer_types", None) or [])
+
+
+def check_supported(config: Any) -> None:
+    """Refuse targets our forward cannot run exactly, with one line saying why."""
+    cfg = text_config(config)
+    model_type = getattr(cfg, "model_type", "?")
+    if model_type in HYBRID_MODEL_TYPES or (model_type in DENSE_MODEL_TYPES and not is_hybrid(cfg)):
+        return
+    kind = "hybrid (linear-attention) " if is_hybrid(cfg) else ""
+    raise UsageError(
+        f"target model_type {model_type!r} is a {kind}model the engine does not support "
+        f"(supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+    )
+
+
+def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
+    """The ``Arch`` of a loaded HF text model: ``config`` its (text) config, ``layers`` its decoder
+    layers, ``rotary_emb`` its rotary module."""
+    linear = tuple(i for i, layer in enumerate(layers) if hasattr(layer, "linear_attn"))
+    attention = [i for i in range(len(layers)) if i not in linear]
+    if not attention:
+        raise UsageError("the target has no full-attention layer: nothing for the engine's KV cache")
+    attn = layers[attention[0]].self_attn
+    return Arch(
+        model_type=config.model_type,
+        linear_layers=linear,
+        num_layers=len(layers),
+        gated_query=attn.q_proj.out_features == 2 * config.num_attention_heads * attn.head_dim,
+        qk_norm=hasattr(attn, "q_norm"),
+        multimodal_rope=hasattr(rotary_emb, "mrope_section"),
+    )
+
+
+def norm_style(module: Any) -> str | None:
+    """The style (see ``NORM_STYLES``) of an RMSNorm module: "cast", "offset" or "gated"; else None."""
+    cls = type(module)
+    if cls.__module__.startswith("transformers."):
+        return NORM_STYLES.get(cls.__name__)
+    from ddtree_diag.engine.draft import RMSNorm  # the draft's own norm (imports torch: not at module load)
+
+    return "cast" if cls is RMSNorm else None
