@@ -281,8 +281,9 @@ def test_fused_projections_share_the_modules_weights(engines):
     cos, sin = t.rope(hidden, torch.arange(3))
     cos, sin = cos[:, None], sin[:, None]
     with torch.no_grad():
-        one_gemm = fast_layers.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
-        modules = fast_layers.target_pre_attention(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim)
+        shape, flags = (t.heads, t.kv_heads, t.head_dim), {"gated_query": t.arch.gated_query, "qk_norm": t.arch.qk_norm}
+        one_gemm = fast_layers.target_pre_attention(layer, hidden, cos, sin, *shape, fused, **flags)
+        modules = fast_layers.target_pre_attention(layer, hidden, cos, sin, *shape, **flags)
         for a, b in zip(one_gemm, modules, strict=True):
             torch.testing.assert_close(a, b)
         torch.testing.assert_close(

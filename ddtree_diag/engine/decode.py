@@ -2,9 +2,10 @@
 
 Two implementations run the same rounds (prefill, draft, tree, verify, accept/commit):
 ``eager.EagerDecoder`` (the readable reference loop) and ``fast.FastDecoder`` (static shapes,
-device-side tree and accept, CUDA graphs). ``Engine`` picks one by its ``decode_path`` setting.
-Both report through a ``GenerationRecorder``, so stop handling, streaming, max_tokens clipping
-and the final record are written once.
+device-side tree and accept, CUDA graphs). ``generate.Engine`` builds them and picks one by its
+``decode_path`` setting; they read the engine only through ``DecodeContext``, so they do not
+import it. Both report through a ``GenerationRecorder``, so stop handling, streaming, max_tokens
+clipping and the final record are written once.
 
 Acceptance length of a round = tokens it committed (accepted path + bonus), clipped at a stop token
 or ``max_tokens``; the first output token comes from the prefill and belongs to no round, so
@@ -16,9 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from ddtree_diag.engine.draft import DFlashDraft
+    from ddtree_diag.engine.target import TargetModel
 
 # token ids committed by a round, and the text they added -> False cancels the generation
 OnToken = Callable[[list[int], str], bool]
@@ -76,6 +81,18 @@ class Generation:
 
 class Decoder(Protocol):
     def decode(self, request: DecodeRequest) -> Generation: ...
+
+
+class DecodeContext(Protocol):
+    """What a decoder reads from whoever builds it (``generate.Engine``): the loaded models, their
+    device, and the tokenizer's ``decode_text`` for the output. Stop ids and the rest of a request's
+    settings come with each ``DecodeRequest``."""
+
+    target: TargetModel
+    draft: DFlashDraft | None
+    device: torch.device
+
+    def decode_text(self, token_ids: list[int]) -> str: ...
 
 
 class GenerationRecorder:

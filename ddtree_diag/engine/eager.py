@@ -13,12 +13,12 @@ Round r (``start`` = tokens in the target cache, the root = last committed token
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from ddtree_diag.engine.decode import (
     STAGES,
+    DecodeContext,
     DecodeRequest,
     Generation,
     GenerationRecorder,
@@ -27,18 +27,15 @@ from ddtree_diag.engine.decode import (
 )
 from ddtree_diag.engine.tree import DraftTree, accept_walk, ancestor_mask, build_tree, chain_tree
 
-if TYPE_CHECKING:
-    from ddtree_diag.engine.generate import Engine
-
 
 class EagerDecoder:
-    """Decodes with the engine's target and draft modules as they are, one plain op at a time."""
+    """Decodes with the context's target and draft modules as they are, one plain op at a time."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.target = engine.target
-        self.draft = engine.draft
-        self.device = engine.device
+    def __init__(self, context: DecodeContext) -> None:
+        self.context = context
+        self.target = context.target
+        self.draft = context.draft
+        self.device = context.device
         self.draft_cache = None
 
     def _draft_logprobs(
@@ -71,7 +68,7 @@ class EagerDecoder:
                 self.draft_cache = self.draft.new_cache(capacity)
             self.draft_cache.reset()
 
-        record = GenerationRecorder(request, self.engine.decode_text)
+        record = GenerationRecorder(request, self.context.decode_text)
         prompt = torch.tensor(request.prompt_ids, device=self.device)
         positions = torch.arange(prompt_len, device=self.device)
         logits, features = target.forward(prompt, positions, None, feature_layers)

@@ -1,108 +1,119 @@
 """Our own forward of an HF decoder-only target, with a cache we own.
 
-Dense targets: the Llama / Qwen2 / Qwen3 / Mistral family (pre-norm decoder layers, rope, GQA,
-optional q/k norm and q/k/v bias). Hybrid targets: Qwen3.5 / Qwen3.6 (``qwen3_5``, also their
-MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated DeltaNet ("linear attention") layers sit
-between full-attention layers that have a gated query (``q_proj`` gives query|gate per head, the
-output is scaled by sigmoid(gate)) and partial rotary embeddings. We use the HF model's own
-weights and its norm / MLP / rotary modules.
+Which targets (dense and Gated DeltaNet hybrids) and how they differ is in ``arch``. We use the
+HF model's own weights and its norm / MLP / rotary modules.
 
-What we add over HF: a preallocated KV cache (full-attention layers) with explicit
-commit/compaction (no reliance on ``DynamicCache.crop``, whose semantics changed in transformers
-5.23), an arbitrary boolean attention mask over the block being verified (tree verification),
-per-token positions, only the hidden states the draft needs, and for linear-attention layers a
-committed recurrent state and conv window per layer that every tree node forks from its parent
+What we add over HF: a preallocated KV cache (``KVCache``, full-attention layers) with explicit
+compaction (no reliance on ``DynamicCache.crop``, whose semantics changed in transformers 5.23), an
+arbitrary boolean attention mask over the block being verified (tree verification), per-token
+positions, only the hidden states the draft needs, and for linear-attention layers a committed
+recurrent state and conv window per layer that every tree node forks from its parent
 (``gdn.gdn_layer_tree``: the parent-pointer scan) and that commit takes from the last accepted node.
 
 Cache protocol: ``forward`` writes the block's K/V at slots [length, length+T) without advancing
-``length`` and keeps each linear layer's per-node states aside; ``commit(keep)`` then moves the
+``length`` and keeps each linear layer's per-node states aside; ``commit(keep)`` then compacts the
 kept block entries (indices into the block, a root-to-node path in order) to slots
 [length, length+len(keep)), takes the linear layers' state after ``keep[-1]``, and advances
-``length``. Anything not committed is garbage and gets overwritten by the next forward.
+``length``. Anything not committed is garbage and gets overwritten by the next forward. The fast
+path (``fast.decoder``) uses the same ``KVCache`` with its own forward and recurrent buffers.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
+from ddtree_diag.engine import arch as arch_
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.rope import apply_rope
-from ddtree_diag.errors import UsageError
-
-DENSE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-# Gated-DeltaNet hybrids the engine verifies (trees included) with per-node recurrent state.
-HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
-SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES | HYBRID_MODEL_TYPES
 
 
-def text_config(config: Any) -> Any:
-    """The language model's config (a vision-language checkpoint nests it as ``text_config``)."""
-    return getattr(config, "text_config", None) or config
+class KVCache:
+    """The target's K/V for its full-attention layers: ``k``, ``v`` [layers, 1, kv_heads, capacity,
+    head_dim]. Slots [0, length) hold the committed tokens; a forward writes its block after them."""
 
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, capacity: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.length = 0
+        shape = (layers, 1, kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
 
-def is_hybrid(config: Any) -> bool:
-    cfg = text_config(config)
-    return cfg.model_type in HYBRID_MODEL_TYPES or "linear_attention" in (getattr(cfg, "layer_types", None) or [])
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
 
+    def reset(self, capacity: int | None = None) -> None:
+        """Nothing committed; reallocate (zeroed) when ``capacity`` exceeds what is allocated."""
+        self.length = 0
+        if capacity is not None and capacity > self.capacity:
+            shape = (*self.k.shape[:3], capacity, self.k.shape[4])
+            self.k = torch.zeros(shape, device=self.k.device, dtype=self.k.dtype)
+            self.v = torch.zeros(shape, device=self.v.device, dtype=self.v.dtype)
 
-def check_supported(config: Any) -> None:
-    """Refuse targets our forward cannot run exactly, with one line saying why."""
-    cfg = text_config(config)
-    model_type = getattr(cfg, "model_type", "?")
-    if model_type in HYBRID_MODEL_TYPES or (model_type in DENSE_MODEL_TYPES and not is_hybrid(cfg)):
-        return
-    kind = "hybrid (linear-attention) " if is_hybrid(cfg) else ""
-    raise UsageError(
-        f"target model_type {model_type!r} is a {kind}model the engine does not support "
-        f"(supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
-    )
+    def write(
+        self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k``, ``v`` [1, kv_heads, rows, head_dim] of cache layer ``layer`` at ``slots`` [rows]
+        (a tensor: the fast path's start lives on the device); returns that layer's whole K and V."""
+        keys, values = self.k[layer], self.v[layer]
+        keys.index_copy_(2, slots, k.to(keys.dtype))
+        values.index_copy_(2, slots, v.to(values.dtype))
+        return keys, values
+
+    def compact(self, keep: torch.Tensor, start: torch.Tensor | int | None = None) -> None:
+        """Keep block rows ``keep`` (indices into the block written at ``start``, default
+        ``length``): row start+keep[i] moves to slot start+i, so the accepted nodes follow the
+        committed tokens in order. ``length`` is not advanced (see ``advance``)."""
+        start = self.length if start is None else start
+        dst = start + torch.arange(keep.shape[0], device=keep.device)
+        src = start + keep
+        self.k.index_copy_(3, dst, self.k.index_select(3, src))
+        self.v.index_copy_(3, dst, self.v.index_select(3, src))
+
+    def advance(self, count: int) -> None:
+        """``count`` more slots are committed (after ``compact``, or a prefill written in order)."""
+        self.length += count
 
 
 class TargetModel:
     """Wraps an HF ``*ForCausalLM``; see the module docstring for the cache protocol."""
 
     def __init__(self, hf_model: torch.nn.Module, max_len: int) -> None:
-        check_supported(hf_model.config)
+        arch_.check_supported(hf_model.config)
         self.hf = hf_model
-        self.config = text_config(hf_model.config)
+        self.config = arch_.text_config(hf_model.config)
         inner = hf_model.model
         self.inner = getattr(inner, "language_model", inner)  # a vision-language wrapper: its text model
         self.layers = list(self.inner.layers)
         self.num_layers = len(self.layers)
+        self.arch = arch_.detect(self.config, self.layers, self.inner.rotary_emb)
         # Which layers attend (KV cache) and which are Gated DeltaNet (recurrent state).
-        self.linear_layers = [i for i, layer in enumerate(self.layers) if hasattr(layer, "linear_attn")]
-        self.attention_layers = [i for i in range(self.num_layers) if i not in self.linear_layers]
+        self.linear_layers = list(self.arch.linear_layers)
+        self.attention_layers = list(self.arch.attention_layers)
         self.cache_slot = {layer: slot for slot, layer in enumerate(self.attention_layers)}
-        if not self.attention_layers:
-            raise UsageError("the target has no full-attention layer: nothing for the engine's KV cache")
         attn = self.layers[self.attention_layers[0]].self_attn
         self.head_dim = attn.head_dim
         self.heads = self.config.num_attention_heads
         self.kv_heads = self.config.num_key_value_heads
-        # Qwen3.5/3.6 and Qwen3-Next: q_proj gives [query | gate] per head.
-        self.gated_attention = attn.q_proj.out_features == 2 * self.heads * self.head_dim
         self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
         self.sliding_window = getattr(self.config, "sliding_window", None)
         if getattr(self.config, "use_sliding_window", True) is False:
             self.sliding_window = None
         weight = self.inner.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.max_len = max_len
-        self._allocate_kv(max_len)
-        self.length = 0
+        self.kv = KVCache(len(self.attention_layers), self.kv_heads, self.head_dim, max_len, self.device, self.dtype)
         # Linear-attention layers: committed state [Hv, dk, dv] fp32 and conv window [conv_dim, K-1]
         # (None until something is committed), and what the last forward left to commit from.
         self.recurrent: dict[int, torch.Tensor | None] = dict.fromkeys(self.linear_layers)
         self.conv: dict[int, torch.Tensor | None] = dict.fromkeys(self.linear_layers)
         self._pending: dict[int, tuple[str, int, torch.Tensor, torch.Tensor]] = {}
 
-    def _allocate_kv(self, capacity: int) -> None:
-        shape = (len(self.attention_layers), 1, self.kv_heads, capacity, self.head_dim)
-        self.cache_k = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        self.cache_v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+    @property
+    def length(self) -> int:
+        """Committed tokens (the KV cache's)."""
+        return self.kv.length
 
     @property
     def hidden_size(self) -> int:
@@ -110,18 +121,15 @@ class TargetModel:
 
     @property
     def hybrid(self) -> bool:
-        return bool(self.linear_layers)
+        return self.arch.hybrid
 
     def reset(self, capacity: int | None = None) -> None:
         """Empty the cache and the recurrent state; grow the KV cache first when ``capacity``
         exceeds what is allocated. Nothing of an earlier request survives."""
-        self.length = 0
+        self.kv.reset(capacity)
         self.recurrent = dict.fromkeys(self.linear_layers)
         self.conv = dict.fromkeys(self.linear_layers)
         self._pending = {}
-        if capacity is not None and capacity > self.max_len:
-            self._allocate_kv(capacity)
-            self.max_len = capacity
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.inner.embed_tokens(token_ids)
@@ -134,7 +142,7 @@ class TargetModel:
         (it knows the checkpoint's rope scaling and partial rotary; Qwen3.5's multimodal rope
         reduces to this for text, whose three position rows are equal)."""
         ids = positions[None]
-        if hasattr(self.inner.rotary_emb, "mrope_section"):
+        if self.arch.multimodal_rope:
             ids = ids[None].expand(3, 1, -1)  # one row per rope section (time, height, width); equal for text
         cos, sin = self.inner.rotary_emb(hidden, ids)
         return cos[:, None], sin[:, None]
@@ -144,28 +152,31 @@ class TargetModel:
         return out[0] if isinstance(out, tuple) else out  # some MoE blocks also return router logits
 
     def _attention(
-        self, layer_index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self,
+        layer_index: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        slots: torch.Tensor,
     ) -> torch.Tensor:
         attn = self.layers[layer_index].self_attn
         t = x.shape[1]
         gate = None
-        if self.gated_attention:
+        if self.arch.gated_query:
             q, gate = attn.q_proj(x).view(1, t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(1, t, self.heads * self.head_dim)
         else:
             q = attn.q_proj(x).view(1, t, self.heads, self.head_dim)
         k = attn.k_proj(x).view(1, t, self.kv_heads, self.head_dim)
         v = attn.v_proj(x).view(1, t, self.kv_heads, self.head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3, Qwen3.5
+        if self.arch.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        slot = self.cache_slot[layer_index]
-        start, end = self.length, self.length + t
-        self.cache_k[slot, :, :, start:end] = k
-        self.cache_v[slot, :, :, start:end] = v
-        keys = self.cache_k[slot, :, :, :end]
-        values = self.cache_v[slot, :, :, :end]
+        keys, values = self.kv.write(self.cache_slot[layer_index], slots, k, v)
+        end = self.length + t
+        keys, values = keys[:, :, :end], values[:, :, :end]
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
@@ -208,8 +219,8 @@ class TargetModel:
         norm, as in HF).
         """
         t = token_ids.shape[0]
-        if self.length + t > self.max_len:
-            raise RuntimeError(f"target KV cache full ({self.length + t} > {self.max_len} tokens)")
+        if self.length + t > self.kv.capacity:
+            raise RuntimeError(f"target KV cache full ({self.length + t} > {self.kv.capacity} tokens)")
         if self.hybrid and block_mask is not None and parents is None:
             raise ValueError("a hybrid target verifies a tree from its parents: pass parents with block_mask")
         if block_mask is None:
@@ -222,13 +233,14 @@ class TargetModel:
         mask = mask[None, None]
         hidden = self.embed(token_ids[None])
         cos, sin = self.rope(hidden, positions)
+        slots = torch.arange(self.length, self.length + t, device=self.device)  # where the block's K/V go
         wanted = set(feature_layers or [])
         features: dict[int, torch.Tensor] = {}
         self._pending = {}
         for index, layer in enumerate(self.layers):
             x = layer.input_layernorm(hidden)
             if index in self.cache_slot:
-                hidden = hidden + self._attention(index, x, cos, sin, mask)
+                hidden = hidden + self._attention(index, x, cos, sin, mask, slots)
             else:
                 hidden = hidden + self._linear_attention(index, x, parents)
             hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))
@@ -252,11 +264,8 @@ class TargetModel:
         """Keep block entries ``keep`` (indices into the last forward's block: a root-to-node path,
         in order). Linear layers keep the state after the last kept entry."""
         n = len(keep)
-        if keep != list(range(n)):
-            src = torch.tensor(keep, device=self.device) + self.length
-            dst = slice(self.length, self.length + n)
-            self.cache_k[:, :, :, dst] = self.cache_k[:, :, :, src]
-            self.cache_v[:, :, :, dst] = self.cache_v[:, :, :, src]
+        if keep != list(range(n)):  # a prefix of the block is already in place
+            self.kv.compact(torch.tensor(keep, device=self.device))
         for layer_index, (kind, rows, states, windows) in self._pending.items():
             if kind == "chain":
                 if keep != list(range(rows)):
@@ -266,7 +275,7 @@ class TargetModel:
                 last = keep[-1]
                 self.recurrent[layer_index], self.conv[layer_index] = states[last], windows[last]
         self._pending = {}
-        self.length += n
+        self.kv.advance(n)
 
     def tree_state_bytes(self, budget: int) -> int:
         """Bytes of per-node recurrent state a tree of ``budget`` draft nodes holds in the scan

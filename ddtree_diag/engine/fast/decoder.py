@@ -1,22 +1,22 @@
 """Fast decode rounds: static shapes, device-side tree and accept, one host sync per round.
 
-The eager loop in ``generate.py`` stays the readable reference; this module runs the same rounds
+The eager loop (``eager.py``) stays the readable reference; this module runs the same rounds
 with the same outputs (T=0: token for token; T>0 on CPU: the same seeded draws) but shaped for a
 GPU, gpt-fast style:
 
-- Static KV caches (target and draft) written in place with ``index_copy_`` at slot tensors, and
-  attention over a window [0, window) of the preallocated cache (the used slots rounded up to
-  ``WINDOW``) with a mask built on the device from a cache-length tensor. Shapes change only when
-  the window grows, so kernels do not re-plan and every stage is captured once per window as a
-  CUDA graph.
+- Static KV caches (the target's ``target.KVCache``, the draft's here) written in place with
+  ``index_copy_`` at slot tensors, and attention over a window [0, window) of the preallocated
+  cache (the used slots rounded up to ``WINDOW``) with a mask built on the device from a
+  cache-length tensor. Shapes change only when the window grows, so kernels do not re-plan and
+  every stage is captured once per window as a CUDA graph.
 - q|k|v and gate|up projections run as one GEMM each (``FusedWeights``).
 - Trees padded to budget buckets (multiples of 16): the verify batch has the same shape every round.
 - The best-first tree is built with tensor ops (``build_tree_tensors``), reproducing
   ``tree.build_tree``'s node order and tie-breaking exactly (see its docstring for why); when it
   cannot prove its order (a tie it could not resolve), the round is redone with the exact host
   build — counted in ``Generation.extras["fast_tree_fallbacks"]``.
-- Accept walk, KV compaction and the next round's draft context are device ops; the host reads
-  one small tensor per round (accepted count, bonus, kept nodes, their tokens).
+- Accept walk, KV compaction (``KVCache.compact``) and the next round's draft context are device
+  ops; the host reads one small tensor per round (accepted count, bonus, kept nodes, their tokens).
 
 On CUDA each stage (draft, tree, verify, and the T=0 accept/commit) is captured as a CUDA graph
 once per shape, before the prefill of the first request that needs it (a capture's warm-up runs
@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from ddtree_diag.engine import gdn
-from ddtree_diag.engine.decode import DecodeRequest, Generation, GenerationRecorder, make_generator
+from ddtree_diag.engine.decode import DecodeContext, DecodeRequest, Generation, GenerationRecorder, make_generator
 from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.fast.graphs import Stage, StageTimer
 from ddtree_diag.engine.fast.layers import (
@@ -56,9 +55,6 @@ from ddtree_diag.engine.fast.layers import (
 )
 from ddtree_diag.engine.fast.tree import ancestors_from_parents, bucket_size, build_tree_tensors, tree_node_count
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
-
-if TYPE_CHECKING:
-    from ddtree_diag.engine.generate import Engine
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
 # Attention reads only the first `window` cache slots, rounded up to this step: a round attends
@@ -84,19 +80,19 @@ def attention_window(needed: int, max_len: int) -> int:
 
 
 class FastDecoder:
-    """Runs ``Engine.generate_ids`` rounds the fast way; see the module docstring."""
+    """Runs the decode rounds the fast way; see the module docstring."""
 
     def __init__(
         self,
-        engine: Engine,
+        context: DecodeContext,
         graphs: bool | None = None,
         torch_compile: bool = False,
         compile_backend: str | None = None,
     ) -> None:
-        self.engine = engine
-        self.target = engine.target
-        self.draft = engine.draft
-        self.device = engine.device
+        self.context = context
+        self.target = context.target
+        self.draft = context.draft
+        self.device = context.device
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.max_len = 0
         self._cache_k: torch.Tensor | None = None  # the target cache our stages were built on
@@ -147,11 +143,11 @@ class FastDecoder:
     def _allocate(self, capacity: int) -> None:
         """Static buffers for caches of ``capacity`` slots (rounded up); graphs die with them."""
         t, dev = self.target, self.device
-        if capacity <= self.max_len and t.cache_k is self._cache_k:
+        if capacity <= self.max_len and t.kv.k is self._cache_k:
             return
         # a whole number of CACHE_ROUNDING slots (aligned attention masks), never less than allocated
-        t.reset(-(-max(capacity, t.max_len) // CACHE_ROUNDING) * CACHE_ROUNDING)
-        self.max_len, self._cache_k = t.max_len, t.cache_k
+        t.reset(-(-max(capacity, t.kv.capacity) // CACHE_ROUNDING) * CACHE_ROUNDING)
+        self.max_len, self._cache_k = t.kv.capacity, t.kv.k
         self.stages.clear()
         if self.graphs:
             self._pool = torch.cuda.graph_pool_handle()
@@ -274,11 +270,11 @@ class FastDecoder:
                 if index in wanted and index != t.num_layers - 1:
                     features[index] = hidden
                 continue
-            q, k, v, gate = pre(layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused)
-            slot = t.cache_slot[index]
-            cache_k, cache_v = t.cache_k[slot], t.cache_v[slot]
-            cache_k.index_copy_(2, slots, k)
-            cache_v.index_copy_(2, slots, v)
+            q, k, v, gate = pre(
+                layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused,
+                gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm,
+            )  # fmt: skip
+            cache_k, cache_v = t.kv.write(t.cache_slot[index], slots, k, v)
             q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
             out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
             out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
@@ -437,11 +433,8 @@ class FastDecoder:
         count = accepted.sum()
         bonus = choice[keep.gather(0, (count - 1)[None])]
         ok = tree["exact"]
-        dst = self.start + self.slot_index[:block]
-        src = torch.where(ok, self.start + keep, dst)
-        t = self.target
-        t.cache_k.index_copy_(3, dst, t.cache_k.index_select(3, src))
-        t.cache_v.index_copy_(3, dst, t.cache_v.index_select(3, src))
+        # not ok: every row stays where it is (the round is redone with the host tree)
+        self.target.kv.compact(torch.where(ok, keep, self.slot_index[:block]), start=self.start)
         if self.draft is not None and self.feature_layers:
             self.ctx_len.add_(torch.where(ok, self.pending_count, 0))
             self.pending.copy_(torch.where(ok, out["features"][keep], self.pending))
@@ -504,8 +497,9 @@ class FastDecoder:
         self.capturing = False
 
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-        record = GenerationRecorder(request, self.engine.decode_text)
+        record = GenerationRecorder(request, self.context.decode_text)
         prompt = torch.tensor(request.prompt_ids, device=self.device)
+        t.kv.reset()
         self.start.zero_()
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
         positions = torch.arange(prompt_len, device=self.device)
@@ -514,7 +508,7 @@ class FastDecoder:
             prompt, positions, causal, with_features, prefill_window, compiled=False
         )
         self.start.fill_(prompt_len)
-        t.length = prompt_len
+        t.kv.advance(prompt_len)
         last_logits = logits[-1:].float()
         if temperature <= 0:
             first = int(last_logits.argmax(dim=-1))
@@ -564,7 +558,7 @@ class FastDecoder:
             count, bonus = result[1], result[2]
             keep = result[3 : 3 + count]
             new_tokens = [*result[3 + self.block + 1 : 3 + self.block + count], bonus]
-            t.length += count
+            t.kv.advance(count)
             logits_kept = self.outputs[rows]["logits"][keep] if request.top_logprobs > 0 else None
             record.round(new_tokens, nodes, logits_kept)
             timer.mark("commit")

@@ -14,10 +14,12 @@ from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.rope import apply_rope
 
 
-def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None):
-    """A decoder layer up to attention: norm, q/k/v projections, q/k norms (Qwen3, Qwen3.5), rotary.
-    Returns q, k, v as [1, heads, rows, head_dim] and the output gate [1, rows, heads * head_dim]
-    of a gated query (Qwen3.5/3.6, Qwen3-Next: q_proj gives query|gate per head), else None.
+def target_pre_attention(
+    layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None, *, gated_query: bool, qk_norm: bool
+):
+    """A decoder layer up to attention: norm, q/k/v projections, q/k norms, rotary. Returns q, k, v
+    as [1, heads, rows, head_dim] and the output gate [1, rows, heads * head_dim] of a gated query,
+    else None (``gated_query``, ``qk_norm``: the target's ``arch.Arch``).
     A pure function of its inputs, so on CUDA it can be compiled once and reused by every layer (the
     layer's weights are inputs, not constants). ``fused``: the layer's ``FusedWeights`` (one q|k|v
     GEMM instead of three). Norms, rotary and SwiGLU go through ``kernels`` (fused on CUDA)."""
@@ -29,13 +31,13 @@ def target_pre_attention(layer, hidden, cos, sin, heads: int, kv_heads: int, hea
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     gate = None
-    if q.shape[-1] == 2 * heads * head_dim:
+    if gated_query:
         q, gate = q.view(1, rows, heads, 2 * head_dim).chunk(2, dim=-1)
         gate = gate.reshape(1, rows, heads * head_dim)
     q = q.reshape(1, rows, heads, head_dim)
     k = k.view(1, rows, kv_heads, head_dim)
     v = v.view(1, rows, kv_heads, head_dim)
-    if hasattr(attn, "q_norm"):
+    if qk_norm:
         q, k = kernels.norm_rope(attn.q_norm, q, cos, sin), kernels.norm_rope(attn.k_norm, k, cos, sin)
     else:
         q, k = kernels.rope(q, cos, sin), kernels.rope(k, cos, sin)
