@@ -61,7 +61,7 @@ def build_tree_tensors(
     """``tree.build_tree`` with tensor ops only (no host sync), padded to ``budget`` nodes.
 
     ``depth_logprobs`` [D, V]; only depths 1..``depth_limit`` may hold nodes. Returns (device
-    tensors) ``tokens_rank`` ([budget] token ids), ``parents`` ([budget] node index, 0 = root),
+    tensors) ``tokens`` ([budget] token ids), ``parents`` ([budget] node index, 0 = root),
     ``depths``, ``valid`` (rows that are real nodes), ``count`` and ``exact`` (False when the
     order below could not be proven; the caller then uses ``build_tree``).
 
