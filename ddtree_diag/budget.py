@@ -36,23 +36,21 @@ def server_default(engine_default: int, limit: int) -> int:
     return min(int(engine_default), limit)
 
 
-def check_limit(limit: int | None, flag: str = "--max-tree-budget") -> None:
-    """A server's own ceiling must lie in 0..MAX_TREE_BUDGET."""
+def check_serve_flags(default: int | None, limit: int | None) -> None:
+    """``serve --tree-budget`` (the default for requests that send none) and ``--max-tree-budget``
+    (its ceiling): both >= 0, the ceiling at most MAX_TREE_BUDGET, the default within it."""
+    if default is not None and default < 0:
+        raise UsageError("--tree-budget must be >= 0")
     if limit is not None and not 0 <= limit <= MAX_TREE_BUDGET:
-        raise UsageError(f"{flag} must be in 0-{MAX_TREE_BUDGET}")
+        raise UsageError(f"--max-tree-budget must be in 0-{MAX_TREE_BUDGET}")
+    if limit is not None and default is not None and default > limit:
+        raise UsageError(f"--tree-budget {default} is over --max-tree-budget {limit}")
 
 
-def check_default(budget: int | None, limit: int | None, *, flag: str = "--tree-budget",
-                  limit_flag: str = "--max-tree-budget", limit_is_flag: bool = True) -> None:  # fmt: skip
-    """A server's default budget: >= 0 and within its ceiling (the flag's, or the resolved one)."""
-    if budget is None:
-        return
-    if budget < 0:
-        raise UsageError(f"{flag} must be >= 0")
-    if limit is not None and budget > limit:
-        if limit_is_flag:
-            raise UsageError(f"{flag} {budget} is over {limit_flag} {limit}")
-        raise UsageError(f"{flag} {budget} is over the limit {limit} ({limit_flag})")
+def check_default_within(default: int | None, limit: int) -> None:
+    """``serve --tree-budget`` against the ceiling the server resolved (its device's default)."""
+    if default is not None and default > limit:
+        raise UsageError(f"--tree-budget {default} is over the limit {limit} (--max-tree-budget)")
 
 
 def over_limit(budget: int | None, limit: int) -> str | None:

@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from ddtree_diag import budget
 from ddtree_diag.commands.options import DEBUG, DEVICE, DRAFT, DTYPE, GGUF, TARGET
 from ddtree_diag.errors import UsageError
 
@@ -30,7 +31,8 @@ def register(app: typer.Typer) -> None:
         tree_budget: int | None = typer.Option(None, "--tree-budget", help="Default tree budget per request."),
         max_tree_budget: int | None = typer.Option(
             None, "--max-tree-budget",
-            help="Largest tree_budget a request may ask for. \\[default: 256 on CPU, 4096 on CUDA]"),
+            help=f"Largest tree_budget a request may ask for. \\[default: {budget.CPU_MAX_TREE_BUDGET} on CPU, "
+            f"{budget.MAX_TREE_BUDGET} on CUDA]"),
         max_context: int | None = typer.Option(
             None, "--max-context",
             help="Largest prompt + max_tokens, in tokens. \\[default: the model's context; at most 4096 on CPU]"),
@@ -77,12 +79,7 @@ def run_serve(
     max_context: int | None = None,
     request_timeout: float | None = None,
 ) -> None:
-    if tree_budget is not None and tree_budget < 0:
-        raise UsageError("--tree-budget must be >= 0")
-    if max_tree_budget is not None and not 0 <= max_tree_budget <= 4096:
-        raise UsageError("--max-tree-budget must be in 0-4096")
-    if max_tree_budget is not None and tree_budget is not None and tree_budget > max_tree_budget:
-        raise UsageError(f"--tree-budget {tree_budget} is over --max-tree-budget {max_tree_budget}")
+    budget.check_serve_flags(tree_budget, max_tree_budget)
     if max_context is not None and max_context < 2:
         raise UsageError("--max-context must be >= 2 tokens")
     if request_timeout is not None and not 0 < request_timeout < float("inf"):
@@ -94,7 +91,8 @@ def run_serve(
     except ImportError:
         raise UsageError("serve needs the serve extra: pip install 'ddtree-diag[serve]'") from None
     from ddtree_diag.engine.models import choose_models, load_chosen
-    from ddtree_diag.server.app import ServerLimits, serve
+    from ddtree_diag.server.app import serve
+    from ddtree_diag.server.schema import ServerLimits
 
     choice = choose_models(target, draft, gguf, use_draft=not no_draft)
     if no_draft:
@@ -112,8 +110,7 @@ def run_serve(
                                      request_timeout_s=request_timeout)  # fmt: skip
     if max_context is not None and max_context > engine.context_length:
         raise UsageError(f"--max-context {max_context} is over the model's context {engine.context_length}")
-    if tree_budget is not None and tree_budget > limits.max_tree_budget:
-        raise UsageError(f"--tree-budget {tree_budget} is over the limit {limits.max_tree_budget} (--max-tree-budget)")
+    budget.check_default_within(tree_budget, limits.max_tree_budget)
     name = model_name or choice.name
     sys.stderr.write(
         f"ddtree-diag serve: http://{host}:{port} · model {name} · draft "

@@ -1,0 +1,116 @@
+"""Chat-completion bodies and SSE chunks from a finished (or streaming) generation.
+
+The wire format is the standalone DDTree server's: OpenAI chat completions plus a top-level
+``ddtree`` object with the request's own spec numbers. Streamed, the ``ddtree`` object rides the
+finish chunk, or the usage chunk when ``stream_options.include_usage`` asks for one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+
+def ddtree_stats(generation: Any) -> dict[str, Any]:
+    """The per-request ``ddtree`` object (the standalone DDTree server's format, extended)."""
+    decode_time = generation.e2e_s - generation.ttft_s
+    rounds = generation.decode_rounds
+    return {
+        "tree_budget": generation.tree_budget,
+        "mode": generation.mode,
+        "decode_rounds": rounds,
+        "mean_acceptance_length": generation.mean_acceptance_length,
+        "acceptance_lengths": generation.acceptance_lengths,
+        "tree_sizes": generation.tree_sizes,
+        "draft_tokens": sum(generation.tree_sizes) if generation.mode != "ar" else None,
+        "accepted_tokens": sum(n - 1 for n in generation.acceptance_lengths) if generation.mode != "ar" else None,
+        "tokens_per_second": generation.decode_tokens_per_second,
+        "ttft_s": generation.ttft_s,
+        "decode_s": decode_time,
+        "stage_times": generation.stage_times,
+    }
+
+
+def logprobs_content(tokenizer: Any, generation: Any, count: int) -> list[dict[str, Any]] | None:
+    """OpenAI ``choices[0].logprobs.content`` from the engine's per-token top-k log-probs."""
+    if not generation.top_logprobs:
+        return None
+    content = []
+    for token_id, top in zip(generation.token_ids, generation.top_logprobs, strict=False):
+        chosen = dict(top).get(token_id)
+        entry_token = tokenizer.decode([token_id])
+        content.append({
+            "token": entry_token,
+            "logprob": chosen if chosen is not None else min(v for _, v in top),
+            "bytes": list(entry_token.encode("utf-8")),
+            "top_logprobs": [
+                {"token": tokenizer.decode([tid]), "logprob": value,
+                 "bytes": list(tokenizer.decode([tid]).encode("utf-8"))}
+                for tid, value in top[:count]
+            ],
+        })  # fmt: skip
+    return content
+
+
+def usage(generation: Any) -> dict[str, int]:
+    return {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+    }
+
+
+def _logprobs(body: Any, generation: Any, tokenizer: Any) -> dict[str, Any]:
+    return {"content": logprobs_content(tokenizer, generation, body.top_logprobs or 0)}
+
+
+def completion(completion_id: str, model_name: str, body: Any, generation: Any, tokenizer: Any) -> dict[str, Any]:
+    """The whole ``chat.completion`` body for a request that did not stream."""
+    message: dict[str, Any] = {"role": "assistant", "content": generation.text}
+    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                              "finish_reason": generation.finish_reason}  # fmt: skip
+    if body.logprobs:
+        choice["logprobs"] = _logprobs(body, generation, tokenizer)
+    return {
+        "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model_name,
+        "choices": [choice], "usage": usage(generation), "ddtree": ddtree_stats(generation),
+    }  # fmt: skip
+
+
+def sse(payload: Any) -> str:
+    """One server-sent event: a JSON payload, or a bare word (``[DONE]``)."""
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+DONE = sse("[DONE]")
+
+
+class Chunks:
+    """The ``chat.completion.chunk`` events of one streamed completion."""
+
+    def __init__(self, completion_id: str, model_name: str) -> None:
+        self.base = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": model_name}  # fmt: skip
+
+    def role(self) -> str:
+        return sse({**self.base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                              "finish_reason": None}]})  # fmt: skip
+
+    def delta(self, text: str) -> str:
+        return sse({**self.base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+
+    def finish(self, body: Any, generation: Any, tokenizer: Any) -> list[str]:
+        """The finish chunk, then the usage chunk when asked for; not ``[DONE]``."""
+        include_usage = body.include_usage()
+        final: dict[str, Any] = {**self.base, "choices": [{"index": 0, "delta": {},
+                                                           "finish_reason": generation.finish_reason}]}  # fmt: skip
+        if body.logprobs:
+            final["choices"][0]["logprobs"] = _logprobs(body, generation, tokenizer)
+        if not include_usage:
+            final["ddtree"] = ddtree_stats(generation)  # no usage chunk: ride the finish chunk
+        events = [sse(final)]
+        if include_usage:
+            events.append(sse({**self.base, "choices": [], "usage": usage(generation),
+                               "ddtree": ddtree_stats(generation)}))  # fmt: skip
+        return events
