@@ -190,9 +190,9 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
-# SDPA backend on CUDA: memory-efficient (takes a mask, capturable) by default; DDTREE_ATTENTION=
+# SDPA backend on CUDA: memory-efficient (takes a mask, capturable) by default; DDTREE_DIAG_ATTENTION=
 # cudnn | math picks another first (the speed bench compares them).
-ATTENTION_BACKEND = os.environ.get("DDTREE_ATTENTION", "efficient")
+ATTENTION_BACKEND = os.environ.get("DDTREE_DIAG_ATTENTION", "efficient")
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None):

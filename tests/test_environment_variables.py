@@ -1,0 +1,35 @@
+"""The tool's own environment variables all start with DDTREE_DIAG_ and the README lists each."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Variables of other tools the code reads or sets on purpose (documented where they are used).
+FOREIGN = {"NO_COLOR", "COLUMNS", "GITHUB_STEP_SUMMARY", "XDG_CACHE_HOME", "OPENAI_API_KEY", "PATH",
+           "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "TRITON_INTERPRET"}  # fmt: skip
+# os.environ["X"], os.environ.get("X"), os.getenv("X"), envvar="X" / envvar=["X", "Y"]
+READ = re.compile(r"""(?:environ(?:\.get)?\(?\[?|getenv\(|envvar=\[?)\s*["']([A-Z][A-Z0-9_]+)["']""")
+LISTED = re.compile(r"envvar=\[([^\]]*)\]")
+
+
+def variables_in_code() -> set[str]:
+    found: set[str] = set()
+    for path in (ROOT / "ddtree_diag").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        found.update(READ.findall(text))
+        for group in LISTED.findall(text):
+            found.update(re.findall(r"[\"']([A-Z][A-Z0-9_]+)[\"']", group))
+    return found
+
+
+def test_every_variable_of_ours_is_prefixed_and_in_the_readme():
+    found = variables_in_code()
+    assert {"DDTREE_DIAG_URL", "DDTREE_DIAG_API_KEY", "DDTREE_DIAG_CACHE"} <= found  # the scan sees them
+    ours = found - FOREIGN
+    assert all(name.startswith("DDTREE_DIAG_") for name in ours), sorted(n for n in ours if "DDTREE_DIAG_" not in n)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Environment variables") :]
+    section = section[: section.index("\n## ", 3)]
+    assert [name for name in sorted(ours) if f"`{name}`" not in section] == []
