@@ -21,7 +21,7 @@ from ddtree_diag.engine.decode import (
 )
 from ddtree_diag.engine.draft import DFlashDraft
 from ddtree_diag.engine.target import TargetModel
-from ddtree_diag.errors import UsageError
+from ddtree_diag.errors import UsageError, one_line
 
 # END_OF_TURN_TOKENS lives in ``arch``; it stays importable here for callers outside the engine.
 __all__ = ["DECODE_PATHS", "DEFAULT_TREE_BUDGET", "END_OF_TURN_TOKENS", "Engine", "Generation"]
@@ -134,7 +134,7 @@ class Engine:
             try:
                 text = tok.apply_chat_template(messages, **kwargs)
             except Exception as exc:  # jinja's TemplateError (raise_exception in the template) and kin
-                message = " ".join(str(exc).split())[:200] or type(exc).__name__
+                message = one_line(exc, 200) or type(exc).__name__
                 raise UsageError(f"the chat template cannot render these messages: {message}") from None
         else:
             text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages) + "assistant:"
