@@ -24,6 +24,16 @@ STATUSES = (STATUS_OK, STATUS_HTTP_ERROR, STATUS_TRANSPORT_ERROR, STATUS_TIMEOUT
 TRANSPORT_STATUSES = (STATUS_TRANSPORT_ERROR, STATUS_TIMEOUT)
 
 
+def thinking_label(value: bool | None) -> str:
+    """A case's thinking toggle in words: ``on``, ``off``, ``default`` (not sent)."""
+    return {True: "on", False: "off", None: "default"}[value]
+
+
+def budget_label(value: int | None) -> str:
+    """A case's tree budget in words: the number, or ``default`` (the server's)."""
+    return "default" if value is None else str(value)
+
+
 @dataclass
 class ProbeCase:
     """One cell of the probe matrix."""
@@ -40,12 +50,15 @@ class ProbeCase:
     @property
     def case_id(self) -> str:
         """Stable, human-readable id: the same case gets the same id in every run."""
-        think = {None: "default", True: "on", False: "off"}[self.enable_thinking]
-        budget = "default" if self.tree_budget is None else str(self.tree_budget)
         return (
-            f"{self.prompt_id}/think={think}/budget={budget}"
+            f"{self.prompt_id}/think={thinking_label(self.enable_thinking)}/budget={budget_label(self.tree_budget)}"
             f"/T={self.temperature:g}/max={self.max_tokens}/r{self.repeat}"
         )
+
+    @property
+    def group_label(self) -> str:
+        """The case's tree budget × thinking group: ``budget=16 think=on``."""
+        return f"budget={budget_label(self.tree_budget)} think={thinking_label(self.enable_thinking)}"
 
     @property
     def group_key(self) -> str:
@@ -429,6 +442,11 @@ class RunReport:
     canary: ProbeResult | None = None
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def ok_results(self) -> list[ProbeResult]:
+        """The results whose request succeeded (the ones with an answer to judge)."""
+        return [r for r in self.results if r.ok]
 
     def stop_label(self) -> str | None:
         """How a partial run ended, for a summary line: None when it finished."""

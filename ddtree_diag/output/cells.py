@@ -24,14 +24,6 @@ def fmt(value: float | int | None, spec: str = ".2f") -> str:
     return DASH if value is None else format(value, spec)
 
 
-def thinking_label(value: bool | None) -> str:
-    return {True: "on", False: "off", None: "default"}[value]
-
-
-def budget_label(value: int | None) -> str:
-    return "default" if value is None else str(value)
-
-
 def visible(text: str, limit: int = 60) -> str:
     """Text with control characters made visible, cut to ``limit`` characters."""
     out = []

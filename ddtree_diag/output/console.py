@@ -23,19 +23,17 @@ from ddtree_diag.output.cells import (
     Cell,
     acceptance_cell,
     acceptance_style,
-    budget_label,
     by_budget_and_thinking,
     fmt,
     lossless_cell,
     output_text,
     quality_cell,
     rounds_cell,
-    thinking_label,
     ttft_cell,
     visible,
 )
 from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
-from ddtree_diag.records import ProbeResult, RunReport
+from ddtree_diag.records import ProbeResult, RunReport, budget_label, thinking_label
 from ddtree_diag.redaction import redact, redacted_report
 
 

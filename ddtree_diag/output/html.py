@@ -20,21 +20,19 @@ from ddtree_diag.output.cells import (
     DASH,
     Cell,
     acceptance_cell,
-    budget_label,
     by_budget_and_thinking,
     fmt,
     lossless_cell,
     output_text,
     quality_cell,
     rounds_cell,
-    thinking_label,
     ttft_cell,
     visible,
 )
 from ddtree_diag.output.markdown import checks_for
 from ddtree_diag.output.reportfile import write_output
 from ddtree_diag.output.svg import esc, grouped_bars, histogram, paired_bars
-from ddtree_diag.records import ProbeResult, RunReport
+from ddtree_diag.records import ProbeResult, RunReport, budget_label, thinking_label
 from ddtree_diag.redaction import redacted_report
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -283,7 +281,7 @@ def _rounds(report: RunReport) -> list[str]:
         caption = f"#{index} {_breakable(result.case_id)} · {len(lengths)} rounds · mean {average:.2f}"
         svg = histogram(dict(counts), largest, title=f"rounds per acceptance length, case {result.case_id}")
         figures.append(f"<figure><figcaption>{caption}</figcaption>{svg}</figure>")
-    missing = len([r for r in report.results if r.ok]) - len(known)
+    missing = len(report.ok_results) - len(known)
     out.append('<div class="multiples">' + "".join(figures) + "</div>")
     if missing:
         out.append(f'<p class="dim">{missing} successful case(s) without per-round numbers.</p>')
