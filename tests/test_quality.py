@@ -749,3 +749,24 @@ def test_reason_codes_come_from_one_registry_and_the_readme_shows_it():
                       if p.name != "registry.py")  # fmt: skip
     sources += (ROOT / "ddtree_diag/checks/likelihood.py").read_text(encoding="utf-8")  # the --score-with codes
     assert all(f'"{code}"' in sources for code in registry.REASON_CODES)
+
+
+def test_detection_runs_from_the_registry():
+    """assess runs what the families list: every family module lists its detectors in DETECTORS,
+    each reads a known scope, and every code names its family."""
+    import inspect
+
+    from ddtree_diag.checks.quality import context, registry
+
+    names = {family.__name__.rsplit(".", 1)[-1] for family in registry.FAMILIES}
+    assert {r.family for r in registry.REGISTRY} <= names | {"likelihood"}
+    assert len(set(registry.DETECTORS)) == len(registry.DETECTORS)
+    for detector in registry.DETECTORS:
+        assert context.scope_of(detector) in context.SCOPES
+        assert list(inspect.signature(detector).parameters) == ["text", "ctx"], detector.__name__
+    assert {context.scope_of(d) for d in registry.DETECTORS} == set(context.SCOPES)
+    # a detector's reasons depend on its text and context only, and it returns a new list
+    ctx = context.Context("Say hello.", False, finish="stop").reading("1. 1. 1. 1. the the the the the")
+    for detector in registry.detectors(context.ANY):
+        assert detector(ctx.text, ctx) is not detector(ctx.text, ctx)
+

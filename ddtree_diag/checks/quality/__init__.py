@@ -15,15 +15,17 @@ reasons weigh >= 0.5 and condemn the text alone; "soft" ones (< 0.5) need a seco
 reasons (weight 0) are reported but never count (``truncated``).
 
 Reason codes are stable (other tools may match on them); ``registry.REGISTRY`` lists them with
-their meaning, and the README's table is generated from it. Signal families, one module each:
-``stops`` (empty answer, premature stop), ``loops`` (repetition of every kind), ``hollow``
-(list markers and punctuation with nothing in them), ``stutter`` (a word glued to itself, every
-word said twice), ``salad`` (pieces of words cut and glued, read against ``lexicon``'s word
-lists of 39 languages), ``scripts`` (writing systems the prompt does not use), ``leaks``
-(template and role markers), ``thinking`` (think blocks), ``encoding`` (mojibake), ``content``
-(what holds for any text, calling the others); ``context`` and ``patterns`` are what they share.
-The optional model-based reasons (``low_likelihood``, ``not_greedy``) come from
-``checks.likelihood`` through the ``scorer`` argument.
+their meaning, and the README's table is generated from it. Signal families, one module each,
+each listing its detectors (``(text, ctx) -> list[Reason]``, see ``context``) in ``DETECTORS``:
+``stops`` (truncated, empty answer, premature stop), ``loops`` (repetition of every kind),
+``hollow`` (list markers and punctuation with nothing in them), ``stutter`` (a word glued to
+itself, every word said twice), ``salad`` (pieces of words cut and glued, read against
+``lexicon``'s word lists of 39 languages), ``scripts`` (writing systems the prompt does not
+use), ``leaks`` (template and role markers), ``thinking`` (think blocks), ``encoding``
+(mojibake), ``content`` (replacement and control characters); ``context`` and ``patterns`` are
+what they share. ``registry.FAMILIES`` names the families ``assess`` runs, in order. The
+optional model-based reasons (``low_likelihood``, ``not_greedy``) come from ``checks.likelihood``
+through the ``scorer`` argument.
 
 Hard/soft depends on the evidence (how many repeats, how much of the text, what the prompt asked
 for); ``Reason.severity`` says which one a given reason is.
@@ -52,21 +54,13 @@ famous intentional repetition (``Buffalo buffalo Buffalo buffalo ...``) is flagg
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
 from typing import Any
 
-from ddtree_diag.checks.quality.content import content_signals
-from ddtree_diag.checks.quality.context import Context
-from ddtree_diag.checks.quality.patterns import (
-    EVIDENCE_CHARS,
-    HAS_CONTENT_RE,
-    LENGTH_REASONS,
-    ONLY_MARKER_RE,
-    STOP_REASONS,
-)
-from ddtree_diag.checks.quality.registry import LOOP_CODES, REASON_CODES, REGISTRY
-from ddtree_diag.checks.quality.scripts import script_signals
-from ddtree_diag.checks.quality.stops import find_premature_stop
-from ddtree_diag.checks.quality.thinking import split_thinking
+from ddtree_diag.checks.quality.context import ANSWER, ANY, EMPTY, WHOLE, WINDOW, Context, has_content, scope_of
+from ddtree_diag.checks.quality.patterns import EVIDENCE_CHARS, LENGTH_REASONS, STOP_REASONS
+from ddtree_diag.checks.quality.registry import LOOP_CODES, REASON_CODES, REGISTRY, detectors
+from ddtree_diag.checks.quality.thinking import split_thinking, unclosed_think
 from ddtree_diag.records import GARBAGE_THRESHOLD, Reason, Verdict
 
 __all__ = [
@@ -113,55 +107,26 @@ def assess(
     truncated = finish in LENGTH_REASONS or (
         completion_tokens is not None and max_tokens is not None and 0 < max_tokens <= completion_tokens
     )
-    ctx = Context(prompt, truncated)
-    reasons: list[Reason] = []
+    answer, think_text, think_offset = split_thinking(text)
+    ctx = Context(
+        prompt, truncated, finish=finish, completion_tokens=completion_tokens, max_tokens=max_tokens,
+        thinking=thinking, reasoning=reasoning, unclosed_think=unclosed_think(text),
+        has_thought=bool((reasoning or "").strip() or think_text.strip()),
+    )  # fmt: skip
 
-    if truncated:
-        why = (
-            f"finish_reason={finish}"
-            if finish in LENGTH_REASONS
-            else f"{completion_tokens} of {max_tokens} tokens"
-        )
-        reasons.append(Reason("truncated", f"cut at the token limit ({why}); not garbage by itself"))
-
-    answer, think_text, think_offset = split_thinking(text, thinking, reasoning, truncated, finish, reasons)
-
+    reasons = _run(detectors(WHOLE), text, ctx.reading(text))
     # Where the answer sits in the text (after a think block), so every span points into `text`.
     answer_at = len(text) - len(answer) if answer and text.endswith(answer) else 0
-    stripped = answer.strip()
-    has_thought = bool((reasoning or "").strip() or (think_text or "").strip())
-    if not stripped:
-        if truncated and has_thought:
-            pass  # cut while thinking: the answer never started; `truncated` says so
-        elif truncated or (has_thought and finish is None):
-            # Maybe cut before the answer began; an unterminated think block already says so.
-            if not any(r.code == "unterminated_think" for r in reasons):
-                reasons.append(Reason("empty_output", "the answer is empty (cut before it began?)", "", 0.3))
-        else:
-            reasons.append(Reason("empty_output", "the answer is empty", "", 1.0 if not has_thought else 0.7))
-    elif not HAS_CONTENT_RE.search(stripped) or ONLY_MARKER_RE.fullmatch(stripped):
-        reasons.append(
-            Reason(
-                "empty_output",
-                "the answer holds only punctuation or a bare list marker",
-                stripped[:EVIDENCE_CHARS],
-                0.7,
-                (answer_at + answer.index(stripped), answer_at + answer.index(stripped) + len(stripped)),
-            )
-        )
+    reading = ctx.reading(answer)
+    if has_content(answer):
+        reasons += _placed(_run(detectors(ANY, WINDOW), answer, reading), answer_at)
+        reasons += _placed(_run(detectors(ANSWER), answer, reading), answer_at)
     else:
-        reasons.extend(content_signals(answer, ctx, answer_at, "text"))
-        found = script_signals(answer, ctx)
-        if not truncated and (finish in STOP_REASONS):
-            found += find_premature_stop(answer, completion_tokens, ctx)
-        elif finish is None and not truncated:
-            found += find_premature_stop(answer, completion_tokens, ctx, unknown_finish=True)
-        reasons.extend(_shifted(r, answer_at) for r in found)
-
-    if think_text and think_text.strip():
-        reasons.extend(content_signals(think_text, ctx, think_offset, "text", label="think block: "))
+        reasons += _placed(_run(detectors(EMPTY), answer, reading), answer_at)
+    if think_text.strip():
+        reasons += _read(think_text, ctx, think_offset, "text", label="think block: ")
     if reasoning and reasoning.strip():
-        reasons.extend(content_signals(reasoning, ctx, 0, "reasoning", label="reasoning: "))
+        reasons += _read(reasoning, ctx, 0, "reasoning", label="reasoning: ")
 
     likelihood = None
     if scorer is not None and text.strip():
@@ -186,10 +151,47 @@ def assess(
                    likelihood=likelihood)  # fmt: skip
 
 
-def _shifted(reason: Reason, offset: int) -> Reason:
-    if not offset or reason.span is None:
-        return reason
-    return replace(reason, span=(reason.span[0] + offset, reason.span[1] + offset))
+def _run(found_by: tuple, text: str, ctx: Context) -> list[Reason]:
+    """Every detector's reasons on ``text``, in order; WINDOW detectors run together, window by
+    window, at the first one's place, keeping the heaviest reason per code."""
+    out: list[Reason] = []
+    windowed = _windowed(found_by)
+    for detector in found_by:
+        if detector not in windowed:
+            out += detector(text, ctx)
+        elif detector is windowed[0]:
+            out += _run_windowed(windowed, text, ctx)
+    return out
+
+
+@cache
+def _windowed(found_by: tuple) -> tuple:
+    return tuple(d for d in found_by if scope_of(d) == WINDOW)
+
+
+def _run_windowed(found_by: list, text: str, ctx: Context) -> list[Reason]:
+    best: dict[str, Reason] = {}
+    for lo, hi in ctx.shape_windows:
+        window = ctx.window(lo, hi)
+        for detector in found_by:
+            for found in detector(text, window):
+                if found.code not in best or found.weight > best[found.code].weight:
+                    best[found.code] = found
+    return list(best.values())
+
+
+def _read(text: str, ctx: Context, offset: int, source: str, label: str = "") -> list[Reason]:
+    """The ANY and WINDOW detectors on one text (answer, think block, reasoning), their reasons
+    placed in the reply: spans shifted by ``offset``, details prefixed with ``label``."""
+    return _placed(_run(detectors(ANY, WINDOW), text, ctx.reading(text)), offset, source, label)
+
+
+def _placed(found: list[Reason], offset: int, source: str = "text", label: str = "") -> list[Reason]:
+    return [
+        Reason(r.code, label + r.detail, r.evidence, r.weight,
+               (r.span[0] + offset, r.span[1] + offset) if r.span else None, source)
+        for r in found
+    ]  # fmt: skip
 
 
 def assess_result(result: Any, scorer: Any = None) -> Verdict:

@@ -1,54 +1,197 @@
-"""What every signal sees: the prompt-derived context, code spans, evidence excerpts."""
+"""What every detector sees: the one detector shape, the request and the text being read (its code
+spans and search windows), evidence excerpts.
+
+A detector is ``(text, ctx) -> list[Reason]``: it reads ``text`` (the answer, the think block,
+the separated reasoning or the whole reply, as its ``reads`` says) and returns new reasons with
+spans into that text; the caller places them in the reply. A detector never changes what it was
+handed. ``reads`` (set with the ``@reads(...)`` decorator, default ``ANY``) says which text it
+is given:
+
+- ``WHOLE``: the whole reply, once, before the think block is split off (truncation, think tags);
+- ``EMPTY``: an answer with no content (``has_content`` is false): nothing else reads it;
+- ``ANY``: every text with content: the answer, the think block, the separated reasoning;
+- ``WINDOW``: as ``ANY``, one search window at a time (``ctx.lo``/``ctx.hi``: the stretches the
+  loop search reads, minus long code blocks); the heaviest reason per code over every window and
+  every ``WINDOW`` detector is kept;
+- ``ANSWER``: the answer only, after the ``ANY`` detectors.
+"""
 
 from __future__ import annotations
 
+import zlib
 from bisect import bisect_right
-from functools import cached_property
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ddtree_diag.checks.quality.patterns import (
     ANY_SCRIPT_RE,
     DIALOGUE_PROMPT_RE,
     EVIDENCE_CHARS,
+    HAS_CONTENT_RE,
     INLINE_CODE_RE,
     LYRIC_PROMPT_RE,
+    ONLY_MARKER_RE,
     REPEAT_PROMPT_RE,
     TEMPLATE_PROMPT_RE,
 )
+from ddtree_diag.records import Reason
 
 # --------------------------------------------------------------------------------------------
-# Context shared by the signals
+# The detector shape
+
+WHOLE, EMPTY, ANY, WINDOW, ANSWER = "whole", "empty", "any", "window", "answer"
+SCOPES = (WHOLE, EMPTY, ANY, WINDOW, ANSWER)
+
+
+class Detector(Protocol):
+    """``(text, ctx) -> list[Reason]``; ``reads`` is one of ``SCOPES``."""
+
+    __name__: str
+
+    def __call__(self, text: str, ctx: Context, /) -> list[Reason]: ...
+
+
+def reads(scope: str) -> Callable[[Callable[..., list[Reason]]], Detector]:
+    """Mark which text a detector reads (see the module docstring); undecorated ones read ``ANY``."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    def mark(detector: Any) -> Detector:
+        detector.reads = scope
+        return detector
+
+    return mark
+
+
+def scope_of(detector: Detector) -> str:
+    return getattr(detector, "reads", ANY)
+
+
+def has_content(answer: str) -> bool:
+    """Does the answer hold anything but whitespace, punctuation or a bare list marker?"""
+    stripped = answer.strip()
+    return bool(stripped) and bool(HAS_CONTENT_RE.search(stripped)) and not ONLY_MARKER_RE.fullmatch(stripped)
+
+
+# --------------------------------------------------------------------------------------------
+# Context shared by the detectors
+
+
+def _fact(compute: Callable[[Context], Any]) -> property:
+    """A request fact computed on first use and shared by every reading of the request."""
+    name = compute.__name__
+
+    def get(self: Context) -> Any:
+        facts = self._facts
+        if name not in facts:
+            facts[name] = compute(self)
+        return facts[name]
+
+    return property(get, doc=compute.__doc__)
+
+
+def _text_fact(compute: Callable[[Context], Any]) -> property:
+    """A fact of the text being read, computed on first use and shared by its windows."""
+    name = compute.__name__
+
+    def get(self: Context) -> Any:
+        facts = self._text_facts
+        if name not in facts:
+            facts[name] = compute(self)
+        return facts[name]
+
+    return property(get, doc=compute.__doc__)
 
 
 class Context:
-    """What the prompt allows; each fact is computed only when a signal asks for it."""
+    """The request (what the prompt allows, how generation ended) and the text being read; each
+    fact is computed only when a detector asks for it."""
 
-    def __init__(self, prompt: str, truncated: bool) -> None:
+    def __init__(
+        self,
+        prompt: str,
+        truncated: bool,
+        *,
+        finish: str | None = None,
+        completion_tokens: int | None = None,
+        max_tokens: int | None = None,
+        thinking: bool | None = None,
+        reasoning: str | None = None,
+        has_thought: bool = False,
+        unclosed_think: bool = False,
+    ) -> None:
         self.prompt = prompt
         self.truncated = truncated
+        self.finish = finish  # finish_reason, lower case; None when unknown
+        self.completion_tokens = completion_tokens
+        self.max_tokens = max_tokens
+        self.thinking = thinking  # the request's enable_thinking (None = unknown)
+        self.reasoning = reasoning  # the server-separated thinking text, if any
+        self.has_thought = has_thought  # the reply holds thinking (separated or a think block)
+        self.unclosed_think = unclosed_think  # the reply has a think block that never closes
+        self.text = ""  # the text being read (see reading)
+        self.lo, self.hi = 0, 0  # the stretch of it a WINDOW detector reads
+        self._facts: dict[str, Any] = {}
+        self._text_facts: dict[str, Any] = {}
 
-    @cached_property
+    def reading(self, text: str) -> Context:
+        """The same request, reading ``text``."""
+        view = self._view()
+        view.text, view.lo, view.hi = text, 0, len(text)
+        view._text_facts = {}
+        return view
+
+    def window(self, lo: int, hi: int) -> Context:
+        """The same text, one search window of it (for WINDOW detectors)."""
+        view = self._view()
+        view.lo, view.hi = lo, hi
+        return view
+
+    def _view(self) -> Context:
+        view = object.__new__(Context)  # a shallow copy (copy.copy costs more per answer)
+        view.__dict__.update(self.__dict__)
+        return view
+
+    # What the prompt allows
+    @_fact
     def prompt_lower(self) -> str:
         return self.prompt.lower()
 
-    @cached_property
+    @_fact
     def any_script(self) -> bool:  # translation and language prompts allow every script
         return bool(self.prompt) and bool(ANY_SCRIPT_RE.search(self.prompt))
 
-    @cached_property
+    @_fact
     def dialogue(self) -> bool:  # the prompt asked for a conversation, so turn markers are fine
         return bool(self.prompt) and bool(DIALOGUE_PROMPT_RE.search(self.prompt))
 
-    @cached_property
+    @_fact
     def about_templates(self) -> bool:  # the prompt asks about special tokens or chat templates
         return bool(self.prompt) and bool(TEMPLATE_PROMPT_RE.search(self.prompt))
 
-    @cached_property
+    @_fact
     def lyric(self) -> bool:  # songs and poems repeat on purpose
         return bool(self.prompt) and bool(LYRIC_PROMPT_RE.search(self.prompt))
 
-    @cached_property
+    @_fact
     def repeat(self) -> bool:  # the prompt asked for repetition
         return bool(self.prompt) and bool(REPEAT_PROMPT_RE.search(self.prompt))
+
+    # The text being read
+    @_text_fact
+    def code_spans(self) -> list[tuple[int, int]]:
+        """The text's code: fenced blocks and inline code (see code_spans_of)."""
+        return code_spans_of(self.text)
+
+    @_text_fact
+    def windows(self) -> list[tuple[int, int]]:
+        """Where the repetition signals look (see search_windows)."""
+        return search_windows(self.text)
+
+    @_text_fact
+    def shape_windows(self) -> list[tuple[int, int]]:
+        """The windows minus long code blocks: what WINDOW detectors read."""
+        return outside_code(self.windows, self.code_spans)
 
 
 def excerpt(text: str, start: int, end: int) -> str:
@@ -94,6 +237,13 @@ def _fence_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def in_inline_code(text: str, pos: int) -> bool:
+    """Inside `single backticks` on its line (an odd number of backticks before it)."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    before = text[line_start:pos]
+    return before.count("`") % 2 == 1 and not before.lstrip().startswith("```")
+
+
 _FAR = float("inf")
 
 
@@ -107,3 +257,74 @@ def line_at(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
     return text[start : end if end >= 0 else len(text)]
+
+
+# --------------------------------------------------------------------------------------------
+# Search windows
+
+# Texts longer than this are searched for loops only where zlib says they repeat (a loop always
+# compresses well), which keeps long healthy answers fast: zlib runs at C speed.
+WINDOWED_ABOVE = 16_384
+_BLOCK = 1_024
+_TAIL = 8_192
+
+
+def search_windows(text: str) -> list[tuple[int, int]]:
+    """Where the repetition signals look: the whole text, or in a long one the stretches zlib
+    finds repetitive plus the head and the tail (see _suspect_windows)."""
+    if len(text) <= WINDOWED_ABOVE:
+        return [(0, len(text))]
+    windows = _suspect_windows(text)
+    if windows[0][0] > _BLOCK * 4:
+        windows = [(0, _BLOCK * 4), *windows]
+    elif windows[0][1] < _BLOCK * 4:
+        windows = [(0, _BLOCK * 4), *windows[1:]]
+    return windows
+
+
+def _suspect_windows(text: str) -> list[tuple[int, int]]:
+    """Stretches of a long text worth a token-level loop search: 1 KiB blocks that compress much
+    better than the text's median block, or two neighbours that do together (a loop across a
+    block edge), with a block of margin each side; and the tail, since a loop that runs to the
+    end is the common failure. Overlapping picks are merged."""
+    starts = range(0, len(text), _BLOCK)
+    ratios = []
+    for lo in starts:
+        chunk = text[lo : lo + _BLOCK].encode("utf-8", "surrogatepass")
+        ratios.append(len(zlib.compress(chunk, 1)) / max(1, len(chunk)))
+    median = sorted(ratios)[len(ratios) // 2]
+    picks = []
+    for i, ratio in enumerate(ratios):
+        pair = (ratio + ratios[i + 1]) / 2 if i + 1 < len(ratios) else ratio
+        if ratio < 0.8 * median or pair < 0.85 * median:
+            picks.append(
+                (max(0, starts[i] - _BLOCK // 2), min(len(text), starts[i] + 2 * _BLOCK + _BLOCK // 2))
+            )
+    picks.append((max(0, len(text) - _TAIL), len(text)))
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(picks):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def outside_code(windows: list[tuple[int, int]], code_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The windows minus long code blocks (the shape and stutter finders skip code anyway, and a
+    long answer is often mostly code)."""
+    blocks = [(a, b) for a, b in code_spans if b - a > 200]
+    if not blocks:
+        return windows
+    out = []
+    for lo, hi in windows:
+        at = lo
+        for a, b in blocks:
+            if b <= at or a >= hi:
+                continue
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
+    return out

@@ -5,25 +5,21 @@ from __future__ import annotations
 import re
 
 from ddtree_diag.checks.quality.context import Context, excerpt
-from ddtree_diag.checks.quality.patterns import MOJIBAKE_PROMPT_RE, NONSPACE_RE
+from ddtree_diag.checks.quality.patterns import MOJIBAKE_GATE_RE, MOJIBAKE_PROMPT_RE, NONSPACE_RE
 from ddtree_diag.records import Reason
 
 
-def in_inline_code(text: str, pos: int) -> bool:
-    """Inside `single backticks` on its line (an odd number of backticks before it)."""
-    line_start = text.rfind("\n", 0, pos) + 1
-    before = text[line_start:pos]
-    return before.count("`") % 2 == 1 and not before.lstrip().startswith("```")
-
-
-def find_mojibake(text: str, ctx: Context, offset: int, source: str, label: str) -> list[Reason]:
+def find_mojibake(text: str, ctx: Context) -> list[Reason]:
+    """UTF-8 decoded with the wrong codec (``Ã©tÃ©`` for ``été``)."""
+    if text.isascii() or not MOJIBAKE_GATE_RE.search(text):
+        return []
     if MOJIBAKE_PROMPT_RE.search(ctx.prompt):
         return []  # the prompt is about encodings: mis-decoded samples are the topic
     try:
         import ftfy  # ~70 ms to import; only reached when the text has mojibake-typical characters
         from ftfy.badness import BADNESS_RE
     except ImportError:  # a core dependency, but a broken install should not crash a probe run
-        return _mojibake_without_ftfy(text, offset, source, label)
+        return _mojibake_without_ftfy(text)
     match = BADNESS_RE.search(text)
     if not match:
         return []
@@ -43,16 +39,7 @@ def find_mojibake(text: str, ctx: Context, offset: int, source: str, label: str)
     else:
         weight = 0.35
         detail = "character sequences typical of mis-decoded text"
-    return [
-        Reason(
-            "mojibake",
-            label + detail,
-            excerpt(text, *span),
-            weight,
-            (span[0] + offset, span[1] + offset),
-            source,
-        )
-    ]
+    return [Reason("mojibake", detail, excerpt(text, *span), weight, span)]
 
 
 def _core(word: str) -> str:
@@ -65,7 +52,7 @@ _LATIN1_RUN_RE = re.compile(
 )
 
 
-def _mojibake_without_ftfy(text: str, offset: int, source: str, label: str) -> list[Reason]:
+def _mojibake_without_ftfy(text: str) -> list[Reason]:
     """Fallback: a run of Latin-1/cp1252 characters that re-encodes to valid multi-byte UTF-8."""
     for match in _LATIN1_RUN_RE.finditer(text):
         run = match.group()
@@ -75,15 +62,9 @@ def _mojibake_without_ftfy(text: str, offset: int, source: str, label: str) -> l
             except (UnicodeEncodeError, UnicodeDecodeError):
                 continue
             if fixed != run:
-                span = (match.start(), match.end())
-                return [
-                    Reason(
-                        "mojibake",
-                        f"{label}mis-decoded UTF-8 ({run!r} should read {fixed!r})",
-                        run,
-                        0.75,
-                        (span[0] + offset, span[1] + offset),
-                        source,
-                    )
-                ]
+                detail = f"mis-decoded UTF-8 ({run!r} should read {fixed!r})"
+                return [Reason("mojibake", detail, run, 0.75, (match.start(), match.end()))]
     return []
+
+
+DETECTORS = (find_mojibake,)

@@ -1,7 +1,7 @@
-"""Structure with nothing in it: lines that hold only punctuation or a bare list marker (in any
-script), list markers that count on with no content (``1. 2. 3. 4.``), and runs of one
-punctuation character. A model that lost track of its state keeps the shape of an answer
-(bullets, numbering, a closing mark) and drops the words.
+"""Structure with nothing in it: list markers that never advance (``1. 1. 1.``), lines that hold
+only punctuation or a bare list marker (in any script), list markers that count on with no
+content (``1. 2. 3. 4.``), and runs of one punctuation character. A model that lost track of its
+state keeps the shape of an answer (bullets, numbering, a closing mark) and drops the words.
 
 Legitimate shapes stay quiet: Markdown rules and underlines (a whole line of ``-``, ``=``, ``*``),
 table rows and borders, code (fenced or inline) and lines of closing brackets, dot leaders in a
@@ -13,9 +13,55 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from itertools import pairwise
 
-from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.checks.quality.context import WINDOW, WINDOWED_ABOVE, Context, excerpt, inside_spans, reads
+from ddtree_diag.checks.quality.patterns import MARKER_RE, STUCK_GATE_RE, WORDISH_RE
 from ddtree_diag.records import Reason
+
+
+def find_degenerate_enumeration(text: str, ctx: Context) -> list[Reason]:
+    """List markers that never advance and hold nothing (``1. 1. 1.``), in a row or scattered."""
+    if "." not in text and ")" not in text:
+        return []
+    gates = [m.start() for m in STUCK_GATE_RE.finditer(text)]
+    if not gates:
+        return []  # no marker followed closely by another: nothing stuck
+    if len(text) <= WINDOWED_ABOVE:
+        markers = list(MARKER_RE.finditer(text))
+    else:  # a long text: walk the markers only around the gate hits
+        markers, reach = [], 0
+        for at in gates:
+            lo, hi = max(reach, at - 200), min(len(text), at + 200)
+            if lo < hi:
+                markers += MARKER_RE.finditer(text, lo, hi)
+            reach = max(reach, hi)
+    if len(markers) < 3:
+        return []
+    stuck = 0
+    first_span = None
+    for prev, cur in pairwise(markers):
+        between = text[prev.end() : cur.start()]
+        empty = not WORDISH_RE.search(between) or len(between.strip()) <= 3
+        if empty and int(cur.group(1)) <= int(prev.group(1)):
+            stuck += 1
+            if first_span is None:
+                first_span = (prev.start(), cur.end())
+    if stuck < 2:
+        return []
+    end = first_span[1]
+    for m in markers:
+        if m.start() >= first_span[0]:
+            end = m.end()
+    span = (first_span[0], end)
+    return [Reason(
+        "degenerate_enumeration",
+        f"list markers that never advance and hold nothing ({stuck + 1} in a row or scattered)",
+        excerpt(text, *span),
+        min(0.9, 0.6 + 0.05 * (stuck - 2)),
+        span,
+    )]  # fmt: skip
+
 
 # A list marker at the start of a line, in several scripts: bullets, "1." "1)" "(1)" "1、" "a)"
 # "iv." "#3", and "<word> <number>:" ("Step 3:", "Шаг 3:", "Paso 3:").
@@ -51,14 +97,13 @@ def _hollow(line: str) -> bool:
     return _punct_only(rest)
 
 
-def find_hollow_lines(
-    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
-) -> Reason | None:
+@reads(WINDOW)
+def find_hollow_lines(text: str, ctx: Context) -> list[Reason]:
     """Three or more hollow lines in a row (blank lines between them allowed), two or more ending
     the answer, or an answer whose lines are nearly all hollow."""
-    hi = len(text) if hi is None else hi
+    code_spans, lo, hi = ctx.code_spans, ctx.lo, ctx.hi
     if "\n" not in text:
-        return None
+        return []
     at = lo
     run: list[tuple[int, int]] = []  # (start, end) of the hollow lines in the current run
     best: list[tuple[int, int]] = []
@@ -93,23 +138,23 @@ def find_hollow_lines(
     if at_end and len(best) < 3:
         best = list(run)
     if len(best) < needed and not mostly and not at_end:
-        return None
+        return []
     if len(best) < 2:
-        return None
+        return []
     span = (best[0][0], best[-1][1])
     lines = [text[a:b].strip() for a, b in best]
     shown = ", ".join(repr(x) for x in dict.fromkeys(lines[:6]))
     weight = 0.7 if len(best) >= 3 else 0.6
     if len(best) >= 6:
         weight = 0.8
-    return Reason(
+    return [Reason(
         "empty_list",
         f"{len(best)} line(s) in a row hold only a list marker or punctuation ({shown}); "
         f"{hollow_total} such line(s), {content_total} with content",
         excerpt(text, *span),
         weight,
         span,
-    )
+    )]  # fmt: skip
 
 
 # A list marker: "1." "1)" "(1)" "#1" "1:" "1、" "一、"; before it may stand a label word that is the
@@ -131,14 +176,13 @@ def _marker_number(match: re.Match) -> int:
     return -1
 
 
-def find_empty_counting(
-    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
-) -> Reason | None:
+@reads(WINDOW)
+def find_empty_counting(text: str, ctx: Context) -> list[Reason]:
     """Four or more list markers in a row that count on (``1. 2. 3. 4.``, ``(1) (2) (3)``,
     ``Step 1: Step 2:``) with nothing but spaces or punctuation between them."""
     if ctx.repeat:
-        return None
-    hi = len(text) if hi is None else hi
+        return []
+    code_spans, lo, hi = ctx.code_spans, ctx.lo, ctx.hi
     best: list[re.Match] = []
     run: list[re.Match] = []
     label = None
@@ -169,17 +213,17 @@ def find_empty_counting(
         if len(run) > len(best):
             best = list(run)
     if len(best) < 4:
-        return None
+        return []
     span = (best[0].start(), best[-1].end())
     weight = 0.7 if len(best) < 8 else 0.8
-    return Reason(
+    return [Reason(
         "empty_list",
         f"{len(best)} list markers count on with nothing in them "
         f"({best[0].group().strip()} … {best[-1].group().strip()})",
         excerpt(text, *span),
         weight,
         span,
-    )
+    )]  # fmt: skip
 
 
 # A run of one punctuation mark, contiguous ("!!!!!!!!", "。。。。。。") or spaced (". . . . . . . .").
@@ -189,12 +233,11 @@ _DOTS = set(".·•‧∙⋅")
 _SEPARATORS = set(",，、;；:：")
 
 
-def find_punct_run(
-    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
-) -> Reason | None:
+@reads(WINDOW)
+def find_punct_run(text: str, ctx: Context) -> list[Reason]:
     if ctx.repeat:
-        return None
-    hi = len(text) if hi is None else hi
+        return []
+    code_spans, lo, hi = ctx.code_spans, ctx.lo, ctx.hi
     found: Reason | None = None
     for match in _RUN_RE.finditer(text, lo, hi):
         char = match.group(1)
@@ -248,4 +291,7 @@ def find_punct_run(
         )
         if found is None or reason.weight > found.weight:
             found = reason
-    return found
+    return [found] if found is not None else []
+
+
+DETECTORS = (find_degenerate_enumeration, find_hollow_lines, find_empty_counting, find_punct_run)

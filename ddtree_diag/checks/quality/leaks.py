@@ -4,13 +4,41 @@ from __future__ import annotations
 
 import re
 
-from ddtree_diag.checks.quality.context import Context, inside_spans
-from ddtree_diag.checks.quality.patterns import FIRST_WORD_RE, ROLE_RE
+from ddtree_diag.checks.quality.context import Context, excerpt, in_inline_code, inside_spans
+from ddtree_diag.checks.quality.patterns import FIRST_WORD_RE, ROLE_RE, TEMPLATE_RE
+from ddtree_diag.records import Reason
 
 
-def find_role_leaks(text: str, ctx: Context, code_spans: list[tuple[int, int]]):
+def find_template_leaks(text: str, ctx: Context) -> list[Reason]:
+    """Chat-template tokens (``<|im_start|>``, ``</s>``, ``[INST]``) the prompt did not ask about."""
+    code_spans = ctx.code_spans
+    for match in TEMPLATE_RE.finditer(text):
+        token = match.group()
+        if token in ctx.prompt:
+            continue
+        in_code = inside_spans(match.start(), code_spans)
+        if in_code and in_inline_code(text, match.start()):
+            continue  # `<|im_end|>` in backticks is written on purpose, never a leak
+        if ctx.about_templates:
+            if in_code:
+                continue  # asked about templates, shown in a code block: exactly right
+            detail = f"chat-template token {token!r} in prose (the prompt asks about them)"
+            return [Reason("template_leak", detail, excerpt(text, *match.span()), 0.2, match.span())]
+        if token == "</s>" and "<s>" in text[: match.start()]:
+            continue  # HTML strikethrough, not a SentencePiece end-of-sequence
+        count = len(TEMPLATE_RE.findall(text))
+        where = "at a code block" if in_code else "in the text"
+        weight = 0.7 if in_code else min(0.95, 0.8 + 0.03 * count)
+        detail = f"chat-template token {token!r} {where} ({count} in all)"
+        return [Reason("template_leak", detail, excerpt(text, *match.span()), weight, match.span())]
+    return []
+
+
+def find_role_leaks(text: str, ctx: Context) -> list[Reason]:
+    """Conversation turn markers (``user:``, ``### Instruction:``) the model should not write."""
     if ":" not in text and "\n" not in text and not text.lstrip().lower().startswith(("user", "assistant")):
-        return None
+        return []
+    code_spans = ctx.code_spans
     hits = []
     for match in _role_matches(text):
         if inside_spans(match.start(), code_spans):
@@ -25,7 +53,7 @@ def find_role_leaks(text: str, ctx: Context, code_spans: list[tuple[int, int]]):
             kind = "content"  # "user" as one item of a one-word list (table names): weak
         hits.append((kind, match.span(), marker))
     if not hits:
-        return None
+        return []
     strong = [h for h in hits if h[0] in ("head", "instr", "bare", "human")]
     contents = [h for h in hits if h[0] == "content"]
     # Plain "User:" / "Assistant:" lines taking turns; bold labels are a formatted example.
@@ -49,14 +77,10 @@ def find_role_leaks(text: str, ctx: Context, code_spans: list[tuple[int, int]]):
     else:
         weight = 0.3
     if weight <= 0:
-        return None
+        return []
     what = "turn marker" if strong else "dialogue line"
-    return (
-        "role_leak",
-        f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)",
-        span,
-        weight,
-    )
+    detail = f"conversation {what} {marker[:30]!r} in the text ({len(hits)} in all)"
+    return [Reason("role_leak", detail, excerpt(text, *span), weight, span)]
 
 
 def _opens_a_turn(text: str, start: int, end: int) -> bool:
@@ -129,3 +153,6 @@ def _continues_conversation(text: str, end: int, marker: str) -> bool:
     line_end = text.find("\n", end)
     rest = text[end - 1 : line_end if line_end >= 0 else len(text)]
     return "?" in rest or "!" in rest or len(rest.split()) >= 3
+
+
+DETECTORS = (find_template_leaks, find_role_leaks)

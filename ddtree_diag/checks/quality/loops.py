@@ -1,4 +1,4 @@
-"""Repetition: token/phrase/line loops, repeated n-grams, floods, compression, enumerations."""
+"""Repetition: token/phrase/line loops, repeated n-grams, floods, compression."""
 
 from __future__ import annotations
 
@@ -8,56 +8,8 @@ from collections import Counter
 from itertools import pairwise
 
 from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans, line_at
-from ddtree_diag.checks.quality.patterns import (
-    EVIDENCE_CHARS,
-    INTERJECTIONS,
-    MARKER_RE,
-    STUCK_GATE_RE,
-    TOKEN_RE,
-    WORDISH_RE,
-)
+from ddtree_diag.checks.quality.patterns import EVIDENCE_CHARS, INTERJECTIONS, TOKEN_RE
 from ddtree_diag.records import Reason
-
-
-def find_degenerate_enumeration(text: str):
-    if "." not in text and ")" not in text:
-        return None
-    gates = [m.start() for m in STUCK_GATE_RE.finditer(text)]
-    if not gates:
-        return None  # no marker followed closely by another: nothing stuck
-    if len(text) <= _WINDOWED_ABOVE:
-        markers = list(MARKER_RE.finditer(text))
-    else:  # a long text: walk the markers only around the gate hits
-        markers, reach = [], 0
-        for at in gates:
-            lo, hi = max(reach, at - 200), min(len(text), at + 200)
-            if lo < hi:
-                markers += MARKER_RE.finditer(text, lo, hi)
-            reach = max(reach, hi)
-    if len(markers) < 3:
-        return None
-    stuck = 0
-    first_span = None
-    for prev, cur in pairwise(markers):
-        between = text[prev.end() : cur.start()]
-        empty = not WORDISH_RE.search(between) or len(between.strip()) <= 3
-        if empty and int(cur.group(1)) <= int(prev.group(1)):
-            stuck += 1
-            if first_span is None:
-                first_span = (prev.start(), cur.end())
-    if stuck < 2:
-        return None
-    end = first_span[1]
-    for m in markers:
-        if m.start() >= first_span[0]:
-            end = m.end()
-    return (
-        "degenerate_enumeration",
-        f"list markers that never advance and hold nothing ({stuck + 1} in a row or scattered)",
-        (first_span[0], end),
-        min(0.9, 0.6 + 0.05 * (stuck - 2)),
-    )
-
 
 # --------------------------------------------------------------------------------------------
 # Loops
@@ -128,37 +80,19 @@ def _periodic_runs(ids: list[int], max_period: int = 200) -> list[tuple[int, int
     return runs
 
 
-# Texts longer than this are searched for loops only where zlib says they repeat (a loop always
-# compresses well), which keeps long healthy answers fast: zlib runs at C speed.
-_WINDOWED_ABOVE = 16_384
-_BLOCK = 1_024
-_TAIL = 8_192
-
-
-def search_windows(text: str) -> list[tuple[int, int]]:
-    """Where the repetition signals look: the whole text, or in a long one the stretches zlib
-    finds repetitive plus the head and the tail (see _suspect_windows)."""
-    if len(text) <= _WINDOWED_ABOVE:
-        return [(0, len(text))]
-    windows = _suspect_windows(text)
-    if windows[0][0] > _BLOCK * 4:
-        windows.insert(0, (0, _BLOCK * 4))
-    elif windows[0][1] < _BLOCK * 4:
-        windows[0] = (0, _BLOCK * 4)
-    return windows
-
-
-def find_loops(
-    text: str, ctx: Context, code_spans: list[tuple[int, int]], windows: list[tuple[int, int]] | None = None
-) -> list[Reason]:
+def find_loops(text: str, ctx: Context) -> list[Reason]:
+    """Back-to-back repetition (token, phrase, line loops) and recurring n-grams, in every search
+    window; the heaviest reason per code."""
     best: dict[str, Reason] = {}
-    for lo, hi in windows or search_windows(text):
-        _loops_in(text, lo, hi, ctx, code_spans, best)
-    found = list(best.values())
-    comp = _compression(text, ctx, code_spans)
-    if comp:
-        found.append(comp)
-    return found
+    for lo, hi in ctx.windows:
+        best = _loops_in(text, lo, hi, ctx, ctx.code_spans, best)
+    return list(best.values())
+
+
+def find_compression(text: str, ctx: Context) -> list[Reason]:
+    """The whole text compresses far better (or worse) than language does."""
+    found = _compression(text, ctx, ctx.code_spans)
+    return [found] if found else []
 
 
 # One symbol (emoji, "!", "?", U+FFFD aside) 16+ times in a row, or 20+ newlines: the tokenizer
@@ -186,38 +120,12 @@ def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int
     return None
 
 
-def _suspect_windows(text: str) -> list[tuple[int, int]]:
-    """Stretches of a long text worth a token-level loop search: 1 KiB blocks that compress much
-    better than the text's median block, or two neighbours that do together (a loop across a
-    block edge), with a block of margin each side; and the tail, since a loop that runs to the
-    end is the common failure. Overlapping picks are merged."""
-    starts = range(0, len(text), _BLOCK)
-    ratios = []
-    for lo in starts:
-        chunk = text[lo : lo + _BLOCK].encode("utf-8", "surrogatepass")
-        ratios.append(len(zlib.compress(chunk, 1)) / max(1, len(chunk)))
-    median = sorted(ratios)[len(ratios) // 2]
-    picks = []
-    for i, ratio in enumerate(ratios):
-        pair = (ratio + ratios[i + 1]) / 2 if i + 1 < len(ratios) else ratio
-        if ratio < 0.8 * median or pair < 0.85 * median:
-            picks.append(
-                (max(0, starts[i] - _BLOCK // 2), min(len(text), starts[i] + 2 * _BLOCK + _BLOCK // 2))
-            )
-    picks.append((max(0, len(text) - _TAIL), len(text)))
-    merged: list[tuple[int, int]] = []
-    for lo, hi in sorted(picks):
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
-        else:
-            merged.append((lo, hi))
-    return merged
-
-
 def _loops_in(
-    text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]], best: dict[str, Reason]
-) -> None:
-    """Find back-to-back repetition in text[lo:hi]; keep the heaviest reason per code in `best`."""
+    text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]], found: dict[str, Reason]
+) -> dict[str, Reason]:
+    """Find back-to-back repetition in text[lo:hi]: ``found`` (the heaviest reason per code so
+    far) with this window's reasons merged in, as a new dict."""
+    best = dict(found)
     flood = _flood(text, lo, hi, ctx, code_spans)
     if flood and ("token_loop" not in best or flood.weight > best["token_loop"].weight):
         best["token_loop"] = flood
@@ -225,7 +133,7 @@ def _loops_in(
     ids, names = _tokens(segment)
     n = len(ids)
     if n < 4:
-        return
+        return best
     at_text_end = hi == len(text)
     starts: list[int] | None = None
     # No bigram occurs twice: nothing can repeat back to back (most short answers stop here).
@@ -302,6 +210,7 @@ def _loops_in(
         ngram = _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans)
         if ngram and ("repeated_ngram" not in best or ngram.weight > best["repeated_ngram"].weight):
             best["repeated_ngram"] = ngram
+    return best
 
 
 def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | None:
@@ -397,3 +306,6 @@ def _compression(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> 
             (0, len(text)),
         )
     return None
+
+
+DETECTORS = (find_loops, find_compression)

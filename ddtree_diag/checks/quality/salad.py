@@ -242,10 +242,12 @@ def _worst_window(flags: list[int], checked: list[tuple[str, int, int]], size: i
     return best
 
 
-def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
-    stats = salad_stats(text, ctx.prompt, code_spans, ctx.any_script)
+def find_word_salad(text: str, ctx: Context) -> list[Reason]:
+    """Pieces of words cut at the wrong places and glued: far more words outside the language's
+    lexicon than its text has, in the worst stretch of 30 (or 12) words."""
+    stats = salad_stats(text, ctx.prompt, ctx.code_spans, ctx.any_script)
     if stats is None:
-        return None
+        return []
     langs, flags, checked, lookup = stats
     info = lexicon.index()[langs[0]]
     # What a clean text of this language leaves outside the lexicon per word, from wordfreq's own
@@ -267,10 +269,10 @@ def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) 
         # piece in 100 words, and its unknown words are long).
         short, unknown, window, start, end, glued = _worst_window(flags, checked, SHORT_WINDOW)
         if not (window == SHORT_WINDOW and short >= 4 and unknown >= max(8, 2 * rate_unknown * window)):
-            return None
+            return []
     pieces = [w for w in _WORD_RE.findall(text, start, end) if w.lower() == w and lookup.flag(w.casefold())]
     shown = ", ".join(repr(w) for w in pieces[:6])
-    return Reason(
+    return [Reason(
         "word_salad",
         f"{unknown} of {window} words are not {'/'.join(langs)} words, {short} of them short pieces or glued "
         f"words ({glued} glued to a function word: {shown}); clean {langs[0]} text leaves "
@@ -278,4 +280,7 @@ def find_word_salad(text: str, ctx: Context, code_spans: list[tuple[int, int]]) 
         excerpt(text, start, end),
         weight,
         (start, end),
-    )
+    )]  # fmt: skip
+
+
+DETECTORS = (find_word_salad,)

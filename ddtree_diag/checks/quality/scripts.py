@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ddtree_diag.checks.quality.context import Context, code_spans_of, excerpt, inside_spans
+from ddtree_diag.checks.quality.context import ANSWER, Context, excerpt, inside_spans, reads
 from ddtree_diag.checks.quality.patterns import (
     ASCII_PAIR_RE,
     LANGUAGE_SCRIPTS_RE,
@@ -57,7 +57,9 @@ def _mixed_word(text: str, runs: list[tuple[str, int, int]]) -> str | None:
     return None
 
 
-def script_signals(text: str, ctx: Context) -> list[Reason]:
+@reads(ANSWER)
+def find_script_mix(text: str, ctx: Context) -> list[Reason]:
+    """Writing systems the prompt does not use (CJK inside English), or homoglyph soup."""
     out: list[Reason] = []
     if text.isascii():
         return out
@@ -106,7 +108,7 @@ def script_signals(text: str, ctx: Context) -> list[Reason]:
     foreign_total = sum(c for s, c in answer_counts.items() if s not in allowed)
     if not foreign_total:
         return out
-    code_spans = code_spans_of(text)
+    code_spans = ctx.code_spans
     foreign = [(s, a, b) for s, a, b in runs if s not in allowed and not inside_spans(a, code_spans)]
     if not foreign:
         return out
@@ -216,3 +218,6 @@ def _quoted(text: str, a: int, b: int) -> bool:
     if after and after[0] in _CLOSE_QUOTES:
         return True
     return after.startswith(("(", "（", "["))
+
+
+DETECTORS = (find_script_mix,)

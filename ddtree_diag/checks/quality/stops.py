@@ -1,26 +1,25 @@
-"""Premature stops: ``stop`` on an unfinished sentence."""
+"""How the answer ended: cut at the token limit, empty, or ``stop`` on an unfinished sentence."""
 
 from __future__ import annotations
 
 import unicodedata
 
 from ddtree_diag.checks.quality import lexicon
-from ddtree_diag.checks.quality.context import Context, excerpt
+from ddtree_diag.checks.quality.context import ANSWER, EMPTY, WHOLE, Context, excerpt, reads
 from ddtree_diag.checks.quality.patterns import (
     CJK_CHAR_RE,
     DANGLING_BY_LANGUAGE,
     DANGLING_CJK,
+    EVIDENCE_CHARS,
     FUNCTION_WORDS,
+    LENGTH_REASONS,
     MARKED_WORDS_RE,
     PREPOSITION_ARTICLE,
+    STOP_REASONS,
     UNFINISHED_END,
     WORDS_RE,
 )
 from ddtree_diag.records import Reason
-
-# --------------------------------------------------------------------------------------------
-# Premature stop
-
 
 # Aux verbs and prepositions a very short reply cannot stop on ("The capital of France is").
 _SHORT_DANGLING = FUNCTION_WORDS | frozenset(
@@ -32,7 +31,51 @@ _PRONOUNS = frozenset(
 )
 
 
-def find_premature_stop(
+@reads(WHOLE)
+def find_truncated(text: str, ctx: Context) -> list[Reason]:
+    """Cut at the token limit: reported (info), never garbage by itself."""
+    if not ctx.truncated:
+        return []
+    why = (
+        f"finish_reason={ctx.finish}"
+        if ctx.finish in LENGTH_REASONS
+        else f"{ctx.completion_tokens} of {ctx.max_tokens} tokens"
+    )
+    return [Reason("truncated", f"cut at the token limit ({why}); not garbage by itself")]
+
+
+@reads(EMPTY)
+def find_empty_output(text: str, ctx: Context) -> list[Reason]:
+    """No answer, or one of only whitespace, punctuation or a bare list marker (``has_content``
+    is false: nothing else reads it)."""
+    stripped = text.strip()
+    if stripped:
+        at = text.index(stripped)
+        detail = "the answer holds only punctuation or a bare list marker"
+        return [Reason("empty_output", detail, stripped[:EVIDENCE_CHARS], 0.7, (at, at + len(stripped)))]
+    if ctx.truncated and ctx.has_thought:
+        return []  # cut while thinking: the answer never started; `truncated` says so
+    if ctx.truncated or (ctx.has_thought and ctx.finish is None):
+        # Maybe cut before the answer began; an unterminated think block already says so.
+        if ctx.unclosed_think:
+            return []
+        return [Reason("empty_output", "the answer is empty (cut before it began?)", "", 0.3)]
+    return [Reason("empty_output", "the answer is empty", "", 1.0 if not ctx.has_thought else 0.7)]
+
+
+@reads(ANSWER)
+def find_premature_stop(text: str, ctx: Context) -> list[Reason]:
+    """``stop`` (or an unknown finish) on an unfinished sentence; not when cut by length."""
+    if ctx.truncated:
+        return []
+    if ctx.finish in STOP_REASONS:
+        return _premature_stop(text, ctx.completion_tokens, ctx)
+    if ctx.finish is None:
+        return _premature_stop(text, ctx.completion_tokens, ctx, unknown_finish=True)
+    return []
+
+
+def _premature_stop(
     answer: str, completion_tokens: int | None, ctx: Context, unknown_finish: bool = False
 ) -> list[Reason]:
     """The reply stopped (not cut by length) in the middle of a sentence. Hard at any length: a
@@ -139,3 +182,6 @@ def _unpunctuated_prose_end(answer: str, stripped: str, ctx: Context, unknown_fi
             span,
         )
     ]
+
+
+DETECTORS = (find_truncated, find_empty_output, find_premature_stop)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.checks.quality.context import WINDOW, Context, excerpt, inside_spans, reads
 from ddtree_diag.checks.quality.patterns import CJK_CHAR_RE, INTERJECTIONS
 from ddtree_diag.records import Reason
 
@@ -20,11 +20,12 @@ _GLUED_RE = re.compile(r"(.{2,30}?)\1{2,}")
 _DNA = set("acgtu")
 
 
-def find_glued_repeat(
-    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
-) -> Reason | None:
+@reads(WINDOW)
+def find_glued_repeat(text: str, ctx: Context) -> list[Reason]:
+    """A word repeated with no separator (``WordWordWord``), in any script but CJK."""
+    code_spans = ctx.code_spans
     best: Reason | None = None
-    for word_match in _LONG_WORD_RE.finditer(text, lo, len(text) if hi is None else hi):
+    for word_match in _LONG_WORD_RE.finditer(text, ctx.lo, ctx.hi):
         word = word_match.group()
         if len(set(word)) * 2 > len(word) or any(ch.isdigit() or ch == "_" for ch in word):
             continue  # a unit said 3+ times leaves few distinct letters: most words stop here
@@ -59,7 +60,7 @@ def find_glued_repeat(
             best = reason
             if weight >= 0.8:
                 break
-    return best
+    return [best] if best is not None else []
 
 
 def _in_url(text: str, pos: int) -> bool:
@@ -73,15 +74,15 @@ _DOUBLE_RE = re.compile(rf"(?<![\w'’{_MARKS}-])([\w'’{_MARKS}]+)[ \t]+(\1)(?
 _WORD_RE = re.compile(rf"[\w'’{_MARKS}]+")
 
 
-def find_doubled_words(
-    text: str, ctx: Context, code_spans: list[tuple[int, int]], lo: int = 0, hi: int | None = None
-) -> Reason | None:
+@reads(WINDOW)
+def find_doubled_words(text: str, ctx: Context) -> list[Reason]:
     """Three or more doubled words in a row (``w w x x y y``), or doubles making up 40 % of the
     words of a stretch of prose."""
     if ctx.lyric or ctx.repeat:
-        return None
+        return []
+    code_spans = ctx.code_spans
     doubles = []
-    for match in _DOUBLE_RE.finditer(text, lo, len(text) if hi is None else hi):
+    for match in _DOUBLE_RE.finditer(text, ctx.lo, ctx.hi):
         word = match.group(1).lower()
         if (not word[0].isalpha() and word[0] not in "'’") or CJK_CHAR_RE.match(word):
             continue  # numbers ("1 1"), identifiers, Chinese reduplication (看看)
@@ -91,7 +92,7 @@ def find_doubled_words(
     # "very very", "no no" are said twice on purpose: they continue a chain but do not make one.
     meant = sum(1 for m in doubles if m.group(1).lower() not in INTERJECTIONS)
     if len(doubles) < 3 or meant < 2:
-        return None
+        return []
     # Chains: doubled pairs separated only by spaces/punctuation ("the the cat cat, sat sat").
     best_chain: list[re.Match] = []
     chain: list[re.Match] = []
@@ -116,6 +117,9 @@ def find_doubled_words(
         weight = 0.6
         detail = f"{len(doubles)} doubled words, {density:.0%} of the words in that stretch"
     else:
-        return None
+        return []
     shown = ", ".join(repr(m.group()) for m in (best_chain or doubles)[:3])
-    return Reason("doubled_words", f"{detail} ({shown})", excerpt(text, *span), weight, span)
+    return [Reason("doubled_words", f"{detail} ({shown})", excerpt(text, *span), weight, span)]
+
+
+DETECTORS = (find_glued_repeat, find_doubled_words)
