@@ -274,3 +274,37 @@ def test_garbage_shared_with_the_baseline_is_named_by_kind(healthy):
         r.baseline.verdict = "identical"
     [item] = findings.garbage_also_in_baseline(run)
     assert "chat-template tokens" in item.title and "stop tokens" in item.check
+
+
+def test_findings_come_from_one_registry_and_the_readme_shows_it():
+    """Every rule names the kinds it reports; their ids, severities, critical flags and README
+    lines are one registry, and the README's findings table is generated from it."""
+    from ddtree_diag.checks import gate
+    from tests.conftest import ROOT
+
+    ids = [kind.id for kind in findings.FINDINGS]
+    assert len(set(ids)) == len(ids) and all(rule.kinds for rule in findings.RULES)
+    assert all(set(kind.severities) <= set(findings.SEVERITIES) for kind in findings.FINDINGS)
+    assert gate.CRITICAL_FINDINGS is findings.CRITICAL_FINDINGS
+    assert {"acceptance-collapse", "metrics-contradict", "canary-differs"} == findings.CRITICAL_FINDINGS
+    assert findings.readme_table() in (ROOT / "README.md").read_text(encoding="utf-8")
+    # every finding is built by its registered kind (FindingKind.found), none by hand
+    source = (ROOT / "ddtree_diag/checks/findings.py").read_text(encoding="utf-8")
+    assert source.count("Finding(") == 1
+
+
+def test_a_finding_keeps_to_its_registered_severities():
+    kind = findings.BY_ID["acceptance-decays-over-run"]
+    assert kind.found("t", "e", "c", ["a", "a"], severity="error").cases == ["a"]
+    assert findings.BY_ID["early-stop"].found("t", "e", "c", []).severity == "error"
+    with pytest.raises(ValueError, match="early-stop"):
+        findings.BY_ID["early-stop"].found("t", "e", "c", [], severity="info")
+
+
+def test_garbage_kinds_read_the_reason_code_registry():
+    from ddtree_diag.checks.quality.registry import BY_CODE
+
+    assert findings.garbage_kinds(["punct_run", "template_leak", "truncated", "word_salad"]) == [
+        "chat-template tokens", "word salad", "repetition"]  # fmt: skip
+    assert findings.garbage_kinds(["not_greedy"]) == []
+    assert all(BY_CODE[code].kind == "repetition" for code in findings.LOOP_CODES)

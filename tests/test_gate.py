@@ -323,3 +323,17 @@ def test_critical_findings_check_unless_findings_are_switched_off():
     assert [c.name for c in off.checks if not c.passed] == ["ran_cases"]
     warning_only = RunReport(findings=[Finding("rounds-accounting", "warning", "drift", "e", "c", ["x"])])
     assert "critical_findings" not in {c.name for c in evaluate(warning_only, parse_gate({})).checks}
+
+
+def test_the_gate_keys_are_the_checks_keys():
+    """parse_gate knows exactly the keys the checks read, and each is a GateConfig field."""
+    import dataclasses
+
+    from ddtree_diag.checks import gate
+
+    assert set(gate.KEYS) == {f.name for f in dataclasses.fields(GateConfig)}
+    assert len(gate.KEYS) == sum(len(c.keys) for c in gate.CHECKS)  # no key read by two checks
+    with pytest.raises(UsageError, match="known: " + ", ".join(sorted(gate.KEYS))):
+        parse_gate({"min_acceptance": 2})
+    described = gate.describe_config(gate.default_config(lossless=True))
+    assert described == "max_garbage = 0, max_failed = 0, lossless = true"

@@ -1,9 +1,11 @@
 """Findings: rules that read a whole run and name the likely cause, with the evidence.
 
-Each rule is a pure function ``RunReport -> list[finding dict]``; a finding is
-``{"id", "severity" (error|warning|info), "title", "evidence", "check", "cases": [case ids]}``.
-``analyse`` runs every rule, stores the findings on the report and puts each finding's id into
-the ``findings`` list of the results it names.
+Each rule is a pure function ``RunReport -> list[Finding]``, marked with the finding kinds it
+reports (``@rule(KIND, ...)``); a finding is ``{"id", "severity" (error|warning|info), "title",
+"evidence", "check", "cases": [case ids]}``. ``FINDINGS`` (read from ``RULES``) is the registry
+of kinds: the README's findings table and the gate's critical set come from it. ``analyse`` runs
+every rule, stores the findings on the report and puts each finding's id into the ``findings``
+list of the results it names.
 
 Thresholds are chosen so that healthy noise stays quiet: a rule needs a clear margin, and enough
 data points, before it speaks (see each rule's docstring).
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import pairwise
 from statistics import mean, median
 
 from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
-from ddtree_diag.checks.quality.registry import LOOP_CODES
-from ddtree_diag.records import IDENTICAL, SEVERITIES, Finding, ProbeResult, RunReport
+from ddtree_diag.checks.quality.registry import BY_CODE, LOOP_CODES, REPETITION
+from ddtree_diag.records import IDENTICAL, SEVERITIES, Finding, ProbeResult, RunReport, budget_label, thinking_label
 
 SENTENCE_END = (".", "!", "?", "。", "！", "？", "…", '"', "'", ")", "”", "’", "`", "*")
 
@@ -41,14 +44,36 @@ DECAY_TAU_ERROR = -0.75
 DECAY_DROP = 0.15  # the last third at least 15 % below the first (30 % for an error)
 
 
-def finding(
-    rule_id: str, severity: str, title: str, evidence: str, check: str, cases: list[str]
-) -> Finding:
-    return Finding(rule_id, severity, title, evidence, check, list(dict.fromkeys(cases)))
+@dataclass(frozen=True)
+class FindingKind:
+    """One finding a rule can report: its stable id, the severities it fires at (most have one),
+    what makes it fire (the README's line, Markdown) and whether it fails the gate even without
+    ``fail_on_findings`` (``critical``: the run's own numbers or state cannot be trusted)."""
+
+    id: str
+    severities: tuple[str, ...]
+    fires_when: str
+    critical: bool = False
+
+    def found(self, title: str, evidence: str, check: str, cases: list[str], severity: str | None = None) -> Finding:
+        """A finding of this kind; ``severity`` only for a kind that fires at more than one."""
+        severity = severity or self.severities[0]
+        if severity not in self.severities:
+            raise ValueError(f"{self.id} fires at {'/'.join(self.severities)}, not {severity}")
+        return Finding(self.id, severity, title, evidence, check, list(dict.fromkeys(cases)))
 
 
-def _ok(report: RunReport) -> list[ProbeResult]:
-    return [r for r in report.results if r.ok]
+Rule = Callable[[RunReport], list[Finding]]
+
+
+def rule(*kinds: FindingKind) -> Callable[[Rule], Rule]:
+    """Mark a rule with the finding kinds it reports (``FINDINGS`` is read from ``RULES``)."""
+
+    def mark(fn: Rule) -> Rule:
+        fn.kinds = kinds  # type: ignore[attr-defined]
+        return fn
+
+    return mark
 
 
 def _garbage(result: ProbeResult) -> bool:
@@ -76,10 +101,6 @@ def _tokens(count: int | None) -> str:
     return "? tokens" if count is None else f"{count} token{'s' if count != 1 else ''}"
 
 
-def _think(value: bool | None) -> str:
-    return {True: "on", False: "off", None: "default"}[value]
-
-
 def compare_advice(report: RunReport) -> str:
     """How to compare with a non-speculative run, in terms this target can take: ``budget0`` only
     where a per-request budget exists (the engine, ddtree, ddtree-mlx, llama.cpp)."""
@@ -102,27 +123,12 @@ def _capitalised(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-# What a garbage reason says about where the fault is, in words for the findings.
-GARBAGE_KINDS = {
-    "template_leak": "chat-template tokens",
-    "thinking_leak": "think tags",
-    "unterminated_think": "an unclosed think block",
-    "role_leak": "role/turn markers",
-    "mojibake": "mis-decoded text",
-    "replacement_char": "broken bytes (U+FFFD)",
-    "control_chars": "control characters",
-    "script_mix": "another writing system",
-    "premature_stop": "a stop mid-sentence",
-    "empty_output": "an empty answer",
-    "word_salad": "word salad",
-    "low_likelihood": "text the model finds unlikely",
-}
-
-
 def garbage_kinds(codes: list[str]) -> list[str]:
-    kinds = [GARBAGE_KINDS[c] for c in codes if c in GARBAGE_KINDS]
+    """What the reasons say about where the fault is, in words (each code's ``kind`` in the
+    reason-code registry; every loop code is one "repetition", named last)."""
+    kinds = [BY_CODE[c].kind for c in codes if c in BY_CODE and BY_CODE[c].kind and not BY_CODE[c].loop]
     if LOOP_CODES & set(codes):
-        kinds.append("repetition")
+        kinds.append(REPETITION)
     return list(dict.fromkeys(kinds))
 
 
@@ -130,17 +136,23 @@ def garbage_kinds(codes: list[str]) -> list[str]:
 # Rules
 
 
+GARBAGE_ONLY_THINKING = FindingKind(
+    "garbage-only-thinking", ("error",),
+    "thinking-on cases are garbage while every thinking-off case is clean",
+)
+
+
+@rule(GARBAGE_ONLY_THINKING)
 def garbage_only_with_thinking(report: RunReport) -> list[Finding]:
     """Garbage in thinking-on cases while every thinking-off case is clean."""
-    ok = _ok(report)
+    ok = report.ok_results
     on_bad = [r for r in ok if r.case.enable_thinking is True and _garbage(r)]
     off = [r for r in ok if r.case.enable_thinking is False and r.quality is not None]
     if not on_bad or not off or any(_garbage(r) for r in off):
         return []
     on_all = [r for r in ok if r.case.enable_thinking is True]
     codes = sorted({c for r in on_bad for c in _codes(r) if c != "truncated"})
-    return [finding(
-        "garbage-only-thinking", "error",
+    return [GARBAGE_ONLY_THINKING.found(
         "Garbage only when thinking is on",
         f"{len(on_bad)}/{len(on_all)} thinking-on cases are garbage ({', '.join(codes) or 'see quality'}), "
         f"0/{len(off)} thinking-off cases: {_ids(on_bad)}",
@@ -151,10 +163,18 @@ def garbage_only_with_thinking(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+THINKING_ACCEPTANCE_DROP = FindingKind(
+    "thinking-acceptance-drop", ("warning",),
+    "per budget, thinking-on acceptance < 60 % of thinking-off and ≥ 0.5 lower (draft not trained on "
+    "thinking traces)",
+)
+
+
+@rule(THINKING_ACCEPTANCE_DROP)
 def thinking_acceptance_drop(report: RunReport) -> list[Finding]:
     """Per budget, mean acceptance with thinking on far below thinking off."""
     cells: dict[tuple[int | None, bool], list[ProbeResult]] = defaultdict(list)
-    for r in _ok(report):
+    for r in report.ok_results:
         if r.case.enable_thinking is not None and _accept(r) is not None and r.case.tree_budget != 0:
             cells[(r.case.tree_budget, r.case.enable_thinking)].append(r)
     hits, cases = [], []
@@ -164,13 +184,11 @@ def thinking_acceptance_drop(report: RunReport) -> list[Finding]:
         off = cells[(budget, False)]
         on_mean, off_mean = mean(_accept(r) for r in on), mean(_accept(r) for r in off)
         if on_mean < THINKING_ACCEPTANCE_RATIO * off_mean and off_mean - on_mean >= THINKING_ACCEPTANCE_MIN_DROP:
-            budget_name = "default" if budget is None else budget
-            hits.append(f"budget {budget_name}: {on_mean:.2f} on vs {off_mean:.2f} off")
+            hits.append(f"budget {budget_label(budget)}: {on_mean:.2f} on vs {off_mean:.2f} off")
             cases += [r.case_id for r in on]
     if not hits:
         return []
-    return [finding(
-        "thinking-acceptance-drop", "warning",
+    return [THINKING_ACCEPTANCE_DROP.found(
         "Acceptance with thinking on far below thinking off",
         "; ".join(hits) + f" (fires below {THINKING_ACCEPTANCE_RATIO:.0%} of thinking off)",
         "Was the draft trained on thinking traces? Drafts trained without them (e.g. z-lab's Qwen3 "
@@ -180,10 +198,17 @@ def thinking_acceptance_drop(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+EARLY_STOP = FindingKind(
+    "early-stop", ("error",),
+    "`stop` after ≤ 8 tokens on an unfinished sentence (`Hello,`): stop-token / EOS handling",
+)
+
+
+@rule(EARLY_STOP)
 def early_stop(report: RunReport) -> list[Finding]:
     """finish_reason=stop after a few tokens, on text that does not end a sentence."""
     hits = []
-    for r in _ok(report):
+    for r in report.ok_results:
         if (r.finish_reason or "").lower() not in ("stop", "eos", "end_turn", "stop_sequence"):
             continue
         tokens = r.completion_tokens
@@ -199,8 +224,7 @@ def early_stop(report: RunReport) -> list[Finding]:
     if not hits:
         return []
     shown = _some([f"{r.case_id}: {r.output!r} ({_tokens(r.completion_tokens)}, stop)" for r in hits], 4)
-    return [finding(
-        "early-stop", "error",
+    return [EARLY_STOP.found(
         "Generation stops after a few tokens, mid-sentence",
         shown,
         "Stop-token / EOS handling: a stop id checked against draft tokens that were never "
@@ -210,9 +234,17 @@ def early_stop(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+GARBAGE_HIGH_ACCEPTANCE = FindingKind(
+    "garbage-high-acceptance", ("error",),
+    "a repetitive garbage case has acceptance ≥ max(3, 1.25 × the healthy median): a loop inflating "
+    "acceptance",
+)
+
+
+@rule(GARBAGE_HIGH_ACCEPTANCE)
 def garbage_with_high_acceptance(report: RunReport) -> list[Finding]:
     """Repetitive garbage whose acceptance is high: a degenerate loop is easy to draft."""
-    ok = _ok(report)
+    ok = report.ok_results
     healthy = [_accept(r) for r in ok if not _garbage(r) and _accept(r) is not None]
     bar = max(HIGH_ACCEPTANCE, 1.25 * median(healthy)) if healthy else HIGH_ACCEPTANCE
     hits = [
@@ -227,8 +259,7 @@ def garbage_with_high_acceptance(report: RunReport) -> list[Finding]:
         for r in hits[:4]
     )
     healthy_text = f"healthy median {median(healthy):.2f}" if healthy else "no healthy case to compare"
-    return [finding(
-        "garbage-high-acceptance", "error",
+    return [GARBAGE_HIGH_ACCEPTANCE.found(
         "Garbage with high acceptance (a degenerate loop inflates acceptance)",
         f"{shown} ({healthy_text}; bar {bar:.2f})",
         "Acceptance is not a health signal here: the target is looping and the draft predicts the "
@@ -238,15 +269,25 @@ def garbage_with_high_acceptance(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+LOSSLESS_MISMATCH = FindingKind(
+    "lossless-mismatch", ("error",),
+    "a T=0 output differs from the baseline (verification / cache bug)",
+)
+LOSSLESS_NEAR_TIE = FindingKind(
+    "lossless-near-tie", ("info",),
+    "it differs only at a numerics near-tie",
+)
+
+
+@rule(LOSSLESS_MISMATCH, LOSSLESS_NEAR_TIE)
 def baseline_divergence(report: RunReport) -> list[Finding]:
     """T=0 output differs from the non-speculative baseline (near-ties reported apart)."""
     out = []
-    mismatches = [r for r in _ok(report) if r.baseline and r.baseline.verdict == MISMATCH]
-    ties = [r for r in _ok(report) if r.baseline and r.baseline.verdict == NEAR_TIE]
+    mismatches = [r for r in report.ok_results if r.baseline and r.baseline.verdict == MISMATCH]
+    ties = [r for r in report.ok_results if r.baseline and r.baseline.verdict == NEAR_TIE]
     if mismatches:
         first = mismatches[0].baseline
-        out.append(finding(
-            "lossless-mismatch", "error",
+        out.append(LOSSLESS_MISMATCH.found(
             "T=0 output differs from the non-speculative baseline",
             f"{len(mismatches)} case(s): {_ids(mismatches)}; first at {first.field or 'output'} "
             f"char {first.char_index}"
@@ -260,8 +301,7 @@ def baseline_divergence(report: RunReport) -> list[Finding]:
         ))  # fmt: skip
     if ties:
         gaps = [r.baseline.logprob_gap for r in ties if r.baseline]
-        out.append(finding(
-            "lossless-near-tie", "info",
+        out.append(LOSSLESS_NEAR_TIE.found(
             "T=0 output differs from the baseline only at a numerics near-tie",
             f"{len(ties)} case(s): {_ids(ties)}; top-2 gaps "
             f"{', '.join(f'{g:.3f}' for g in gaps if g is not None)} nats",
@@ -272,9 +312,18 @@ def baseline_divergence(report: RunReport) -> list[Finding]:
     return out
 
 
+GARBAGE_ALSO_IN_BASELINE = FindingKind(
+    "garbage-also-in-baseline", ("warning",),
+    "garbage that the baseline says word for word: not speculation — the title names its kind "
+    "(chat-template tokens, think tags, role markers, repetition…) and the check where to look (stop "
+    "tokens, thinking toggle, weights)",
+)
+
+
+@rule(GARBAGE_ALSO_IN_BASELINE)
 def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
     """Garbage that the non-speculative baseline says word for word: not a speculation bug."""
-    hits = [r for r in _ok(report) if _garbage(r) and r.baseline and r.baseline.verdict == IDENTICAL]
+    hits = [r for r in report.ok_results if _garbage(r) and r.baseline and r.baseline.verdict == IDENTICAL]
     if not hits:
         return []
     codes = sorted({c for r in hits for c in _codes(r) if c != "truncated"})
@@ -289,8 +338,7 @@ def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
     if not where:
         where.append("the chat template (thinking block, special tokens), the prompt, and the model weights "
                      "or quantisation")
-    return [finding(
-        "garbage-also-in-baseline", "warning",
+    return [GARBAGE_ALSO_IN_BASELINE.found(
         f"Garbage that the non-speculative baseline produces too: {', '.join(kinds) or 'see quality'}",
         f"{len(hits)} garbage case(s) identical to the baseline ({mode}): {_ids(hits)}; "
         f"kind: {', '.join(kinds) or 'see quality'} (reasons: {', '.join(codes) or 'see quality'})",
@@ -300,14 +348,20 @@ def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+REPEATS_DISAGREE = FindingKind(
+    "repeats-disagree", ("error",),
+    "T=0 repeats of one case differ",
+)
+
+
+@rule(REPEATS_DISAGREE)
 def repeats_disagree(report: RunReport) -> list[Finding]:
     """T=0 repeats of the same case say different things."""
     disagreements = repeat_disagreements(report)
     if not disagreements:
         return []
     first = disagreements[0]
-    return [finding(
-        "repeats-disagree", "error",
+    return [REPEATS_DISAGREE.found(
         "T=0 repeats of the same case disagree",
         f"{len(disagreements)} pair(s); first {first.cases[0]} vs {first.cases[1]} at "
         f"{first.field} char {first.char_index}: {first.first!r} vs {first.other!r}",
@@ -318,12 +372,19 @@ def repeats_disagree(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+ACCEPTANCE_NOT_RISING_WITH_BUDGET = FindingKind(
+    "acceptance-not-rising-with-budget", ("warning",),
+    "a larger budget's acceptance is lower than a smaller one's by > max(0.25, 10 %)",
+)
+
+
+@rule(ACCEPTANCE_NOT_RISING_WITH_BUDGET)
 def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
     """A larger tree budget with clearly lower acceptance than a smaller one (same prompt,
     thinking, temperature, max_tokens)."""
     groups: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     members: dict[tuple, list[ProbeResult]] = defaultdict(list)
-    for r in _ok(report):
+    for r in report.ok_results:
         budget = r.case.tree_budget
         if budget is None or budget <= 0 or _accept(r) is None or r.spec.server_wide:
             continue
@@ -340,13 +401,12 @@ def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
             for large in budgets[i + 1 :]:
                 margin = max(BUDGET_DROP_MARGIN, 0.10 * means[small])
                 if means[large] < means[small] - margin:
-                    hits.append(f"{key[0]} think={_think(key[1])}: budget {small} → {means[small]:.2f}, "
+                    hits.append(f"{key[0]} think={thinking_label(key[1])}: budget {small} → {means[small]:.2f}, "
                                 f"budget {large} → {means[large]:.2f}")  # fmt: skip
                     cases += [r.case_id for r in members[key] if r.case.tree_budget in (small, large)]
     if not hits:
         return []
-    return [finding(
-        "acceptance-not-rising-with-budget", "warning",
+    return [ACCEPTANCE_NOT_RISING_WITH_BUDGET.found(
         "Acceptance falls as the tree budget grows",
         "; ".join(dict.fromkeys(hits)),
         "A larger tree holds the smaller tree's best paths, so acceptance should not drop: check "
@@ -416,14 +476,25 @@ def _accounting(result: ProbeResult) -> tuple[list[str], list[str]]:
     return wrong, drift
 
 
+METRICS_CONTRADICT = FindingKind(
+    "metrics-contradict", ("error",),
+    "a case's own numbers contradict each other or the text: usage billing fewer tokens than the text can"
+    " hold (> 40 non-space characters per token) or more than max_tokens + 1, accepted > drafted, "
+    "acceptance < 1 or > tree_budget + 1 (> 1 at budget 0), per-round lengths ≠ rounds or averaging ≠ the"
+    " reported mean or summing far from the tokens, or rounds × acceptance off the completion tokens by >"
+    " max(3 tokens + tolerance, 25 %): no threshold on them can be trusted",
+    critical=True,
+)
+
+
+@rule(METRICS_CONTRADICT)
 def metrics_contradict(report: RunReport) -> list[Finding]:
     """A server's own numbers contradict each other, or the token count by a wide margin."""
-    hits = [(r, _accounting(r)[0]) for r in _ok(report)]
+    hits = [(r, _accounting(r)[0]) for r in report.ok_results]
     hits = [(r, wrong) for r, wrong in hits if wrong]
     if not hits:
         return []
-    return [finding(
-        "metrics-contradict", "error",
+    return [METRICS_CONTRADICT.found(
         "The server's speculative-decoding numbers contradict each other",
         _some([f"{r.case_id}: {', '.join(wrong[:2])}" for r, wrong in hits], 3),
         "The acceptance, rounds and tok/s this run measures come from these numbers, so no "
@@ -435,18 +506,25 @@ def metrics_contradict(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+ROUNDS_ACCOUNTING = FindingKind(
+    "rounds-accounting", ("warning",),
+    "decode_rounds × mean acceptance differs from completion tokens by > 1 token + 5 % but within the "
+    "wide margin above (not for derived or server-wide numbers)",
+)
+
+
+@rule(ROUNDS_ACCOUNTING)
 def rounds_accounting(report: RunReport) -> list[Finding]:
     """decode_rounds × mean acceptance a little off the completion tokens (beyond 1 token + 5 %),
     in a case whose numbers do not otherwise contradict each other (that is metrics-contradict)."""
     hits = []
-    for r in _ok(report):
+    for r in report.ok_results:
         wrong, drift = _accounting(r)
         if drift and not wrong:
             hits.append((r, drift[0]))
     if not hits:
         return []
-    return [finding(
-        "rounds-accounting", "warning",
+    return [ROUNDS_ACCOUNTING.found(
         "decode_rounds × mean acceptance does not add up to the completion tokens",
         _some([f"{r.case_id}: {line}" for r, line in hits], 4),
         "Metric accounting bug in the server: rounds counted per draft step or per request, "
@@ -456,11 +534,22 @@ def rounds_accounting(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+ACCEPTANCE_COLLAPSE = FindingKind(
+    "acceptance-collapse", ("error",),
+    "2+ speculative cases (budget > 0 or the server's default, 4+ rounds) at mean acceptance ≤ 1.1, "
+    "covering ≥ 75 % of the speculative cases, with mostly clean text: the draft helps nothing — draft "
+    "not loaded, draft/target mismatch, hidden-state wiring (`target_layer_ids`), `mask_token_id`, "
+    "positions",
+    critical=True,
+)
+
+
+@rule(ACCEPTANCE_COLLAPSE)
 def acceptance_collapse(report: RunReport) -> list[Finding]:
     """Speculative cases (budget > 0, or the server's default) whose acceptance stays at ~1: the
     draft's tokens are (almost) never accepted, while the text is fine."""
     spec_cases = [
-        r for r in _ok(report) if r.case.tree_budget != 0 and _accept(r) is not None and not r.spec.server_wide
+        r for r in report.ok_results if r.case.tree_budget != 0 and _accept(r) is not None and not r.spec.server_wide
     ]  # fmt: skip
     # A short answer's acceptance says little: only cases with enough rounds count as collapsed.
     collapsed = [
@@ -472,12 +561,11 @@ def acceptance_collapse(report: RunReport) -> list[Finding]:
     clean = [r for r in collapsed if not _garbage(r)]
     if len(collapsed) < 0.75 * len(spec_cases) or len(clean) * 2 < len(collapsed):
         return []
-    budgets = sorted({str(r.case.tree_budget if r.case.tree_budget is not None else "default") for r in collapsed})
+    budgets = sorted({budget_label(r.case.tree_budget) for r in collapsed})
     drafted = sum(r.spec.draft_tokens or 0 for r in collapsed)
     accepted = sum(r.spec.accepted_tokens or 0 for r in collapsed)
     counts = f"; {accepted} of {drafted} drafted tokens accepted" if drafted else ""
-    return [finding(
-        "acceptance-collapse", "error",
+    return [ACCEPTANCE_COLLAPSE.found(
         "Speculation accepts (almost) nothing: acceptance ~1 with clean text",
         f"mean acceptance {mean(_accept(r) for r in collapsed):.2f} in {len(collapsed)}/{len(spec_cases)} "
         f"speculative case(s) (budget {', '.join(budgets)}){counts}: every round commits little more "
@@ -493,10 +581,18 @@ def acceptance_collapse(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+SERVER_CLIENT_SPEED_MISMATCH = FindingKind(
+    "server-client-speed-mismatch", ("warning",),
+    "the median server/client tok/s ratio is beyond 3× (cases of ≥ 6 tokens; server figures may include "
+    "prefill)",
+)
+
+
+@rule(SERVER_CLIENT_SPEED_MISMATCH)
 def server_client_speed_mismatch(report: RunReport) -> list[Finding]:
     """Server-reported tok/s far from the client-measured decode tok/s (median over cases)."""
     pairs = []
-    for r in _ok(report):
+    for r in report.ok_results:
         server, client = r.spec.server_tokens_per_second, r.timings.decode_tokens_per_second
         if server and client and (r.completion_tokens or 0) >= TPS_MIN_TOKENS:
             pairs.append((r, server / client))
@@ -508,8 +604,7 @@ def server_client_speed_mismatch(report: RunReport) -> list[Finding]:
     far = [r for r, q in pairs if q > TPS_RATIO or q < 1 / TPS_RATIO]
     server_m = median(r.spec.server_tokens_per_second for r, _ in pairs)
     client_m = median(r.timings.decode_tokens_per_second for r, _ in pairs)
-    return [finding(
-        "server-client-speed-mismatch", "warning",
+    return [SERVER_CLIENT_SPEED_MISMATCH.found(
         "Server-reported tok/s far from the client-measured tok/s",
         f"median server {server_m:.1f} tok/s vs client {client_m:.1f} tok/s (ratio {ratio:.2f}, "
         f"fires beyond {TPS_RATIO:g}x) over {len(pairs)} case(s)",
@@ -520,10 +615,18 @@ def server_client_speed_mismatch(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+ACCEPTANCE_FALLING_ACROSS_REPEATS = FindingKind(
+    "acceptance-falling-across-repeats", ("warning",),
+    "acceptance drops monotonically across repeats by > max(0.3, 15 %) in at least half of the repeated "
+    "cases (state leaking between requests)",
+)
+
+
+@rule(ACCEPTANCE_FALLING_ACROSS_REPEATS)
 def acceptance_falling_across_repeats(report: RunReport) -> list[Finding]:
     """Acceptance drops monotonically across repeats, in most case groups."""
     groups: dict[str, list[ProbeResult]] = defaultdict(list)
-    for r in _ok(report):
+    for r in report.ok_results:
         if _accept(r) is not None and not r.spec.server_wide:
             groups[r.case.group_key].append(r)
     eligible = {k: sorted(v, key=lambda r: r.case.repeat) for k, v in groups.items() if len(v) >= 2}
@@ -539,8 +642,7 @@ def acceptance_falling_across_repeats(report: RunReport) -> list[Finding]:
     if not falling or len(falling) * 2 < len(eligible):
         return []
     shown = "; ".join(f"{key}: {' → '.join(f'{v:.2f}' for v in values)}" for key, _, values in falling[:3])
-    return [finding(
-        "acceptance-falling-across-repeats", "warning",
+    return [ACCEPTANCE_FALLING_ACROSS_REPEATS.found(
         "Acceptance falls with every repeat of the same request",
         f"{len(falling)}/{len(eligible)} repeated cases: {shown}",
         "State leaking between requests: the draft's context cache, tree buffers or KV blocks not "
@@ -549,12 +651,21 @@ def acceptance_falling_across_repeats(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
+ACCEPTANCE_DECAYS_OVER_RUN = FindingKind(
+    "acceptance-decays-over-run", ("warning", "error"),
+    "acceptance falls with the order requests were sent in across the whole run (6+ requests, the canary "
+    "included; each relative to its prompt's mean): Kendall tau ≤ −0.6 and the last third ≥ 15 % below "
+    "the first (error at tau ≤ −0.75 and 30 %)",
+)
+
+
+@rule(ACCEPTANCE_DECAYS_OVER_RUN)
 def acceptance_decays_over_run(report: RunReport) -> list[Finding]:
     """Acceptance falling with the order requests were sent in, across the whole run (each
     case's acceptance relative to its prompt's mean, so a matrix that ends on a harder prompt
     does not count): state carried from request to request."""
     points = [
-        r for r in _ok(report)
+        r for r in report.ok_results
         if r.seq is not None and _accept(r) is not None and r.case.tree_budget != 0 and not r.spec.server_wide
     ]  # fmt: skip
     if report.canary is not None and report.canary.ok and _accept(report.canary) is not None:
@@ -580,8 +691,7 @@ def acceptance_decays_over_run(report: RunReport) -> list[Finding]:
     if tau > DECAY_TAU or late > (1 - DECAY_DROP) * early:
         return []
     strong = tau <= DECAY_TAU_ERROR and late <= (1 - 2 * DECAY_DROP) * early
-    return [finding(
-        "acceptance-decays-over-run", "error" if strong else "warning",
+    return [ACCEPTANCE_DECAYS_OVER_RUN.found(
         "Acceptance falls with every request the server has served",
         f"over {len(points)} requests in the order sent: first third mean {early:.2f}, last third "
         f"{late:.2f} (Kendall tau {tau:.2f} against the request order, acceptance relative to each "
@@ -591,9 +701,19 @@ def acceptance_decays_over_run(report: RunReport) -> list[Finding]:
         "stale hidden states, or memory pressure from leaked blocks. Restart the server and re-run: "
         "if the first requests are fast again, it is state.",
         [r.case_id for r in points if r is not report.canary],
+        severity="error" if strong else "warning",
     )]  # fmt: skip
 
 
+CANARY_DIFFERS = FindingKind(
+    "canary-differs", ("error",),
+    "the gate's canary (its first case sent again at the end) gives another T=0 text, or an acceptance "
+    "lower by > max(0.3, 15 %)",
+    critical=True,
+)
+
+
+@rule(CANARY_DIFFERS)
 def canary_differs(report: RunReport) -> list[Finding]:
     """The gate's canary (its first case sent again at the end) answered differently."""
     from ddtree_diag.checks.gate import canary_problems
@@ -607,8 +727,7 @@ def canary_differs(report: RunReport) -> list[Finding]:
     problems = canary_problems(first, canary)
     if not problems:
         return []
-    return [finding(
-        "canary-differs", "error",
+    return [CANARY_DIFFERS.found(
         "The first case answers differently when sent again at the end of the run",
         f"{canary.case_id}, sent again after {canary.seq} request(s): " + "; ".join(problems),
         "At T=0 the same request must give the same answer and about the same acceptance at any "
@@ -619,7 +738,7 @@ def canary_differs(report: RunReport) -> list[Finding]:
     )]  # fmt: skip
 
 
-RULES: list[Callable[[RunReport], list[Finding]]] = [
+RULES: list[Rule] = [
     garbage_only_with_thinking,
     garbage_with_high_acceptance,
     early_stop,
@@ -636,6 +755,20 @@ RULES: list[Callable[[RunReport], list[Finding]]] = [
     canary_differs,
     server_client_speed_mismatch,
 ]
+
+
+
+# The registry of findings, in RULES order: the README's table, the gate's critical set.
+FINDINGS: tuple[FindingKind, ...] = tuple(kind for r in RULES for kind in r.kinds)  # type: ignore[attr-defined]
+BY_ID: dict[str, FindingKind] = {kind.id: kind for kind in FINDINGS}
+CRITICAL_FINDINGS: frozenset[str] = frozenset(kind.id for kind in FINDINGS if kind.critical)
+
+
+def readme_table() -> str:
+    """The README's findings table (a test keeps the README equal to it)."""
+    lines = ["| id | severity | fires when |", "|---|---|---|"]
+    lines += [f"| `{k.id}` | {' / '.join(k.severities)} | {k.fires_when} |" for k in FINDINGS]
+    return "\n".join(lines)
 
 
 def analyse(report: RunReport) -> list[Finding]:

@@ -15,7 +15,9 @@
     canary = true                    # send the first case again at the end; text (T=0) and
                                      # acceptance must not change (default: true)
 
-Every threshold is optional; a missing one is not checked. ``evaluate`` returns
+Every threshold is optional; a missing one is not checked. ``CHECKS`` lists the checks, in the
+order they are reported: each names the ``[gate]`` keys it reads (with their parsing) and judges
+a run; ``parse_gate`` knows the keys from it and ``evaluate`` runs it. ``evaluate`` returns
 ``{"passed", "checks": [{"name", "passed", "detail", "cases"}]}``; a check's ``cases`` are the
 case ids that made it fail (or, for a passing check, that it was measured on is not recorded).
 """
@@ -28,18 +30,24 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
+from ddtree_diag.checks.findings import CRITICAL_FINDINGS
 from ddtree_diag.checks.lossless import ERROR, MISMATCH, NEAR_TIE, SKIPPED, repeat_disagreements
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import SEVERITIES, GateCheck, GateResult, ProbeResult, RunReport
 
+__all__ = [
+    "CANARY_ACCEPTANCE_MARGIN", "CHECKS", "CRITICAL_FINDINGS", "KEYS", "Check", "GateConfig", "Key",
+    "canary_problems", "default_config", "describe_config", "evaluate", "parse_gate",
+]  # fmt: skip
+
 _SOURCES = ("client", "server")
 CANARY_ACCEPTANCE_MARGIN = 0.3  # tokens/round, or 15 % if larger
-# Findings that fail the gate even without fail_on_findings (see evaluate).
-CRITICAL_FINDINGS = frozenset({"acceptance-collapse", "metrics-contradict", "canary-differs"})
 
 
 @dataclass
 class GateConfig:
+    """The ``[gate]`` table, parsed (every field is one of ``KEYS``)."""
+
     min_mean_acceptance: float | None = None
     min_group_acceptance: float | None = None
     min_tokens_per_second: float | None = None
@@ -52,12 +60,6 @@ class GateConfig:
     allow_near_ties: bool = True
     fail_on_findings: str | None = None  # a severity; "none" = never; None (unset) = critical findings only
     canary: bool = True
-
-
-_FLOATS = ("min_mean_acceptance", "min_group_acceptance", "min_tokens_per_second", "max_ttft_s")
-_INTS = ("max_garbage", "max_failed", "min_completion_tokens")
-_BOOLS = ("lossless", "allow_near_ties", "canary")
-_KNOWN = {*_FLOATS, *_INTS, *_BOOLS, "tokens_per_second_source", "fail_on_findings"}
 
 
 def default_config(lossless: bool) -> GateConfig:
@@ -74,35 +76,62 @@ def describe_config(config: GateConfig) -> str:
     return ", ".join(shown) or "none"
 
 
-def parse_gate(table: dict[str, Any], source: str = "<matrix>") -> GateConfig:
-    """The ``[gate]`` table as a GateConfig; UsageError names the key at fault."""
-    if not isinstance(table, dict):
-        raise UsageError(f"{source}: [gate] must be a table")
-    config = GateConfig()
-    for key, value in table.items():
-        where = f"{source}: gate.{key}"
-        if key not in _KNOWN:
-            raise UsageError(f"{source}: unknown key gate.{key!r} (known: {', '.join(sorted(_KNOWN))})")
-        if key in _FLOATS:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise UsageError(f"{where} must be a number >= 0, got {value!r}")
-            value = float(value)
-        elif key in _INTS:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise UsageError(f"{where} must be an integer >= 0, got {value!r}")
-        elif key in _BOOLS:
-            if not isinstance(value, bool):
-                raise UsageError(f"{where} must be true or false, got {value!r}")
-        elif key == "tokens_per_second_source":
-            if value not in _SOURCES:
-                raise UsageError(f"{where} must be \"client\" or \"server\", got {value!r}")
-        elif key == "fail_on_findings":
-            if value is False or value == "none":
-                value = "none"  # said explicitly: no findings check at all, not even the critical ones
-            elif value not in SEVERITIES:
-                raise UsageError(f"{where} must be one of {', '.join(SEVERITIES)} or \"none\", got {value!r}")
-        setattr(config, key, value)
-    return config
+# ---------------------------------------------------------------------------------------------
+# Keys: a [gate] value checked and converted (UsageError names the key)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One ``[gate]`` key and how its TOML value becomes the config's (``where`` names it)."""
+
+    name: str
+    parse: Callable[[Any, str], Any]
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UsageError(f"{where} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UsageError(f"{where} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise UsageError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def _source(value: Any, where: str) -> str:
+    if value not in _SOURCES:
+        raise UsageError(f"{where} must be \"client\" or \"server\", got {value!r}")
+    return value
+
+
+def _severity(value: Any, where: str) -> str:
+    if value is False or value == "none":
+        return "none"  # said explicitly: no findings check at all, not even the critical ones
+    if value not in SEVERITIES:
+        raise UsageError(f"{where} must be one of {', '.join(SEVERITIES)} or \"none\", got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+@dataclass(frozen=True)
+class Check:
+    """One gate check: the ``[gate]`` keys it reads, and how it judges a run (``evaluate`` gives
+    None when the config does not ask for it, or there is nothing to judge)."""
+
+    name: str
+    keys: tuple[Key, ...]
+    evaluate: Callable[[RunReport, GateConfig], GateCheck | None]
 
 
 def _check(name: str, passed: bool, detail: str, cases: list[str] | None = None) -> GateCheck:
@@ -117,146 +146,191 @@ def _count_check(name: str, hits: list[ProbeResult], most: int, what: str,
                   [r.case_id for r in hits])  # fmt: skip
 
 
-def _ok(report: RunReport) -> list[ProbeResult]:
-    return [r for r in report.results if r.ok]
+def _ran_cases(report: RunReport, config: GateConfig) -> GateCheck | None:
+    return None if report.results else _check("ran_cases", False, "no case ran")
 
 
-def _group(result: ProbeResult) -> str:
-    case = result.case
-    budget = "default" if case.tree_budget is None else case.tree_budget
-    think = {True: "on", False: "off", None: "default"}[case.enable_thinking]
-    return f"budget={budget} think={think}"
+def _complete(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if not report.interrupted:
+        return None
+    return _check("complete", False, f"the run did not finish: {report.stop_label() or 'interrupted'}")
+
+
+def _max_failed(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.max_failed is None:
+        return None
+    failed = [r for r in report.results if not r.ok]
+    return _count_check("max_failed", failed, config.max_failed, "failed request(s)",
+                        lambda r: f"{r.status}: {r.error}")  # fmt: skip
+
+
+def _max_garbage(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.max_garbage is None:
+        return None
+    garbage = [r for r in report.ok_results if r.garbage]
+    return _count_check("max_garbage", garbage, config.max_garbage, "garbage case(s)", _top_reason)
+
+
+def _min_completion_tokens(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.min_completion_tokens is None:
+        return None
+    short = [r for r in report.ok_results
+             if (r.completion_tokens if r.completion_tokens is not None else len(r.output.split()))
+             < config.min_completion_tokens]  # fmt: skip
+    return _check(
+        "min_completion_tokens", not short,
+        f"{len(short)} case(s) below {config.min_completion_tokens} completion tokens"
+        + (": " + ", ".join(f"{r.case_id} ({r.completion_tokens})" for r in short[:4]) if short else ""),
+        [r.case_id for r in short],
+    )  # fmt: skip
+
+
+def _min_mean_acceptance(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.min_mean_acceptance is None:
+        return None
+    ok = report.ok_results
+    known = [r for r in ok if r.spec.mean_acceptance_length is not None]
+    if not known:
+        return _check("min_mean_acceptance", False,
+                      "no case reported an acceptance length (does the server expose it?)",
+                      [r.case_id for r in ok])  # fmt: skip
+    value = mean(r.spec.mean_acceptance_length for r in known)
+    low = [r for r in known if r.spec.mean_acceptance_length < config.min_mean_acceptance]
+    passed = value >= config.min_mean_acceptance
+    return _check(
+        "min_mean_acceptance", passed,
+        f"mean acceptance {value:.2f} over {len(known)} case(s), min {config.min_mean_acceptance:g}",
+        [] if passed else [r.case_id for r in low],
+    )  # fmt: skip
+
+
+def _min_group_acceptance(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.min_group_acceptance is None:
+        return None
+    ok = report.ok_results
+    groups: dict[str, list[ProbeResult]] = defaultdict(list)
+    for r in ok:
+        if r.spec.mean_acceptance_length is not None:
+            groups[r.case.group_label].append(r)
+    if not groups:
+        return _check("min_group_acceptance", False, "no case reported an acceptance length",
+                      [r.case_id for r in ok])  # fmt: skip
+    values = {g: mean(r.spec.mean_acceptance_length for r in rs) for g, rs in groups.items()}
+    low = [g for g, v in values.items() if v < config.min_group_acceptance]
+    parts = ", ".join(f"{g}: {values[g]:.2f}" for g in groups)
+    return _check(
+        "min_group_acceptance", not low,
+        (f"below {config.min_group_acceptance:g} in {', '.join(low)}; " if low else "") + f"per group: {parts}",
+        [r.case_id for g in low for r in groups[g]],
+    )  # fmt: skip
+
+
+def _min_tokens_per_second(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.min_tokens_per_second is None:
+        return None
+    ok = report.ok_results
+    source = config.tokens_per_second_source
+    if source == "server":
+        speeds = [(r, r.spec.server_tokens_per_second) for r in ok]
+    else:
+        speeds = [(r, r.timings.decode_tokens_per_second) for r in ok]
+    speeds = [(r, v) for r, v in speeds if v is not None]
+    name = "min_tokens_per_second"
+    if not speeds:
+        return _check(name, False, f"no {source}-side tok/s figure in any case", [r.case_id for r in ok])
+    value = mean(v for _, v in speeds)
+    passed = value >= config.min_tokens_per_second
+    slow = [r.case_id for r, v in speeds if v < config.min_tokens_per_second]
+    return _check(
+        name, passed,
+        f"mean {source} tok/s {value:.1f} over {len(speeds)} case(s), min {config.min_tokens_per_second:g}",
+        [] if passed else slow,
+    )  # fmt: skip
+
+
+def _max_ttft_s(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.max_ttft_s is None:
+        return None
+    ok = report.ok_results
+    ttfts = [(r, r.timings.ttft_s) for r in ok if r.timings.ttft_s is not None]
+    if not ttfts:
+        return _check("max_ttft_s", False, "no TTFT measured in any case (it needs --stream)",
+                      [r.case_id for r in ok])  # fmt: skip
+    slow = [r.case_id for r, v in ttfts if v > config.max_ttft_s]
+    worst = max(v for _, v in ttfts)
+    return _check(
+        "max_ttft_s", not slow,
+        f"slowest time to first token {worst:.2f} s over {len(ttfts)} case(s), max {config.max_ttft_s:g} s",
+        slow,
+    )  # fmt: skip
+
+
+def _lossless(report: RunReport, config: GateConfig) -> GateCheck | None:
+    return _lossless_check(report, config) if config.lossless else None
+
+
+def _canary(report: RunReport, config: GateConfig) -> GateCheck | None:
+    return _canary_check(report) if config.canary and report.canary is not None else None
+
+
+def _findings(report: RunReport, config: GateConfig) -> GateCheck | None:
+    if config.fail_on_findings == "none":
+        return None
+    if config.fail_on_findings is None:
+        # Findings that say the run's own numbers or state cannot be trusted fail the gate even
+        # when the matrix does not ask to fail on findings: every threshold above reads them.
+        bad = [f for f in report.findings if f.id in CRITICAL_FINDINGS]
+        if not bad:
+            return None
+        return _check(
+            "critical_findings", False,
+            f"{len(bad)} finding(s) that make the run untrustworthy: "
+            + "; ".join(f"[{f.severity}] {f.title}" for f in bad),
+            [c for f in bad for c in f.cases],
+        )  # fmt: skip
+    bad = [f for f in report.findings if f.at_least(config.fail_on_findings)]
+    return _check(
+        "findings", not bad,
+        (f"{len(bad)} finding(s) at {config.fail_on_findings} or worse: "
+         + "; ".join(f"[{f.severity}] {f.title}" for f in bad))
+        if bad else f"no finding at {config.fail_on_findings} or worse",
+        [c for f in bad for c in f.cases],
+    )  # fmt: skip
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("ran_cases", (), _ran_cases),
+    Check("complete", (), _complete),
+    Check("max_failed", (Key("max_failed", _count),), _max_failed),
+    Check("max_garbage", (Key("max_garbage", _count),), _max_garbage),
+    Check("min_completion_tokens", (Key("min_completion_tokens", _count),), _min_completion_tokens),
+    Check("min_mean_acceptance", (Key("min_mean_acceptance", _number),), _min_mean_acceptance),
+    Check("min_group_acceptance", (Key("min_group_acceptance", _number),), _min_group_acceptance),
+    Check("min_tokens_per_second",
+          (Key("min_tokens_per_second", _number), Key("tokens_per_second_source", _source)), _min_tokens_per_second),
+    Check("max_ttft_s", (Key("max_ttft_s", _number),), _max_ttft_s),
+    Check("lossless", (Key("lossless", _flag), Key("allow_near_ties", _flag)), _lossless),
+    Check("canary", (Key("canary", _flag),), _canary),
+    Check("findings", (Key("fail_on_findings", _severity),), _findings),  # "critical_findings" when unset
+)  # fmt: skip
+KEYS: dict[str, Key] = {key.name: key for check in CHECKS for key in check.keys}
+
+
+def parse_gate(table: dict[str, Any], source: str = "<matrix>") -> GateConfig:
+    """The ``[gate]`` table as a GateConfig; UsageError names the key at fault."""
+    if not isinstance(table, dict):
+        raise UsageError(f"{source}: [gate] must be a table")
+    config = GateConfig()
+    for key, value in table.items():
+        if key not in KEYS:
+            raise UsageError(f"{source}: unknown key gate.{key!r} (known: {', '.join(sorted(KEYS))})")
+        setattr(config, key, KEYS[key].parse(value, f"{source}: gate.{key}"))
+    return config
 
 
 def evaluate(report: RunReport, config: GateConfig) -> GateResult:
     """Apply every configured check to the run; the gate passes when all of them pass."""
-    checks: list[GateCheck] = []
-    results = report.results
-    ok = _ok(report)
-
-    if not results:
-        checks.append(_check("ran_cases", False, "no case ran"))
-    if report.interrupted:
-        checks.append(_check("complete", False, f"the run did not finish: {report.stop_label() or 'interrupted'}"))
-
-    if config.max_failed is not None:
-        failed = [r for r in results if not r.ok]
-        checks.append(_count_check("max_failed", failed, config.max_failed, "failed request(s)",
-                                   lambda r: f"{r.status}: {r.error}"))  # fmt: skip
-
-    if config.max_garbage is not None:
-        garbage = [r for r in ok if r.garbage]
-        checks.append(_count_check("max_garbage", garbage, config.max_garbage, "garbage case(s)", _top_reason))
-
-    if config.min_completion_tokens is not None:
-        short = [r for r in ok if (r.completion_tokens if r.completion_tokens is not None else len(r.output.split()))
-                 < config.min_completion_tokens]  # fmt: skip
-        checks.append(_check(
-            "min_completion_tokens", not short,
-            f"{len(short)} case(s) below {config.min_completion_tokens} completion tokens"
-            + (": " + ", ".join(f"{r.case_id} ({r.completion_tokens})" for r in short[:4]) if short else ""),
-            [r.case_id for r in short],
-        ))  # fmt: skip
-
-    if config.min_mean_acceptance is not None:
-        known = [r for r in ok if r.spec.mean_acceptance_length is not None]
-        if not known:
-            checks.append(_check("min_mean_acceptance", False,
-                                 "no case reported an acceptance length (does the server expose it?)",
-                                 [r.case_id for r in ok]))  # fmt: skip
-        else:
-            value = mean(r.spec.mean_acceptance_length for r in known)
-            low = [r for r in known if r.spec.mean_acceptance_length < config.min_mean_acceptance]
-            passed = value >= config.min_mean_acceptance
-            checks.append(_check(
-                "min_mean_acceptance", passed,
-                f"mean acceptance {value:.2f} over {len(known)} case(s), min {config.min_mean_acceptance:g}",
-                [] if passed else [r.case_id for r in low],
-            ))  # fmt: skip
-
-    if config.min_group_acceptance is not None:
-        groups: dict[str, list[ProbeResult]] = defaultdict(list)
-        for r in ok:
-            if r.spec.mean_acceptance_length is not None:
-                groups[_group(r)].append(r)
-        if not groups:
-            checks.append(_check("min_group_acceptance", False, "no case reported an acceptance length",
-                                 [r.case_id for r in ok]))  # fmt: skip
-        else:
-            values = {g: mean(r.spec.mean_acceptance_length for r in rs) for g, rs in groups.items()}
-            low = [g for g, v in values.items() if v < config.min_group_acceptance]
-            parts = ", ".join(f"{g}: {values[g]:.2f}" for g in groups)
-            checks.append(_check(
-                "min_group_acceptance", not low,
-                (f"below {config.min_group_acceptance:g} in {', '.join(low)}; " if low else "")
-                + f"per group: {parts}",
-                [r.case_id for g in low for r in groups[g]],
-            ))  # fmt: skip
-
-    if config.min_tokens_per_second is not None:
-        source = config.tokens_per_second_source
-        if source == "server":
-            speeds = [(r, r.spec.server_tokens_per_second) for r in ok]
-        else:
-            speeds = [(r, r.timings.decode_tokens_per_second) for r in ok]
-        speeds = [(r, v) for r, v in speeds if v is not None]
-        name = "min_tokens_per_second"
-        if not speeds:
-            checks.append(_check(name, False, f"no {source}-side tok/s figure in any case",
-                                 [r.case_id for r in ok]))  # fmt: skip
-        else:
-            value = mean(v for _, v in speeds)
-            passed = value >= config.min_tokens_per_second
-            slow = [r.case_id for r, v in speeds if v < config.min_tokens_per_second]
-            checks.append(_check(
-                name, passed,
-                f"mean {source} tok/s {value:.1f} over {len(speeds)} case(s), min {config.min_tokens_per_second:g}",
-                [] if passed else slow,
-            ))  # fmt: skip
-
-    if config.max_ttft_s is not None:
-        ttfts = [(r, r.timings.ttft_s) for r in ok if r.timings.ttft_s is not None]
-        if not ttfts:
-            checks.append(_check("max_ttft_s", False, "no TTFT measured in any case (it needs --stream)",
-                                 [r.case_id for r in ok]))  # fmt: skip
-        else:
-            slow = [r.case_id for r, v in ttfts if v > config.max_ttft_s]
-            worst = max(v for _, v in ttfts)
-            checks.append(_check(
-                "max_ttft_s", not slow,
-                f"slowest time to first token {worst:.2f} s over {len(ttfts)} case(s), max {config.max_ttft_s:g} s",
-                slow,
-            ))  # fmt: skip
-
-    if config.lossless:
-        checks.append(_lossless_check(report, config))
-
-    if config.canary and report.canary is not None:
-        checks.append(_canary_check(report))
-
-    if config.fail_on_findings == "none":
-        pass
-    elif config.fail_on_findings is None:
-        # Findings that say the run's own numbers or state cannot be trusted fail the gate even
-        # when the matrix does not ask to fail on findings: every threshold above reads them.
-        bad = [f for f in report.findings if f.id in CRITICAL_FINDINGS]
-        if bad:
-            checks.append(_check(
-                "critical_findings", False,
-                f"{len(bad)} finding(s) that make the run untrustworthy: "
-                + "; ".join(f"[{f.severity}] {f.title}" for f in bad),
-                [c for f in bad for c in f.cases],
-            ))  # fmt: skip
-    else:
-        bad = [f for f in report.findings if f.at_least(config.fail_on_findings)]
-        checks.append(_check(
-            "findings", not bad,
-            (f"{len(bad)} finding(s) at {config.fail_on_findings} or worse: "
-             + "; ".join(f"[{f.severity}] {f.title}" for f in bad))
-            if bad else f"no finding at {config.fail_on_findings} or worse",
-            [c for f in bad for c in f.cases],
-        ))  # fmt: skip
-
+    checks = [found for check in CHECKS if (found := check.evaluate(report, config)) is not None]
     return GateResult(all(c.passed for c in checks), checks)
 
 
@@ -289,7 +363,7 @@ def canary_problems(first: ProbeResult, canary: ProbeResult) -> list[str]:
 
 
 def _lossless_check(report: RunReport, config: GateConfig) -> GateCheck:
-    compared = [r for r in _ok(report) if r.baseline and r.baseline.verdict not in ("", SKIPPED)]
+    compared = [r for r in report.ok_results if r.baseline and r.baseline.verdict not in ("", SKIPPED)]
     if not any(r.baseline for r in report.results):
         if report.interrupted:
             return _check("lossless", False, "the run stopped before the baseline ran")
