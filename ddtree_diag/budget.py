@@ -7,7 +7,8 @@ length). ``MAX_TREE_BUDGET`` is the reference server's schema ceiling and the ra
 ``serve --max-tree-budget``; a CPU server caps requests lower by default (``CPU_MAX_TREE_BUDGET``).
 
 Pure and light (no httpx, no torch): the matrix, the backends, the lossless check, the server and
-the ``serve`` command all read their budget rules from here.
+the ``serve`` command all read their budget rules from here (how a budget reads in case ids and
+tables is ``records.budget_label``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,7 @@ from ddtree_diag.errors import UsageError
 AR_BUDGET = 0  # no draft: the target alone, one token per round
 MAX_TREE_BUDGET = 4096  # the largest budget any request or serve flag may name
 CPU_MAX_TREE_BUDGET = 256  # serve's default cap on CPU (a 4096-node tree there takes minutes)
-DEFAULT_LABEL = "default"  # how a None budget reads in case ids, tables and flags
 DEFAULT_WORDS = ("default", "none", "server")  # what --budget / a matrix accepts for None
-
-
-def label(budget: int | None) -> str:
-    """``default`` for None, else the number."""
-    return DEFAULT_LABEL if budget is None else str(budget)
 
 
 def resolve(requested: int | None, default: int) -> int:

@@ -90,7 +90,6 @@ def test_make_backend_refuses_a_target_that_cannot_run(target, http, needle):
 
 
 def test_budget_rules():
-    assert budget.label(None) == "default" and budget.label(0) == "0"
     assert budget.resolve(None, 64) == 64 and budget.resolve(0, 64) == 0
     assert budget.server_default(64, 16) == 16
     assert budget.over_limit(17, 16) == "tree_budget 17 exceeds this server's limit 16 (serve --max-tree-budget)"
