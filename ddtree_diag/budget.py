@@ -13,12 +13,28 @@ tables is ``records.budget_label``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ddtree_diag.errors import UsageError
 
 AR_BUDGET = 0  # no draft: the target alone, one token per round
 MAX_TREE_BUDGET = 4096  # the largest budget any request or serve flag may name
 CPU_MAX_TREE_BUDGET = 256  # serve's default cap on CPU (a 4096-node tree there takes minutes)
 DEFAULT_WORDS = ("default", "none", "server")  # what --budget / a matrix accepts for None
+
+
+def parse_budget(value: Any, where: str = "--budget") -> int | None:
+    """A budget as a flag or a matrix writes it: an integer >= 0, or one of DEFAULT_WORDS (None).
+    No ceiling here: a remote server may take more than the reference server's."""
+    if isinstance(value, str) and value.strip().lower() in DEFAULT_WORDS:
+        return None
+    try:
+        budget = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: expected an integer >= 0 or 'default', got {value!r}") from None
+    if isinstance(value, bool) or budget < 0 or str(budget) != str(value).strip():
+        raise UsageError(f"{where}: expected an integer >= 0 or 'default', got {value!r}")
+    return budget
 
 
 def resolve(requested: int | None, default: int) -> int:

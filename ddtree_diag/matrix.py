@@ -33,6 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ddtree_diag.budget import parse_budget
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import ProbeCase
 
@@ -217,18 +218,6 @@ def parse_thinking(value: Any, where: str = "--thinking") -> bool | None:
     if text in ("default", "unset", "none"):
         return None
     raise UsageError(f"{where}: expected on/off/default, got {value!r}")
-
-
-def parse_budget(value: Any, where: str = "--budget") -> int | None:
-    if isinstance(value, str) and value.strip().lower() in ("default", "none", "server"):
-        return None
-    try:
-        budget = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{where}: expected an integer >= 0 or 'default', got {value!r}") from None
-    if isinstance(value, bool) or budget < 0 or str(budget) != str(value).strip():
-        raise UsageError(f"{where}: expected an integer >= 0 or 'default', got {value!r}")
-    return budget
 
 
 def split_list(text: str) -> list[str]:

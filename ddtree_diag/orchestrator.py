@@ -33,6 +33,7 @@ from ddtree_diag.errors import (
     Terminated,
     TransportError,
     UsageError,
+    one_line,
 )
 from ddtree_diag.matrix import Matrix, MatrixRequest, resolve_matrix
 from ddtree_diag.records import SKIPPED, TRANSPORT_STATUSES, BaselineComparison, ProbeCase, ProbeResult, RunReport
@@ -169,8 +170,6 @@ def judge(report: RunReport, gate_config: gate.GateConfig | None) -> None:
 
 def record_stop(report: RunReport, exc: BaseException) -> None:
     """Mark ``report`` partial and say why: Ctrl-C, a signal, an unreachable target, an error."""
-    from ddtree_diag.redaction import redact
-
     report.interrupted = True
     if isinstance(exc, Terminated):
         stop = {"reason": "terminated", "detail": exc.name, "exit_code": exc.exit_code}
@@ -179,8 +178,7 @@ def record_stop(report: RunReport, exc: BaseException) -> None:
     else:
         reason = "unreachable" if isinstance(exc, TransportError) else "error"
         code = exc.exit_code if isinstance(exc, DiagError) else 1
-        detail = " ".join(str(exc).split()) or type(exc).__name__
-        stop = {"reason": reason, "detail": redact(detail), "exit_code": code}
+        stop = {"reason": reason, "detail": one_line(exc) or type(exc).__name__, "exit_code": code}
     report.stopped = stop
 
 

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 from httpx_sse import EventSource
 
-from ddtree_diag import jsonsafe
+from ddtree_diag import errors, jsonsafe
 from ddtree_diag.backends import (
     TRANSPORT_HTTP,
     TRANSPORT_VIA,
@@ -148,9 +148,9 @@ def describe_transport_error(exc: Exception, url: str) -> tuple[str, str]:
     return STATUS_TRANSPORT_ERROR, f"{type(exc).__name__} talking to {host}: {text}"
 
 
-def one_line(text: str, limit: int = 240) -> str:
-    line = " ".join(str(text).split())
-    return redact(line if len(line) <= limit else line[: limit - 1] + "…")
+def one_line(text: object, limit: int = 240) -> str:
+    """``errors.one_line`` at the length a case's error gets."""
+    return errors.one_line(text, limit)
 
 
 def error_message(data: bytes, reason_phrase: str = "") -> str:

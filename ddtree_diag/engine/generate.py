@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ddtree_diag.budget import resolve as resolve_budget
 from ddtree_diag.engine.arch import END_OF_TURN_TOKENS
 from ddtree_diag.engine.decode import (
     MIN_SAMPLING_TEMPERATURE,
@@ -204,7 +205,7 @@ class Engine:
         deadline: float | None = None,
     ) -> Generation:
         """Decode from token ids (no chat template); see ``generate``."""
-        budget = self.default_tree_budget if tree_budget is None else int(tree_budget)
+        budget = resolve_budget(None if tree_budget is None else int(tree_budget), self.default_tree_budget)
         if budget < 0:
             raise UsageError(f"tree_budget must be >= 0, got {budget}")
         if max_tokens < 1:
