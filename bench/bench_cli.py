@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from tests.conftest import start_standin  # noqa: E402
+from tests.support.processes import start_standin  # noqa: E402
 
 
 def help_wall_time(runs: int = 10) -> list[float]:
@@ -31,7 +31,7 @@ def help_wall_time(runs: int = 10) -> list[float]:
 
 def heavy_imports() -> list[str]:
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import ddtree_diag.cli"],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+                          capture_output=True, text=True, cwd=ROOT)
     names = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
     total = [line for line in done.stderr.splitlines() if line.rstrip().endswith("ddtree_diag.cli")]
     print("  importtime line:", total[-1].strip() if total else "?")
@@ -48,7 +48,7 @@ def request_overhead(count: int = 200) -> tuple[float, float]:
     server = start_standin("--dialect", "ddtree")
     try:
         case = ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
-                         enable_thinking=False, tree_budget=16)  # fmt: skip
+                         enable_thinking=False, tree_budget=16)
         url = f"{server.url}/v1/chat/completions"
         body = build_request("ddtree", case, "standin-model", stream=False)
         with httpx.Client() as client:
@@ -77,7 +77,7 @@ def request_overhead(count: int = 200) -> tuple[float, float]:
 def main() -> None:
     times = help_wall_time()
     print(f"ddtree-diag --help: median {statistics.median(times) * 1000:.0f} ms, "
-          f"min {min(times) * 1000:.0f} ms over {len(times)} runs (goal <= 300 ms)")  # fmt: skip
+          f"min {min(times) * 1000:.0f} ms over {len(times)} runs (goal <= 300 ms)")
     heavy = heavy_imports()
     print(f"  heavy modules imported by `import ddtree_diag.cli`: {heavy or 'none'}")
     bare, probe = request_overhead()

@@ -1,7 +1,7 @@
 """Calibration figures for the target-likelihood check (checks/likelihood.py, ``--score-with``).
 
 Scores the labelled corpus (tests/data/quality/) and generated garbage classes
-(tests/quality_gen.py) with a model and prints, per group, the mean surprisal (nats/token) and
+(tests/support/quality_gen.py) with a model and prints, per group, the mean surprisal (nats/token) and
 the worst 16-token span at the usual quantiles, then how many texts the thresholds flag (soft,
 hard) and the scoring speed. Needs the engine extra (and the embedded model for the default).
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ddtree_diag.checks.likelihood import MEAN_HARD, MEAN_SOFT, SPAN_HARD, Scorer, likelihood_reasons
-from tests import quality_gen
+from tests.support import quality_gen
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "quality"
 QUANTILES = (0.0, 0.5, 0.9, 0.95, 1.0)
@@ -53,7 +53,7 @@ def main() -> None:
     for label in ("clean", "garbage"):
         picked = [r for r in rows if r["label"] == label and len(r["text"]) > 20][: args.limit]
         scores = [scorer.score(r["text"], [{"role": "user", "content": r["prompt"]}],
-                               stopped=r.get("finish_reason") == "stop") for r in picked]  # fmt: skip
+                               stopped=r.get("finish_reason") == "stop") for r in picked]
         count += len(scores)
         _row(f"corpus {label} (4+ tokens)", [s for s in scores if s.tokens >= 4])
     for klass in ("salad", "salad after opening", "salad after code", "glued/split words", "doubled words"):

@@ -1,7 +1,7 @@
 """Benchmark of the garbage-text detector on the labelled corpus in tests/data/quality/.
 
 Prints recall on garbled samples and the false-positive rate on clean ones, per class: the
-labelled corpus files, and the generated classes of tests/quality_gen.py (random words of several
+labelled corpus files, and the generated classes of tests/support/quality_gen.py (random words of several
 languages and scripts, random lengths and positions; ``--seeds`` samples per class); every
 corpus sample it gets wrong (with the reasons it gave), a few generated ones per class, and
 throughput in MB/s: over the corpus (many short answers,
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from ddtree_diag.checks.quality import assess  # noqa: E402
-from tests import quality_gen  # noqa: E402
+from tests.support import quality_gen  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "quality"
 KEYS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from tests.conftest import start_standin  # noqa: E402
+from tests.support.processes import start_standin  # noqa: E402
 
 PREFIX = "sh -c 'exec \"$@\"' sh"
 

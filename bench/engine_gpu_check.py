@@ -26,7 +26,7 @@ from ddtree_diag.engine import load_engine
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
 from ddtree_diag.engine.generate import DECODE_PATHS, Engine
 from ddtree_diag.engine.target import TargetModel
-from tests import engine_fixtures as fx
+from tests.support import engine_fixtures as fx
 
 BUDGETS = [0, 1, 2, 4, 16, 64]
 
@@ -38,7 +38,7 @@ def _with_draft(model: torch.nn.Module, device: str, dtype: torch.dtype, block_s
         hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
         intermediate_size=1536, target_layer_ids=[1, 4, 6], mask_token_id=8191, block_size=block_size,
         num_target_layers=8, head_dim=64, vocab_size=8192,
-    )  # fmt: skip
+    )
     draft = DFlashDraft(draft_config).to(device=device, dtype=dtype).eval()
     return Engine(TargetModel(model, max_len=512), tokenizer=None, draft=draft)
 
@@ -49,7 +49,7 @@ def medium_engine(device: str, dtype: torch.dtype, block_size: int) -> Engine:
     config = Qwen3Config(
         vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
         num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
     return _with_draft(model, device, dtype, block_size)
@@ -64,7 +64,7 @@ def medium_hybrid_engine(device: str, dtype: torch.dtype, block_size: int) -> En
         num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, linear_num_key_heads=4,
         linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64, tie_word_embeddings=False,
         layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(8)],
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(config).to(device=device, dtype=dtype).eval()
     return _with_draft(model, device, dtype, block_size)

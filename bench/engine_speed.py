@@ -68,7 +68,7 @@ def target_model(shape: str) -> torch.nn.Module:
         vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=40960, tie_word_embeddings=tied,
-    )  # fmt: skip
+    )
     if shape in LINEAR:
         from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
@@ -78,7 +78,7 @@ def target_model(shape: str) -> torch.nn.Module:
             linear_num_key_heads=key_heads, linear_num_value_heads=value_heads, linear_key_head_dim=key_dim,
             linear_value_head_dim=value_dim, linear_conv_kernel_dim=kernel,
             rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
-        )  # fmt: skip
+        )
         return Qwen3_5ForCausalLM(config).eval()
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -99,7 +99,7 @@ def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_la
                 num_key_value_heads=draft_kv_heads, intermediate_size=inter,
                 target_layer_ids=draft_layer_ids(layers, draft_layers), mask_token_id=vocab - 1,
                 block_size=block_size, num_target_layers=layers, head_dim=draft_head_dim, vocab_size=vocab,
-            )  # fmt: skip
+            )
             if shape in LINEAR:  # as the published Qwen3.6 draft: sliding layers, one full
                 draft_config.layer_types = ["sliding_attention"] * (draft_layers - 1) + ["full_attention"]
                 draft_config.sliding_window = 2048
@@ -115,7 +115,7 @@ def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_la
 
 
 def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], new_tokens: int, shape: str,
-             bound_ms: float) -> None:  # fmt: skip
+             bound_ms: float) -> None:
     """One decode path over the budgets. ``<path>-unfused``: that path with the fused Triton
     kernels off (DDTREE_DIAG_KERNELS=off), on a decoder of its own, for the comparison."""
     unfused = path.endswith("-unfused")
@@ -136,7 +136,7 @@ def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], n
 
 
 def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], budgets: list[int], new_tokens: int,
-                 shape: str, bound_ms: float) -> None:  # fmt: skip
+                 shape: str, bound_ms: float) -> None:
     engine.use_path(real_path)
     for budget in [0, *budgets]:
         # warm-up: same shapes (and, fast on CUDA, graph capture and kernel compiles) before the
@@ -175,7 +175,7 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             "tokens_per_second": result.decode_tokens_per_second, "ttft_ms": 1000 * result.ttft_s,
             "verify_bandwidth_share": share / 100, "tree_fallbacks": fallbacks, "same_as_eager": same,
             "first_request_s": first_s,
-        })  # fmt: skip
+        })
 
 
 def run_official(engine: Engine, prompt: list[int], args: argparse.Namespace, shape: str) -> None:
@@ -194,18 +194,18 @@ def run_official(engine: Engine, prompt: list[int], args: argparse.Namespace, sh
     for budget in [0, *args.budgets]:
         official_round_ms(official, draft, engine.target.hf, prompt, budget, WARMUP_TOKENS, args.block_size)
         result = official_round_ms(official, draft, engine.target.hf, prompt, budget, args.new_tokens,
-                                   args.block_size)  # fmt: skip
+                                   args.block_size)
         per = result["stage_ms_per_round"]
         speedups = "  ".join(
             f"{path} {result['ms_per_round'] / ours[(path, budget)]:.1f}x" for path in args.paths
             if ours.get((path, budget))
-        )  # fmt: skip
+        )
         say(f"{'official':>12} {budget if budget else 'AR':>6} {result['rounds']:>6} {result['tau']:>5.2f} "
             f"{result['ms_per_round']:>9.2f} {per.get('draft', 0):>7.2f} "
             f"{per.get('tree_build', 0) + per.get('tree_compile', 0):>7.2f} {per.get('verify', 0):>7.2f} "
-            f"{per.get('commit', 0):>7.2f}  speed-up: {speedups}")  # fmt: skip
+            f"{per.get('commit', 0):>7.2f}  speed-up: {speedups}")
         RECORDS.append({"shape": shape, "path": "official", "budget": budget, **{
-            k: v for k, v in result.items() if k != "tokens"}})  # fmt: skip
+            k: v for k, v in result.items() if k != "tokens"}})
     del draft
 
 
@@ -224,7 +224,7 @@ def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) ->
     wall_ms = 1000 * (result.e2e_s - result.ttft_s) / rounds
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     say(f"-- profile: fast path, budget {budget}, {rounds} rounds after prefill "
-        f"(profiler on: {wall_ms:.2f} ms/round incl. profiler overhead)")  # fmt: skip
+        f"(profiler on: {wall_ms:.2f} ms/round incl. profiler overhead)")
     table = prof.key_averages().table(sort_by=sort_by, row_limit=18, max_name_column_width=60)
     for line in table.splitlines():
         say(line)
@@ -232,7 +232,7 @@ def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) ->
         kernel_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type.name == "CUDA")
         e2e_ms = 1000 * result.e2e_s
         say(f"device kernel time {kernel_us / 1000:.2f} ms over a {e2e_ms:.2f} ms generation (prefill + "
-            f"{rounds} rounds): device busy {100 * kernel_us / 1000 / e2e_ms:.0f}% of the wall time")  # fmt: skip
+            f"{rounds} rounds): device busy {100 * kernel_us / 1000 / e2e_ms:.0f}% of the wall time")
 
 
 def run_shape(shape: str, args: argparse.Namespace) -> None:
@@ -246,16 +246,16 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
     kind = "hybrid Gated-DeltaNet " if engine.target.hybrid else ""
     say(f"\n== {shape}-shaped random {kind}target ({params:.2f}B params, {weight_bytes / 2**30:.2f} GiB), "
         f"{args.draft_layers}-layer draft, block {args.block_size}, {args.dtype} on {args.device} "
-        f"(built in {built:.1f}s)")  # fmt: skip
+        f"(built in {built:.1f}s)")
     say(f"bandwidth bound of one target forward: {weight_bytes / 1e9:.2f} GB / 4.8 TB/s = {bound_ms:.2f} ms "
-        "(verify 'bw%' = this / verify ms)")  # fmt: skip
+        "(verify 'bw%' = this / verify ms)")
     gen = torch.Generator().manual_seed(1)
     vocab = engine.target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (args.prompt_tokens,), generator=gen).tolist()
     if engine.target.hybrid:
         states = ", ".join(f"budget {b}: {engine.target.tree_state_bytes(b) / 2**30:.2f} GiB" for b in args.budgets)
         say(f"per-node recurrent state the eager scan holds ({len(engine.target.linear_layers)} Gated DeltaNet "
-            f"layers): {states}; the fast path's parallel solve holds none")  # fmt: skip
+            f"layers): {states}; the fast path's parallel solve holds none")
     header = f"{'path':>12} {'budget':>6} {'rounds':>6} {'tau':>5} {'ms/round':>9} {'draft':>7} {'tree':>7} "
     header += f"{'verify':>7} {'commit':>7} {'tok/s':>8} {'TTFT ms':>8} {'bw%':>7} {'fallb':>5} {'=eag':>5}"
     say(header + f" {'1st s':>6}")
@@ -304,11 +304,11 @@ def main() -> int:
     parser.add_argument(
         "--official-dir", default=None,
         help="directory of the official DDTree code (ddtree.py, dflash.py, model/): measured in the same run",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--profile", action=argparse.BooleanOptionalAction, default=None,
         help="torch.profiler top ops of fast rounds per shape (default: on with CUDA)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     small = args.small or not args.device.startswith("cuda")
     args.shapes = (args.shapes or ("small" if small else "0.6b,8b")).split(",")

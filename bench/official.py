@@ -95,7 +95,7 @@ def official_round_ms(
     target.config._attn_implementation = "sdpa"  # its verify pass sends a custom 4-D mask
     input_ids = torch.tensor([prompt], device=target.device)
     kwargs = dict(model=draft, target=target, input_ids=input_ids, mask_token_id=draft.mask_token_id,
-                  max_new_tokens=new_tokens, stop_token_ids=None, temperature=0.0)  # fmt: skip
+                  max_new_tokens=new_tokens, stop_token_ids=None, temperature=0.0)
     if target.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -110,7 +110,7 @@ def official_round_ms(
     decode_s = wall - float(result.time_to_first_token)
     lengths = list(result.acceptance_lengths)
     stages = {k: 1000 * float(v) / rounds for k, v in result.stage_times.items()
-              if k in ("draft", "tree_build", "tree_compile", "verify", "commit")}  # fmt: skip
+              if k in ("draft", "tree_build", "tree_compile", "verify", "commit")}
     return {
         "rounds": rounds,
         "tau": sum(lengths) / len(lengths) if lengths else 0.0,

@@ -251,7 +251,7 @@ def apply_overrides(
         ]
     if max_tokens is not None:
         matrix.max_tokens = [_axis_value("max_tokens", _to_int(v), "--max-tokens")
-                             for v in split_list(max_tokens)]  # fmt: skip
+                             for v in split_list(max_tokens)]
     if repeat is not None:
         matrix.repeat = _positive_int(repeat, "--repeat")
     return matrix

@@ -109,7 +109,7 @@ def prepare(plan: RunPlan) -> PreparedRun:
         # A gate that checks nothing would pass anything: check what a probe run shows.
         gate_config = gate.default_config(lossless=baseline is not None)
         notes.append(f"{source} sets no [gate] thresholds: the gate applies the default checks "
-                     f"({gate.describe_config(gate_config)}); add a [gate] table for more")  # fmt: skip
+                     f"({gate.describe_config(gate_config)}); add a [gate] table for more")
     weights = plan.local_weights
     if plan.score_with == "target" and (weights is None or not weights.has_weights):
         raise UsageError("--score-with target needs the deployment's weights: --target DIR or --gguf FILE")
@@ -144,7 +144,7 @@ def execute(
             lossless.check_possible(run.baseline, backend)
         scorer = load_scorer(run.plan, report)
         run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result,
-                  scorer=scorer)  # fmt: skip
+                  scorer=scorer)
         if run.gate is not None and run.gate.canary and run.cases:
             report.canary = run_canary(backend, run.cases[0], seq=len(run.cases), scorer=scorer)
         if run.baseline is not None:

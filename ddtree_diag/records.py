@@ -343,7 +343,7 @@ class GateResult:
             GateCheck(str(c.get("name", "")), bool(c.get("passed")), str(c.get("detail", "")),
                       [str(x) for x in c.get("cases") or []])
             for c in data.get("checks") or [] if isinstance(c, dict)
-        ]  # fmt: skip
+        ]
         return cls(bool(data.get("passed")), checks)
 
 
@@ -413,7 +413,7 @@ class ProbeResult:
             quality=Verdict.from_dict(quality) if isinstance(quality, dict) else None,
             baseline=BaselineComparison.from_dict(baseline) if isinstance(baseline, dict) else None,
             **_known_fields(cls, data),
-        )  # fmt: skip
+        )
 
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:

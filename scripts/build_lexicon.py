@@ -34,9 +34,9 @@ LANGUAGES = [
     "ar", "bg", "bn", "ca", "cs", "da", "de", "el", "en", "es", "fa", "fi", "fil", "fr", "he", "hi", "hu", "id",
     "is", "it", "lt", "lv", "mk", "ms", "nb", "nl", "pl", "pt", "ro", "ru", "sh", "sk", "sl", "sv", "ta", "tr",
     "uk", "ur", "vi",
-]  # fmt: skip
+]
 TEST_LANGUAGES = ["en", "es", "fr", "de", "it", "pt", "nl", "pl", "ru", "uk", "el", "tr", "fi", "ar", "he", "hi", "id",
-                  "sv", "cs"]  # fmt: skip
+                  "sv", "cs"]
 
 
 def read_lists(wheel: str | None) -> dict[str, list[tuple[str, float]]]:

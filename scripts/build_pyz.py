@@ -62,7 +62,7 @@ REMOTE_MODULES = [
     "ddtree_diag.backends.http", "ddtree_diag.backends.via", "ddtree_diag.checks.quality",
     "ddtree_diag.checks.findings", "ddtree_diag.checks.gate",
     "httpx", "httpx_sse", "rich.table", "prometheus_client.parser", "ftfy",
-]  # fmt: skip
+]
 MAIN = """import sys
 
 if sys.version_info < (3, 10):
@@ -92,7 +92,7 @@ def install(staging: Path) -> None:
         "--target", str(staging), "--no-compile", "--only-binary=:all:",
         "--python-version", TARGET_PYTHON, "--implementation", "py", "--abi", "none", "--platform", "any",
         *requirements(),
-    ]  # fmt: skip
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"build_pyz: pip install failed:\n{done.stderr.strip()}")
@@ -153,7 +153,7 @@ def compile_bytecode(staging: Path) -> int:
         relative = source.relative_to(staging.resolve()).as_posix()
         try:
             py_compile.compile(str(source), cfile=str(source.with_suffix(".pyc")), dfile=relative, doraise=True,
-                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)  # fmt: skip
+                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
         except py_compile.PyCompileError:
             continue
         compiled += 1

@@ -85,7 +85,7 @@ else:
         sampled = dt.sample_user_prompts(
             target, tokenizer, 4 if tiny else sampled_count, min(gen_batch, 1024), seed=1,
             temperature=0.9, exclude=heldout,
-        )  # fmt: skip
+        )
         (out / "sampled_prompts.txt").write_text("\n".join(sampled) + "\n")
         log(f"sampled {len(sampled)} user prompts in {time.time() - t1:.1f}s")
         prompts = prompts + sampled

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.gatekit import write_matrix
+from tests.support.gatekit import write_matrix
+from tests.support.processes import ROOT
 
 yaml = pytest.importorskip("yaml")
 
@@ -65,7 +65,7 @@ def run_gate_step(tmp_path: Path, url: str, **inputs: str) -> tuple[int, dict[st
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_DIAG_", "OPENAI_", "INPUT_"))}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", GITHUB_OUTPUT=str(output),
                GITHUB_STEP_SUMMARY=str(summary), DDTREE_DIAG_URL=url,
-               **{f"INPUT_{k.upper()}": v for k, v in inputs.items()})  # fmt: skip
+               **{f"INPUT_{k.upper()}": v for k, v in inputs.items()})
     done = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     outputs = dict(line.split("=", 1) for line in output.read_text().splitlines()) if output.exists() else {}
     return done.returncode, outputs, summary.read_text() if summary.exists() else "", tmp_path / "ddtree-diag"
@@ -75,7 +75,7 @@ def test_gate_step_writes_every_report_and_the_summary(standin, tmp_path):
     server = standin("--dialect", "ddtree")
     matrix = write_matrix(tmp_path, extra='[gate]\nmax_garbage = 0\n')
     code, outputs, summary, out = run_gate_step(tmp_path, server.url, matrix=str(matrix),
-                                                args="--max-tokens 16 --timeout '30'")  # fmt: skip
+                                                args="--max-tokens 16 --timeout '30'")
     assert code == 0 and outputs == {"exit-code": "0"}
     for name in ("junit.xml", "report.html", "report.json", "summary.md"):
         assert (out / name).stat().st_size > 0, name
@@ -87,7 +87,7 @@ def test_gate_step_writes_every_report_and_the_summary(standin, tmp_path):
 def test_gate_step_records_a_failed_gate_and_still_exits_0(standin, tmp_path):
     server = standin("--dialect", "ddtree", "--lossy")
     code, outputs, summary, _ = run_gate_step(tmp_path, server.url, matrix="gate", baseline="budget0",
-                                                output_dir="reports")  # fmt: skip
+                                                output_dir="reports")
     assert code == 0 and outputs == {"exit-code": "1"}  # the action's last step fails the job with it
     assert (tmp_path / "reports" / "junit.xml").is_file() and "❌ failed" in summary
 

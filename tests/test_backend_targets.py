@@ -24,7 +24,7 @@ from ddtree_diag.errors import UsageError
 pytestmark = pytest.mark.unit
 
 HTTP = HttpTarget(url="http://served.invalid:8000", api_key="k", timeout=7.0, max_response_bytes=4096, stream=True,
-                  concurrency=3, via="ssh gpu")  # fmt: skip
+                  concurrency=3, via="ssh gpu")
 WEIGHTS = EngineTarget(target="/models/t", gguf=None, draft="/models/d", device="cpu", dtype="fp32", timeout=7.0)
 
 
@@ -46,10 +46,10 @@ def test_a_server_backend_builds_each_baseline_target():
     backend = http_backend("llamacpp")
     same = backend.baseline_target("budget0", None, http=HTTP, weights=WEIGHTS)
     assert same == HttpTarget(url="http://served.invalid:8000", model="m", dialect="llamacpp", api_key="k",
-                              timeout=7.0, max_response_bytes=4096, stream=False)  # fmt: skip
+                              timeout=7.0, max_response_bytes=4096, stream=False)
     other = backend.baseline_target("url", "http://plain.invalid", http=HTTP, weights=WEIGHTS)
     assert other == HttpTarget(url="http://plain.invalid", api_key="k", timeout=7.0, max_response_bytes=4096,
-                               stream=False)  # fmt: skip
+                               stream=False)
     alone = backend.baseline_target("engine", None, http=HTTP, weights=WEIGHTS)
     assert alone == EngineTarget(target="/models/t", device="cpu", dtype="fp32", timeout=7.0, use_draft=False)
     with pytest.raises(UsageError, match="--baseline engine needs the server's target model"):
@@ -83,7 +83,7 @@ def test_budget0_is_refused_for_a_server_that_takes_no_budget():
     (EngineTarget(timeout=0), None, "--timeout"),
     (EngineTarget(concurrency=0), HttpTarget(url="http://x.invalid"), "--concurrency must be >= 1"),
     (HttpTarget(), None, "no target: give --url"),
-])  # fmt: skip
+])
 def test_make_backend_refuses_a_target_that_cannot_run(target, http, needle):
     with pytest.raises(UsageError, match=needle):
         make_backend(target, http=http)
@@ -97,7 +97,7 @@ def test_budget_rules():
     budget.check_serve_flags(16, budget.MAX_TREE_BUDGET)
     for default, limit, needle in [(-1, None, "--tree-budget must be >= 0"),
                                    (None, budget.MAX_TREE_BUDGET + 1, "--max-tree-budget must be in 0-4096"),
-                                   (32, 16, "--tree-budget 32 is over --max-tree-budget 16")]:  # fmt: skip
+                                   (32, 16, "--tree-budget 32 is over --max-tree-budget 16")]:
         with pytest.raises(UsageError, match=needle):
             budget.check_serve_flags(default, limit)
     with pytest.raises(UsageError, match=r"over the limit 256 \(--max-tree-budget\)"):

@@ -12,7 +12,7 @@ from ddtree_diag.records import ProbeCase
 
 def case(**kw) -> ProbeCase:
     base = dict(prompt_id="p", messages=[{"role": "user", "content": "hi"}], enable_thinking=True,
-                tree_budget=32, max_tokens=48)  # fmt: skip
+                tree_budget=32, max_tokens=48)
     base.update(kw)
     return ProbeCase(**base)
 
@@ -23,7 +23,7 @@ def body(extra: dict, content: str = "Hello there.", finish: str = "stop", compl
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                      "finish_reason": finish}],
         "usage": {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5 + completion},
-    }  # fmt: skip
+    }
     payload.update(extra)
     return payload
 
@@ -68,7 +68,7 @@ def test_minimal_request_has_only_the_core_and_user_extras():
 def test_ddtree_body():
     parsed = dialects.parse_body("ddtree", body({"ddtree": {
         "decode_rounds": 4, "mean_acceptance_length": 2.25, "tokens_per_second": 24.0,
-        "acceptance_lengths": [3, 2, 2, 2]}}), case())  # fmt: skip
+        "acceptance_lengths": [3, 2, 2, 2]}}), case())
     spec = parsed.spec
     assert (spec.decode_rounds, spec.mean_acceptance_length, spec.server_tokens_per_second) == (4, 2.25, 24.0)
     assert spec.acceptance_lengths == [3, 2, 2, 2] and spec.source == "response.ddtree"
@@ -78,18 +78,18 @@ def test_ddtree_body():
 def test_ddtree_mlx_finish_reason_is_corrected_at_max_tokens():
     parsed = dialects.parse_body("ddtree-mlx", body(
         {"ddtree_stats": {"tree_budget": 64, "cycles": 16, "avg_acceptance": 3.0, "tok_per_sec": 20}},
-        completion=48), case())  # fmt: skip
+        completion=48), case())
     assert parsed.finish_reason == "length" and parsed.notes
     assert parsed.spec.decode_rounds == 16 and parsed.spec.mean_acceptance_length == 3.0
     short = dialects.parse_body("ddtree-mlx", body({"ddtree_stats": {"cycles": 3, "avg_acceptance": 3.0}}),
-                                case())  # fmt: skip
+                                case())
     assert short.finish_reason == "stop"
 
 
 def test_vllm_metrics_and_null_metrics():
     parsed = dialects.parse_body("vllm", body({"metrics": {"speculative_decoding": {
         "mean_acceptance_length": 2.5, "num_spec_steps": 4, "num_draft_tokens": 12,
-        "num_accepted_draft_tokens": 6}}}), case())  # fmt: skip
+        "num_accepted_draft_tokens": 6}}}), case())
     assert parsed.spec.decode_rounds == 4 and parsed.spec.mean_acceptance_length == 2.5
     assert parsed.spec.draft_tokens == 12 and parsed.spec.accepted_tokens == 6
     off = dialects.parse_body("vllm", body({"metrics": None}), case())
@@ -98,17 +98,17 @@ def test_vllm_metrics_and_null_metrics():
 
 
 @pytest.mark.parametrize("accepted_key", ["spec_num_correct_drafts", "spec_accepted_drafts",
-                                          "spec_accept_token_num"])  # fmt: skip
+                                          "spec_accept_token_num"])
 def test_sglang_accepts_renamed_fields(accepted_key):
     parsed = dialects.parse_body("sglang", body({"sglext": {"spec_tokens_details": {
-        "spec_verify_ct": 3, accepted_key: 6, "spec_accept_length": 3.0}}}), case())  # fmt: skip
+        "spec_verify_ct": 3, accepted_key: 6, "spec_accept_length": 3.0}}}), case())
     assert parsed.spec.decode_rounds == 3 and parsed.spec.accepted_tokens == 6
     assert parsed.spec.mean_acceptance_length == 3.0
 
 
 def test_sglang_acceptance_derived_from_rounds_when_missing():
     parsed = dialects.parse_body("sglang", body({"sglext": {"spec_tokens_details": {"spec_verify_ct": 3}}},
-                                                completion=9), case())  # fmt: skip
+                                                completion=9), case())
     assert parsed.spec.mean_acceptance_length == 3.0
 
 
@@ -119,7 +119,7 @@ def test_llamacpp_rounds_are_derived_and_marked():
     assert spec.decode_rounds == 10 and spec.mean_acceptance_length == 3.0 and spec.derived
     assert spec.server_tokens_per_second == 55.0 and spec.draft_tokens == 40
     plain = dialects.parse_body("llamacpp", body({"timings": {"predicted_n": 30, "predicted_per_second": 9}}),
-                                case())  # fmt: skip
+                                case())
     assert plain.spec.decode_rounds is None and plain.spec.server_tokens_per_second == 9
 
 
@@ -183,6 +183,6 @@ def test_every_registered_dialect_is_documented_and_builds_a_request(name):
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert f"| `{name}`" in readme, f"the README's dialect table has no row for {name}"
     case = ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}], enable_thinking=True,
-                     tree_budget=16, max_tokens=8)  # fmt: skip
+                     tree_budget=16, max_tokens=8)
     body = dialects.build_request(name, case, "m", stream=True)
     assert body["model"] == "m" and body["messages"] == case.messages and body["stream"] is True

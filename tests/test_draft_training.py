@@ -23,7 +23,7 @@ def tiny_draft(block_size: int = 4, layers: int = 2) -> DFlashDraft:
         hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
         head_dim=8, intermediate_size=64, target_layer_ids=[0, 1], mask_token_id=VOCAB - 1,
         block_size=block_size, rope_theta=10000.0,
-    )  # fmt: skip
+    )
     return DFlashDraft(config).eval()
 
 
@@ -57,7 +57,7 @@ def test_training_forward_equals_one_inference_call_per_anchor():
             alone = draft(
                 embed(block), features[:, :anchor],
                 torch.arange(anchor, anchor + draft.block_size), torch.arange(anchor),
-            )  # fmt: skip
+            )
             torch.testing.assert_close(batched[0, index], alone[0], rtol=1e-5, atol=1e-5)
 
 

@@ -68,7 +68,7 @@ def test_locating_the_gguf_never_imports_the_package_and_importing_embedded_is_l
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True,
         cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+    )
     assert out.stdout.strip() == "[] False"
 
 
@@ -173,7 +173,7 @@ def test_concurrent_first_uses_build_the_cache_once(fake_build, tmp_path, monkey
     monkeypatch.setattr(embedded, "_build_target_dir", slow)
     results: list[Path] = []
     threads = [threading.Thread(target=lambda: results.append(embedded.ensure_target_dir(tmp_path / "cache")))
-               for _ in range(3)]  # fmt: skip
+               for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:

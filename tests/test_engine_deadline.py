@@ -1,7 +1,7 @@
 """``--timeout`` with ``--engine``: each case's generation has a deadline, checked between decode
 rounds; a case past it stops after the round in flight, keeps its text and is ``timeout``.
 
-Tiny random-weight models on CPU (tests/engine_fixtures.py). The decoder's clock is replaced by
+Tiny random-weight models on CPU (tests/support/engine_fixtures.py). The decoder's clock is replaced by
 one the test moves, so no assertion depends on how fast this machine is.
 """
 
@@ -16,7 +16,7 @@ from ddtree_diag.backends import EngineTarget, make_backend  # noqa: E402
 from ddtree_diag.engine import decode, load_engine  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
-from tests import engine_fixtures as fx  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 PROMPT = [257, 84, 82, 68]
@@ -58,7 +58,7 @@ def test_the_deadline_stops_generation_after_the_round_in_flight(engine, monkeyp
 
     full = engine.generate(prompt_ids=PROMPT, tree_budget=8, max_tokens=40, mode=mode)
     gen = engine.generate(prompt_ids=PROMPT, tree_budget=8, max_tokens=40, mode=mode, on_token=on_token,
-                          deadline=10.0)  # fmt: skip
+                          deadline=10.0)
     assert full.finish_reason == "length", "without a deadline the answer runs to max_tokens"
     assert gen.finish_reason == "timeout" and len(calls) == 3 and gen.decode_rounds == 2
     assert gen.token_ids == full.token_ids[: gen.completion_tokens], "what was kept is the same answer's start"
@@ -70,9 +70,9 @@ def test_the_deadline_stops_generation_after_the_round_in_flight(engine, monkeyp
 
 def test_backend_marks_a_case_past_the_timeout(models, monkeypatch):
     case = ProbeCase("p", [{"role": "user", "content": "Say hello."}], enable_thinking=False, tree_budget=8,
-                     max_tokens=40)  # fmt: skip
+                     max_tokens=40)
     backend = make_backend(EngineTarget(target=str(models[0]), draft=str(models[1]), device="cpu",
-                                        dtype="fp32", timeout=30))  # fmt: skip
+                                        dtype="fp32", timeout=30))
     backend.prepare([case])
     assert backend.run(case).status == "ok"
     clock = Clock()
@@ -102,7 +102,7 @@ def test_a_bad_timeout_is_a_usage_error_before_the_model_loads(bad):
 def test_cli_engine_case_past_the_timeout_is_a_timeout(models, cli):
     result = cli("probe", "--engine", "--target", str(models[0]), "--draft", str(models[1]), "--device", "cpu",
                  "--dtype", "fp32", "--thinking", "off", "--budget", "0,8", "--max-tokens", "32",
-                 "--timeout", "0.000001", "--json", "-", timeout=600)  # fmt: skip
+                 "--timeout", "0.000001", "--json", "-", timeout=600)
     assert result.code == 3, result.stderr  # a case past --timeout: as over HTTP
     records = result.json()["results"]
     assert records and all(r["status"] == "timeout" and "(--timeout)" in r["error"] for r in records)

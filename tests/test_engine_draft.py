@@ -20,7 +20,7 @@ def tiny_config(**overrides) -> DraftConfig:
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=96, target_layer_ids=[0, 2], mask_token_id=299, block_size=4,
         num_target_layers=4, head_dim=16, vocab_size=300,
-    )  # fmt: skip
+    )
     fields.update(overrides)
     return DraftConfig(**fields)
 
@@ -180,7 +180,7 @@ def test_qwen36_style_draft_is_lossless_and_fast_equals_eager(tmp_path):
     """A draft in the published Qwen3.6 format (one sliding layer with a short window, one full)
     on a hybrid target: output equals greedy, and the fast path's draft masks equal eager's."""
     from ddtree_diag.engine import load_engine
-    from tests import engine_fixtures as fx
+    from tests.support import engine_fixtures as fx
 
     target = fx.make_hybrid_target(tmp_path / "target", pattern="LLAL")
     directory = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=2)

@@ -16,8 +16,8 @@ from ddtree_diag.engine.fast import decoder as fast_decoder  # noqa: E402
 from ddtree_diag.engine.fast import layers as fast_layers  # noqa: E402
 from ddtree_diag.engine.fast import tree as fast_tree  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask, build_tree  # noqa: E402
-from tests import engine_fixtures as fx  # noqa: E402
-from tests.engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
@@ -191,7 +191,7 @@ def test_fast_equals_eager_with_stops_lengths_and_top_logprobs(engines):
             eager, quick = both(
                 engine, prompt_ids=PROMPTS[1], tree_budget=budget, max_tokens=max_tokens,
                 stop_token_ids=[stop_token], top_logprobs=3,
-            )  # fmt: skip
+            )
             assert_same(eager, quick, (budget, max_tokens))
             for row_eager, row_quick in zip(eager.top_logprobs, quick.top_logprobs, strict=True):
                 assert [t for t, _ in row_quick] == [t for t, _ in row_eager]
@@ -208,7 +208,7 @@ def test_fast_sampling_uses_the_same_seeded_draws(engines):
             eager, quick = both(
                 engine, prompt_ids=PROMPTS[0], tree_budget=budget, temperature=0.9, seed=seed,
                 max_tokens=MAX_TOKENS, stop_token_ids=[],
-            )  # fmt: skip
+            )
             assert_same(eager, quick, (budget, seed))
 
 
@@ -228,7 +228,7 @@ def test_unproven_tree_order_falls_back_to_the_exact_host_build(engines, monkeyp
         eager, quick = both(
             engine, prompt_ids=PROMPTS[2], tree_budget=16, temperature=temperature, seed=5,
             max_tokens=MAX_TOKENS, stop_token_ids=[],
-        )  # fmt: skip
+        )
         assert_same(eager, quick, temperature)
         assert quick.extras["fast_tree_fallbacks"] == quick.decode_rounds - (quick.tree_sizes[-1] == 0)
 
@@ -348,7 +348,7 @@ def test_round_stages_never_read_device_values_on_the_host(engines):
     try:
         for mode, budget in (("tree", 16), ("chain", None), ("ar", 0)):
             run_path(engine, "fast", prompt_ids=PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=6,
-                     stop_token_ids=[])  # fmt: skip
+                     stop_token_ids=[])
         stages = list(decoder.stages.values())
         assert len(stages) >= 7  # draft, tree (tree/chain/ar), verify and commit shapes
         for stage in stages:
@@ -375,7 +375,7 @@ def test_fast_path_without_graphs_equals_eager_on_cuda_fp32(tmp_path):
     for prompt in PROMPTS:
         for budget in BUDGETS:
             eager, quick = both(engine, "fast-nograph", prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
-                                stop_token_ids=[])  # fmt: skip
+                                stop_token_ids=[])
             assert_same(eager, quick, (prompt, budget))
 
 
@@ -393,7 +393,7 @@ def test_cuda_graphs_fast_path_equals_eager_in_fp32(tmp_path):
                 eager, quick = both(
                     engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[],
                     temperature=temperature, seed=1,
-                )  # fmt: skip
+                )
                 if temperature == 0:
                     assert_same(eager, quick, (prompt, budget))
                 assert quick.extras["cuda_graph_errors"] == []
@@ -425,7 +425,7 @@ def test_compiled_fast_path_equals_eager_on_cuda_fp32(tmp_path):
     for prompt in PROMPTS[:2]:
         for budget in (0, 16):
             eager, quick = both(engine, "fast-compile", prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
-                                stop_token_ids=[])  # fmt: skip
+                                stop_token_ids=[])
             assert_same(eager, quick, (prompt, budget))
             assert quick.extras["cuda_graph_errors"] == [] and quick.extras["cuda_graphs"]
 
@@ -447,7 +447,7 @@ def test_compiled_fast_path_equals_eager_on_cpu(engines, monkeypatch):
             eager, quick = both(
                 engine, "fast-compile", prompt_ids=PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS,
                 stop_token_ids=[],
-            )  # fmt: skip
+            )
             assert_same(eager, quick, budget)
         decoder = engine.decoder("fast-compile")
         assert decoder.torch_compile is True and decoder.compile_backend == "aot_eager"

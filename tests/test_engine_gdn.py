@@ -64,7 +64,7 @@ def hf_rule(rule, q, k, v, g, beta, state):
         q[None], k[None], v[None], g=g[None], beta=beta[None],
         initial_state=None if state is None else state[None],
         output_final_state=True, use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
+    )
     return out[0], final[0]
 
 
@@ -186,11 +186,11 @@ def tiny_config(kind: str):
         vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, linear_num_key_heads=HK, linear_num_value_heads=HV,
         linear_key_head_dim=DK, linear_value_head_dim=DV, linear_conv_kernel_dim=4,
-    )  # fmt: skip
+    )
     if kind == "qwen3_5":
         return Qwen3_5TextConfig(**common)
     return Qwen3NextConfig(**common, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
-                           shared_expert_intermediate_size=32)  # fmt: skip
+                           shared_expert_intermediate_size=32)
 
 
 def tiny_layer(kind: str, layer_idx: int = 1):

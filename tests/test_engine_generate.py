@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ddtree_diag.engine import load_engine  # noqa: E402
-from tests import engine_fixtures as fx  # noqa: E402
-from tests.engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.engine_fixtures import BUDGETS, MAX_TOKENS, PROMPTS  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
@@ -197,7 +197,7 @@ def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypa
         gen = engine.generate_ids(
             prompt, tree_budget=12, temperature=1.0, max_tokens=16, seed=seed, top_logprobs=5,
             stop_token_ids=[], on_token=record,
-        )  # fmt: skip
+        )
         accepted_rounds += sum(n > 1 for n in gen.acceptance_lengths)
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + gen.token_ids])).logits[0].float()
@@ -211,7 +211,7 @@ def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypa
 
 
 @pytest.mark.parametrize("rounds", [[[0x61], [0xDB], [0xB7, 0x62]], [[0x61, 0xE2], [0x82], [0xAC], [0x21]],
-                                    [[0x61], [0xF0, 0x9F], [0x98, 0x80, 0x20]]])  # fmt: skip
+                                    [[0x61], [0xF0, 0x9F], [0x98, 0x80, 0x20]]])
 def test_streamed_text_equals_the_final_text_when_tokens_split_characters(rounds):
     """Byte-level tokens can end inside a multi-byte character (it decodes as U+FFFD until the next
     token completes it): what on_token streams must add up to the final text and never carry the
@@ -221,7 +221,7 @@ def test_streamed_text_equals_the_final_text_when_tokens_split_characters(rounds
     pieces: list[str] = []
     total = sum(len(tokens) for tokens in rounds)  # the last round reaches max_tokens: the stream ends there
     request = DecodeRequest(prompt_ids=[1], mode="tree", tree_budget=4, max_tokens=total, stop_ids=set(),
-                            on_token=lambda ids, text: pieces.append(text) is None)  # fmt: skip
+                            on_token=lambda ids, text: pieces.append(text) is None)
     record = GenerationRecorder(request, lambda ids: bytes(ids).decode("utf-8", errors="replace"))
     first, *later = rounds
     record.first_token(first[0])

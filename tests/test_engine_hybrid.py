@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask, build_tree  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
-from tests import engine_fixtures as fx  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
@@ -48,7 +48,7 @@ def hybrid(tmp_path_factory):
         pattern = fx.HYBRID_PATTERNS[name]
         target = fx.make_hybrid_target(root / f"{kind}-{name}", kind=kind, pattern=pattern)
         draft = fx.make_draft(root / f"draft-{kind}-{name}", block_size=4, layer_ids=(0, len(pattern) - 2),
-                              layers=1)  # fmt: skip
+                              layers=1)
         engine = load_engine(target, draft, device="cpu", dtype="fp32")
         references = {tuple(p): full_forward_greedy(engine, p, MAX_TOKENS) for p in PROMPTS}
         made[(kind, name)] = (engine, references)
@@ -100,7 +100,7 @@ def test_stop_tokens_end_the_answer_where_the_target_would(hybrid):
 
 
 @pytest.mark.parametrize("config", [("qwen3_5", "linear-last"), ("qwen3_next", "linear-first")],
-                         ids=["qwen3_5", "qwen3_next"])  # fmt: skip
+                         ids=["qwen3_5", "qwen3_next"])
 def test_every_tree_node_equals_the_model_over_its_root_path_alone(hybrid, config):
     """One verify forward over a real best-first tree: each node's logits and its hidden states
     at the draft's feature layers equal HF's full forward over prompt + that node's path."""
@@ -117,7 +117,7 @@ def test_every_tree_node_equals_the_model_over_its_root_path_alone(hybrid, confi
     start = target.length
     positions = torch.tensor(tree.depths) + start
     logits, _ = target.forward(torch.tensor(tree.tokens), positions, ancestor_mask(tree.parents), None,
-                               parents=tree.parents)  # fmt: skip
+                               parents=tree.parents)
     with torch.no_grad():
         for node in range(len(tree.tokens)):
             path, walk = [], node
@@ -195,9 +195,9 @@ def test_vision_language_checkpoint_loads_its_text_model(tmp_path):
         vocab_size=fx.VOCAB, hidden_size=fx.HIDDEN, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=8, layer_types=["linear_attention"] * 3 + ["full_attention"],
-    )  # fmt: skip
+    )
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": fx.HIDDEN,
-              "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}  # fmt: skip
+              "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
     torch.manual_seed(0)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text.to_dict(), vision_config=vision))
     model.save_pretrained(tmp_path)
@@ -282,10 +282,10 @@ def test_train_draft_engine_info_and_probe_on_a_hybrid_target(tmp_path, cli):
     trained = cli("train-draft", "--out", str(tmp_path / "draft"), "--prompts", str(prompts), "--target-dir",
                   str(target), "--max-new-tokens", "12", "--steps", "3", "--batch-size", "2", "--anchors", "2",
                   "--block-size", "4", "--draft-layers", "1", "--init-from-target", "--device", "cpu",
-                  "--gen-batch-size", "3", timeout=300)  # fmt: skip
+                  "--gen-batch-size", "3", timeout=300)
     assert trained.code == 0, trained.stderr[-2000:]
     info = cli("engine-info", "--target", str(target), "--draft", str(tmp_path / "draft"), "--device", "cpu",
-               "--json")  # fmt: skip
+               "--json")
     assert info.code == 0, info.stderr
     data = info.json()
     assert data["hybrid"]["layer_pattern"] == "LLALLLAL"
@@ -296,7 +296,7 @@ def test_train_draft_engine_info_and_probe_on_a_hybrid_target(tmp_path, cli):
     assert data["draft"]["mask_token_id"] == len(AutoTokenizer.from_pretrained(target)) < fx.VOCAB
     probe = cli("probe", "--engine", "--target", str(target), "--draft", str(tmp_path / "draft"), "--device", "cpu",
                 "--dtype", "fp32", "--budget", "0,16", "--thinking", "off", "--max-tokens", "12",
-                "--baseline", "engine", "--json", "-", timeout=300)  # fmt: skip
+                "--baseline", "engine", "--json", "-", timeout=300)
     report = probe.json()
     assert [r["status"] for r in report["results"]] == ["ok", "ok"], probe.stderr
     assert all(r["baseline"]["verdict"] == "identical" for r in report["results"])
@@ -309,7 +309,7 @@ def test_reference_server_serves_a_hybrid_target_losslessly(tmp_path, cli):
     draft = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=1)
     with fx.serving(target, draft) as url:
         result = cli("probe", "--url", url, "--budget", "16,64", "--max-tokens", "16", "--baseline", "budget0",
-                     "--json", "-")  # fmt: skip
+                     "--json", "-")
     report = result.json()
     assert report["target"]["dialect"] == "ddtree" and len(report["results"]) == 4
     assert all(r["baseline"]["verdict"] == "identical" for r in report["results"]), result.stderr

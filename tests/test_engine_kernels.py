@@ -21,7 +21,7 @@ from ddtree_diag.engine.draft import RMSNorm  # noqa: E402
 from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
 from ddtree_diag.engine.rope import apply_rope  # noqa: E402
-from tests import engine_fixtures as fx  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
 
 # Interpreted kernels take CPU tensors, compiled ones CUDA tensors.
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"

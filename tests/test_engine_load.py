@@ -17,7 +17,7 @@ from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.arch import check_supported  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
-from tests import engine_fixtures as fx  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 
@@ -178,7 +178,7 @@ def test_backend_maps_generation_to_probe_result(paths):
     notes = backend.prepare([])
     assert notes and "cpu" in notes[0]
     case = ProbeCase("hello", [{"role": "user", "content": "Say hello."}], enable_thinking=False,
-                     tree_budget=16, max_tokens=10)  # fmt: skip
+                     tree_budget=16, max_tokens=10)
     result = backend.run(case)
     assert result.ok and result.dialect == "engine" and result.spec.source == "engine"
     assert result.completion_tokens == len(result.extras["token_ids"])

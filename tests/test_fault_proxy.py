@@ -1,4 +1,4 @@
-"""The gate against planted server faults: a real fault proxy (tests/fault_proxy.py) in front of
+"""The gate against planted server faults: a real fault proxy (tests/support/fault_proxy.py) in front of
 the project's own `serve` on the embedded SmolLM2 + its draft (real text, real acceptance), one
 proxy per fault. Every fault must fail the gate AND be named by a finding or a failing check;
 the healthy pass-through must pass.
@@ -12,8 +12,8 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 pytest.importorskip("gguf")
 
-from tests.conftest import stop_serve
-from tests.fault_proxy import EXPECTED, FAULTS, named, run_fault, start_serve
+from tests.support.fault_proxy import EXPECTED, FAULTS, named, run_fault, start_serve
+from tests.support.processes import stop_serve
 
 pytestmark = [pytest.mark.real_model, pytest.mark.engine]
 

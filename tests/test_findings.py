@@ -13,7 +13,7 @@ import pytest
 from ddtree_diag.checks import findings
 from ddtree_diag.checks.quality import assess_result
 from ddtree_diag.records import RunReport
-from tests.gatekit import finding_ids, gate_run
+from tests.support.gatekit import finding_ids, gate_run
 
 STORY_GARBAGE = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."
 
@@ -190,7 +190,7 @@ def test_analyse_orders_by_severity_and_tags_results(healthy):
     for r in run.results:
         r.spec.server_tokens_per_second = 1.0  # warning
     run.results[0].baseline = dataclasses.replace(run.results[0].baseline, verdict="mismatch", field="output",
-                                                  char_index=0, expected="⟨a", actual="⟨b", detail="x")  # fmt: skip
+                                                  char_index=0, expected="⟨a", actual="⟨b", detail="x")
     out = findings.analyse(run)
     assert [f.id for f in out] == ["lossless-mismatch", "server-client-speed-mismatch"]
     assert run.results[0].findings == ["lossless-mismatch", "server-client-speed-mismatch"]
@@ -280,7 +280,7 @@ def test_findings_come_from_one_registry_and_the_readme_shows_it():
     """Every rule names the kinds it reports; their ids, severities, critical flags and README
     lines are one registry, and the README's findings table is generated from it."""
     from ddtree_diag.checks import gate
-    from tests.conftest import ROOT
+    from tests.support.processes import ROOT
 
     ids = [kind.id for kind in findings.FINDINGS]
     assert len(set(ids)) == len(ids) and all(rule.kinds for rule in findings.RULES)
@@ -305,6 +305,6 @@ def test_garbage_kinds_read_the_reason_code_registry():
     from ddtree_diag.checks.quality.registry import BY_CODE
 
     assert findings.garbage_kinds(["punct_run", "template_leak", "truncated", "word_salad"]) == [
-        "chat-template tokens", "word salad", "repetition"]  # fmt: skip
+        "chat-template tokens", "word salad", "repetition"]
     assert findings.garbage_kinds(["not_greedy"]) == []
     assert all(BY_CODE[code].kind == "repetition" for code in findings.LOOP_CODES)

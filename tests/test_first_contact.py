@@ -1,7 +1,7 @@
 """First contact with a server: a --model it does not serve, and a --url whose path is wrong, are
 told before (or with) the first case, naming what was asked for and what the server has.
 
-The CLI tests run the real CLI against the STAND-IN server (tests/standin_server.py), which lists
+The CLI tests run the real CLI against the STAND-IN server (tests/support/standin_server.py), which lists
 one model, ``standin-model``, and answers 404 on any other path. The unit tests script /v1/models
 through httpx.MockTransport (no socket).
 """
@@ -19,12 +19,12 @@ from ddtree_diag.records import ProbeCase
 
 CASE = ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
 CHAT = {"choices": [{"message": {"role": "assistant", "content": "Hi."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2}}  # fmt: skip
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
 
 
 def backend(models_reply: httpx.Response | None, *, model: str | None = "gpt-4", dialect: str = "openai",
             url: str = "http://server.invalid:8000", dead_path: str | None = None,
-            any_model: bool = False) -> tuple[HttpBackend, list[str]]:  # fmt: skip
+            any_model: bool = False) -> tuple[HttpBackend, list[str]]:
     """A backend on a scripted server: ``models_reply`` for /v1/models (None: 404), a completion for
     /v1/chat/completions (404 for a model the list lacks, unless ``any_model``), 404 for anything
     else and for everything under ``dead_path``."""
@@ -77,7 +77,7 @@ def test_unlisted_model_that_the_server_answers_is_a_note():
     httpx.Response(200, json={"data": []}),
     httpx.Response(500, text="oops"),
     httpx.Response(401, json={"error": {"message": "key"}}),
-])  # fmt: skip
+])
 def test_without_a_model_list_the_run_goes_on(reply):
     made, _seen = backend(reply)
     made.prepare([CASE])
@@ -92,7 +92,7 @@ def test_a_listed_model_is_taken():
 
 def test_odd_model_ids_stay_on_one_line():
     made, _seen = backend(httpx.Response(200, json={"data": [{"id": "line\nbreak"}, {"id": "x" * 500}]}),
-                          model="want\nthis")  # fmt: skip
+                          model="want\nthis")
     with pytest.raises(UsageError) as caught:
         made.prepare([CASE])
     assert "\n" not in str(caught.value) and "want\\nthis" in str(caught.value)
@@ -117,7 +117,7 @@ def test_cli_unlisted_model_that_the_server_answers_goes_on(standin, cli):
     result = cli("probe", "--url", server.url, "--model", "my-alias", "--thinking", "off", "--json", "-")
     assert result.code == 0, result.stderr
     assert any("'my-alias' is not listed by /v1/models" in n and "answered it anyway" in n
-               for n in result.json()["notes"])  # fmt: skip
+               for n in result.json()["notes"])
 
 
 # -- a wrong path in --url ---------------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_cli_unlisted_model_that_the_server_answers_goes_on(standin, cli):
 
 def test_wrong_path_names_the_url_and_where_the_server_answers():
     made, _seen = backend(httpx.Response(200, json={"data": [{"id": "gpt-4"}]}), model=None,
-                          url="http://user:secret@server.invalid:8000/foo/bar", dead_path="/foo/bar")  # fmt: skip
+                          url="http://user:secret@server.invalid:8000/foo/bar", dead_path="/foo/bar")
     with pytest.raises(UsageError) as caught:
         made.prepare([CASE])
     message = str(caught.value)
@@ -162,7 +162,7 @@ def test_cli_wrong_path(standin, cli):
     assert f"{port_url.replace('hunter2', '***')}/foo/bar/v1/models answered HTTP 404" in line
     assert f"try --url {port_url.replace('hunter2', '***')}" in line
     result = cli("probe", "--url", f"{server.url}/foo/bar", "--model", "standin-model", "--thinking", "off",
-                 "--json", "-")  # fmt: skip
+                 "--json", "-")
     report = json.loads(result.stdout)
     errors = [r["error"] for r in report["results"]]
     assert errors and all(e.startswith(f"HTTP 404 from {server.url}/foo/bar/v1/chat/completions: ") for e in errors)

@@ -13,8 +13,8 @@ import pytest
 from ddtree_diag.checks import findings, gate
 from ddtree_diag.output import junit, markdown
 from ddtree_diag.records import RunReport, Verdict
-from tests.conftest import run_cli, start_standin
-from tests.gatekit import ALL_CHECKS, write_matrix
+from tests.support.gatekit import ALL_CHECKS, write_matrix
+from tests.support.processes import run_cli, start_standin
 
 try:
     import tomllib
@@ -37,12 +37,12 @@ def runs(tmp_path_factory):
         try:
             result = run_cli("gate", str(matrix), "--url", server.url, "--json", str(base / f"{name}.json"),
                              "--junit", str(base / f"{name}.xml"), "--summary", str(base / f"{name}.md"),
-                             env={"GITHUB_STEP_SUMMARY": str(step)})  # fmt: skip
+                             env={"GITHUB_STEP_SUMMARY": str(step)})
         finally:
             server.process.terminate()
             server.process.wait(timeout=10)
         out[name] = {"code": result.code, "json": base / f"{name}.json", "xml": base / f"{name}.xml",
-                     "md": base / f"{name}.md", "step": step, "stdout": result.stdout}  # fmt: skip
+                     "md": base / f"{name}.md", "step": step, "stdout": result.stdout}
     return out
 
 
@@ -148,7 +148,7 @@ def test_report_of_a_probe_run_without_gate(standin, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [(["nope.json"], "report not found"),
-                                          (["{json}", "--format", "pdf"], "--format must be one of")])  # fmt: skip
+                                          (["{json}", "--format", "pdf"], "--format must be one of")])
 @pytest.mark.e2e
 def test_report_usage_errors(runs, args, needle):
     args = [a.replace("{json}", str(runs["healthy"]["json"])) for a in args]
@@ -168,7 +168,7 @@ def test_diff_flags_a_real_regression(runs, tmp_path):
     out = tmp_path / "diff.json"
     # --tps-tolerance 1: the two runs' speeds differ with the machine's load, not with the fault
     result = run_cli("diff", str(runs["healthy"]["json"]), str(runs["lossy"]["json"]), "--json", str(out),
-                     "--tps-tolerance", "1")  # fmt: skip
+                     "--tps-tolerance", "1")
     assert result.code == 1
     assert "no longer matches the lossless baseline" in result.stdout and "text changed" in result.stdout
     data = json.loads(out.read_text())

@@ -30,7 +30,7 @@ from ddtree_diag.backends.dialects import DIALECTS
 from ddtree_diag.backends.http import PARSER_GAP, HttpBackend
 from ddtree_diag.errors import DiagError
 from ddtree_diag.records import ProbeCase, ProbeResult, RunReport
-from tests.fuzz_replies import metrics_page, metrics_pages, models_reply, plain_reply, stream_reply
+from tests.support.fuzz_replies import metrics_page, metrics_pages, models_reply, plain_reply, stream_reply
 
 # every registered dialect: a new one is fuzzed and probed end to end without touching this file
 REPLY_EXAMPLES = 700  # x 6 dialects x (plain + streamed) = 8,400 replies
@@ -46,7 +46,7 @@ SECONDS: Counter = Counter()
 
 def fuzz_settings(examples: int):
     return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))  # fmt: skip
+                    suppress_health_check=list(HealthCheck))
 
 
 CASE = ProbeCase(prompt_id="fuzz", messages=[{"role": "user", "content": "Say hello."}], max_tokens=16)
@@ -76,7 +76,7 @@ class Script:
 def backend_for(script: Script, dialect: str | None, *, stream: bool) -> HttpBackend:
     return HttpBackend("http://fuzz.invalid:8000", model=None if dialect is None else "m",
                        dialect=dialect or "auto", stream=stream, timeout=5,
-                       transport=httpx.MockTransport(script))  # fmt: skip
+                       transport=httpx.MockTransport(script))
 
 
 def non_finite(value, path: str = "") -> list[str]:
@@ -174,7 +174,7 @@ def test_metrics_counters_around_a_case():
     backend.prepare([CASE])
     backend.metrics_prefix = "vllm:"  # as if the first scrape had found counters
     answer = (200, {"content-type": "application/json"},
-              b'{"choices": [{"message": {"content": "Hello."}, "finish_reason": "stop"}]}')  # fmt: skip
+              b'{"choices": [{"message": {"content": "Hello."}, "finish_reason": "stop"}]}')
 
     used = Counter()
 
@@ -216,7 +216,7 @@ def test_full_pipeline_on_fuzzed_results():
 
     @fuzz_settings(PIPELINE_EXAMPLES)
     @given(replies=st.lists(st.one_of(plain_reply().map(lambda r: (False, r)), stream_reply().map(lambda r: (True, r))),
-                            min_size=1, max_size=3))  # fmt: skip
+                            min_size=1, max_size=3))
     def check(replies):
         report = RunReport(target={"url": "http://fuzz.invalid:8000", "model": "m", "dialect": "ddtree"})
         for repeat, (stream, reply) in enumerate(replies):
@@ -227,7 +227,7 @@ def test_full_pipeline_on_fuzzed_results():
             report.results.append(result)
         findings.analyse(report)
         config = gate.GateConfig(max_failed=0, max_garbage=0, min_mean_acceptance=1.1, min_tokens_per_second=1.0,
-                                 fail_on_findings="warning")  # fmt: skip
+                                 fail_on_findings="warning")
         report.gate = gate.evaluate(report, config)
         render_report(make_console(io.StringIO()), report, 1)
         markdown.markdown_summary(report, 1)
@@ -240,7 +240,7 @@ def test_full_pipeline_on_fuzzed_results():
 @pytest.mark.e2e
 def test_streamed_replies_over_loopback():
     """Fewer replies, but through a real socket and our deadline-aware transport."""
-    from tests.hostile_server import HostileServer
+    from tests.support.hostile_server import HostileServer
 
     current: dict = {}
 
@@ -280,5 +280,5 @@ def test_total_replies_and_no_escapes(capsys):
     total = sum(SERVED.values())
     with capsys.disabled():
         print(f"\nfuzzed replies: {total} in {sum(SECONDS.values()):.1f} s, 0 escapes "
-              f"({', '.join(f'{k} {v} in {SECONDS[k]:.1f}s' for k, v in sorted(SERVED.items()))})")  # fmt: skip
+              f"({', '.join(f'{k} {v} in {SECONDS[k]:.1f}s' for k, v in sorted(SERVED.items()))})")
     assert total >= 10_000

@@ -12,12 +12,12 @@ import pytest
 
 from ddtree_diag.checks.gate import GateConfig, evaluate, parse_gate
 from ddtree_diag.errors import UsageError
-from tests.conftest import ROOT
-from tests.gatekit import check, finding_ids, gate_run, write_matrix
-from tests.timing import SLOW_MIN_TOKENS_PER_SECOND, SLOW_SECONDS_PER_TOKEN
+from tests.support.gatekit import check, finding_ids, gate_run, write_matrix
+from tests.support.processes import ROOT
+from tests.support.timing import SLOW_MIN_TOKENS_PER_SECOND, SLOW_SECONDS_PER_TOKEN
 
 CHECKS = ["max_failed", "max_garbage", "lossless", "min_completion_tokens", "min_mean_acceptance",
-          "min_group_acceptance", "min_tokens_per_second", "max_ttft_s", "findings", "canary"]  # fmt: skip
+          "min_group_acceptance", "min_tokens_per_second", "max_ttft_s", "findings", "canary"]
 
 
 @pytest.mark.e2e
@@ -205,7 +205,7 @@ def test_engine_baseline_compares_with_the_target_alone(standin, cli, tmp_path):
     server = standin("--dialect", "ddtree")  # says a canned sentence SmolLM2 will not say
     result = cli("probe", "--url", server.url, "--thinking", "off", "--budget", "16", "--max-tokens", "8",
                  "--baseline", "engine", "--target", str(target), "--device", "cpu", "--dtype", "fp32",
-                 "--json", "-", timeout=600)  # fmt: skip
+                 "--json", "-", timeout=600)
     report = json.loads(result.stdout)
     baseline = report["results"][0]["baseline"]
     assert baseline["mode"] == "engine" and baseline["baseline_output"].strip()
@@ -272,7 +272,7 @@ def test_readme_documents_every_gate_key():
     readme = (ROOT / "README.md").read_text()
     for key in ("min_mean_acceptance", "min_group_acceptance", "min_tokens_per_second",
                 "tokens_per_second_source", "max_garbage", "max_failed", "min_completion_tokens",
-                "lossless", "allow_near_ties", "fail_on_findings", "canary"):  # fmt: skip
+                "lossless", "allow_near_ties", "fail_on_findings", "canary"):
         assert key in readme, key
 
 

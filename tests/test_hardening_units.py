@@ -18,7 +18,7 @@ from ddtree_diag.backends.metrics import parse_spec_counters
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import ProbeCase
 from ddtree_diag.redaction import Redactor, url_without_password
-from tests.timing import DEADLINE_SLACK_S
+from tests.support.timing import DEADLINE_SLACK_S
 
 # -- jsonsafe ------------------------------------------------------------------------------------
 
@@ -29,7 +29,7 @@ from tests.timing import DEADLINE_SLACK_S
     (b'{"a": "caf\xe9"}', "invalid UTF-8 in the body at byte 10 (e9 22 7d)"),
     (b'{"a": 1', "not valid JSON"),
     (b'{"a": 1' + b"0" * 5000 + b"}", "not valid JSON"),
-])  # fmt: skip
+])
 def test_loads_turns_every_unusable_body_into_one_value_error(data, needle):
     with pytest.raises(ValueError) as caught:
         jsonsafe.loads(data)
@@ -89,7 +89,7 @@ def test_streamed_reply_that_never_ends_is_cut_in_process():
             yield b": keep-alive\n\n"
 
     transport = httpx.MockTransport(lambda request: httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, content=forever()))  # fmt: skip
+        200, headers={"content-type": "text/event-stream"}, content=forever()))
     backend = HttpBackend("http://stub.invalid", model="m", dialect="openai", timeout=0.5, transport=transport)
     backend.prepare([])
     started = time.monotonic()
@@ -101,7 +101,7 @@ def test_streamed_reply_that_never_ends_is_cut_in_process():
 @pytest.mark.e2e
 def test_backend_cuts_a_silent_server_at_the_deadline():
     """Over a real socket: headers, then nothing. The blocking read itself returns at the deadline."""
-    from tests.hostile_server import HostileServer, not_found_for_gets
+    from tests.support.hostile_server import HostileServer, not_found_for_gets
 
     def silent(request, conn):
         if conn.sse_head():
@@ -120,7 +120,7 @@ def test_backend_cuts_a_silent_server_at_the_deadline():
 
 
 @pytest.mark.parametrize("text, size", [("8M", 8 << 20), ("512k", 512 << 10), ("1GiB", 1 << 30), ("4096", 4096),
-                                        ("1.5M", 3 << 19)])  # fmt: skip
+                                        ("1.5M", 3 << 19)])
 def test_parse_size(text, size):
     assert parse_size(text) == size
 

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 
 def help_of(*args: str) -> str:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "ddtree_diag", *args, "--help"], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=120)  # fmt: skip
+                          env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -1,4 +1,4 @@
-"""The CLI against a HOSTILE loopback server (tests/hostile_server.py): whole-request deadlines,
+"""The CLI against a HOSTILE loopback server (tests/support/hostile_server.py): whole-request deadlines,
 the response size cap, redirects, credentials, invalid UTF-8 — over real TCP, through the real CLI
 process (and through ``--via``), with real exit codes and reports.
 
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.hostile_server import HostileServer, drip, forever, not_found_for_gets
-from tests.timing import DEADLINE_SLACK_S, RUN_SLACK_S
+from tests.support.hostile_server import HostileServer, drip, forever, not_found_for_gets
+from tests.support.timing import DEADLINE_SLACK_S, RUN_SLACK_S
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +78,7 @@ def test_timeout_is_a_whole_request_deadline(cli, tmp_path, behaviour, stream):
     with HostileServer(not_found_for_gets(behaviour)) as server:
         started = time.monotonic()
         result = cli("probe", "--url", server.url, *FIXED, stream, "--timeout", str(TIMEOUT),
-                     "--json", str(report_path), timeout=60)  # fmt: skip
+                     "--json", str(report_path), timeout=60)
         wall = time.monotonic() - started
     assert result.code == 3, result.stderr
     assert "Traceback" not in result.stderr
@@ -93,12 +93,12 @@ def test_timeout_is_a_whole_request_deadline(cli, tmp_path, behaviour, stream):
 
 @pytest.mark.timing
 @pytest.mark.parametrize("behaviour", [sse_comments_forever, headers_then_nothing, stream_drip, no_answer],
-                         ids=lambda b: b.__name__)  # fmt: skip
+                         ids=lambda b: b.__name__)
 def test_deadline_holds_through_via(cli, tmp_path, behaviour):
     report_path = tmp_path / "run.json"
     with HostileServer(not_found_for_gets(behaviour)) as server:
         result = cli("probe", "--url", server.url, *FIXED, "--timeout", str(TIMEOUT), "--via", SH_HOP,
-                     "--json", str(report_path), timeout=60)  # fmt: skip
+                     "--json", str(report_path), timeout=60)
     assert result.code == 3, result.stderr
     record = json.loads(report_path.read_text())["results"][0]
     assert record["status"] == "timeout", record["error"]
@@ -120,7 +120,7 @@ def test_deadline_report_lists_partial_text_and_other_cases_still_run(cli, tmp_p
     report_path = tmp_path / "run.json"
     with HostileServer(not_found_for_gets(behaviour)) as server:
         result = cli("probe", "--url", server.url, *FIXED, "-p", "stall please", "-p", "Say hi.",
-                     "--timeout", str(TIMEOUT), "--json", str(report_path), timeout=60)  # fmt: skip
+                     "--timeout", str(TIMEOUT), "--json", str(report_path), timeout=60)
     assert result.code == 3
     first, second = json.loads(report_path.read_text())["results"]
     assert first["status"] == "timeout" and first["output"] == "partial "
@@ -204,7 +204,7 @@ def test_secrets_never_shown_or_saved_even_when_echoed(cli, tmp_path, credential
             url, extra, echoed = server.url.replace("http://", f"http://alice:{PASSWORD}@"), (), "Basic ***"
         outputs = {name: tmp_path / name for name in ("run.json", "junit.xml", "summary.md")}
         result = cli("probe", "--url", url, "--thinking", "off", "--json", str(outputs["run.json"]),
-                     "--junit", str(outputs["junit.xml"]), "--summary", str(outputs["summary.md"]), *extra)  # fmt: skip
+                     "--junit", str(outputs["junit.xml"]), "--summary", str(outputs["summary.md"]), *extra)
         assert result.code == 1, result.stderr
         basic = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
         seen = result.stdout + result.stderr + "".join(p.read_text() for p in outputs.values())
@@ -216,7 +216,7 @@ def test_secrets_never_shown_or_saved_even_when_echoed(cli, tmp_path, credential
         assert report["target"]["model"] == f"model-for-{echoed}"
         # the server did receive the credential: redaction is about showing, not sending
         assert any((SECRET if credential == "api-key" else basic) in r.headers.get("authorization", "")
-                   for r in server.requests)  # fmt: skip
+                   for r in server.requests)
 
 
 def test_secret_in_a_bad_url_is_not_printed(cli):

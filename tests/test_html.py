@@ -15,8 +15,8 @@ from ddtree_diag.output.diff import diff_runs
 from ddtree_diag.output.html import CSP, html_diff, html_report
 from ddtree_diag.output.reportfile import load_report, write_report
 from ddtree_diag.output.svg import axis, clean, esc, nice_ceiling
-from tests import browser
-from tests.reportkit import HOSTILE, slower_copy, varied_report
+from tests.support import browser
+from tests.support.reportkit import HOSTILE, slower_copy, varied_report
 
 ACTIVE_TAGS = {"script", "img", "link", "iframe", "object", "embed", "base", "form", "video", "audio", "source"}
 
@@ -175,7 +175,7 @@ def test_report_format_html_and_diff_html(saved_runs, cli, tmp_path):
 def test_probe_and_gate_write_html(standin, cli, tmp_path):
     server = standin("--dialect", "ddtree")
     probe = cli("probe", "--url", server.url, "--html", str(tmp_path / "probe.html"), "--json",
-                str(tmp_path / "probe.json"))  # fmt: skip
+                str(tmp_path / "probe.json"))
     gate = cli("gate", "gate", "--url", server.url, "--html", str(tmp_path / "gate.html"), "--max-tokens", "16")
     assert probe.code == 0, probe.stderr
     page = (tmp_path / "probe.html").read_text(encoding="utf-8")
@@ -199,7 +199,7 @@ def test_chromium_reports_console_errors_of_a_broken_page(tmp_path):
     bad.write_text('<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" '
                    "content=\"default-src 'none'; script-src 'unsafe-inline'\"></head><body><p>x</p>"
                    '<img src="http://example.invalid/a.png">'
-                   '<script>console.error("boom"); undefined_function();</script></body></html>')  # fmt: skip
+                   '<script>console.error("boom"); undefined_function();</script></body></html>')
     page = browser.load(bad)
     assert page.returncode == 0 and "<p>x</p>" in page.dom
     joined = "\n".join(page.console)

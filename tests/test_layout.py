@@ -14,15 +14,15 @@ from rich.console import Console
 
 from ddtree_diag.output.console import progress, progress_line, render_report, results_columns
 from ddtree_diag.output.diff import diff_runs, render_diff
-from tests.conftest import ROOT
-from tests.reportkit import slower_copy, varied_report
+from tests.support.processes import ROOT
+from tests.support.reportkit import slower_copy, varied_report
 
 WIDTHS = (80, 120, 200)
 
 
 def rendered(width: int, draw, *, terminal: bool = False) -> str:
     console = Console(file=io.StringIO(), width=width, force_terminal=terminal, no_color=True,
-                      color_system=None, highlight=False, emoji=False, legacy_windows=False)  # fmt: skip
+                      color_system=None, highlight=False, emoji=False, legacy_windows=False)
     draw(console)
     return console.file.getvalue()
 
@@ -56,7 +56,7 @@ def test_run_fits_the_width_without_cutting_numbers_or_headers(width, terminal):
     for column in results_columns(report):
         if column.header not in left_out:  # every header on one line, whole
             assert any(re.search(rf"(^|\s|[|│┃]){re.escape(column.header)}($|\s|[|│┃])", line) for line in lines), \
-                column.header  # fmt: skip
+                column.header
     for number in numbers_of(report):  # every number whole, on one line
         assert any(re.search(rf"(^|[\s|│┃~*]){re.escape(number)}($|[\s|│┃])", line) for line in lines), number
     # the pivot, the findings (wrapped, never cut) and the gate are all there
@@ -121,7 +121,7 @@ def test_progress_lines_in_a_log_and_quiet():
     assert lines[0] == "[1/5] hello/think=off/budget=16/T=0/max=48/r0  accept 3.00  tok/s 41.2  ✓"
     assert lines[2].endswith("tok/s 12.8  ✗ degenerate_enumeration")
     assert lines[4].startswith("[5/5] story/think=off/budget=16/T=0.7/max=128/r0  accept —  tok/s —  "
-                               "✗ transport_error: connection refused")  # fmt: skip
+                               "✗ transport_error: connection refused")
     quiet = Console(file=io.StringIO(), force_terminal=False)
     tracker = progress(quiet, 5, quiet=True)
     with tracker as advance:
@@ -156,7 +156,7 @@ def test_ci_log_shows_one_line_per_case_and_quiet_silences_it(standin, cli):
 def _closed_early(*args: str) -> subprocess.CompletedProcess:
     """Run the CLI with its stdout read by nobody: the pipe is closed before it writes."""
     process = subprocess.Popen([sys.executable, "-m", "ddtree_diag", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               stderr=subprocess.PIPE, text=True)
     process.stdout.close()
     stderr = process.stderr.read()
     return subprocess.CompletedProcess(args, process.wait(timeout=120), "", stderr)
@@ -172,6 +172,6 @@ def test_help_into_a_closed_pipe_exits_0(args):
 def test_a_run_into_a_closed_pipe_keeps_its_exit_code_and_files(standin, tmp_path):
     server = standin("--dialect", "ddtree", "--lossy")
     done = _closed_early("probe", "--url", server.url, "--baseline", "budget0", "--quiet", "--json",
-                         str(tmp_path / "run.json"), "--html", str(tmp_path / "run.html"))  # fmt: skip
+                         str(tmp_path / "run.json"), "--html", str(tmp_path / "run.html"))
     assert done.returncode == 1 and "Traceback" not in done.stderr  # the lossless mismatch, not the pipe
     assert (tmp_path / "run.json").is_file() and (tmp_path / "run.html").is_file()

@@ -14,7 +14,7 @@ from rich.console import Console
 from ddtree_diag.output.cells import visible
 from ddtree_diag.output.console import render_report
 from ddtree_diag.output.fit import fold_offsets
-from tests.reportkit import varied_report
+from tests.support.reportkit import varied_report
 
 CHINESE = "你好！很高兴认识你。今天天气很好，我们一起去公园散步吧。我想告诉你一个关于猫的故事，它住在山里。"
 JAPANESE = "こんにちは。お元気ですか。今日はとても良い天気ですね。一緒に公園へ散歩に行きましょう。"
@@ -22,7 +22,7 @@ JAPANESE = "こんにちは。お元気ですか。今日はとても良い天�
 
 def rendered(width: int, report, *, terminal: bool = False) -> str:
     console = Console(file=io.StringIO(), width=width, force_terminal=terminal, no_color=True,
-                      color_system=None, highlight=False, emoji=False, legacy_windows=False)  # fmt: skip
+                      color_system=None, highlight=False, emoji=False, legacy_windows=False)
     render_report(console, report, 0)
     return console.file.getvalue()
 

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ddtree_diag.checks.likelihood import MEAN_HARD, SPAN_HARD, Scorer, likelihood_reasons  # noqa: E402
-from tests import engine_fixtures as fx  # noqa: E402
-from tests import quality_gen  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support import quality_gen  # noqa: E402
 
 pytestmark = pytest.mark.engine
 MESSAGES = [{"role": "user", "content": "Say hello in one short sentence."}]
@@ -170,7 +170,7 @@ def test_probe_engine_score_with_target_runs_the_greedy_check_on_token_ids(tmp_p
     draft = fx.make_draft(tmp_path / "draft", block_size=4)
     result = cli("probe", "--engine", "--target", str(target), "--draft", str(draft), "--device", "cpu",
                  "--dtype", "fp32", "--score-with", "target", "--thinking", "off", "--budget", "0,8",
-                 "--max-tokens", "12", "--json", "-", "--quiet", timeout=600)  # fmt: skip
+                 "--max-tokens", "12", "--json", "-", "--quiet", timeout=600)
     assert result.code in (0, 1), result.stderr  # random weights write gibberish: garbage is fine
     assert "loading" not in result.stderr, "--quiet silences the model loads (target and scorer)"
     report = result.json()

@@ -17,9 +17,9 @@ def entry(token: str, logprob: float, *alternatives: tuple[str, float]) -> dict:
 
 
 def result(output: str, *, repeat: int = 0, temperature: float = 0.0, logprobs=None, reasoning=None,
-           **extras) -> ProbeResult:  # fmt: skip
+           **extras) -> ProbeResult:
     case = ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}], repeat=repeat,
-                     temperature=temperature, tree_budget=16)  # fmt: skip
+                     temperature=temperature, tree_budget=16)
     r = ProbeResult(case=case, output=output, reasoning=reasoning)
     if logprobs is not None:
         r.extras["logprobs"] = {"content": logprobs}
@@ -68,7 +68,7 @@ def test_mismatch_without_logprobs_says_it_cannot_classify():
 
 def test_token_ids_locate_the_divergence_without_logprobs():
     record = lossless.compare_result(result("The dog sat", token_ids=[1, 9, 3]),
-                                     result("The cat sat", token_ids=[1, 2, 3]), SPEC)  # fmt: skip
+                                     result("The cat sat", token_ids=[1, 2, 3]), SPEC)
     assert record.token_index == 1 and record.verdict == "mismatch"
 
 
@@ -76,7 +76,7 @@ def test_divergence_in_the_answer_after_separated_reasoning():
     # The baseline's tokens cover reasoning + answer; the answer sits at the end of them.
     tokens = [entry("Think", -0.1), entry(".", -0.1), entry("Yes", -0.5, ("No", -0.51))]
     record = lossless.compare_result(result("No", reasoning="Think."),
-                                     result("Yes", reasoning="Think.", logprobs=tokens), SPEC)  # fmt: skip
+                                     result("Yes", reasoning="Think.", logprobs=tokens), SPEC)
     assert record.field == "output" and record.token_index == 2 and record.verdict == "near_tie"
 
 
@@ -94,7 +94,7 @@ def test_failed_baseline_is_an_error_not_a_mismatch():
 
 def test_repeat_disagreements_only_at_temperature_zero():
     report = RunReport(results=[result("a b c"), result("a b d", repeat=1),
-                                result("x", temperature=0.7), result("y", temperature=0.7, repeat=1)])  # fmt: skip
+                                result("x", temperature=0.7), result("y", temperature=0.7, repeat=1)])
     found = lossless.repeat_disagreements(report)
     assert len(found) == 1 and found[0].char_index == 4 and found[0].cases[1].endswith("/r1")
 
@@ -111,7 +111,7 @@ def test_parse_baseline(value, mode, url):
 
 
 @pytest.mark.parametrize("value", ["url:", "budget", {"mode": "budget0", "near_tie_gap": -1},
-                                   {"mode": "budget0", "top_logprobs": 50}, {"mode": 3}])  # fmt: skip
+                                   {"mode": "budget0", "top_logprobs": 50}, {"mode": 3}])
 def test_parse_baseline_errors(value):
     with pytest.raises(UsageError):
         lossless.parse_baseline(value)

@@ -11,7 +11,7 @@ from ddtree_diag.matrix import Matrix, MatrixRequest, apply_overrides, load_matr
 def test_smoke_matrix_is_the_story_probe():
     cases = resolve_matrix(MatrixRequest(matrix="smoke")).cases()
     assert [(c.enable_thinking, c.tree_budget) for c in cases] == [
-        (False, 16), (False, 64), (True, 16), (True, 64)]  # fmt: skip
+        (False, 16), (False, 64), (True, 16), (True, 64)]
     assert {c.max_tokens for c in cases} == {48} and {c.temperature for c in cases} == {0.0}
     assert cases[0].messages == [{"role": "user", "content": "Say hello in one short sentence."}]
 
@@ -25,7 +25,7 @@ def test_order_is_stable_prompt_thinking_budget_temperature_max_repeat():
         "defaults": {"repeat": 2},
         "axes": {"enable_thinking": [False, True], "tree_budget": [8, "default"], "temperature": [0, 0.7]},
         "prompts": {"a": "first", "b": {"messages": [{"role": "user", "content": "second"}]}},
-    })  # fmt: skip
+    })
     cases = matrix.cases()
     assert len(cases) == 2 * 2 * 2 * 2 * 2
     keys = [(c.prompt_id, c.enable_thinking, c.tree_budget is None, c.temperature, c.repeat) for c in cases]
@@ -35,7 +35,7 @@ def test_order_is_stable_prompt_thinking_budget_temperature_max_repeat():
 
 def test_system_prompt_and_extra_fields():
     matrix = matrix_from_dict({"defaults": {"system": "Be brief."}, "prompts": {"p": "hi"},
-                               "extra": {"seed": 1}})  # fmt: skip
+                               "extra": {"seed": 1}})
     case = matrix.cases()[0]
     assert case.messages[0] == {"role": "system", "content": "Be brief."}
     assert case.extra == {"seed": 1} and case.prompt_text == "hi"
@@ -74,7 +74,7 @@ def test_overrides_replace_axes(tmp_path):
         Matrix(prompts={"named": [{"role": "user", "content": "n"}]}),
         prompts=["named", f"@{prompt_file}", f"@{messages}", "literal text"],
         thinking="on", budget="0,default", temperature="0.5", max_tokens="16,32", repeat=1,
-    )  # fmt: skip
+    )
     assert list(matrix.prompts) == ["named", "ask", "conv", "prompt4"]
     assert matrix.prompts["ask"][0]["content"] == "What is 2+2?"
     assert matrix.enable_thinking == [True] and matrix.tree_budget == [0, None]
@@ -99,7 +99,7 @@ def test_every_example_and_builtin_matrix_parses():
     from ddtree_diag.checks.gate import parse_gate
     from ddtree_diag.checks.lossless import parse_baseline
     from ddtree_diag.matrix import builtin_matrix, builtin_names, load_matrix
-    from tests.conftest import ROOT
+    from tests.support.processes import ROOT
 
     examples = sorted((ROOT / "probes").glob("*.toml"))
     assert len(examples) >= 3

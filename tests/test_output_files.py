@@ -91,7 +91,7 @@ def test_missing_folders_are_created(tmp_path):
     (lambda p: (p.mkdir(), p)[1], "it is a directory"),
     (lambda p: (p.write_text("file"), p / "report.json")[1], "Not a directory"),
     (lambda p: f"{p}/", "names a directory"),
-])  # fmt: skip
+])
 def test_unwritable_targets_are_one_line(tmp_path, make, needle):
     path = make(tmp_path / "target")
     with pytest.raises(UsageError) as caught:
@@ -159,7 +159,7 @@ def test_unwritable_output_fails_before_the_run(cli, tmp_path):
     # An unreachable URL: had the run started, the exit code would be 3, not 2.
     for flag in ("--json", "--junit", "--summary"):
         result = cli("probe", "--url", "http://127.0.0.1:9", "--model", "m", "--dialect", "openai",
-                     flag, str(blocker / "out"))  # fmt: skip
+                     flag, str(blocker / "out"))
         assert result.code == 2, result.stderr
         assert result.stderr.count("\n") == 1 and f"cannot write {flag}" in result.stderr
     result = cli("probe", "--url", "http://127.0.0.1:9", "--model", "m", "--dialect", "openai", "--json", str(tmp_path))
@@ -181,7 +181,7 @@ def test_special_and_full_outputs_after_a_run(standin, cli, tmp_path):
     server = standin("--dialect", "ddtree")
     json_path = tmp_path / "run.json"
     result = cli("probe", "--url", server.url, "--thinking", "off", "--json", str(json_path), "--junit", "/dev/full",
-                 "--summary", "/dev/null", "--quiet")  # fmt: skip
+                 "--summary", "/dev/null", "--quiet")
     assert result.code == 2, "a report that could not be written fails the job"
     assert result.stderr.strip() == "ddtree-diag: error: cannot write /dev/full: No space left on device"
     assert json.loads(json_path.read_text())["results"][0]["status"] == "ok", "the other outputs were written"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.e2e
 WARNING_MARKS = ("BuildBackendWarning", "SetuptoolsDeprecationWarning", "SetuptoolsWarning", "!!")
@@ -31,7 +31,7 @@ def project(tmp_path) -> Path:
 
 def pip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=300)
 
 
 def setuptools_warnings(output: str) -> list[str]:

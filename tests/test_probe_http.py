@@ -1,4 +1,4 @@
-"""The probe over real HTTP against the STAND-IN dialect server (tests/standin_server.py).
+"""The probe over real HTTP against the STAND-IN dialect server (tests/support/standin_server.py).
 
 The stand-in replays each server's documented response shapes; it is not vLLM, SGLang or
 llama.cpp. Tests run the real CLI as a subprocess: real exit codes, real stdout/stderr split.
@@ -16,7 +16,7 @@ import pytest
 
 from ddtree_diag.backends.dialects import DIALECTS
 from ddtree_diag.records import RunReport
-from tests.conftest import ROOT, free_port, sigint_default
+from tests.support.processes import ROOT, free_port, sigint_default
 
 # every registered dialect: a new one is fuzzed and probed end to end without touching this file
 
@@ -63,7 +63,7 @@ def test_each_dialect_auto_detected_and_parsed(standin, cli, dialect, stream):
 def test_explicit_dialect_skips_detection(standin, cli):
     server = standin("--dialect", "sglang")
     result, report = probe_json(cli, server.url, "--dialect", "sglang", "--model", "standin-model",
-                                "--thinking", "off", "--budget", "default")  # fmt: skip
+                                "--thinking", "off", "--budget", "default")
     assert result.code == 0
     assert [r["max_tokens"] for r in server.requests()] == [48], "no detection request"
     assert report["results"][0]["spec"]["source"] == "response.sglext.spec_tokens_details"
@@ -115,7 +115,7 @@ def test_unreachable_without_model_is_exit_3(cli):
 
 def test_dns_failure_is_exit_3(cli):
     result = cli("probe", "--url", "http://no-such-host.invalid:8000", "--model", "m",
-                 "--dialect", "openai", "--thinking", "off", "--json", "-")  # fmt: skip
+                 "--dialect", "openai", "--thinking", "off", "--json", "-")
     assert result.code == 3
     assert "cannot resolve host" in json.loads(result.stdout)["results"][0]["error"]
 
@@ -123,7 +123,7 @@ def test_dns_failure_is_exit_3(cli):
 def test_timeout_is_marked_and_exit_3(standin, cli):
     server = standin("--dialect", "vllm")
     result, report = probe_json(cli, server.url, "--dialect", "vllm", "--model", "standin-model", "--timeout", "1",
-                                "--prompt", "FAIL:slow please", "--thinking", "off")  # fmt: skip
+                                "--prompt", "FAIL:slow please", "--thinking", "off")
     assert result.code == 3
     assert report["results"][0]["status"] == "timeout"
     assert "timeout" in report["results"][0]["error"]
@@ -138,7 +138,7 @@ def test_timeout_is_marked_and_exit_3(standin, cli):
 def test_server_errors_mark_the_case_and_others_still_run(standin, cli, prompt, status, needle):
     server = standin("--dialect", "vllm")
     result, report = probe_json(cli, server.url, "--dialect", "vllm", "--no-stream", "--thinking", "off",
-                                "--prompt", prompt, "--prompt", "Say hi.")  # fmt: skip
+                                "--prompt", prompt, "--prompt", "Say hi.")
     assert result.code == 1
     bad, good = report["results"]
     assert bad["status"] == status and needle in bad["error"]
@@ -148,7 +148,7 @@ def test_server_errors_mark_the_case_and_others_still_run(standin, cli, prompt, 
 def test_truncated_stream_keeps_partial_text(standin, cli):
     server = standin("--dialect", "vllm")
     result, report = probe_json(cli, server.url, "--dialect", "vllm", "--thinking", "off",
-                                "--prompt", "FAIL:truncate")  # fmt: skip
+                                "--prompt", "FAIL:truncate")
     assert result.code == 3
     record = report["results"][0]
     assert record["status"] == "transport_error" and "before [DONE]" in record["error"]
@@ -229,7 +229,7 @@ def test_ctrl_c_writes_partial_report_and_exits_130(standin, tmp_path):
          "--model", "standin-model", "--prompt", "Say hi.", "--prompt", "FAIL:slow", "--thinking", "off",
          "--json", str(path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
-    )  # fmt: skip
+    )
     deadline = time.time() + 30
     while time.time() < deadline and len([r for r in server.requests() if "FAIL:slow" in str(r)]) == 0:
         time.sleep(0.05)
@@ -245,7 +245,7 @@ def test_ctrl_c_writes_partial_report_and_exits_130(standin, tmp_path):
 def test_concurrency_keeps_matrix_order_and_warns_about_counters(standin, cli):
     server = standin("--dialect", "vllm", "--no-per-request-metrics")
     result, report = probe_json(cli, server.url, "--concurrency", "4", "--budget", "1,2,3",
-                                "--repeat", "2")  # fmt: skip
+                                "--repeat", "2")
     assert result.code == 0
     ids = [r["case"]["case_id"] for r in report["results"]]
     assert len(ids) == 12 and ids == sorted(ids, key=ids.index)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 SMALL = ("--thinking", "off", "--max-tokens", "16")  # few, short cases (the smoke matrix's budgets)
 
@@ -23,7 +23,7 @@ SMALL = ("--thinking", "off", "--max-tokens", "16")  # few, short cases (the smo
 def pyz(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pyz") / "ddtree-diag.pyz"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pyz.py"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return out
 
@@ -36,7 +36,7 @@ def target(probe_target) -> str:
 def run_pyz(pyz: Path, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess:
     # -I: no PYTHONPATH, no user site; -S: no site-packages. Only the zip and the stdlib remain.
     return subprocess.run([python, "-I", "-S", str(pyz), *args], capture_output=True, text=True,
-                          timeout=120, cwd=pyz.parent)  # fmt: skip
+                          timeout=120, cwd=pyz.parent)
 
 
 def essentials(report: dict) -> list[tuple]:
@@ -49,7 +49,7 @@ MAX_BYTES = 6 * 1024 * 1024  # sources ~4 MB, plus bytecode of the modules the t
 def test_pyz_leaves_out_engine_only_data_and_stays_small(pyz):
     names = zipfile.ZipFile(pyz).namelist()
     engine_only = [n for n in names if n.startswith(("ddtree_diag/data/", "ddtree_diag/training/"))
-                   and not n.startswith("ddtree_diag/data/lexicon/") and not n.endswith("/")]  # fmt: skip
+                   and not n.startswith("ddtree_diag/data/lexicon/") and not n.endswith("/")]
     assert not engine_only
     assert "ddtree_diag/data/lexicon/index.json" in names, "the quality check's word lists travel with it"
     assert not [n for n in names if n.endswith((".safetensors", ".bin", ".gguf"))], "no weights"
@@ -70,7 +70,7 @@ def test_pyz_text_verdicts_equal_the_installed_tool(pyz):
     ]
     lines = "".join(json.dumps({"text": t}) + "\n" for t in texts)
     result = subprocess.run([sys.executable, "-I", "-S", str(pyz), "text-check", "--jsonl", "-"], input=lines,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+                            capture_output=True, text=True, timeout=120)
     got = [json.loads(line) for line in result.stdout.splitlines()]
     expected = [assess(t).to_dict() for t in texts]
     assert [(g["garbage"], [r["code"] for r in g["reasons"]]) for g in got] == [
@@ -130,7 +130,7 @@ def test_pyz_probes_via_a_prefix(pyz, target):
 
 
 @pytest.mark.parametrize("args", [("probe", "--engine", "--target", "some/model"), ("probe", "--engine"),
-                                  ("engine-info",), ("serve",), ("demo",), ("train-draft", "--out", "d")])  # fmt: skip
+                                  ("engine-info",), ("serve",), ("demo",), ("train-draft", "--out", "d")])
 def test_pyz_engine_commands_say_they_need_the_engine_extra(pyz, args):
     result = run_pyz(pyz, *args)
     assert result.returncode == 2

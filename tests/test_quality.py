@@ -738,7 +738,7 @@ def test_reason_codes_come_from_one_registry_and_the_readme_shows_it():
     """The code list, the loop subset the findings use, and the README table are one registry."""
     from ddtree_diag.checks import findings
     from ddtree_diag.checks.quality import registry
-    from tests.conftest import ROOT
+    from tests.support.processes import ROOT
 
     assert tuple(r.code for r in registry.REGISTRY) == registry.REASON_CODES
     assert len(set(registry.REASON_CODES)) == len(registry.REASON_CODES)
@@ -746,7 +746,7 @@ def test_reason_codes_come_from_one_registry_and_the_readme_shows_it():
     assert registry.readme_table() in (ROOT / "README.md").read_text(encoding="utf-8")
     # every code a signal can emit is registered (the codes appear in the signal modules)
     sources = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "ddtree_diag/checks/quality").glob("*.py")
-                      if p.name != "registry.py")  # fmt: skip
+                      if p.name != "registry.py")
     sources += (ROOT / "ddtree_diag/checks/likelihood.py").read_text(encoding="utf-8")  # the --score-with codes
     assert all(f'"{code}"' in sources for code in registry.REASON_CODES)
 

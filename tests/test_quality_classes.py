@@ -1,5 +1,5 @@
 """Garbage classes and clean shapes, generated: random words of 19 languages in 6 scripts (real
-word lists, tests/quality_gen.py), random lengths, positions and punctuation. Each garbage class
+word lists, tests/support/quality_gen.py), random lengths, positions and punctuation. Each garbage class
 must be caught (and by the signal made for it), each clean shape must stay clean, over seeds the
 detector was never tuned on (bench/bench_quality.py measures the same classes over 200 seeds).
 """
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddtree_diag.checks.quality import assess
-from tests import quality_gen
+from tests.support import quality_gen
 
 SEEDS = range(1000, 1040)  # not the bench's seeds (0-199)
 
@@ -91,7 +91,7 @@ def test_every_word_said_twice_is_doubled_words(words, before):
 
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(quality_gen.PUNCT + quality_gen.BULLETS), st.integers(3, 20), opening,
-       st.sampled_from(["\n", "\n\n"]))  # fmt: skip
+       st.sampled_from(["\n", "\n\n"]))
 def test_lines_of_one_mark_are_an_empty_list(mark, lines, before, gap):
     if set(mark) <= set("{}[]();/\\|`\"'"):
         return  # a line of brackets or quotes is code
@@ -101,7 +101,7 @@ def test_lines_of_one_mark_are_an_empty_list(mark, lines, before, gap):
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 50), st.integers(4, 30), st.sampled_from(["{}.", "{})", "({})", "Step {}:", "{}、"]),
-       st.sampled_from([" ", "\n", "  "]), opening)  # fmt: skip
+       st.sampled_from([" ", "\n", "  "]), opening)
 def test_markers_counting_with_nothing_in_them(start, count, style, sep, before):
     text = before + sep + sep.join(style.format(i) for i in range(start, start + count))
     verdict = assess(text, prompt="Tell me more.", finish_reason="length")
@@ -153,7 +153,7 @@ UNLISTED_LANGUAGES = {
     "ha": ('Faɗa mini game da Kano.',
            'Kano birni ne mai tarihi a arewacin Najeriya. Kasuwar Kurmi ta shahara sosai, kuma mutane da yawa '
            'suna zuwa daga wurare daban daban domin sayen kaya da sayarwa.'),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("lang", sorted(UNLISTED_LANGUAGES))
@@ -238,7 +238,7 @@ def test_words_split_in_two_throughout_are_salad(lang, seed):
         cut = rng.randint(2, len(word) - 2)
         pieces += [word[:cut], word[cut:]]
     verdict = assess(quality_gen.prose(rng, lang, 2, 3) + " " + " ".join(pieces) + ".",
-                     prompt=quality_gen.ask(rng, lang), finish_reason="stop")  # fmt: skip
+                     prompt=quality_gen.ask(rng, lang), finish_reason="stop")
     assert "word_salad" in verdict.codes, (lang, " ".join(pieces[:12]))
 
 
@@ -262,5 +262,5 @@ def test_salad_answering_a_short_prompt_is_judged_in_the_prompts_language(lang):
     for seed in range(20):
         rng = random.Random(seed)
         caught += assess(quality_gen.salad_text(rng, lang, rng.randint(12, 30)), prompt=PROMPTS[lang],
-                         finish_reason="stop").garbage  # fmt: skip
+                         finish_reason="stop").garbage
     assert caught >= 15, (lang, caught)

@@ -14,9 +14,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.conftest import ROOT, free_port, run_cli
-from tests.gatekit import write_matrix
-from tests.hostile_server import HostileServer
+from tests.support.gatekit import write_matrix
+from tests.support.hostile_server import HostileServer
+from tests.support.processes import ROOT, free_port, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +58,7 @@ def test_sigterm_mid_gate_writes_every_report_and_exits_143(standin, tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "ddtree_diag", "gate", str(matrix), "--url", server.url, *output_flags(paths)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and sum(int(r.get("max_tokens") or 0) > 1 for r in server.requests()) < 3:
         time.sleep(0.05)

@@ -1,6 +1,6 @@
 """The reference server (`ddtree-diag serve`) as a real subprocess, probed by the real client.
 
-A tiny random-weight Qwen3 target + DFlash draft (tests/engine_fixtures.py) keeps it fast; the
+A tiny random-weight Qwen3 target + DFlash draft (tests/support/engine_fixtures.py) keeps it fast; the
 text is gibberish, which is fine here: this file tests the wire, not the words.
 """
 
@@ -17,8 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from tests.conftest import free_port  # noqa: E402
-from tests.engine_fixtures import serving, start_server, tiny_models  # noqa: E402
+from tests.support.engine_fixtures import serving, start_server, tiny_models  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 pytestmark = pytest.mark.engine
 API_KEY = "test-key-123"
@@ -96,9 +96,9 @@ def test_stream_and_plain_agree_at_t0(server):
     with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=60,
                       headers={"Authorization": f"Bearer {API_KEY}"},
                       json=chat("abc def", tree_budget=8, stream=True,
-                                stream_options={"include_usage": True})) as response:  # fmt: skip
+                                stream_options={"include_usage": True})) as response:
         chunks = [json.loads(line[6:]) for line in response.iter_lines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+                  if line.startswith("data: ") and line != "data: [DONE]"]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == plain["choices"][0]["message"]["content"]
     usage_chunk = chunks[-1]
@@ -116,7 +116,7 @@ def test_server_text_equals_in_process_engine(server, models):
             body = chat("Tell me a story.", tree_budget=budget, enable_thinking=thinking)
             served = post(server, body).json()
             local = engine.generate(messages=body["messages"], enable_thinking=thinking, tree_budget=budget,
-                                    max_tokens=24)  # fmt: skip
+                                    max_tokens=24)
             assert served["choices"][0]["message"]["content"] == local.text
             assert served["ddtree"]["acceptance_lengths"] == local.acceptance_lengths
 
@@ -172,7 +172,7 @@ def test_bad_input_is_4xx_with_openai_error_and_server_survives(server, body, ra
      ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
      ({"chat_template_kwargs": {"enable_thinking": 1}}, "chat_template_kwargs.enable_thinking"),
      ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage")],
-)  # fmt: skip
+)
 def test_wrong_typed_booleans_are_400_naming_the_field(server, fields, param):
     response = post(server, chat("x", max_tokens=3, **fields))
     assert response.status_code == 400, response.text
@@ -183,7 +183,7 @@ def test_wrong_typed_booleans_are_400_naming_the_field(server, fields, param):
 
 def test_real_booleans_and_other_template_kwargs_still_work(server):
     for fields in ({"stream": False, "logprobs": False, "enable_thinking": None},
-                   {"chat_template_kwargs": {"enable_thinking": False, "custom": "kept"}}):  # fmt: skip
+                   {"chat_template_kwargs": {"enable_thinking": False, "custom": "kept"}}):
         assert post(server, chat("x", max_tokens=3, **fields)).status_code == 200
 
 
@@ -195,7 +195,7 @@ def test_api_key_is_required(server):
 def test_concurrent_clients_get_their_own_answers(server):
     prompts = [f"question number {i} " * (i + 1) for i in range(6)]
     serial = {p: post(server, chat(p, max_tokens=12 + i)).json()["choices"][0]["message"]["content"]
-              for i, p in enumerate(prompts)}  # fmt: skip
+              for i, p in enumerate(prompts)}
     answers: dict[str, str] = {}
 
     def ask(i: int, prompt: str) -> None:
@@ -220,7 +220,7 @@ def test_disconnect_mid_stream_cancels_and_frees_the_worker(server):
     before = cancelled_count(server)
     with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=60,
                       headers={"Authorization": f"Bearer {API_KEY}"},
-                      json=chat("go on forever", max_tokens=400, tree_budget=0, stream=True)) as response:  # fmt: skip
+                      json=chat("go on forever", max_tokens=400, tree_budget=0, stream=True)) as response:
         lines = response.iter_lines()
         for _ in range(3):
             next(lines)

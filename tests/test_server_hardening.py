@@ -1,6 +1,6 @@
 """The reference server never answers client input with a 5xx, and one client cannot hold its
 single worker for minutes. ``ddtree-diag serve`` runs as a real subprocess with a tiny random
-model (tests/engine_fixtures.py); requests go over loopback HTTP.
+model (tests/support/engine_fixtures.py); requests go over loopback HTTP.
 
 The fuzz test sends hypothesis-generated request bodies (derandomized, a fixed count) and checks
 that every answer is a 2xx completion or a 4xx OpenAI error object, that streams end properly or
@@ -22,8 +22,8 @@ httpx = pytest.importorskip("httpx")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.engine_fixtures import serving, tiny_models  # noqa: E402
-from tests.timing import DEADLINE_SLACK_S  # noqa: E402
+from tests.support.engine_fixtures import serving, tiny_models  # noqa: E402
+from tests.support.timing import DEADLINE_SLACK_S  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.e2e]
 FUZZ_EXAMPLES = 300
@@ -42,7 +42,7 @@ def server(models):
 
 
 def post(url: str, *, json_body=None, raw: bytes | None = None, content_type: str | None = "application/json",
-         timeout: float = 60) -> httpx.Response:  # fmt: skip
+         timeout: float = 60) -> httpx.Response:
     headers = {} if content_type is None else {"Content-Type": content_type}
     data = raw if raw is not None else json.dumps(json_body, allow_nan=True).encode("utf-8", "surrogatepass")
     return httpx.post(f"{url}/v1/chat/completions", content=data, headers=headers, timeout=timeout)
@@ -84,7 +84,7 @@ def error_of(response: httpx.Response) -> dict:
      (chat(max_tokens=500), None, "context length 160"),
      (None, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "invalid JSON"),
      ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 9}, None, "stop")],
-)  # fmt: skip
+)
 def test_client_mistakes_are_400_with_an_error_object(server, body, raw, needle):
     response = post(server, json_body=body, raw=raw)
     assert response.status_code == 400, response.text
@@ -173,9 +173,9 @@ def test_request_deadline_frees_the_worker(impatient_server):
 
 JUNK = [None, True, False, 0, -1, 1, 2.5, 1e-300, 5e-324, 1e308, math.nan, math.inf, -math.inf, 2**64, 2**70,
         -(2**63) - 1, "", "x", "\ud800", "0.5", "NaN", [], {}, [1], {"a": 1}, "a" * 5000,
-        [{"role": "user"}]]  # fmt: skip
+        [{"role": "user"}]]
 junk = st.one_of(st.sampled_from(JUNK), st.integers(), st.floats(), st.text(st.characters(exclude_categories=()),
-                                                                               max_size=12))  # fmt: skip
+                                                                               max_size=12))
 def usually(good, n: int = 4):
     """``good`` n times out of n + 1, else junk."""
     return st.integers(0, n).flatmap(lambda i: junk if i == 0 else good)
@@ -195,14 +195,14 @@ FIELDS = {
     "tree_budget": usually(st.integers(-2, 20)),
     "chat_template_kwargs": usually(st.fixed_dictionaries({"enable_thinking": st.booleans()})),
     "unknown_field": junk,
-}  # fmt: skip
+}
 content = usually(st.one_of(st.text(max_size=40), st.text(st.characters(exclude_categories=()), max_size=10),
                             st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]),
                                                             "text": usually(st.text(max_size=10))}), max_size=3)))
 message = usually(st.fixed_dictionaries({
     "role": st.sampled_from(["user", "user", "system", "assistant", "tool", "developer", "wizard"]),
     "content": content,
-}), 8)  # fmt: skip
+}), 8)
 
 
 @st.composite
@@ -242,13 +242,13 @@ def test_fuzzed_requests_never_get_a_5xx(server):
     seen = {"2xx": 0, "4xx": 0, "stream": 0, "stream_error": 0}
 
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+              suppress_health_check=list(HealthCheck))
     @given(request=request_bodies())
     def check(request):
         data, content_type = request
         headers = {} if content_type is None else {"Content-Type": content_type}
         with httpx.stream("POST", f"{server}/v1/chat/completions", content=data, headers=headers,
-                          timeout=60) as response:  # fmt: skip
+                          timeout=60) as response:
             status = response.status_code
             streamed = "text/event-stream" in response.headers.get("content-type", "")
             if streamed:

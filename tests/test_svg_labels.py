@@ -15,7 +15,7 @@ import pytest
 from ddtree_diag.output.diff import diff_runs
 from ddtree_diag.output.html import html_diff, html_report
 from ddtree_diag.output.svg import grouped_bars, histogram, paired_bars
-from tests.reportkit import slower_copy, varied_report
+from tests.support.reportkit import slower_copy, varied_report
 
 TEXT = re.compile(r"<text([^>]*)>(.*?)</text>", re.S)
 SVG = re.compile(r"<svg[^>]*viewBox=\"0 0 (\d+) (\d+)\"[^>]*>(.*?)</svg>", re.S)
@@ -37,13 +37,13 @@ def boxes(svg: str) -> list[tuple[str, list[tuple[float, float]]]]:
         w = width_of(text, size)
         start = {"start": x, "middle": x - w / 2, "end": x - w}[attrs.get("text-anchor", "start")]
         corners = [(start, y - 0.8 * size), (start + w, y - 0.8 * size), (start + w, y + 0.2 * size),
-                   (start, y + 0.2 * size)]  # fmt: skip
+                   (start, y + 0.2 * size)]
         turn = re.search(r"rotate\(([-\d.]+) ([-\d.]+) ([-\d.]+)\)", attrs.get("transform", ""))
         if turn:
             angle, cx, cy = (float(v) for v in turn.groups())
             a = math.radians(angle)
             corners = [(cx + (px - cx) * math.cos(a) - (py - cy) * math.sin(a),
-                        cy + (px - cx) * math.sin(a) + (py - cy) * math.cos(a)) for px, py in corners]  # fmt: skip
+                        cy + (px - cx) * math.sin(a) + (py - cy) * math.cos(a)) for px, py in corners]
         found.append((text, corners))
     return found
 
@@ -101,7 +101,7 @@ def test_grouped_bars_never_overlap_labels(kind, groups, series):
     labels = LABELS[kind](groups)
     names = [f"thinking mode {s} with a long name" for s in range(series)]
     values = {(g, s): (None if (g + s) % 5 == 4 else 1234.5 * (1 + (g * 7 + s) % 3)) for g in range(groups)
-              for s in range(series)}  # fmt: skip
+              for s in range(series)}
     svg = grouped_bars(labels, names, values, title="t", y_label="tok/s", digits=1, reference=1.0)
     assert assert_no_overlap(svg) == 1
     shown = [re.sub(r"<title>.*?</title>", "", t) for a, t in TEXT.findall(svg) if "xlabel" in a]

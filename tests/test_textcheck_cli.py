@@ -134,7 +134,7 @@ def test_a_bad_jsonl_line_is_named_with_its_number_and_the_good_lines_are_judged
 
 def test_jsonl_with_bad_lines_judges_the_rest_and_exits_by_what_it_found(tmp_path):
     lines = [json.dumps({"text": "Fine, thanks."}), "{oops", json.dumps({"text": "<|im_start|>assistant\nHi"}),
-             "", json.dumps({"text": 7}), json.dumps({"text": "All good here.", "id": "c"})]  # fmt: skip
+             "", json.dumps({"text": 7}), json.dumps({"text": "All good here.", "id": "c"})]
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out, err = io.StringIO(), io.StringIO()
@@ -230,7 +230,7 @@ def test_score_with_the_embedded_model_from_the_command_line(tmp_path, cli):
     salad = tmp_path / "salad.txt"
     salad.write_text("The cap italof Aus tral iaisCan ber raa ndth ebig gestc ityis Syd neyw hichha sthe\n")
     common = ("--prompt", "What is the capital of Australia?", "--finish-reason", "stop", "--json",
-              "--score-with", "embedded")  # fmt: skip
+              "--score-with", "embedded")
     good = cli("text-check", str(clean), *common, timeout=600)
     assert good.code == 0, good.stderr
     scores = good.json()["likelihood"]  # a clean answer shows its scores and the thresholds too
@@ -250,7 +250,7 @@ def test_plain_verdict_prints_the_likelihood_scores_with_their_thresholds():
     from ddtree_diag.records import Verdict
 
     scores = {"model": "SmolLM2", "tokens": 40, "mean_surprisal": 2.03, "worst_span_surprisal": 3.5,
-              "greedy_checked": True, "not_greedy_at_token": None, "thresholds": THRESHOLDS}  # fmt: skip
+              "greedy_checked": True, "not_greedy_at_token": None, "thresholds": THRESHOLDS}
     out = io.StringIO()
     _print_verdict(Verdict(garbage=False, score=0.0, likelihood=scores), out, "text")
     shown = " ".join(out.getvalue().split())

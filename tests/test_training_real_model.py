@@ -23,7 +23,7 @@ def test_tiny_draft_training_run_on_cpu_writes_a_loadable_draft(embedded_target_
         prompts_file=str(prompts), out_dir=str(tmp_path / "draft"), target_dir=str(embedded_target_dir),
         block_size=4, num_draft_layers=1, max_new_tokens=6, steps=2, batch_size=2, anchors_per_seq=2,
         device="cpu", log_every=1, follow_up_tokens=4, sampled_prompts=2, gen_batch_size=4,
-    )  # fmt: skip
+    )
     lines: list[str] = []
     result = dt.train_draft(settings, log=lines.append)
     assert result["summary"]["steps_done"] == 2 and result["summary"]["sequences"] >= 3

@@ -23,7 +23,7 @@ import pytest
 
 from ddtree_diag.backends import via
 from ddtree_diag.errors import UsageError
-from tests.conftest import ROOT, free_port, sigint_default
+from tests.support.processes import ROOT, free_port, sigint_default
 
 SH_HOP = "sh -c 'exec \"$@\"' sh"  # a plain local shell: passes the words on untouched
 
@@ -73,7 +73,7 @@ def comparable(report: dict) -> list[tuple]:
         (r["case"]["case_id"], r["status"], r["output"], r["finish_reason"], r["completion_tokens"],
          r["spec"]["decode_rounds"], r["spec"]["mean_acceptance_length"])
         for r in report["results"]
-    ]  # fmt: skip
+    ]
 
 
 # -- the happy paths ---------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_via_prefix_gives_the_same_results_as_a_direct_probe(cli, target, fake_s
 def test_via_without_streaming_and_with_concurrency(cli, target):
     direct_result, direct = probe(cli, target, "--no-stream", "--budget", "1,2,3")
     result, report = probe(cli, target, "--no-stream", "--budget", "1,2,3", "--concurrency", "4",
-                           via_prefix=SH_HOP)  # fmt: skip
+                           via_prefix=SH_HOP)
     assert direct_result.code == 0 and result.code == 0, result.stderr
     assert len(report["results"]) == 3
     assert comparable(report) == comparable(direct)
@@ -135,14 +135,14 @@ def test_agent_is_stdlib_only_python_3_8_code(target):
     # And it works with no site-packages and no PYTHONPATH: speak the protocol to it by hand.
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": ""}
     agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", via.BOOTSTRAP], env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         agent.stdin.write(via.agent_line())
         agent.stdin.flush()
         hello = json.loads(agent.stdout.readline())
         assert hello["event"] == "hello" and "error" not in hello
         request = {"id": 7, "method": "GET", "url": f"{target}/v1/models",
-                   "headers": [["Host", target.split("//")[1]]], "timeout": {"connect": 5, "read": 5}}  # fmt: skip
+                   "headers": [["Host", target.split("//")[1]]], "timeout": {"connect": 5, "read": 5}}
         agent.stdin.write(json.dumps(request).encode() + b"\n")
         agent.stdin.flush()
         events = []
@@ -217,7 +217,7 @@ def test_bad_prefixes_are_usage_errors(prefix):
          "Try `python -h' for more information.", "too old"),
      (1, 'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n  File "<string>", line 40\n'
          "SyntaxError: invalid syntax", "cannot parse the agent, so it is probably too old")],
-)  # fmt: skip
+)
 def test_startup_failures_get_one_clear_line(code, stderr, needle):
     message = via.startup_failure(code, ["", *stderr.split("\n"), ""])
     assert needle in message and "\n" not in message
@@ -234,7 +234,7 @@ ECHO = f"python3 -I -S -c {via.BOOTSTRAP}"
       "bash: -c: line 1: syntax error near unexpected token"),
      (1, f"+ {ECHO}\nerror: container 200 is not running", "error: container 200 is not running"),
      (2, "Unknown option: -I", "exited with code 2 before the agent started: Unknown option: -I")],
-)  # fmt: skip
+)
 def test_an_echoed_start_up_command_is_not_an_old_python(code, stderr, needle):
     """The start-up command carries the version check's words; a far side that repeats it (a shell
     error, a trace, a runtime's complaint) has said nothing about its Python."""
@@ -253,7 +253,7 @@ def test_an_echoed_start_up_command_is_not_an_old_python(code, stderr, needle):
      ("sh -c 'PATH=/nonexistent; exec \"$@\"' sh", "python3 missing on the far side"),
      ("sh -c 'no-such-pct \"$@\"' sh", "not found on the way"),
      ("sh -c 'echo Connection closed by 10.0.0.7 port 22 >&2; exit 255' sh", "code 255 before the agent started")],
-)  # fmt: skip
+)
 def test_prefix_failures_are_exit_3_with_one_line(cli, target, prefix, needle):
     result = cli("probe", "--url", target, "--via", prefix)
     assert result.code == 3, result.stderr
@@ -272,7 +272,7 @@ def test_far_side_error_repeating_the_command_is_quoted_not_read_as_old_python(c
 
 def test_far_side_interpreter_can_be_named(cli, target):
     result = cli("probe", "--url", target, "--via", "env", "--json", "-", *SMALL,
-                 env={"DDTREE_DIAG_VIA_PYTHON": sys.executable})  # fmt: skip
+                 env={"DDTREE_DIAG_VIA_PYTHON": sys.executable})
     assert result.code == 0, result.stderr
     version = ".".join(map(str, sys.version_info[:3]))
     assert result.json()["target"]["via"]["agent_python"] == version
@@ -302,14 +302,14 @@ def test_far_side_cannot_reach_the_url(cli):
     result = cli("probe", "--url", url, "--via", SH_HOP)  # /v1/models fails: one line
     assert result.code == 3 and "connection refused" in result.stderr and result.stderr.count("\n") == 1
     result, report = probe(cli, "http://no-such-host.invalid:8000", "--model", "m", "--dialect", "openai",
-                           "--thinking", "off", via_prefix="env")  # fmt: skip
+                           "--thinking", "off", via_prefix="env")
     assert result.code == 3 and "cannot resolve host" in report["results"][0]["error"]
 
 
 def test_far_side_read_timeout_is_a_timeout(standin, cli):
     server = standin("--dialect", "vllm")  # the stand-in can be told to answer slowly
     result, report = probe(cli, server.url, "--dialect", "vllm", "--model", "standin-model", "--timeout", "1",
-                           "--prompt", "FAIL:slow please", "--thinking", "off", via_prefix="env")  # fmt: skip
+                           "--prompt", "FAIL:slow please", "--thinking", "off", via_prefix="env")
     assert result.code == 3
     assert report["results"][0]["status"] == "timeout"
 
@@ -334,7 +334,7 @@ def _start_slow_probe(server, pid_file: Path, json_path: Path) -> subprocess.Pop
          "--thinking", "off", "--via", _pid_prefix(pid_file), "--json", str(json_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=sigint_default,
-    )  # fmt: skip
+    )
 
 
 def _wait_for_slow_request(server) -> None:

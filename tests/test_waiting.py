@@ -64,11 +64,11 @@ def test_waiting_on_a_terminal_is_a_spinner_then_one_done_line(monkeypatch):
 
 @pytest.mark.engine
 def test_probe_engine_says_the_model_is_loading(cli, tmp_path):
-    from tests import engine_fixtures as fx
+    from tests.support import engine_fixtures as fx
 
     target, draft = fx.tiny_models(tmp_path)
     args = ("probe", "--engine", "--target", str(target), "--draft", str(draft), "--device", "cpu", "--dtype",
-            "fp32", "--thinking", "off", "--budget", "4", "--max-tokens", "4")  # fmt: skip
+            "fp32", "--thinking", "off", "--budget", "4", "--max-tokens", "4")
     shown = cli(*args, timeout=600)
     assert shown.code in (0, 1), shown.stderr  # random weights: garbage may be flagged
     lines = shown.stderr.splitlines()

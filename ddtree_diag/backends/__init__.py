@@ -47,7 +47,7 @@ class HttpTarget:
         """A second server with this one's request settings, asked one plain request at a time
         from here (a ``--via`` agent is shared with it by the caller, not started again)."""
         return HttpTarget(url=url, api_key=self.api_key, timeout=self.timeout,
-                          max_response_bytes=self.max_response_bytes, stream=False)  # fmt: skip
+                          max_response_bytes=self.max_response_bytes, stream=False)
 
 
 @dataclass
@@ -75,7 +75,7 @@ class EngineTarget:
     def baseline(self) -> EngineTarget:
         """The same weights without the draft: the target alone, greedy."""
         return EngineTarget(target=self.target, gguf=self.gguf, device=self.device, dtype=self.dtype,
-                            timeout=self.timeout, use_draft=False)  # fmt: skip
+                            timeout=self.timeout, use_draft=False)
 
 
 Target = HttpTarget | EngineTarget
@@ -129,7 +129,7 @@ class Backend(Protocol):
         ...
 
     def baseline_target(self, mode: str, url: str | None, *, http: HttpTarget,
-                        weights: EngineTarget | None) -> Target | None:  # fmt: skip
+                        weights: EngineTarget | None) -> Target | None:
         """Where the lossless baseline (``mode``: budget0 | url | engine) runs; None = this
         backend itself at budget 0. ``http``: the run's request settings (api key, timeout, size
         cap) for a baseline server; ``weights``: the deployment's weights, when named."""
@@ -182,7 +182,7 @@ def _engine_backend(target: EngineTarget) -> Backend:
     return EngineBackend(
         target=choice.target, draft=choice.draft if target.use_draft else None, gguf_file=choice.gguf_file,
         device=target.device, dtype=target.dtype, model_name=choice.name, timeout=target.timeout,
-    )  # fmt: skip
+    )
 
 
 def _http_backend(target: HttpTarget, transport: Any) -> Backend:
@@ -200,7 +200,7 @@ def _http_backend(target: HttpTarget, transport: Any) -> Backend:
         target.url, model=target.model, dialect=target.dialect, api_key=target.api_key, timeout=target.timeout,
         stream=target.stream, concurrency=target.concurrency, max_response_bytes=target.max_response_bytes,
         transport=transport or own_transport,
-    )  # fmt: skip
+    )
     if own_transport is not None:
         try:
             own_transport.start(timeout=max(target.timeout, 30.0))  # ssh may take a while to log in

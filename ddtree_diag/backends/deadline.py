@@ -158,7 +158,7 @@ class DeadlineBackend(httpcore.SyncBackend):
     """httpcore's own socket backend with every operation clamped to the current deadline."""
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options=None) -> httpcore.NetworkStream:  # fmt: skip
+                    socket_options=None) -> httpcore.NetworkStream:
         if remaining() is None:
             return _DeadlineStream(super().connect_tcp(host, port, timeout, local_address, socket_options))
         try:

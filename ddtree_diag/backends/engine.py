@@ -154,7 +154,7 @@ class EngineBackend:
             # as over HTTP: the answer did not finish, so it has no finish_reason; its text is kept
             result.status, result.finish_reason = STATUS_TIMEOUT, None
             result.error = (f"generation ran past {self.timeout:g} s (--timeout): stopped after "
-                            f"{gen.completion_tokens} tokens, {gen.decode_rounds} decode rounds")  # fmt: skip
+                            f"{gen.completion_tokens} tokens, {gen.decode_rounds} decode rounds")
         return result
 
     def target_info(self) -> dict[str, Any]:

@@ -302,7 +302,7 @@ class HttpBackend:
     openai_logprobs = True
 
     def baseline_target(self, mode: str, url: str | None, *, http: HttpTarget,
-                        weights: EngineTarget | None) -> Target:  # fmt: skip
+                        weights: EngineTarget | None) -> Target:
         if mode == "engine":
             return engine_baseline(weights, timeout=http.timeout, model=self.model)
         if mode == "budget0":  # this server, as detected: only the budget changes
@@ -378,7 +378,7 @@ class HttpBackend:
             answered = self._try_model(cases[0] if cases else None)
             if answered is not None and answered < 300:
                 notes.append(f"model: {shown_model} is not listed by /v1/models (it lists {served_ids(models)}); "
-                             "the server answered it anyway")  # fmt: skip
+                             "the server answered it anyway")
             else:
                 refused = f"; a 1-token request for it answered HTTP {answered}" if answered else ""
                 raise UsageError(
@@ -476,7 +476,7 @@ class HttpBackend:
             return None
         shown = url_without_password(root)
         return (f"the path {parts.path!r} in --url looks wrong: {shown}/v1/models answers "
-                f"({served_ids(models) or 'no models listed'}); try --url {shown}")  # fmt: skip
+                f"({served_ids(models) or 'no models listed'}); try --url {shown}")
 
     def _try_model(self, case: ProbeCase | None) -> int | None:
         """The HTTP status of a plain 1-token chat request for ``self.model``; None when none
@@ -522,7 +522,7 @@ class HttpBackend:
             return found_name, why + (f"; the detection request failed: {failure}" if failure else "")
         if failure:
             return "openai", (f"the detection request failed ({failure}), so it says nothing; "
-                              "assuming plain OpenAI (pass --dialect to choose)")  # fmt: skip
+                              "assuming plain OpenAI (pass --dialect to choose)")
         return "openai", "no speculative-decoding fields in the response"
 
     @staticmethod
@@ -553,12 +553,12 @@ class HttpBackend:
             return self._run(case)
         except BadReply as exc:  # raised outside a request (e.g. by a counter delta)
             return ProbeResult(case=case, dialect=self.dialect.name, model=self.model,
-                               status=STATUS_HTTP_ERROR, error=one_line(str(exc)))  # fmt: skip
+                               status=STATUS_HTTP_ERROR, error=one_line(str(exc)))
         except Exception as exc:
             # A reply the parsers did not foresee: this case fails with the reason, the run goes on.
             error = one_line(f"{PARSER_GAP} ({type(exc).__name__}: {exc}); please report it")
             return ProbeResult(case=case, dialect=self.dialect.name, model=self.model, status=STATUS_HTTP_ERROR,
-                               error=error)  # fmt: skip
+                               error=error)
 
     def _run(self, case: ProbeCase) -> ProbeResult:
         result = ProbeResult(case=case, dialect=self.dialect.name, model=self.model)
@@ -620,7 +620,7 @@ class HttpBackend:
                     if deadline.expired or isinstance(exc, deadlines.DeadlineExceeded):
                         result.status = STATUS_TIMEOUT
                         result.error = (f"no complete answer within {self.timeout:g} s (--timeout): "
-                                        f"{progress.describe()} from {host_of(url)}")  # fmt: skip
+                                        f"{progress.describe()} from {host_of(url)}")
                     else:
                         result.status, result.error = describe_transport_error(exc, url)
                 except httpx.RemoteProtocolError as exc:
@@ -642,7 +642,7 @@ class HttpBackend:
         return message
 
     def _failed_status(self, response: httpx.Response, result: ProbeResult, progress: _Progress,
-                       started: float, url: str) -> bool:  # fmt: skip
+                       started: float, url: str) -> bool:
         """Fill the result for a non-2xx answer; True when it was one."""
         if response.status_code < 300:
             return False
@@ -710,7 +710,7 @@ class HttpBackend:
             far_ttft = None
             # The checked bytes go through httpx-sse's parser as a response of their own.
             checked = httpx.Response(200, headers={"content-type": "text/event-stream; charset=utf-8"},
-                                     content=self._strict_utf8(self._chunks(response, progress)))  # fmt: skip
+                                     content=self._strict_utf8(self._chunks(response, progress)))
             try:
                 for event in EventSource(checked).iter_sse():
                     progress.events += 1

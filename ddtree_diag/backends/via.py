@@ -131,7 +131,7 @@ def startup_failure(code: int | None, stderr_lines: list[str], python: str = "py
     if any(line.startswith("SyntaxError:") for line in lines) and any('File "<string>"' in line for line in lines):
         error = next(line for line in lines if line.startswith("SyntaxError:"))
         return (f"{python} on the far side cannot parse the agent, so it is probably too old (the agent needs "
-                f"Python >= {MIN_AGENT_PYTHON}): {error[:200]}")  # fmt: skip
+                f"Python >= {MIN_AGENT_PYTHON}): {error[:200]}")
     name = re.compile(rf"(^|[\s'\"`:‘“]){re.escape(python)}($|[\s'\"`:’”])")
     missing = ("not found", "no such file", "failed to exec", "executable file not found")
     for line in lines:
@@ -415,7 +415,7 @@ class _AgentStream(httpx.SyncByteStream):
     """A response body that yields chunks as the agent relays them (SSE stays incremental)."""
 
     def __init__(self, transport: AgentTransport, request_id: int, events: queue.Queue, wait: float | None,
-                 request: httpx.Request, started: float | None = None, now: float | None = None) -> None:  # fmt: skip
+                 request: httpx.Request, started: float | None = None, now: float | None = None) -> None:
         self.far_started = started  # agent clock when it began the request
         self.far_now = now  # agent clock of the latest event handed out
         self.transport = transport

@@ -160,7 +160,7 @@ def garbage_only_with_thinking(report: RunReport) -> list[Finding]:
         "parser, and the KV/positions after a long prefix. A lower acceptance is expected there, "
         f"garbled text is not: {compare_advice(report)} to see whether verification is at fault.",
         [r.case_id for r in on_bad],
-    )]  # fmt: skip
+    )]
 
 
 THINKING_ACCEPTANCE_DROP = FindingKind(
@@ -195,7 +195,7 @@ def thinking_acceptance_drop(report: RunReport) -> list[Finding]:
         "DFlash drafts) accept less in thinking mode; that costs speed, never correctness. If the "
         "text is also garbled, look for a template or state bug instead.",
         cases,
-    )]  # fmt: skip
+    )]
 
 
 EARLY_STOP = FindingKind(
@@ -231,7 +231,7 @@ def early_stop(report: RunReport) -> list[Finding]:
         "accepted, an end-of-turn id from the wrong template, or max_tokens applied to rounds "
         f"instead of tokens. To tell the server's fault from the model's, {compare_advice(report)}.",
         [r.case_id for r in hits],
-    )]  # fmt: skip
+    )]
 
 
 GARBAGE_HIGH_ACCEPTANCE = FindingKind(
@@ -251,7 +251,7 @@ def garbage_with_high_acceptance(report: RunReport) -> list[Finding]:
         r for r in ok
         if _garbage(r) and _accept(r) is not None and _accept(r) >= bar
         and (r.quality is None or LOOP_CODES & set(_codes(r)))
-    ]  # fmt: skip
+    ]
     if not hits:
         return []
     shown = "; ".join(
@@ -266,7 +266,7 @@ def garbage_with_high_acceptance(report: RunReport) -> list[Finding]:
         "loop. Look for what sends the target into a loop — positions, RoPE offsets, a KV cache "
         "not trimmed to the accepted path, or repetition after a template leak.",
         [r.case_id for r in hits],
-    )]  # fmt: skip
+    )]
 
 
 LOSSLESS_MISMATCH = FindingKind(
@@ -298,7 +298,7 @@ def baseline_divergence(report: RunReport) -> list[Finding]:
             "cache and hidden states must keep only the accepted path; tree positions are "
             "start + depth with an ancestor-only mask.",
             [r.case_id for r in mismatches],
-        ))  # fmt: skip
+        ))
     if ties:
         gaps = [r.baseline.logprob_gap for r in ties if r.baseline]
         out.append(LOSSLESS_NEAR_TIE.found(
@@ -308,7 +308,7 @@ def baseline_divergence(report: RunReport) -> list[Finding]:
             "Expected in bf16/fp16 (batched verification rounds differently). Re-run in fp32 to confirm "
             "the outputs become identical.",
             [r.case_id for r in ties],
-        ))  # fmt: skip
+        ))
     return out
 
 
@@ -345,7 +345,7 @@ def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
         "Speculation is not what breaks these answers: the target says the same alone. Check "
         + "; ".join(where) + " — and whether the baseline shares the bug (same server, same template).",
         [r.case_id for r in hits],
-    )]  # fmt: skip
+    )]
 
 
 REPEATS_DISAGREE = FindingKind(
@@ -369,7 +369,7 @@ def repeats_disagree(report: RunReport) -> list[Finding]:
         "draft context reused across requests), batch-dependent kernels, or a seed-dependent path "
         "at T=0.",
         [c for d in disagreements for c in d.cases],
-    )]  # fmt: skip
+    )]
 
 
 ACCEPTANCE_NOT_RISING_WITH_BUDGET = FindingKind(
@@ -402,7 +402,7 @@ def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
                 margin = max(BUDGET_DROP_MARGIN, 0.10 * means[small])
                 if means[large] < means[small] - margin:
                     hits.append(f"{key[0]} think={thinking_label(key[1])}: budget {small} → {means[small]:.2f}, "
-                                f"budget {large} → {means[large]:.2f}")  # fmt: skip
+                                f"budget {large} → {means[large]:.2f}")
                     cases += [r.case_id for r in members[key] if r.case.tree_budget in (small, large)]
     if not hits:
         return []
@@ -413,7 +413,7 @@ def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
         "that the budget reaches the tree builder, the best-first order by path log-probability, "
         "and the verify mask/positions for deep or wide trees.",
         cases,
-    )]  # fmt: skip
+    )]
 
 
 MAX_CHARS_PER_TOKEN = 40  # non-space characters; a run of "-" or spaces is one token, words are not
@@ -460,7 +460,7 @@ def _accounting(result: ProbeResult) -> tuple[list[str], list[str]]:
             wrong.append(f"per-round lengths sum to {sum(lengths)} for {tokens} completion tokens")
         if spec.accepted_tokens is not None and abs(sum(n - 1 for n in lengths) - spec.accepted_tokens) > 1:
             wrong.append(f"{spec.accepted_tokens} accepted tokens reported, per-round lengths say "
-                         f"{sum(n - 1 for n in lengths)}")  # fmt: skip
+                         f"{sum(n - 1 for n in lengths)}")
     if not spec.derived and spec.decode_rounds and accept is not None and tokens:
         implied = spec.decode_rounds * accept
         tolerance = ROUNDS_TOLERANCE_TOKENS + ROUNDS_TOLERANCE_FRACTION * tokens
@@ -503,7 +503,7 @@ def metrics_contradict(report: RunReport) -> list[Finding]:
         "path, per-round lists that are not reset between requests, or a stats object from another "
         "request.",
         [r.case_id for r, _ in hits],
-    )]  # fmt: skip
+    )]
 
 
 ROUNDS_ACCOUNTING = FindingKind(
@@ -531,7 +531,7 @@ def rounds_accounting(report: RunReport) -> list[Finding]:
         "acceptance without the bonus token, or the prefill token counted as a round. The "
         "acceptance numbers of this server cannot be trusted until it adds up.",
         [r.case_id for r, _ in hits],
-    )]  # fmt: skip
+    )]
 
 
 ACCEPTANCE_COLLAPSE = FindingKind(
@@ -550,12 +550,12 @@ def acceptance_collapse(report: RunReport) -> list[Finding]:
     draft's tokens are (almost) never accepted, while the text is fine."""
     spec_cases = [
         r for r in report.ok_results if r.case.tree_budget != 0 and _accept(r) is not None and not r.spec.server_wide
-    ]  # fmt: skip
+    ]
     # A short answer's acceptance says little: only cases with enough rounds count as collapsed.
     collapsed = [
         r for r in spec_cases
         if _accept(r) <= COLLAPSE_ACCEPTANCE and (r.spec.decode_rounds or 0) >= COLLAPSE_MIN_ROUNDS
-    ]  # fmt: skip
+    ]
     if len(collapsed) < 2:
         return []
     clean = [r for r in collapsed if not _garbage(r)]
@@ -578,7 +578,7 @@ def acceptance_collapse(report: RunReport) -> list[Finding]:
         "target's; the tree budget not reaching the tree builder. "
         + _capitalised(compare_advice(report)) + " to confirm the output itself is right.",
         [r.case_id for r in collapsed],
-    )]  # fmt: skip
+    )]
 
 
 SERVER_CLIENT_SPEED_MISMATCH = FindingKind(
@@ -612,7 +612,7 @@ def server_client_speed_mismatch(report: RunReport) -> list[Finding]:
         "count per draft rather than per committed token (higher). Trust the client figure for "
         "gating, and check what the server divides by.",
         [r.case_id for r in far],
-    )]  # fmt: skip
+    )]
 
 
 ACCEPTANCE_FALLING_ACROSS_REPEATS = FindingKind(
@@ -648,7 +648,7 @@ def acceptance_falling_across_repeats(report: RunReport) -> list[Finding]:
         "State leaking between requests: the draft's context cache, tree buffers or KV blocks not "
         "reset after a request, or a prefix cache handing the draft stale hidden states.",
         [r.case_id for _, results, _ in falling for r in results],
-    )]  # fmt: skip
+    )]
 
 
 ACCEPTANCE_DECAYS_OVER_RUN = FindingKind(
@@ -667,7 +667,7 @@ def acceptance_decays_over_run(report: RunReport) -> list[Finding]:
     points = [
         r for r in report.ok_results
         if r.seq is not None and _accept(r) is not None and r.case.tree_budget != 0 and not r.spec.server_wide
-    ]  # fmt: skip
+    ]
     if report.canary is not None and report.canary.ok and _accept(report.canary) is not None:
         points.append(report.canary)
     if len(points) < DECAY_MIN_POINTS:
@@ -702,7 +702,7 @@ def acceptance_decays_over_run(report: RunReport) -> list[Finding]:
         "if the first requests are fast again, it is state.",
         [r.case_id for r in points if r is not report.canary],
         severity="error" if strong else "warning",
-    )]  # fmt: skip
+    )]
 
 
 CANARY_DIFFERS = FindingKind(
@@ -735,7 +735,7 @@ def canary_differs(report: RunReport) -> list[Finding]:
         "draft context not reset, a prefix cache returning stale entries, batch-dependent kernels, "
         "sampling state).",
         [canary.case_id],
-    )]  # fmt: skip
+    )]
 
 
 RULES: list[Rule] = [

@@ -38,7 +38,7 @@ from ddtree_diag.records import SEVERITIES, GateCheck, GateResult, ProbeResult, 
 __all__ = [
     "CANARY_ACCEPTANCE_MARGIN", "CHECKS", "CRITICAL_FINDINGS", "KEYS", "Check", "GateConfig", "Key",
     "canary_problems", "default_config", "describe_config", "evaluate", "parse_gate",
-]  # fmt: skip
+]
 
 _SOURCES = ("client", "server")
 CANARY_ACCEPTANCE_MARGIN = 0.3  # tokens/round, or 15 % if larger
@@ -72,7 +72,7 @@ def describe_config(config: GateConfig) -> str:
     """The thresholds a config sets, as ``key = value`` pairs (for notes)."""
     unset = GateConfig()
     shown = [f"{name} = {str(value).lower() if isinstance(value, bool) else value}"
-             for name, value in vars(config).items() if value != getattr(unset, name)]  # fmt: skip
+             for name, value in vars(config).items() if value != getattr(unset, name)]
     return ", ".join(shown) or "none"
 
 
@@ -139,11 +139,11 @@ def _check(name: str, passed: bool, detail: str, cases: list[str] | None = None)
 
 
 def _count_check(name: str, hits: list[ProbeResult], most: int, what: str,
-                 describe: Callable[[ProbeResult], str]) -> GateCheck:  # fmt: skip
+                 describe: Callable[[ProbeResult], str]) -> GateCheck:
     """At most ``most`` cases of a kind; the detail names the first three."""
     shown = "; ".join(f"{r.case_id}: {describe(r)}" for r in hits[:3])
     return _check(name, len(hits) <= most, f"{len(hits)} {what}, max {most}" + (f" — {shown}" if shown else ""),
-                  [r.case_id for r in hits])  # fmt: skip
+                  [r.case_id for r in hits])
 
 
 def _ran_cases(report: RunReport, config: GateConfig) -> GateCheck | None:
@@ -161,7 +161,7 @@ def _max_failed(report: RunReport, config: GateConfig) -> GateCheck | None:
         return None
     failed = [r for r in report.results if not r.ok]
     return _count_check("max_failed", failed, config.max_failed, "failed request(s)",
-                        lambda r: f"{r.status}: {r.error}")  # fmt: skip
+                        lambda r: f"{r.status}: {r.error}")
 
 
 def _max_garbage(report: RunReport, config: GateConfig) -> GateCheck | None:
@@ -176,13 +176,13 @@ def _min_completion_tokens(report: RunReport, config: GateConfig) -> GateCheck |
         return None
     short = [r for r in report.ok_results
              if (r.completion_tokens if r.completion_tokens is not None else len(r.output.split()))
-             < config.min_completion_tokens]  # fmt: skip
+             < config.min_completion_tokens]
     return _check(
         "min_completion_tokens", not short,
         f"{len(short)} case(s) below {config.min_completion_tokens} completion tokens"
         + (": " + ", ".join(f"{r.case_id} ({r.completion_tokens})" for r in short[:4]) if short else ""),
         [r.case_id for r in short],
-    )  # fmt: skip
+    )
 
 
 def _min_mean_acceptance(report: RunReport, config: GateConfig) -> GateCheck | None:
@@ -193,7 +193,7 @@ def _min_mean_acceptance(report: RunReport, config: GateConfig) -> GateCheck | N
     if not known:
         return _check("min_mean_acceptance", False,
                       "no case reported an acceptance length (does the server expose it?)",
-                      [r.case_id for r in ok])  # fmt: skip
+                      [r.case_id for r in ok])
     value = mean(r.spec.mean_acceptance_length for r in known)
     low = [r for r in known if r.spec.mean_acceptance_length < config.min_mean_acceptance]
     passed = value >= config.min_mean_acceptance
@@ -201,7 +201,7 @@ def _min_mean_acceptance(report: RunReport, config: GateConfig) -> GateCheck | N
         "min_mean_acceptance", passed,
         f"mean acceptance {value:.2f} over {len(known)} case(s), min {config.min_mean_acceptance:g}",
         [] if passed else [r.case_id for r in low],
-    )  # fmt: skip
+    )
 
 
 def _min_group_acceptance(report: RunReport, config: GateConfig) -> GateCheck | None:
@@ -214,7 +214,7 @@ def _min_group_acceptance(report: RunReport, config: GateConfig) -> GateCheck | 
             groups[r.case.group_label].append(r)
     if not groups:
         return _check("min_group_acceptance", False, "no case reported an acceptance length",
-                      [r.case_id for r in ok])  # fmt: skip
+                      [r.case_id for r in ok])
     values = {g: mean(r.spec.mean_acceptance_length for r in rs) for g, rs in groups.items()}
     low = [g for g, v in values.items() if v < config.min_group_acceptance]
     parts = ", ".join(f"{g}: {values[g]:.2f}" for g in groups)
@@ -222,7 +222,7 @@ def _min_group_acceptance(report: RunReport, config: GateConfig) -> GateCheck | 
         "min_group_acceptance", not low,
         (f"below {config.min_group_acceptance:g} in {', '.join(low)}; " if low else "") + f"per group: {parts}",
         [r.case_id for g in low for r in groups[g]],
-    )  # fmt: skip
+    )
 
 
 def _min_tokens_per_second(report: RunReport, config: GateConfig) -> GateCheck | None:
@@ -245,7 +245,7 @@ def _min_tokens_per_second(report: RunReport, config: GateConfig) -> GateCheck |
         name, passed,
         f"mean {source} tok/s {value:.1f} over {len(speeds)} case(s), min {config.min_tokens_per_second:g}",
         [] if passed else slow,
-    )  # fmt: skip
+    )
 
 
 def _max_ttft_s(report: RunReport, config: GateConfig) -> GateCheck | None:
@@ -255,14 +255,14 @@ def _max_ttft_s(report: RunReport, config: GateConfig) -> GateCheck | None:
     ttfts = [(r, r.timings.ttft_s) for r in ok if r.timings.ttft_s is not None]
     if not ttfts:
         return _check("max_ttft_s", False, "no TTFT measured in any case (it needs --stream)",
-                      [r.case_id for r in ok])  # fmt: skip
+                      [r.case_id for r in ok])
     slow = [r.case_id for r, v in ttfts if v > config.max_ttft_s]
     worst = max(v for _, v in ttfts)
     return _check(
         "max_ttft_s", not slow,
         f"slowest time to first token {worst:.2f} s over {len(ttfts)} case(s), max {config.max_ttft_s:g} s",
         slow,
-    )  # fmt: skip
+    )
 
 
 def _lossless(report: RunReport, config: GateConfig) -> GateCheck | None:
@@ -287,7 +287,7 @@ def _findings(report: RunReport, config: GateConfig) -> GateCheck | None:
             f"{len(bad)} finding(s) that make the run untrustworthy: "
             + "; ".join(f"[{f.severity}] {f.title}" for f in bad),
             [c for f in bad for c in f.cases],
-        )  # fmt: skip
+        )
     bad = [f for f in report.findings if f.at_least(config.fail_on_findings)]
     return _check(
         "findings", not bad,
@@ -295,7 +295,7 @@ def _findings(report: RunReport, config: GateConfig) -> GateCheck | None:
          + "; ".join(f"[{f.severity}] {f.title}" for f in bad))
         if bad else f"no finding at {config.fail_on_findings} or worse",
         [c for f in bad for c in f.cases],
-    )  # fmt: skip
+    )
 
 
 CHECKS: tuple[Check, ...] = (
@@ -312,7 +312,7 @@ CHECKS: tuple[Check, ...] = (
     Check("lossless", (Key("lossless", _flag), Key("allow_near_ties", _flag)), _lossless),
     Check("canary", (Key("canary", _flag),), _canary),
     Check("findings", (Key("fail_on_findings", _severity),), _findings),  # "critical_findings" when unset
-)  # fmt: skip
+)
 KEYS: dict[str, Key] = {key.name: key for check in CHECKS for key in check.keys}
 
 
@@ -344,7 +344,7 @@ def _canary_check(report: RunReport) -> GateCheck:
     if not problems:
         return _check("canary", True, f"{canary.case_id} sent again after {canary.seq} request(s): same answer")
     return _check("canary", False, f"{canary.case_id} sent again at the end: " + "; ".join(problems),
-                  [canary.case_id])  # fmt: skip
+                  [canary.case_id])
 
 
 def canary_problems(first: ProbeResult, canary: ProbeResult) -> list[str]:
@@ -381,7 +381,7 @@ def _lossless_check(report: RunReport, config: GateConfig) -> GateCheck:
     if disagreements:
         d = disagreements[0]
         parts.append(f"{len(disagreements)} repeat pair(s) disagree (first {d.cases[0]} vs {d.cases[1]} "
-                     f"at char {d.char_index})")  # fmt: skip
+                     f"at char {d.char_index})")
     if not compared:
         return _check("lossless", False, "no T=0 case could be compared with the baseline")
     cases = [r.case_id for r in bad] + [c for d in disagreements for c in d.cases]

@@ -39,7 +39,7 @@ SPAN_HARD = 7.5
 NEAR_TIE_GAP = 0.05  # nats, as the lossless check's default
 MIN_TOKENS = 4  # shorter answers are not judged by likelihood (too few tokens to mean anything)
 THRESHOLDS = {"mean_soft": MEAN_SOFT, "mean_hard": MEAN_HARD, "span_hard": SPAN_HARD, "span_tokens": SPAN_TOKENS,
-              "min_tokens": MIN_TOKENS, "near_tie_gap": NEAR_TIE_GAP}  # fmt: skip
+              "min_tokens": MIN_TOKENS, "near_tie_gap": NEAR_TIE_GAP}
 EMBEDDED = "embedded"
 
 
@@ -94,10 +94,10 @@ def describe_scores(summary: dict[str, Any]) -> str:
     limits = summary.get("thresholds") or {}
     parts = [f"{summary.get('model')}: {summary.get('mean_surprisal', 0):.2f} nats/token over "
              f"{summary.get('tokens')} tokens (low_likelihood at >= {limits.get('mean_soft')} soft, "
-             f">= {limits.get('mean_hard')} hard)"]  # fmt: skip
+             f">= {limits.get('mean_hard')} hard)"]
     if summary.get("tokens", 0) >= (limits.get("span_tokens") or SPAN_TOKENS):
         parts.append(f"worst {limits.get('span_tokens')}-token stretch {summary.get('worst_span_surprisal', 0):.2f} "
-                     f"(>= {limits.get('span_hard')})")  # fmt: skip
+                     f"(>= {limits.get('span_hard')})")
     if summary.get("greedy_checked"):
         at = summary.get("not_greedy_at_token")
         parts.append("every token the greedy choice" if at is None else f"not greedy at token {at}")
@@ -115,7 +115,7 @@ class Scorer:
 
     @classmethod
     def load(cls, spec: str = EMBEDDED, *, own_weights: bool = False, device: str | None = None,
-             dtype: str | None = None) -> Scorer:  # fmt: skip
+             dtype: str | None = None) -> Scorer:
         """``spec``: "embedded" or a path (an HF model directory, or a .gguf file)."""
         from ddtree_diag.output.waiting import waiting
 
@@ -188,11 +188,11 @@ class Scorer:
         n_text = len(answer_ids) - (1 if scored_stop else 0)
         text_surprisals = surprisals[:n_text] or surprisals
         score = LikelihoodScore(self.name, n_text, sum(text_surprisals) / len(text_surprisals),
-                                surprisals=surprisals)  # fmt: skip
+                                surprisals=surprisals)
         _worst_span(score, text_surprisals, offsets)
         if greedy:
             score.not_greedy = _first_not_greedy(tok, text, answer_ids, offsets, logprobs, stop_ids, scored_stop,
-                                                 exact=exact)  # fmt: skip
+                                                 exact=exact)
         return score
 
     def reasons(self, score: LikelihoodScore, *, greedy: bool) -> list[Reason]:
@@ -261,14 +261,14 @@ def likelihood_reasons(score: LikelihoodScore, *, greedy: bool) -> list[Reason]:
                 f"{score.model} finds the answer unlikely: {mean:.2f} nats/token over {score.tokens} tokens "
                 f"(language: ~1-3); worst stretch {score.worst_span_surprisal:.2f}",
                 "", weight, span, "likelihood",
-            ))  # fmt: skip
+            ))
         elif score.tokens >= SPAN_TOKENS * 2 and score.worst_span_surprisal >= SPAN_HARD:
             out.append(Reason(
                 "low_likelihood",
                 f"{score.model}: a stretch of {SPAN_TOKENS} tokens at {score.worst_span_surprisal:.2f} nats/token "
                 f"(the answer averages {mean:.2f})",
                 "", 0.6, span, "likelihood",
-            ))  # fmt: skip
+            ))
     miss = score.not_greedy
     if greedy and miss is not None:
         where = "the end of turn" if miss.at_stop else f"token {miss.token_index} (char {miss.char_index})"

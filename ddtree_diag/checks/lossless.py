@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ERROR", "IDENTICAL", "MISMATCH", "NEAR_TIE", "SKIPPED", "BaselineSpec", "baseline_case", "check_possible",
     "classify_divergence", "compare_result", "parse_baseline", "repeat_disagreements",
-]  # fmt: skip
+]
 
 MODES = ("budget0", "url", "engine")
 DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the top-2 logprobs; bf16 rounding moves logits ~1e-2
@@ -309,7 +309,7 @@ def repeat_disagreements(report: RunReport) -> list[RepeatDisagreement]:
                     out.append(RepeatDisagreement(
                         group, [first.case_id, other.case_id], field, index, around(expected, index),
                         around(actual, index),
-                    ))  # fmt: skip
+                    ))
                     break
     return out
 

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
 
         with configured(quiet=quiet, no_color=no_color):
             raise typer.Exit(run_demo(matrix=matrix, json_path=json_path, target=target, draft=draft,
-                                      device=device, no_color=no_color, quiet=quiet))  # fmt: skip
+                                      device=device, no_color=no_color, quiet=quiet))
 
 
 def _free_port() -> int:
@@ -100,7 +100,7 @@ def run_demo(
         ensure_target_dir()
     which = "the embedded default model" if target is None else target
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         with waiting(f"demo: starting the reference server on {url} (loading {which})"):
             _wait_healthy(process, url, startup_timeout)

@@ -52,12 +52,12 @@ DIALECT_HELP = "Server dialect: " + " | ".join(("auto", *DIALECTS)) + "."
 # Help panels of the run options (probe, gate): what to probe, what to send, what to check, where
 # the results go, and the in-process engine.
 TARGET_PANEL, MATRIX_PANEL, CHECKS_PANEL, OUTPUT_PANEL, ENGINE_PANEL = (
-    "Target", "Matrix (overrides the matrix file)", "Checks", "Output", "In-process engine")  # fmt: skip
+    "Target", "Matrix (overrides the matrix file)", "Checks", "Output", "In-process engine")
 
 
 def target_option(panel: str | None = None) -> Any:
     return typer.Option(None, "--target", help="Target HF model dir (default: embedded SmolLM2).",
-                        rich_help_panel=panel)  # fmt: skip
+                        rich_help_panel=panel)
 
 
 def gguf_option(panel: str | None = None) -> Any:
@@ -66,7 +66,7 @@ def gguf_option(panel: str | None = None) -> Any:
 
 def draft_option(panel: str | None = None) -> Any:
     return typer.Option(None, "--draft", help="DFlash draft dir, z-lab format (default: the embedded one).",
-                        rich_help_panel=panel)  # fmt: skip
+                        rich_help_panel=panel)
 
 
 def device_option(panel: str | None = None) -> Any:
@@ -75,7 +75,7 @@ def device_option(panel: str | None = None) -> Any:
 
 def dtype_option(panel: str | None = None) -> Any:
     return typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on cuda, fp32 on cpu).",
-                        rich_help_panel=panel)  # fmt: skip
+                        rich_help_panel=panel)
 
 
 # The engine flags as most commands take them (serve, engine-info, demo, train); the run options
@@ -201,7 +201,7 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
         "embedded (SmolLM2), target (the --target/--gguf weights: at T=0 every token must be their argmax) "
         "or a model path. Adds low_likelihood / not_greedy reasons.")),
     ("debug", bool, DEBUG),
-]  # fmt: skip
+]
 assert [name for name, _, _ in _RUN_OPTIONS] == [f.name for f in fields(RunFlags)]
 
 

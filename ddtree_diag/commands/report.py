@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         """Compare two runs case by case; exit 1 on a regression beyond the tolerances."""
         raise typer.Exit(run_diff(a, b, acceptance_tolerance=acceptance_tolerance, tps_tolerance=tps_tolerance,
                                   fail_on_text_change=fail_on_text_change, json_path=json_path,
-                                  html_path=html, no_color=no_color))  # fmt: skip
+                                  html_path=html, no_color=no_color))
 
 
 def rerender(path: str, fmt: str, *, output: str | None = None, no_color: bool = False) -> int:

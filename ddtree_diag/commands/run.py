@@ -67,17 +67,17 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
         url=flags.url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
         timeout=flags.timeout, max_response_bytes=parse_size(flags.max_response_bytes), stream=flags.stream,
         concurrency=flags.concurrency,
-    )  # fmt: skip
+    )
     weights = EngineTarget(target=flags.target, gguf=flags.gguf, draft=flags.draft, device=flags.device,
-                           dtype=flags.dtype, timeout=flags.timeout, concurrency=flags.concurrency)  # fmt: skip
+                           dtype=flags.dtype, timeout=flags.timeout, concurrency=flags.concurrency)
     # --engine runs the cases in process; the other kind's flags serve the baseline and the scorer.
     target, other = (weights, {"http": http}) if flags.engine else (http, {"weights": weights})
     request = MatrixRequest(
         matrix=matrix, prompts=list(flags.prompt or []), thinking=flags.thinking, budget=flags.budget,
         temperature=flags.temperature, max_tokens=flags.max_tokens, repeat=flags.repeat,
-    )  # fmt: skip
+    )
     return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
-                   score_with=flags.score_with, **other)  # fmt: skip
+                   score_with=flags.score_with, **other)
 
 
 def check_outputs(flags: RunFlags) -> None:
@@ -85,7 +85,7 @@ def check_outputs(flags: RunFlags) -> None:
     from ddtree_diag.output.reportfile import check_writable
 
     for path, flag in ((flags.json_path, "--json"), (flags.junit, "--junit"), (flags.summary, "--summary"),
-                       (flags.html, "--html")):  # fmt: skip
+                       (flags.html, "--html")):
         check_writable(path, flag)
 
 

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         run_serve(target=target, gguf=gguf, draft=draft, no_draft=no_draft, device=device, dtype=dtype,
                   host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget,
                   max_tree_budget=max_tree_budget, max_context=max_context,
-                  request_timeout=request_timeout)  # fmt: skip
+                  request_timeout=request_timeout)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -107,7 +107,7 @@ def run_serve(
         "block_size": (info.get("draft") or {}).get("block_size"),
     }
     limits = ServerLimits.for_engine(engine, max_tree_budget=max_tree_budget, max_context=max_context,
-                                     request_timeout_s=request_timeout)  # fmt: skip
+                                     request_timeout_s=request_timeout)
     if max_context is not None and max_context > engine.context_length:
         raise UsageError(f"--max-context {max_context} is over the model's context {engine.context_length}")
     budget.check_default_within(tree_budget, limits.max_tree_budget)
@@ -118,4 +118,4 @@ def run_serve(
     )
     sys.stderr.flush()
     serve(engine, model_name=name, host=host, port=port, api_key=api_key,
-          default_tree_budget=tree_budget, description=description, limits=limits)  # fmt: skip
+          default_tree_budget=tree_budget, description=description, limits=limits)

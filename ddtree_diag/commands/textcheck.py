@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Flag text no healthy model would write (loops, leaks, script switches...): exit 1 if garbage."""
         raise typer.Exit(run_text_check(file, prompt, as_json, jsonl, finish_reason, score_with=score_with,
-                                        greedy=greedy))  # fmt: skip
+                                        greedy=greedy))
 
 
 _JSONL_FIELDS = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
@@ -156,7 +156,7 @@ def _parse_line(line: str, prompt: str | None, finish_reason: str | None) -> tup
 
 
 def _check_jsonl(raw: str, prompt: str | None, finish_reason: str | None, out: TextIO, err: TextIO, source: str,
-                 scoring: dict[str, Any]) -> int:  # fmt: skip
+                 scoring: dict[str, Any]) -> int:
     """Judge every line that can be judged; name each one that cannot on ``err``."""
     from ddtree_diag.checks.quality import assess
 

@@ -64,12 +64,12 @@ def register(app: typer.Typer) -> None:
             init_from_target=init_from_target, follow_up_tokens=follow_up_tokens, weight_decay=weight_decay,
             sampled_prompts=sampled_prompts, mask_token_id=mask_token_id,
             target_layer_ids=parse_layer_ids(target_layers),
-        )  # fmt: skip
+        )
         result = train_draft(settings)
         typer.echo(json.dumps(result["summary"], indent=1))
         if eval_prompts:
             table = evaluate(result["draft"], result["target"], result["tokenizer"], load_prompts(eval_prompts),
-                             [0, 4, 16, 64, 256])  # fmt: skip
+                             [0, 4, 16, 64, 256])
             typer.echo(json.dumps(table, indent=1))
             if eval_out:
                 Path(eval_out).write_text(json.dumps(table, indent=1))

@@ -47,7 +47,7 @@ def load_engine(
     from ddtree_diag.engine.load import load_engine as _load
 
     return _load(target, draft=draft, gguf_file=gguf_file, device=device, dtype=dtype, decode_path=decode_path,
-                 model_name=model_name)  # fmt: skip
+                 model_name=model_name)
 
 
 __all__ = ["load_engine"]

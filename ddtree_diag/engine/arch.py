@@ -38,7 +38,7 @@ NORM_STYLES = {
     "Qwen3MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)

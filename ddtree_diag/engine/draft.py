@@ -113,7 +113,7 @@ class DraftConfig:
             "intermediate_size", "block_size", "num_target_layers", "head_dim", "rms_norm_eps",
             "rope_theta", "rope_scaling", "rope_parameters", "vocab_size", "max_position_embeddings",
             "attention_bias", "layer_types", "dflash_config", "sliding_window", "use_sliding_window",
-        }  # fmt: skip
+        }
         return cls(
             hidden_size=int(data["hidden_size"]),
             num_hidden_layers=int(data["num_hidden_layers"]),

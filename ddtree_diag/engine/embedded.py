@@ -182,7 +182,7 @@ def ensure_target_dir(cache_dir: Path | str | None = None) -> Path:
     try:
         if not cache_is_current(target, gguf):  # another process may have built it meanwhile
             with waiting(f"building the embedded model cache (first run, ~2 min): dequantising {gguf.name} "
-                         f"into {target}"):  # fmt: skip
+                         f"into {target}"):
                 _build_into_place(gguf, root, target)
     finally:
         lock.release()

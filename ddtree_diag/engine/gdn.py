@@ -274,7 +274,7 @@ def chunked_gated_delta(
         out, parts = parallel_gated_delta(
             q[start:end], k[start:end], v[start:end], g[start:end], beta[start:end], causal[:size, :size], state,
             use_qk_l2norm,
-        )  # fmt: skip
+        )
         outs.append(out)
         state = state_after(parts, size - 1)
     if state is None:

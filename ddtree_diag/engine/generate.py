@@ -216,7 +216,7 @@ class Engine:
             raise UsageError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if 0 < temperature < MIN_SAMPLING_TEMPERATURE:
             raise UsageError(f"temperature {temperature:g} is too small to sample with (minimum "
-                             f"{MIN_SAMPLING_TEMPERATURE:g}; 0 means greedy)")  # fmt: skip
+                             f"{MIN_SAMPLING_TEMPERATURE:g}; 0 means greedy)")
         if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
             raise UsageError(f"seed must fit in 64 bits ({SEED_RANGE[0]} to {SEED_RANGE[1]}), got {seed}")
         prompt_len = len(prompt_ids)

@@ -158,7 +158,7 @@ def load_engine(
 
 def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str | Path | None,
           gguf_file: str | None, device: str | None, dtype: str | None, decode_path: str | None,
-          name: str) -> Any:  # fmt: skip
+          name: str) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -68,4 +68,4 @@ def load_chosen(choice: ModelChoice, device: str | None = None, dtype: str | Non
     from ddtree_diag.engine import load_engine
 
     return load_engine(choice.target, draft=choice.draft, gguf_file=choice.gguf_file, device=device, dtype=dtype,
-                       model_name=choice.name)  # fmt: skip
+                       model_name=choice.name)

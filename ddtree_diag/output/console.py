@@ -65,7 +65,7 @@ def make_console(file: IO[str] | None = None, *, no_color: bool = False) -> Cons
     return _Console(
         file=file, no_color=True, force_terminal=False, width=width, highlight=False,
         color_system=None, emoji=False,
-    )  # fmt: skip
+    )
 
 
 def _text(cell: Cell) -> Text:
@@ -149,7 +149,7 @@ def summary_line(report: RunReport, exit_code: int | None = None) -> str:
     failed = [r for r in results if not r.ok]
     garbage = [r for r in results if r.garbage]
     accepts = [r.spec.mean_acceptance_length for r in results
-               if r.ok and r.spec.mean_acceptance_length is not None]  # fmt: skip
+               if r.ok and r.spec.mean_acceptance_length is not None]
     parts = [f"{len(results)} case{'s' if len(results) != 1 else ''}"]
     parts.append(f"{len(results) - len(failed)} ok, {len(failed)} failed")
     parts.append(f"{len(garbage)} garbage")
@@ -203,12 +203,12 @@ def render_scores(console: Console, report: RunReport) -> None:
         at = score.get("not_greedy_at_token")
         greedy = "—" if not score.get("greedy_checked") else "✓" if at is None else f"✗ token {at}"
         table.add_row(visible(result.case_id, 200), str(score.get("tokens")), f"{score.get('mean_surprisal', 0):.2f}",
-                      f"{score.get('worst_span_surprisal', 0):.2f}", greedy)  # fmt: skip
+                      f"{score.get('worst_span_surprisal', 0):.2f}", greedy)
     limits = scored[0][1].get("thresholds") or {}
     table.title = f"target likelihood ({visible(str(scored[0][1].get('model')), 80)})"
     table.caption = (f"low_likelihood at >= {limits.get('mean_soft')} (soft) / >= {limits.get('mean_hard')} (hard) "
                      f"nats/token, or a {limits.get('span_tokens')}-token stretch >= {limits.get('span_hard')}; "
-                     f"answers under {limits.get('min_tokens')} tokens are not judged")  # fmt: skip
+                     f"answers under {limits.get('min_tokens')} tokens are not judged")
     console.print(table)
 
 
@@ -248,7 +248,7 @@ def progress_line(result: ProbeResult, done: int, total: int) -> str:
         verdict += f": {visible(result.error, 100)}"
     width = len(str(total))
     line = (f"[{done:>{width}}/{total}] {result.case_id}  accept {acceptance_cell(result).text}  "
-            f"tok/s {fmt(tps, '.1f')}  {verdict}")  # fmt: skip
+            f"tok/s {fmt(tps, '.1f')}  {verdict}")
     return redact(line)  # a server may echo the key in its reason phrase
 
 
@@ -276,7 +276,7 @@ class progress:
         self.bar = Progress(
             TextColumn("probing"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), console=self.console, transient=True,
-        )  # fmt: skip
+        )
         self.bar.start()
         task = self.bar.add_task("", total=self.total)
 

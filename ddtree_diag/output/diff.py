@@ -41,10 +41,10 @@ class CaseDiff:
             if r is None:
                 return None
             return {"status": r.status, "acceptance": r.spec.mean_acceptance_length,
-                    "tokens_per_second": _tps(r), "garbage": _garbage(r), "output": r.output}  # fmt: skip
+                    "tokens_per_second": _tps(r), "garbage": _garbage(r), "output": r.output}
 
         return {"case_id": self.case_id, "a": side(self.a), "b": side(self.b),
-                "changes": self.changes, "regressions": self.regressions}  # fmt: skip
+                "changes": self.changes, "regressions": self.regressions}
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RunDiff:
 
     def to_dict(self) -> dict[str, Any]:
         return {"regressed": self.regressed, "regressions": self.regressions, "summary": self.summary,
-                "shared_cases": self.shared, "cases": [c.to_dict() for c in self.cases]}  # fmt: skip
+                "shared_cases": self.shared, "cases": [c.to_dict() for c in self.cases]}
 
 
 def _garbage(result: ProbeResult | None) -> bool:
@@ -124,7 +124,7 @@ def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) 
     summary = []
     if not shared:
         summary.append(f"the runs share no cases (A has {len(a_by)}, B has {len(b_by)}): different matrices, "
-                       "prompts or max_tokens? Nothing was compared case by case")  # fmt: skip
+                       "prompts or max_tokens? Nothing was compared case by case")
     matched = [(a_by[i], b_by[i]) for i in ids if i in a_by and i in b_by and a_by[i].ok and b_by[i].ok]
     speeds = [(_tps(x), _tps(y)) for x, y in matched if _tps(x) and _tps(y)]
     if speeds:
@@ -135,14 +135,14 @@ def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) 
         if change < -tol.tps:
             regressions.append(f"run: {line}, beyond the {tol.tps:.0%} tolerance")
     accepts = [(x.spec.mean_acceptance_length, y.spec.mean_acceptance_length) for x, y in matched
-               if x.spec.mean_acceptance_length is not None and y.spec.mean_acceptance_length is not None]  # fmt: skip
+               if x.spec.mean_acceptance_length is not None and y.spec.mean_acceptance_length is not None]
     if accepts:
         summary.append(f"mean acceptance {mean(a for a, _ in accepts):.2f} → {mean(b for _, b in accepts):.2f}")
     garbage_a = sum(_garbage(r) for r in a.results)
     garbage_b = sum(_garbage(r) for r in b.results)
     summary.append(f"garbage {garbage_a} → {garbage_b}; text changed in "
                    f"{sum(1 for c in cases if any(x.startswith('text changed') for x in c.changes + c.regressions))} "
-                   f"case(s); {len(regressions)} regression(s)")  # fmt: skip
+                   f"case(s); {len(regressions)} regression(s)")
     return RunDiff(cases=cases, regressions=regressions, summary=summary, shared=shared)
 
 
@@ -163,7 +163,7 @@ def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
         console.print(Text(f"no shared cases: {a_name} and {b_name} have no case id in common", style="bold red"))
     changed = [c for c in diff.cases if c.changes or c.regressions]
     columns = [Column("case", TEXT, "left", [], key=True), Column("accept A"), Column("accept B"),
-               Column("tok/s A"), Column("tok/s B"), Column("changes", TEXT, "left")]  # fmt: skip
+               Column("tok/s A"), Column("tok/s B"), Column("changes", TEXT, "left")]
     for case in changed:
         a, b = case.a, case.b
         lines = [Text(f"✗ {item}", style="bold red") for item in case.regressions]
@@ -173,7 +173,7 @@ def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
             lines.append(Text(f"B: {visible(b.output, 50)}", style="dim"))
         values = [visible(case.case_id, 400), fmt(a.spec.mean_acceptance_length if a else None),
                   fmt(b.spec.mean_acceptance_length if b else None), fmt(_tps(a) if a else None, ".1f"),
-                  fmt(_tps(b) if b else None, ".1f"), Text("\n").join(lines)]  # fmt: skip
+                  fmt(_tps(b) if b else None, ".1f"), Text("\n").join(lines)]
         for column, value in zip(columns, values, strict=True):
             column.cells.append(value)
     if changed:

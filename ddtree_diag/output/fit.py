@@ -130,7 +130,7 @@ class Folded(Text):
         return Measurement(min(measured.minimum, widest, FOLD_WORDS_OVER) or measured.minimum, measured.maximum)
 
     def wrap(self, console: Console, width: int, *, justify: Any = None, overflow: Any = None,
-             tab_size: int = 8, no_wrap: bool | None = None) -> Lines:  # fmt: skip
+             tab_size: int = 8, no_wrap: bool | None = None) -> Lines:
         if no_wrap or self.no_wrap:
             return super().wrap(console, width, justify=justify, overflow=overflow, tab_size=tab_size, no_wrap=no_wrap)
         lines = Lines()
@@ -191,7 +191,7 @@ def _table(columns: list[Column], layout: Layout, console: Console, title: str |
         table = Table(title=title, title_justify="left", box=style)
     else:  # no vertical rules: one space between columns
         table = Table(title=title, title_justify="left", box=box.SIMPLE if console.is_terminal else SIMPLE_ASCII,
-                      show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)  # fmt: skip
+                      show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
     rows = len(columns[0].cells) if columns else 0
     for column in columns:
         widest = max([len(word) for c in column.cells for word in _plain(c).split()] + [0])

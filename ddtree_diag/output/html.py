@@ -84,7 +84,7 @@ def _page(title: str, body: list[str]) -> str:
         "network</footer>",
         "</body></html>",
         "",
-    ])  # fmt: skip
+    ])
 
 
 def _cell(cell: Cell, *, number: bool = False) -> str:
@@ -110,11 +110,11 @@ def html_report(report: RunReport, exit_code: int | None = None) -> str:
     if report.interrupted:
         verdict += f" ({report.stop_label() or 'interrupted: partial results'})"
     body = [f'<header class="verdict {"passed" if gate.passed else "failed"}">',
-            f"<h1>ddtree-diag {kind}: {'✓' if gate.passed else '✗'} {esc(verdict)}</h1>"]  # fmt: skip
+            f"<h1>ddtree-diag {kind}: {'✓' if gate.passed else '✗'} {esc(verdict)}</h1>"]
     target = report.target
     bits = [target.get("url") or target.get("engine") or target.get("target") or "", target.get("model") or "",
             f"dialect {target['dialect']}" if target.get("dialect") else "",
-            f"matrix {target['matrix']}" if target.get("matrix") else ""]  # fmt: skip
+            f"matrix {target['matrix']}" if target.get("matrix") else ""]
     if any(bits):
         body.append("<p><b>Target:</b> " + " · ".join(esc(b) for b in bits if b) + "</p>")
     body.append(f"<p><b>Run:</b> {esc(_run_line(report, exit_code))}</p>")
@@ -164,7 +164,7 @@ def _findings(report: RunReport) -> list[str]:
         return [*out, "<p>No findings.</p>"]
     for item in report.findings:
         out.append(f'<div class="finding {esc(item.severity)}"><span class="sev">{esc(item.severity)}</span> '
-                   f"<b>{esc(item.title)}</b> <code>{esc(item.id)}</code>")  # fmt: skip
+                   f"<b>{esc(item.title)}</b> <code>{esc(item.id)}</code>")
         if item.evidence:
             out.append(f"<div>evidence: {esc(item.evidence)}</div>")
         if item.check:
@@ -174,7 +174,7 @@ def _findings(report: RunReport) -> list[str]:
 
 
 def _grid_chart(report: RunReport, value: Callable[[ProbeResult], float | None], title: str, unit: str,
-                digits: int, reference: float | None = None) -> str | None:  # fmt: skip
+                digits: int, reference: float | None = None) -> str | None:
     grid = by_budget_and_thinking(report, value, single_cell=True)
     if grid is None:
         return None
@@ -192,7 +192,7 @@ def _plots(report: RunReport) -> list[str]:
         _grid_chart(report, lambda r: r.timings.decode_tokens_per_second, "Client decode tok/s by budget",
                     "tok/s", 1),
         _grid_chart(report, lambda r: r.spec.server_tokens_per_second, "Server tok/s by budget", "tok/s", 1),
-    ]  # fmt: skip
+    ]
     shown = [c for c in charts if c]
     out = ['<h2 id="plots">Plots</h2>']
     if not shown:
@@ -201,7 +201,7 @@ def _plots(report: RunReport) -> list[str]:
     if charts[0] is None:
         out.append('<p class="dim">The target reported no acceptance numbers.</p>')
     out.append('<p class="dim">The dashed line at 1.0 is plain decoding: every round commits only the target\'s '
-               "own token.</p>")  # fmt: skip
+               "own token.</p>")
     return out
 
 
@@ -217,17 +217,17 @@ def _details(result: ProbeResult) -> str:
     if result.quality is not None and result.quality.reasons:
         items = "".join(f"<li><code>{esc(r.code)}</code> ({esc(r.severity)}): {esc(r.detail)}"
                         + (f" — <q>{esc(r.evidence)}</q>" if r.evidence else "") + "</li>"
-                        for r in result.quality.reasons)  # fmt: skip
+                        for r in result.quality.reasons)
         parts.append(f"<div>quality reasons:</div><ul>{items}</ul>")
     baseline = result.baseline
     if baseline is not None and baseline.field is not None:
         expected, actual = esc(baseline.expected or ""), esc(baseline.actual or "")
         parts.append(f"<div>baseline ({esc(baseline.mode)}) differs in {esc(baseline.field)} at character "
                      f"{esc(fmt(baseline.char_index, 'd'))}:</div>"
-                     f"<pre>expected: {expected}\nactual:   {actual}</pre>")  # fmt: skip
+                     f"<pre>expected: {expected}\nactual:   {actual}</pre>")
     if result.findings:
         parts.append("<div>named by findings: " + ", ".join(f"<code>{esc(f)}</code>" for f in result.findings)
-                     + "</div>")  # fmt: skip
+                     + "</div>")
     if not parts:
         return ""
     return "<details><summary>details</summary>" + "".join(parts) + "</details>"
@@ -239,7 +239,7 @@ def _cases(report: RunReport) -> list[str]:
         return [*out, "<p>No case ran.</p>"]
     show_lossless = any(r.baseline for r in report.results)
     headers = ["#", "case", "think", "budget", "tok", "finish", "rounds", "accept", "tok/s srv", "tok/s cli",
-               "TTFT", "quality", *(["lossless"] if show_lossless else []), "output"]  # fmt: skip
+               "TTFT", "quality", *(["lossless"] if show_lossless else []), "output"]
     rows = ['<table class="cases">', "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"]
     for index, r in enumerate(report.results, 1):
         ok = r.ok
@@ -251,7 +251,7 @@ def _cases(report: RunReport) -> list[str]:
                  _num(fmt(r.spec.server_tokens_per_second, ".1f") if ok else DASH),
                  _num(fmt(r.timings.decode_tokens_per_second, ".1f") if ok else DASH),
                  _cell(ttft_cell(r), number=True) if ok else _num(DASH),
-                 _cell(quality_cell(r))]  # fmt: skip
+                 _cell(quality_cell(r))]
         if show_lossless:
             cells.append(_cell(lossless_cell(r)) if ok else _num(DASH))
         cells.append(f'<td class="out">{esc(visible(output_text(r), OUTPUT_CHARS))}{_details(r)}</td>')
@@ -271,7 +271,7 @@ def _rounds(report: RunReport) -> list[str]:
     out = ['<h2 id="rounds">Per-round acceptance</h2>']
     if not known:
         return [*out, "<p>The target did not report per-round acceptance lengths (only the engine and servers "
-                      "with the <code>ddtree</code> dialect do).</p>"]  # fmt: skip
+                      "with the <code>ddtree</code> dialect do).</p>"]
     largest = max(max(r.spec.acceptance_lengths or [1]) for _, r in known)
     figures = []
     for index, result in known:
@@ -299,15 +299,15 @@ def html_diff(diff: Any, a_name: str, b_name: str) -> str:
     names = (Path(a_name).name or a_name, Path(b_name).name or b_name)
     body = [f'<header class="verdict {"failed" if regressed else "passed"}">',
             f"<h1>ddtree-diag diff: {'✗' if regressed else '✓'} {esc(verdict)}</h1>",
-            f"<p><b>A:</b> {esc(a_name)}<br><b>B:</b> {esc(b_name)}</p>"]  # fmt: skip
+            f"<p><b>A:</b> {esc(a_name)}<br><b>B:</b> {esc(b_name)}</p>"]
     body += [f"<p>{esc(line)}</p>" for line in diff.summary]
     body.append("</header>")
     if diff.shared == 0:
         body.append('<p class="bad"><b>The two runs share no cases</b>: nothing could be compared case by case '
-                    "(different matrices, prompts or max_tokens?).</p>")  # fmt: skip
+                    "(different matrices, prompts or max_tokens?).</p>")
     if diff.regressions:
         body.append('<h2 id="regressions">Regressions</h2><ul>'
-                    + "".join(f'<li class="bad">{esc(r)}</li>' for r in diff.regressions) + "</ul>")  # fmt: skip
+                    + "".join(f'<li class="bad">{esc(r)}</li>' for r in diff.regressions) + "</ul>")
     shared = [c for c in diff.cases if c.a is not None and c.b is not None]
     labels = [f"#{i} {_short_id(c.case_id)}" for i, c in enumerate(shared, 1)]
     body.append('<h2 id="plots">Plots</h2>')
@@ -316,19 +316,19 @@ def html_diff(diff: Any, a_name: str, b_name: str) -> str:
     if any(x is not None or y is not None for x, y in accept):
         charts.append(("Mean acceptance per case (tokens/round)",
                        paired_bars(labels, [x for x, _ in accept], [y for _, y in accept], names=names,
-                                   title="mean acceptance per case, A vs B")))  # fmt: skip
+                                   title="mean acceptance per case, A vs B")))
     speed = [(c.a.timings.decode_tokens_per_second, c.b.timings.decode_tokens_per_second) for c in shared]
     if any(x is not None or y is not None for x, y in speed):
         charts.append(("Client decode tok/s per case",
                        paired_bars(labels, [x for x, _ in speed], [y for _, y in speed], names=names, digits=1,
-                                   title="client decode tok/s per case, A vs B")))  # fmt: skip
+                                   title="client decode tok/s per case, A vs B")))
     if charts:
         body.append('<div class="plots">' + "".join(f"<figure><figcaption>{esc(t)}</figcaption>{s}</figure>"
-                                                    for t, s in charts) + "</div>")  # fmt: skip
+                                                    for t, s in charts) + "</div>")
     else:
         body.append("<p>No shared case with acceptance or speed numbers.</p>")
     body.append('<h2 id="cases">Cases</h2><table><tr><th>case</th><th>accept A</th><th>accept B</th>'
-                "<th>tok/s A</th><th>tok/s B</th><th>changes</th></tr>")  # fmt: skip
+                "<th>tok/s A</th><th>tok/s B</th><th>changes</th></tr>")
     for case in diff.cases:
         a, b = case.a, case.b
         row_class = "regressed" if case.regressions else "changed" if case.changes else ""
@@ -344,7 +344,7 @@ def html_diff(diff: Any, a_name: str, b_name: str) -> str:
             + _num(fmt(a.timings.decode_tokens_per_second if a else None, ".1f"))
             + _num(fmt(b.timings.decode_tokens_per_second if b else None, ".1f"))
             + f"<td>{''.join(items) or '<span class=dim>unchanged</span>'}</td></tr>"
-        )  # fmt: skip
+        )
     body.append("</table>")
     return _page(f"ddtree-diag diff: {verdict}", body)
 

@@ -52,7 +52,7 @@ def junit_xml(report: RunReport) -> str:
         out.text = _xml_safe("\n".join(
             f"[{f.severity}] {f.title}\n  evidence: {f.evidence}\n  check: {f.check}"
             for f in report.findings
-        ))  # fmt: skip
+        ))
     for element in (suite, suites):
         element.set("tests", str(tests))
         element.set("failures", str(failures))
@@ -88,7 +88,7 @@ def _xml_safe(text: str) -> str:
         ch if ch in "\t\n\r" or (0x20 <= ord(ch) <= 0xD7FF) or (0xE000 <= ord(ch) <= 0xFFFD)
         or 0x10000 <= ord(ch) <= 0x10FFFF else f"\\x{ord(ch):02x}"
         for ch in text
-    )  # fmt: skip
+    )
 
 
 def write_junit(report: RunReport, path: str) -> None:

@@ -55,7 +55,7 @@ def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
     target = report.target
     bits = [target.get("url") or target.get("engine") or target.get("target") or "",
             target.get("model") or "", f"dialect {target['dialect']}" if target.get("dialect") else "",
-            f"matrix {Path(target['matrix']).name}" if target.get("matrix") else ""]  # fmt: skip
+            f"matrix {Path(target['matrix']).name}" if target.get("matrix") else ""]
     if any(bits):
         lines.append("**Target:** " + " · ".join(_cell(b) for b in bits if b))
     results = report.results
@@ -102,7 +102,7 @@ def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
             rounds_cell(r).text, acceptance_cell(r).text,
             fmt(r.spec.server_tokens_per_second, ".1f"), fmt(r.timings.decode_tokens_per_second, ".1f"),
             _cell(quality_cell(r).text), _cell(lossless_cell(r).text), _cell(visible(output_text(r), OUTPUT_CHARS)),
-        ]  # fmt: skip
+        ]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     if report.notes:

@@ -32,7 +32,7 @@ def clean(text: object) -> str:
     """Text that is safe to put in an HTML/XML document once escaped: control characters, lone
     surrogates and non-characters become visible escapes (``\\x1b``, ``\\ud800``)."""
     return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
-                       str(text))  # fmt: skip
+                       str(text))
 
 
 def esc(text: object) -> str:
@@ -141,10 +141,10 @@ class XLabels:
             if self.rotated:
                 x, y = centre + 0.3 * self.size, top + self.size
                 out.append(f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" class="xlabel" '
-                           f'transform="rotate(-45 {x:.1f} {y:.1f})">{tip}{esc(label)}</text>')  # fmt: skip
+                           f'transform="rotate(-45 {x:.1f} {y:.1f})">{tip}{esc(label)}</text>')
             else:
                 out.append(f'<text x="{centre:.1f}" y="{top + self.size + 4:.1f}" text-anchor="middle" '
-                           f'class="xlabel">{tip}{esc(label)}</text>')  # fmt: skip
+                           f'class="xlabel">{tip}{esc(label)}</text>')
         return out
 
 
@@ -155,7 +155,7 @@ def _tick_label(value: float) -> str:
 def _svg(width: float, height: float, title: str, body: list[str]) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 {width:.0f} {height:.0f}" '
             f'width="{width:.0f}" height="{height:.0f}" class="chart"><title>{esc(title)}</title>'
-            + "".join(body) + "</svg>")  # fmt: skip
+            + "".join(body) + "</svg>")
 
 
 def grouped_bars(
@@ -208,7 +208,7 @@ def grouped_bars(
         body.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>')
         body.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{esc(_tick_label(tick))}</text>')
     body.append(f'<text x="12" y="{upper + plot_h / 2:.0f}" transform="rotate(-90 12 {upper + plot_h / 2:.0f})" '
-                f'text-anchor="middle">{esc(y_label)}</text>')  # fmt: skip
+                f'text-anchor="middle">{esc(y_label)}</text>')
     centres = []
     for g, group in enumerate(groups):
         x0 = left + gap / 2 + g * group_w
@@ -218,21 +218,21 @@ def grouped_bars(
             x = x0 + s * bar
             if value is None:
                 body.append(f'<text x="{x + bar / 2:.1f}" y="{y(0) - 4:.1f}" text-anchor="middle" class="unknown">'
-                            f"{DASH}</text>")  # fmt: skip
+                            f"{DASH}</text>")
                 continue
             top_y = y(value)
             body.append(f'<rect x="{x + 2:.1f}" y="{top_y:.1f}" width="{bar - 4}" height="{y(0) - top_y:.1f}" '
                         f'fill="{PALETTE[s % len(PALETTE)]}"><title>{esc(group)} · {esc(name)}: '
-                        f"{esc(_number(value, digits))}</title></rect>")  # fmt: skip
+                        f"{esc(_number(value, digits))}</title></rect>")
             body.append(f'<text x="{x + bar / 2:.1f}" y="{top_y - 4:.1f}" text-anchor="middle" class="value">'
-                        f"{esc(_number(value, digits))}</text>")  # fmt: skip
+                        f"{esc(_number(value, digits))}</text>")
     body += labels.svg(centres, axis_y)
     if labels.title:
         body.append(f'<text x="{left + plot_w / 2:.1f}" y="{title_y:.1f}" text-anchor="middle" class="xtitle">'
-                    f"{esc(labels.title)}</text>")  # fmt: skip
+                    f"{esc(labels.title)}</text>")
     if reference is not None:
         body.append(f'<line x1="{left}" x2="{width - right}" y1="{y(reference):.1f}" y2="{y(reference):.1f}" '
-                    f'class="reference"/>')  # fmt: skip
+                    f'class="reference"/>')
     body.append(f'<line x1="{left}" x2="{width - right}" y1="{y(0):.1f}" y2="{y(0):.1f}" class="axis"/>')
     if len(series) > 1:
         for row, items in enumerate(legend_rows):
@@ -240,7 +240,7 @@ def grouped_bars(
             for s, x in items:
                 body.append(f'<rect x="{x:.1f}" y="{legend_y - 10:.1f}" width="10" height="10" '
                             f'fill="{PALETTE[s % len(PALETTE)]}"/>'
-                            f'<text x="{x + 14:.1f}" y="{legend_y:.1f}">{esc(series[s])}</text>')  # fmt: skip
+                            f'<text x="{x + 14:.1f}" y="{legend_y:.1f}">{esc(series[s])}</text>')
     return _svg(width, height, title, body)
 
 
@@ -267,14 +267,14 @@ def histogram(counts: dict[int, int], largest: int, *, title: str) -> str:
         if count:
             tip = f"{count} round(s) committed {length} token(s)"
             body.append(f'<rect x="{x + 1}" y="{y(count):.1f}" width="{bar - 2}" height="{y(0) - y(count):.1f}" '
-                        f'fill="{PALETTE[0]}"><title>{tip}</title></rect>')  # fmt: skip
+                        f'fill="{PALETTE[0]}"><title>{tip}</title></rect>')
         if length % step == 0 or (length == 1 and step < 3):
             body.append(f'<text x="{x + bar / 2:.1f}" y="{upper + plot_h + 14}" text-anchor="middle" class="small">'
-                        f"{length}</text>")  # fmt: skip
+                        f"{length}</text>")
     body.append(f'<line x1="{left}" x2="{left + bar * largest}" y1="{y(0):.1f}" y2="{y(0):.1f}" class="axis"/>')
     centre = min(max(left + bar * largest / 2, width / 2), width - text_width(caption, SMALL) / 2 - 4)
     body.append(f'<text x="{centre:.1f}" y="{upper + plot_h + lower - 2}" text-anchor="middle" '
-                f'class="small">{caption}</text>')  # fmt: skip
+                f'class="small">{caption}</text>')
     return _svg(width, upper + plot_h + lower, title, body)
 
 
@@ -300,7 +300,7 @@ def paired_bars(
     for s, name in enumerate(names):
         shown = _cut(name, 40)
         body.append(f'<rect x="{x:.1f}" y="6" width="10" height="10" fill="{_pair_colour(s)}"/>'
-                    f'<text x="{x + 14:.1f}" y="15">{esc(shown)}</text>')  # fmt: skip
+                    f'<text x="{x + 14:.1f}" y="15">{esc(shown)}</text>')
         x += 14 + text_width(shown) + 16
     width = max(width, math.ceil(x))
     for tick in ticks:
@@ -312,7 +312,7 @@ def paired_bars(
         while len(shown) > 1 and text_width(shown) + 10 > label_w:
             shown = shown[:-2].rstrip() + "…"
         body.append(f'<text x="{label_w - 6}" y="{y0 + bar_h + 4}" text-anchor="end"><title>{esc(label)}</title>'
-                    f"{esc(shown)}</text>")  # fmt: skip
+                    f"{esc(shown)}</text>")
         for s, values in enumerate((a, b)):
             value = values[row]
             y = y0 + s * bar_h
@@ -322,9 +322,9 @@ def paired_bars(
             length = plot_w * value / top
             body.append(f'<rect x="{label_w}" y="{y}" width="{length:.1f}" height="{bar_h - 1}" '
                         f'fill="{_pair_colour(s)}"><title>{esc(label)} · {esc(names[s])}: '
-                        f"{esc(_number(value, digits))}</title></rect>")  # fmt: skip
+                        f"{esc(_number(value, digits))}</title></rect>")
             body.append(f'<text x="{label_w + length + 4:.1f}" y="{y + bar_h - 1}" class="small">'
-                        f"{esc(_number(value, digits))}</text>")  # fmt: skip
+                        f"{esc(_number(value, digits))}</text>")
     body.append(f'<line x1="{label_w}" x2="{label_w}" y1="{upper - 2}" y2="{height - 8}" class="axis"/>')
     return _svg(width, height, title, body)
 

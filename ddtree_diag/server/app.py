@@ -58,7 +58,7 @@ def create_app(
     rules = RequestRules(model_name, limits, getattr(engine, "context_length", None))
     metrics = Metrics()
     worker = EngineWorker(engine, limits=limits, max_context=rules.max_context,
-                          default_tree_budget=default_tree_budget, metrics=metrics)  # fmt: skip
+                          default_tree_budget=default_tree_budget, metrics=metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -66,7 +66,7 @@ def create_app(
         worker.shutdown()
 
     app = FastAPI(title="ddtree-diag reference server", version=__version__, docs_url=None,
-                  redoc_url=None, openapi_url=None, lifespan=lifespan)  # fmt: skip
+                  redoc_url=None, openapi_url=None, lifespan=lifespan)
     created = int(time.time())
     info = dict(description or {})
     app.state.worker = worker
@@ -182,7 +182,7 @@ def serve(
     import uvicorn
 
     app = create_app(engine, model_name=model_name, api_key=api_key, default_tree_budget=default_tree_budget,
-                     description=description, limits=limits)  # fmt: skip
+                     description=description, limits=limits)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler

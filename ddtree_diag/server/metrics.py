@@ -20,7 +20,7 @@ class Metrics:
         self.latency = Histogram(
             "ddtree_request_latency_seconds", "End-to-end request latency", registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-        )  # fmt: skip
+        )
         # The same names vLLM and llama.cpp use, so server-wide probing works here too.
         self.drafts = Counter("ddtree_spec_decode_num_drafts", "Verify rounds with a draft", registry=r)
         self.draft_tokens = Counter("ddtree_spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)

@@ -49,7 +49,7 @@ def logprobs_content(tokenizer: Any, generation: Any, count: int) -> list[dict[s
                  "bytes": list(tokenizer.decode([tid]).encode("utf-8"))}
                 for tid, value in top[:count]
             ],
-        })  # fmt: skip
+        })
     return content
 
 
@@ -69,13 +69,13 @@ def completion(completion_id: str, model_name: str, body: Any, generation: Any, 
     """The whole ``chat.completion`` body for a request that did not stream."""
     message: dict[str, Any] = {"role": "assistant", "content": generation.text}
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                              "finish_reason": generation.finish_reason}  # fmt: skip
+                              "finish_reason": generation.finish_reason}
     if body.logprobs:
         choice["logprobs"] = _logprobs(body, generation, tokenizer)
     return {
         "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model_name,
         "choices": [choice], "usage": usage(generation), "ddtree": ddtree_stats(generation),
-    }  # fmt: skip
+    }
 
 
 def sse(payload: Any) -> str:
@@ -91,11 +91,11 @@ class Chunks:
 
     def __init__(self, completion_id: str, model_name: str) -> None:
         self.base = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": model_name}  # fmt: skip
+                     "model": model_name}
 
     def role(self) -> str:
         return sse({**self.base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                              "finish_reason": None}]})  # fmt: skip
+                                              "finish_reason": None}]})
 
     def delta(self, text: str) -> str:
         return sse({**self.base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
@@ -104,7 +104,7 @@ class Chunks:
         """The finish chunk, then the usage chunk when asked for; not ``[DONE]``."""
         include_usage = body.include_usage()
         final: dict[str, Any] = {**self.base, "choices": [{"index": 0, "delta": {},
-                                                           "finish_reason": generation.finish_reason}]}  # fmt: skip
+                                                           "finish_reason": generation.finish_reason}]}
         if body.logprobs:
             final["choices"][0]["logprobs"] = _logprobs(body, generation, tokenizer)
         if not include_usage:
@@ -112,5 +112,5 @@ class Chunks:
         events = [sse(final)]
         if include_usage:
             events.append(sse({**self.base, "choices": [], "usage": usage(generation),
-                               "ddtree": ddtree_stats(generation)}))  # fmt: skip
+                               "ddtree": ddtree_stats(generation)}))
         return events

@@ -37,7 +37,7 @@ class ServerLimits:
 
     @classmethod
     def for_engine(cls, engine: Any, *, max_tree_budget: int | None = None, max_context: int | None = None,
-                   request_timeout_s: float | None = None) -> ServerLimits:  # fmt: skip
+                   request_timeout_s: float | None = None) -> ServerLimits:
         """Defaults that keep a CPU server responsive (budget 256, context 4096, 120 s); on CUDA the
         schema's ceiling, the model's context and 600 s."""
         device = getattr(getattr(engine, "device", None), "type", "cpu")
@@ -55,7 +55,7 @@ class ApiError(Exception):
     """A client mistake (or, 5xx, ours), answered with an OpenAI-style error object."""
 
     def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+                 param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
 
@@ -68,7 +68,7 @@ class ApiError(Exception):
     def stream_body(self) -> dict[str, Any]:
         """The SSE error event's payload (after the 200 status line): the code is never null."""
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code or self.status}}  # fmt: skip
+                          "code": self.code or self.status}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ class ChatRequest(BaseModel):
     def _samplable(cls, value: float) -> float:
         if 0 < value < MIN_SAMPLING_TEMPERATURE:
             raise ValueError(f"{value:g} is too small to sample with (minimum {MIN_SAMPLING_TEMPERATURE:g}; "
-                             "0 means greedy)")  # fmt: skip
+                             "0 means greedy)")
         return value
 
     @field_validator("stop")
@@ -204,7 +204,7 @@ def check_auth(request: Request, api_key: str | None) -> None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
         raise ApiError(401, "invalid or missing API key", kind="authentication_error",
-                       code="invalid_api_key")  # fmt: skip
+                       code="invalid_api_key")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -240,7 +240,7 @@ class RequestRules:
         content_type = request.headers.get("content-type")
         if not is_json_media_type(content_type):
             raise ApiError(415, f"Content-Type must be application/json, got {content_type[:80]!r}",
-                           code="unsupported_media_type")  # fmt: skip
+                           code="unsupported_media_type")
         return self.validate(await read_body(request, self.limits.max_body_bytes))
 
     def validate(self, raw: bytes) -> ChatRequest:
@@ -257,7 +257,7 @@ class RequestRules:
         where = surrogate_at(data)
         if where is not None:
             raise ApiError(400, f"{where}: contains a lone UTF-16 surrogate (not valid Unicode text)",
-                           param=where)  # fmt: skip
+                           param=where)
         try:
             body = ChatRequest.model_validate(data)
         except ValidationError as exc:
@@ -267,7 +267,7 @@ class RequestRules:
             raise ApiError(400, f"invalid JSON body: nested deeper than {MAX_DEPTH} levels") from None
         if body.model is not None and body.model != self.model_name:
             raise ApiError(404, f"the model {body.model[:200]!r} does not exist (this server has "
-                           f"{self.model_name!r})", param="model", code="model_not_found")  # fmt: skip
+                           f"{self.model_name!r})", param="model", code="model_not_found")
         refused = budget.over_limit(body.tree_budget, self.limits.max_tree_budget)
         if refused is not None:
             raise ApiError(400, refused, param="tree_budget")
@@ -276,5 +276,5 @@ class RequestRules:
         if max_tokens and max_tokens >= max_context:
             raise ApiError(400, f"max_tokens {max_tokens} exceeds the context length {max_context}"
                            + ("" if max_context == self.context_length else " (serve --max-context)"),
-                           param="max_tokens")  # fmt: skip
+                           param="max_tokens")
         return body

@@ -38,7 +38,7 @@ class EngineWorker:
     """Runs generations on the engine's one thread."""
 
     def __init__(self, engine: Any, *, limits: ServerLimits, max_context: int, default_tree_budget: int,
-                 metrics: Metrics) -> None:  # fmt: skip
+                 metrics: Metrics) -> None:
         self.engine = engine
         self.limits = limits
         self.max_context = max_context
@@ -61,7 +61,7 @@ class EngineWorker:
         max_tokens = body.requested_max_tokens() or min(256, max(1, max_context - len(prompt_ids)))
         if len(prompt_ids) + max_tokens > max_context:
             raise DiagError(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                            f"context length {max_context}")  # fmt: skip
+                            f"context length {max_context}")
         ends = time.monotonic() + self.limits.request_timeout_s
 
         def on_token(token_ids: list[int], text: str) -> bool:
@@ -134,7 +134,7 @@ class EngineWorker:
     def deadline_error(self, job: Job) -> ApiError:
         return ApiError(408, f"generation stopped at this server's per-request limit of "
                         f"{self.limits.request_timeout_s:g} s (serve --request-timeout) after {job.tokens} tokens",
-                        kind="timeout_error", code="request_timeout")  # fmt: skip
+                        kind="timeout_error", code="request_timeout")
 
     @staticmethod
     def engine_error(exc: Exception) -> ApiError:

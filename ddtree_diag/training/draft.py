@@ -170,7 +170,7 @@ def generate_greedy(
         responses = _generate_left_padded(
             model, [encoded[i][1] for i in chunk], stops[0],
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops,
-        )  # fmt: skip
+        )
         for i, response in zip(chunk, responses, strict=True):
             stop_at = _first_stop(response, stops)
             if stop_at is not None:
@@ -289,7 +289,7 @@ def sample_user_prompts(
         responses = _generate_left_padded(
             model, encoded, stops[0], max_new_tokens=max_new_tokens, do_sample=True,
             temperature=temperature, top_p=top_p, top_k=0, eos_token_id=stops,
-        )  # fmt: skip
+        )
         attempts += batch_size
         for opener, response in zip(openers, responses, strict=True):
             stop_at = _first_stop(response, stops)
@@ -619,7 +619,7 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
             prompts += sample_user_prompts(
                 target, tokenizer, settings.sampled_prompts, settings.gen_batch_size, seed=settings.seed + 1,
                 temperature=0.9, exclude=evaluation_prompts(),
-            )  # fmt: skip
+            )
             log(f"sampled {len(prompts) - before} user prompts")
         records = generate_greedy(
             target, tokenizer, prompts, settings.max_new_tokens, settings.gen_batch_size

@@ -20,7 +20,7 @@ from ddtree_diag.records import ProbeCase, SpecMetrics
 STANDARD_KEYS = {
     "id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier",
     "prompt_logprobs", "kv_transfer_params", "prompt_token_ids",
-}  # fmt: skip
+}
 
 
 @dataclass

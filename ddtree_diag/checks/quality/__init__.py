@@ -112,7 +112,7 @@ def assess(
         prompt, truncated, finish=finish, completion_tokens=completion_tokens, max_tokens=max_tokens,
         thinking=thinking, reasoning=reasoning, unclosed_think=unclosed_think(text),
         has_thought=bool((reasoning or "").strip() or think_text.strip()),
-    )  # fmt: skip
+    )
 
     reasons = _run(detectors(WHOLE), text, ctx.reading(text))
     # Where the answer sits in the text (after a think block), so every span points into `text`.
@@ -134,7 +134,7 @@ def assess(
         scored = scorer.score(
             text, messages or [{"role": "user", "content": prompt}], enable_thinking=thinking,
             stopped=finish in STOP_REASONS, greedy=greedy, answer_ids=answer_ids if greedy else None,
-        )  # fmt: skip
+        )
         if hasattr(scored, "summary"):
             likelihood = scored.summary(greedy=greedy)
         reasons.extend(
@@ -148,7 +148,7 @@ def assess(
     score = round(1.0 - score, 4)
     reasons.sort(key=lambda r: -r.weight)
     return Verdict(garbage=score >= GARBAGE_THRESHOLD, score=score, reasons=reasons, truncated=truncated,
-                   likelihood=likelihood)  # fmt: skip
+                   likelihood=likelihood)
 
 
 def _run(found_by: tuple, text: str, ctx: Context) -> list[Reason]:
@@ -191,7 +191,7 @@ def _placed(found: list[Reason], offset: int, source: str = "text", label: str =
         Reason(r.code, label + r.detail, r.evidence, r.weight,
                (r.span[0] + offset, r.span[1] + offset) if r.span else None, source)
         for r in found
-    ]  # fmt: skip
+    ]
 
 
 def assess_result(result: Any, scorer: Any = None) -> Verdict:

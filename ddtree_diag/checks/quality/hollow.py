@@ -60,7 +60,7 @@ def find_degenerate_enumeration(text: str, ctx: Context) -> list[Reason]:
         excerpt(text, *span),
         min(0.9, 0.6 + 0.05 * (stuck - 2)),
         span,
-    )]  # fmt: skip
+    )]
 
 
 # A list marker at the start of a line, in several scripts: bullets, "1." "1)" "(1)" "1、" "a)"
@@ -78,7 +78,7 @@ def _punct_only(text: str) -> bool:
     """Only punctuation and spaces (Unicode categories P*, plus the maths/modifier symbols that
     ASCII uses as punctuation: ``~ ^ + = < > |``); emoji and other symbols are content."""
     return all(ch.isspace() or unicodedata.category(ch)[0] == "P" or unicodedata.category(ch) in ("Sm", "Sk")
-               for ch in text)  # fmt: skip
+               for ch in text)
 
 
 def _hollow(line: str) -> bool:
@@ -154,7 +154,7 @@ def find_hollow_lines(text: str, ctx: Context) -> list[Reason]:
         excerpt(text, *span),
         weight,
         span,
-    )]  # fmt: skip
+    )]
 
 
 # A list marker: "1." "1)" "(1)" "#1" "1:" "1、" "一、"; before it may stand a label word that is the
@@ -223,7 +223,7 @@ def find_empty_counting(text: str, ctx: Context) -> list[Reason]:
         excerpt(text, *span),
         weight,
         span,
-    )]  # fmt: skip
+    )]
 
 
 # A run of one punctuation mark, contiguous ("!!!!!!!!", "。。。。。。") or spaced (". . . . . . . .").

@@ -121,7 +121,7 @@ def _role_matches(text: str):
 _ROLE_FINDS = (
     "user", "assistant", "human", "system", "model", "instruction", "response",
     "ai:", "ai*", "bot:", "bot*", "gpt:", "gpt*", "chatbot",
-)  # fmt: skip
+)
 
 
 class _ShiftedMatch:

@@ -86,7 +86,7 @@ REGISTRY: tuple[ReasonCode, ...] = (
                "(first position, top-2 gap)", "likelihood"),
     ReasonCode("truncated", "info", "cut at max_tokens (`finish_reason=length`); never garbage by itself",
                "stops"),
-)  # fmt: skip
+)
 
 REASON_CODES: tuple[str, ...] = tuple(r.code for r in REGISTRY)
 LOOP_CODES: frozenset[str] = frozenset(r.code for r in REGISTRY if r.loop)

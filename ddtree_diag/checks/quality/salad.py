@@ -129,7 +129,7 @@ def _prompt_language(prompt: str) -> str | None:
     # Words of 3+ letters, without names (capitalised past the first word): a loanword list
     # holds "Roma" and "Kano" in many languages.
     longer = [c.casefold() for at, c in enumerate(chunks)
-              if len(c) >= 3 and _PLAIN_RE.fullmatch(c) and (at == 0 or c.lower() == c)]  # fmt: skip
+              if len(c) >= 3 and _PLAIN_RE.fullmatch(c) and (at == 0 or c.lower() == c)]
     counts = [(sum(1 for w in longer if w in lexicon.words(lang)), lang) for lang, share in ranked[:6] if share >= 0.15]
     fits = [(known, lang) for known, lang in counts if known >= 2 and 3 * known >= 2 * len(longer)]
     if not fits:
@@ -280,7 +280,7 @@ def find_word_salad(text: str, ctx: Context) -> list[Reason]:
         excerpt(text, start, end),
         weight,
         (start, end),
-    )]  # fmt: skip
+    )]
 
 
 DETECTORS = (find_word_salad,)

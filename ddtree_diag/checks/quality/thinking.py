@@ -66,7 +66,7 @@ def find_thinking_leaks(text: str, ctx: Context) -> list[Reason]:
                 excerpt(text, start, len(text)),
                 0.6 if stopped else 0.3,
                 (start, len(text)),
-            ))  # fmt: skip
+            ))
     return out
 
 

@@ -135,7 +135,7 @@ class FastDecoder:
             self.feature_layers = list(dc.target_layer_ids)
             self.d_heads, self.d_kv_heads, self.d_head_dim = (
                 dc.num_attention_heads, dc.num_key_value_heads, dc.dim_per_head,
-            )  # fmt: skip
+            )
         else:
             self.block, self.feature_layers = 1, []
 
@@ -214,7 +214,7 @@ class FastDecoder:
                         padded, module.conv1d.weight.shape[0], module.conv_kernel_size - 1, device=self.device,
                         dtype=t.dtype,
                     ),
-                }  # fmt: skip
+                }
         return self.trees[padded]
 
     def _stage(self, key: tuple, fn: Callable[[], None]) -> Stage:
@@ -245,7 +245,7 @@ class FastDecoder:
         t = self.target
         pre, post = (self._pre_attention, self._post_attention) if compiled else (
             target_pre_attention, target_post_attention,
-        )  # fmt: skip
+        )
         rows = tokens.shape[0]
         positions = self.start + depths
         slots = self.start + self.slot_index[:rows]
@@ -273,7 +273,7 @@ class FastDecoder:
             q, k, v, gate = pre(
                 layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused,
                 gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm,
-            )  # fmt: skip
+            )
             cache_k, cache_v = t.kv.write(t.cache_slot[index], slots, k, v)
             q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
             out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
@@ -573,7 +573,7 @@ class FastDecoder:
             "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
             "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
             "fast_tree_fallbacks": fallbacks,
-        })  # fmt: skip
+        })
 
     def _finish(self, stages: dict[str, Stage], padded: int, rows: int, temperature: float, generator) -> None:
         if "commit" in stages:  # T=0: argmax + accept + commit captured together

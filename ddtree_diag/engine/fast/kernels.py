@@ -144,7 +144,7 @@ def _rope_fits(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 and rotary % 2 == 0 and rotary <= x.shape[-1]
         and cos.shape == sin.shape and cos.numel() == rows * rotary and cos.dtype == x.dtype == sin.dtype
         and cos.is_contiguous() and sin.is_contiguous()
-    )  # fmt: skip
+    )
 
 
 def silu_mul(act_fn: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:

@@ -121,7 +121,7 @@ class FusedWeights(torch.nn.Module):
             type(gate) is torch.nn.Linear and type(up) is torch.nn.Linear and gate.bias is None and up.bias is None
             and hasattr(mlp, "down_proj") and hasattr(mlp, "act_fn") and gate.out_features == up.out_features
             and gate.weight.dtype == up.weight.dtype
-        )  # fmt: skip
+        )
 
 
 def linear_attention_rows(
@@ -146,7 +146,7 @@ def linear_attention_rows(
     core, parts = gdn.parallel_gated_delta(
         q.reshape(n, module.num_k_heads, module.head_k_dim), k.reshape(n, module.num_k_heads, module.head_k_dim),
         v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
-    )  # fmt: skip
+    )
     normed = kernels.gated_rms_norm(module.norm, core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(normed.reshape(n, module.value_dim)), parts, windows[:, :, 1:]
 

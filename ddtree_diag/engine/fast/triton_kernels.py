@@ -43,7 +43,7 @@ def _rms_norm_kernel(
     x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, gate_ptr,
     rows, x_row_stride, delta_row_stride, sum_row_stride, gate_row_stride, cols, eps,
     OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_GATE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     # int64: row * stride passes 2**31 on long prompts (the prefill runs through here too)
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     offs = tl.arange(0, BLOCK)[None, :]
@@ -72,7 +72,7 @@ def _norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
     pairs, heads, x_row_stride, x_head_stride, cos_row_stride, head_dim, rotary, eps,
     NORM: tl.constexpr, OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     # a tile of PAIRS (row, head) pairs, each head normed on its own (NORM; else rotary alone)
     pair = tl.program_id(0).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)[:, None]
     row, head = pair // heads, pair % heads
@@ -146,7 +146,7 @@ def rms_norm(
         x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), g2.stride(0), cols, eps,
         OFFSET=offset, HAS_DELTA=delta is not None, HAS_GATE=gate is not None, ROWS=tile_rows, BLOCK=block,
         num_warps=_warps(block * tile_rows),
-    )  # fmt: skip
+    )
     return out, total
 
 
@@ -166,7 +166,7 @@ def norm_rope(
         x, x if weight is None else weight, cos2, sin2, out, rows * heads, heads, x.stride(1), x.stride(2),
         cos2.stride(0), head_dim, rotary, eps, NORM=weight is not None, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block,
         num_warps=_warps(block * tile_pairs),
-    )  # fmt: skip
+    )
     return out
 
 

@@ -54,7 +54,7 @@ def _set_acceptance(response: Body, mean: float) -> None:
     base, extra = divmod(committed, rounds)
     lengths = [base + (1 if i < extra else 0) for i in range(rounds)]
     stats.update(decode_rounds=rounds, acceptance_lengths=lengths, mean_acceptance_length=sum(lengths) / rounds,
-                 accepted_tokens=sum(n - 1 for n in lengths))  # fmt: skip
+                 accepted_tokens=sum(n - 1 for n in lengths))
 
 
 def collapse(request: Body, response: Body, n: int) -> None:
@@ -309,7 +309,7 @@ def named(report: Any, expectation: str) -> bool:
 
 def start_serve(timeout: float = 300):
     """`ddtree-diag serve` on the embedded model (fp32 on CPU: greedy decoding is exact)."""
-    from tests.conftest import launch_serve
+    from tests.support.processes import launch_serve
 
     return launch_serve("--device", "cpu", "--dtype", "fp32", timeout=timeout)
 
@@ -317,7 +317,7 @@ def start_serve(timeout: float = 300):
 def run_fault(upstream: str, fault: str, workdir: Any) -> tuple[int, Any, str]:
     """The gate through a proxy planting ``fault``: (exit code, report, stdout)."""
     from ddtree_diag.records import RunReport
-    from tests.conftest import run_cli
+    from tests.support.processes import run_cli
 
     matrix = workdir / "faults.toml"
     matrix.write_text(GATE_MATRIX)
@@ -338,7 +338,7 @@ def main() -> None:
     import time
     from pathlib import Path
 
-    from tests.conftest import stop_serve
+    from tests.support.processes import stop_serve
 
 
     process, url = start_serve()

@@ -10,7 +10,7 @@ Fault flags (``--lossy``, ``--flaky-text``, ``--tie-gap``, ``--rounds-mismatch``
 ``--server-tps``, ``--seconds-per-token``) each make one kind of problem real, so the gate, the
 lossless check and the findings are tested against a server that really has it.
 
-Run: python tests/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
+Run: python tests/support/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
         if not State.any_model and body.get("model") not in ("standin-model", None):
             # as vLLM and OpenAI do; llama.cpp and SGLang answer any name (--any-model)
             self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
-                                       "type": "NotFoundError"}})  # fmt: skip
+                                       "type": "NotFoundError"}})
             return
         if State.strict:
             known = {"model", "messages", "max_tokens", "temperature", "stream"}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-WORDS_PATH = Path(__file__).resolve().parent / "data" / "quality" / "words.json"
+WORDS_PATH = Path(__file__).resolve().parents[1] / "data" / "quality" / "words.json"
 
 # Sentence ends and commas per language family (script).
 _END = {"hi": "।", "ar": ".", "he": "."}
@@ -30,7 +30,7 @@ _ASK = {
     "ru": "Расскажи мне о {}.", "uk": "Розкажи мені про {}.", "el": "Πες μου για {}.", "tr": "Bana {} anlat.",
     "fi": "Kerro minulle {}.", "ar": "أخبرني عن {}.", "he": "ספר לי על {}.", "hi": "मुझे {} के बारे में बताओ।",
     "id": "Ceritakan tentang {}.", "sv": "Berätta om {}.", "cs": "Řekni mi o {}.",
-}  # fmt: skip
+}
 # Words no finished sentence ends on (articles, conjunctions, prepositions that take an object,
 # relative words): the "stop on a function word" class. Written from grammar books, per language.
 DANGLING = {
@@ -55,7 +55,7 @@ DANGLING = {
     "cs": ["a", "v", "na", "s", "z", "do", "pro", "že", "který", "protože"],
     "zh": ["和", "把", "被", "对于", "因为", "或者", "与"],
     "ja": ["を", "へ", "という", "および"],
-}  # fmt: skip
+}
 # Punctuation of several scripts (what a hollow line or a run is made of).
 PUNCT = [*list(".,;:!?-–—…·•*_~'\"()[]«»„“”‘’。、，！？：；・।،؛¿¡"), "...", "…", "‧"]
 BULLETS = ["-", "*", "•", "·", "+", "‣", "◦", "–", ">"]
@@ -85,7 +85,7 @@ def _words() -> dict[str, tuple[list[str], list[float]]]:
     out = {}
     for lang, pairs in data.items():
         pairs = [(_final_sigma(w), f) for w, f in pairs if all(ch.isalpha() or unicodedata.category(ch)[0] == "M"
-                                                                   for ch in w)]  # fmt: skip
+                                                                   for ch in w)]
         out[lang] = ([w for w, _ in pairs], [f for _, f in pairs])
     return out
 
@@ -140,7 +140,7 @@ def _code(rng: random.Random) -> str:
         f"function {fn}({a}) {{\n  const {b} = [];\n  for (let i = 0; i < {a}.length; i++) {{\n"
         f"    {b}.push({a}[i] * 2);\n  }}\n  return {b};\n}}",
         f"SELECT {a}, COUNT(*) AS n\nFROM {b}\nWHERE {fn} IS NOT NULL\nGROUP BY {a}\nORDER BY n DESC;",
-    ])  # fmt: skip
+    ])
     lang = {"def": "python", "fun": "javascript", "SEL": "sql"}[body[:3]]
     return f"```{lang}\n{body}\n```"
 
@@ -185,7 +185,7 @@ def clean_table(rng):
     rows = [head, "|" + "|".join(rng.choice(["---", ":---", "---:", ":---:"]) for _ in range(cols)) + "|"]
     for _ in range(rng.randint(2, 8)):
         cells = [rng.choice([w, str(rng.randint(0, 999)), "", "✓", "—", f"{rng.random():.2f}"])
-                 for w in words(rng, lang, cols)]  # fmt: skip
+                 for w in words(rng, lang, cols)]
         rows.append("| " + " | ".join(cells) + " |")
     return Sample(sentence(rng, lang) + "\n\n" + "\n".join(rows), ask(rng, lang), label="clean", note=lang)
 
@@ -241,7 +241,7 @@ def clean_mojibake_explained(rng):
         "My app shows {b} instead of {w}. Why?",
         "Why does '{b}' appear in my CSV where it should say '{w}'?",
         "What is this: {b}",
-    ]).format(b=broken[0], w=accented[0])  # fmt: skip
+    ]).format(b=broken[0], w=accented[0])
     text = (
         f"That is mojibake: the UTF-8 bytes of “{accented[0]}” were decoded as Latin-1, so each accented "
         f"letter became two characters and “{accented[0]}” turned into “{broken[0]}”. "
@@ -268,7 +268,7 @@ def clean_quoted_punctuation(rng):
         "Fill in the blanks:\nName: " + "_" * rng.randint(8, 20) + "\nDate: " + "_" * rng.randint(8, 20),
         f"{sentence(rng, lang)}\n\n---\n\n{sentence(rng, lang)}\n\n---\n\n{sentence(rng, lang)}",
         "Wait... what?! That's amazing!!! " + sentence(rng, lang),
-    ])  # fmt: skip
+    ])
     return Sample(text, "Show me how to format text.", label="clean")
 
 
@@ -305,7 +305,7 @@ def hollow_lines(rng):
     head = sentence(rng, lang, 2, 8).rstrip(".!?।") + ":" if rng.random() < 0.7 else ""
     blank = "\n\n" if rng.random() < 0.3 else "\n"
     return Sample((head + "\n" if head else "") + blank.join(lines), ask(rng, lang), rng.choice(["stop", "length"]),
-                  note=f"{lang} {lines[0]!r}")  # fmt: skip
+                  note=f"{lang} {lines[0]!r}")
 
 
 def empty_bullets(rng):
@@ -355,7 +355,7 @@ def header_symbol(rng):
     else:  # header and symbol alternating
         text = "\n".join(f"{header}\n{symbol}" for _ in range(k))
     return Sample(_opening(rng, lang) + "\n" + text, ask(rng, lang), rng.choice(["stop", "length"]),
-                  note=f"{lang} {header!r}/{symbol!r}")  # fmt: skip
+                  note=f"{lang} {header!r}/{symbol!r}")
 
 
 def doubled_words(rng):
@@ -434,14 +434,14 @@ CLEAN: dict[str, Generator] = {
     "prose": clean_prose, "list": clean_list, "code": clean_code, "table": clean_table, "maths": clean_maths,
     "poem": clean_poem, "translation": clean_translation, "mojibake explained": clean_mojibake_explained,
     "short": clean_short, "formatting": clean_quoted_punctuation,
-}  # fmt: skip
+}
 GARBAGE: dict[str, Generator] = {
     "glued repeat": glued_repeat, "hollow lines": hollow_lines, "empty bullets": empty_bullets,
     "punctuation run": punct_run, "counting": counting, "header+symbol": header_symbol,
     "doubled words": doubled_words, "salad": salad_prose, "salad after opening": salad_after_opening,
     "salad after code": salad_after_code, "glued/split words": glued_function_words,
     "function-word stop": function_word_stop,
-}  # fmt: skip
+}
 
 
 def generate(klass: str, seed: int) -> Sample:

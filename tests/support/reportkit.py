@@ -24,18 +24,18 @@ from ddtree_diag.records import (
 )
 
 HOSTILE = ('<script>alert("x")</script><img src=x onerror="alert(1)"> & </svg></table><!-- '
-           "\x00\x1b[31mred\x1b[0m 题目:\nuser: 1. 1. 1. \ud800 ]]> {{7*7}}")  # fmt: skip
+           "\x00\x1b[31mred\x1b[0m 题目:\nuser: 1. 1. 1. \ud800 ]]> {{7*7}}")
 LONG_ERROR = "connection refused by 10.11.12.13:30000 after 3 retries " * 4
 
 
 def _case(prompt: str, thinking: bool, budget: int, temperature: float = 0.0, repeat: int = 0) -> ProbeCase:
     return ProbeCase(prompt_id=prompt, messages=[{"role": "user", "content": f"{prompt}?"}],
                      enable_thinking=thinking, tree_budget=budget, temperature=temperature,
-                     max_tokens=48 if prompt == "hello" else 128, repeat=repeat)  # fmt: skip
+                     max_tokens=48 if prompt == "hello" else 128, repeat=repeat)
 
 
 def _ok(case: ProbeCase, rounds: list[int], output: str, tps: float, server_tps: float | None = None,
-        ttft: float | None = 0.125) -> ProbeResult:  # fmt: skip
+        ttft: float | None = 0.125) -> ProbeResult:
     tokens = sum(rounds) + 1
     return ProbeResult(
         case=case, dialect="ddtree", model="m", output=output, finish_reason="stop",
@@ -44,7 +44,7 @@ def _ok(case: ProbeCase, rounds: list[int], output: str, tps: float, server_tps:
         spec=SpecMetrics(decode_rounds=len(rounds), mean_acceptance_length=round(sum(rounds) / len(rounds), 4),
                          acceptance_lengths=rounds, server_tokens_per_second=server_tps, source="response.ddtree"),
         quality=Verdict(garbage=False, score=0.0),
-    )  # fmt: skip
+    )
 
 
 def varied_report() -> RunReport:
@@ -58,11 +58,11 @@ def varied_report() -> RunReport:
     garbage = results[2]
     garbage.quality = Verdict(garbage=True, score=0.9, reasons=[
         Reason("degenerate_enumeration", "list markers that never advance", "1. 1. 1.", 0.9),
-        Reason("script_mix", "CJK inside English", "题目", 0.7)])  # fmt: skip
+        Reason("script_mix", "CJK inside English", "题目", 0.7)])
     results[0].baseline = BaselineComparison(mode="budget0", verdict="identical")
     results[1].baseline = BaselineComparison(
         mode="budget0", verdict="mismatch", field="output", char_index=1234, token_index=310,
-        expected="…meet ⟨you.", actual="…meet ⟨<b>them</b>.", detail="T=0 output differs")  # fmt: skip
+        expected="…meet ⟨you.", actual="…meet ⟨<b>them</b>.", detail="T=0 output differs")
     results[2].baseline = BaselineComparison(mode="budget0", verdict="near_tie", char_index=7)
     results[3].baseline = BaselineComparison(mode="budget0", verdict="skipped", detail="T>0")
     return RunReport(
@@ -83,7 +83,7 @@ def varied_report() -> RunReport:
             GateCheck("max_garbage", False, "1 garbage case > 0 allowed", [garbage.case_id]),
             GateCheck("min_mean_acceptance", True, "mean acceptance 2.49 >= 1.10")]),
         started_at="2026-11-01T10:00:00+00:00", finished_at="2026-11-01T10:00:09+00:00", tool_version="0.0.0",
-    )  # fmt: skip
+    )
 
 
 def slower_copy(report: RunReport) -> RunReport:

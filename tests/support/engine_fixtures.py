@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import launch_serve, stop_serve
+from tests.support.processes import launch_serve, stop_serve
 
 # Shared by the engine test modules.
 BUDGETS = (0, 1, 2, 4, 16, 64)
@@ -65,7 +65,7 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3") -> Pa
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=TARGET_LAYERS,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     if model_type == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
@@ -97,11 +97,11 @@ def make_hybrid_target(directory: Path, kind: str = "qwen3_5", pattern: str = "L
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
         linear_conv_kernel_dim=4, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     if kind == "qwen3_next":
         config = Qwen3NextConfig(**common, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
-                                 moe_intermediate_size=32, shared_expert_intermediate_size=32)  # fmt: skip
+                                 moe_intermediate_size=32, shared_expert_intermediate_size=32)
         model = Qwen3NextForCausalLM(config)
     else:
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**common, intermediate_size=128))
@@ -124,7 +124,7 @@ def make_draft(
         hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=96, target_layer_ids=list(layer_ids), mask_token_id=mask_id,
         block_size=block_size, num_target_layers=TARGET_LAYERS, head_dim=16, vocab_size=VOCAB,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     model = DFlashDraft(config)
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """Helpers for the gate/lossless/findings/formats tests: small matrices and real runs.
 
-Runs go through the real CLI against the STAND-IN server (tests/standin_server.py), whose fault
+Runs go through the real CLI against the STAND-IN server (tests/support/standin_server.py), whose fault
 flags make one problem real at a time (a lossy server, a loop, a thinking-only bug...).
 """
 
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from ddtree_diag.records import RunReport
-from tests.conftest import run_cli, start_standin
-from tests.timing import HEALTHY_MAX_TTFT_S, HEALTHY_MIN_TOKENS_PER_SECOND
+from tests.support.processes import run_cli, start_standin
+from tests.support.timing import HEALTHY_MAX_TTFT_S, HEALTHY_MIN_TOKENS_PER_SECOND
 
 # One prompt, thinking off/on, budgets 16/64, two repeats, greedy: 8 cases.
 SMALL = """
@@ -30,7 +30,7 @@ text = "Say hello in one short sentence."
 """
 
 # Every threshold the gate knows, set so a healthy stand-in run passes all of them (the speed and
-# TTFT bounds from tests/timing.py: far from what a healthy stand-in measures on a loaded box).
+# TTFT bounds from tests/support/timing.py: far from what a healthy stand-in measures on a loaded box).
 ALL_CHECKS = f"""
 [baseline]
 mode = "budget0"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 # Numbers that break naive code: non-finite, huge, negative, tiny, booleans, numeric strings.
 EVIL_NUMBERS = [math.nan, math.inf, -math.inf, 1e308, -1e308, 1e-320, -1, 0, 2**53 + 1, 2**64, -(2**63),
-                10**300, 1e15, 1e16, True, False, "12", "1e999", "nan", "-5", "", None, [], {}, "abc"]  # fmt: skip
+                10**300, 1e15, 1e16, True, False, "12", "1e999", "nan", "-5", "", None, [], {}, "abc"]
 SPEC_KEYS = {
     "ddtree": ["decode_rounds", "mean_acceptance_length", "acceptance_lengths", "draft_tokens", "accepted_tokens",
                "tokens_per_second", "tree_budget", "rounds", "num_rounds", "mean_acceptance", "tok_per_sec"],
@@ -26,15 +26,15 @@ SPEC_KEYS = {
     "spec_tokens_details": ["spec_verify_ct", "spec_accept_length", "spec_num_correct_drafts", "spec_accepted_drafts",
                             "spec_accept_token_num", "spec_num_proposed_drafts", "spec_draft_token_num"],
     "timings": ["predicted_n", "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"],
-}  # fmt: skip
+}
 
 
 # Pools: one draw gives a leaf (cheap on a slow box), and every pool holds values that break parsers.
 ODD_TEXTS = ["", " ", "Hello! It is nice to meet you.", "Hello,", "the the the the the the", "[/]", "[bold]x[/bold]",
              "<|im_end|>", "</think>", "\x00\x1b[31m", "\ud800", "a\udfffb", "\u202e", "a" * 300, "é" * 50, "{", "\r\n",
-             "%s%n", "1. 1. 1. 1.", "题目", "\ufffd", "null", "NaN", "12"]  # fmt: skip
+             "%s%n", "1. 1. 1. 1.", "题目", "\ufffd", "null", "NaN", "12"]
 JSON_POOL = [*EVIL_NUMBERS, *ODD_TEXTS, [], {}, [1, "a"], {"a": math.nan}, {"content": None}, [[[]]],
-             {"message": "x"}, {"text": 3}, [None], {"": {}}, -0.0, 4.5, {"content": [{"text": None}]}]  # fmt: skip
+             {"message": "x"}, {"text": 3}, [None], {"": {}}, -0.0, 4.5, {"content": [{"text": None}]}]
 GOOD_NUMBERS = [0, 1, 2, 3, 5, 7, 12, 16, 48, 64, 100, 2.5, 3.75, 0.5, 17.25, 120.0, 2.3333333333333335]
 NUMBERS = GOOD_NUMBERS * 3 + EVIL_NUMBERS
 FINISH_REASONS = ["stop"] * 6 + ["length"] * 2 + [None, "", "tool_calls", ["stop"], 1, {"a": "stop"}]
@@ -46,7 +46,7 @@ json_values = st.one_of(
                  lambda inner: st.one_of(st.lists(inner, max_size=3),
                                          st.dictionaries(st.text(max_size=4), inner, max_size=2)),
                  max_leaves=4),
-)  # fmt: skip
+)
 numberish = st.sampled_from(NUMBERS)
 
 
@@ -92,7 +92,7 @@ def content(draw):
         return draw(odd_text)
     if odds(draw, 1):
         return [draw(st.sampled_from([{"type": "text", "text": t} for t in ODD_TEXTS] + JSON_POOL))
-                for _ in range(draw(st.integers(0, 3)))]  # fmt: skip
+                for _ in range(draw(st.integers(0, 3)))]
     return draw(json_values)
 
 
@@ -117,7 +117,7 @@ def logprobs(draw):
             continue
         top = [{"token": draw(odd_text), "logprob": draw(numberish)} for _ in range(draw(st.integers(0, 2)))]
         entries.append({"token": draw(odd_text), "logprob": draw(numberish),
-                        "top_logprobs": top if odds(draw, 5) else draw(json_values)})  # fmt: skip
+                        "top_logprobs": top if odds(draw, 5) else draw(json_values)})
     return {"content": entries if odds(draw, 6) else draw(json_values)}
 
 
@@ -128,7 +128,7 @@ def choice(draw, key: str):
     out = {key: draw(message()), "finish_reason": draw(st.sampled_from(FINISH_REASONS))}
     for name in draw(st.lists(st.sampled_from(["logprobs", "index", "timings", "sglext"]), max_size=2, unique=True)):
         out[name] = draw(logprobs()) if name == "logprobs" else draw(spec_object("timings")) if name == "timings" \
-            else draw(numberish) if name == "index" else draw(json_values)  # fmt: skip
+            else draw(numberish) if name == "index" else draw(json_values)
     return out
 
 
@@ -139,7 +139,7 @@ def completion(draw, key: str = "message"):
     for name in draw(st.lists(st.sampled_from(["id", "object", "model", "usage"]), max_size=3, unique=True)):
         if name == "usage":
             body[name] = {"prompt_tokens": draw(numberish), "completion_tokens": draw(numberish)} \
-                if odds(draw, 5) else draw(json_values)  # fmt: skip
+                if odds(draw, 5) else draw(json_values)
         else:
             body[name] = draw(odd_text)
     if odds(draw, 20):
@@ -154,7 +154,7 @@ def _dumps(value) -> bytes:
 
 
 BREAKS = ["truncate", "invalid_utf8", "nest", "nest_deep", "bigint", "garbage", "empty", "not_object",
-          "surrogate_bytes"]  # fmt: skip
+          "surrogate_bytes"]
 
 
 @st.composite
@@ -220,7 +220,7 @@ def stream_reply(draw) -> tuple[int, dict[str, str], list[bytes]]:
     """(status, headers, body chunks) for a streamed request, cut into arbitrary pieces."""
     status = draw(st.sampled_from([200] * 40 + [301, 401, 500]))
     content_type = draw(st.sampled_from(["text/event-stream"] * 8 + ["text/event-stream; charset=utf-8",
-                                                                    "application/json", "text/html", ""]))  # fmt: skip
+                                                                    "application/json", "text/html", ""]))
     if content_type.startswith("text/event-stream"):
         events = [draw(sse_event()) for _ in range(draw(st.integers(1, 8)))]
         endings = [b"data: [DONE]\n\n"] * 4 + [b"", b"data: [DONE]", b"data: [DONE]\n\ndata: x\n\n"]
@@ -251,12 +251,12 @@ def models_reply(draw) -> tuple[int, dict[str, str], bytes]:
         else:
             entries.append(draw(json_values))
     body = {"object": "list", "data": entries if odds(draw, 6) else draw(json_values)} if odds(draw, 6) \
-        else draw(json_values)  # fmt: skip
+        else draw(json_values)
     return status, {"content-type": "application/json"}, draw(mangled(body))
 
 
 COUNTERS = ["spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
-            "spec_decode_num_accepted_tokens_per_pos"]  # fmt: skip
+            "spec_decode_num_accepted_tokens_per_pos"]
 GOOD_VALUES = ["0", "1", "3.5", "17", "1200", "4e3"]
 EVIL_VALUES = ["NaN", "+Inf", "-Inf", "-4", "1e400", "1e300", "9007199254740993", "abc", "", "0x10", "1_000"]
 

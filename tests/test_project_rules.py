@@ -1,4 +1,5 @@
-"""The tool's own environment variables all start with DDTREE_DIAG_ and the README lists each."""
+"""Rules of the project's own layout: environment variables are DDTREE_DIAG_* and listed in the
+README; tests share helpers through tests/support/, never by importing conftest."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Variables of other tools the code reads or sets on purpose (documented where they are used).
 FOREIGN = {"NO_COLOR", "COLUMNS", "GITHUB_STEP_SUMMARY", "XDG_CACHE_HOME", "OPENAI_API_KEY", "PATH",
-           "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "TRITON_INTERPRET"}  # fmt: skip
+           "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "TRITON_INTERPRET"}
 # os.environ["X"], os.environ.get("X"), os.getenv("X"), envvar="X" / envvar=["X", "Y"]
 READ = re.compile(r"""(?:environ(?:\.get)?\(?\[?|getenv\(|envvar=\[?)\s*["']([A-Z][A-Z0-9_]+)["']""")
 LISTED = re.compile(r"envvar=\[([^\]]*)\]")
@@ -33,3 +34,22 @@ def test_every_variable_of_ours_is_prefixed_and_in_the_readme():
     section = readme[readme.index("## Environment variables") :]
     section = section[: section.index("\n## ", 3)]
     assert [name for name in sorted(ours) if f"`{name}`" not in section] == []
+
+
+def test_tests_share_helpers_through_support_not_conftest():
+    importers = [path.name for path in (ROOT / "tests").rglob("*.py")
+                 if re.search(r"^\s*(from tests\.conftest|import tests\.conftest|from tests import conftest)",
+                              path.read_text(encoding="utf-8"), re.M)]
+    assert importers == []
+    loose = [path.name for path in (ROOT / "tests").glob("*.py")
+             if not path.name.startswith("test_") and path.name not in ("conftest.py", "__init__.py")]
+    assert loose == [], "helpers belong in tests/support/"
+
+
+def test_no_formatter_markers():
+    """Formatting is by hand (``ruff check`` is enforced, ``ruff format`` is not), so a marker that
+    shields a line from the formatter means nothing and is not written."""
+    marker = "# fmt" + ":"
+    marked = [str(path.relative_to(ROOT)) for folder in ("ddtree_diag", "tests", "bench", "scripts")
+              for path in (ROOT / folder).rglob("*.py") if marker in path.read_text(encoding="utf-8")]
+    assert marked == []

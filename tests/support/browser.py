@@ -18,7 +18,7 @@ from pathlib import Path
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0"]  # fmt: skip
+         "--enable-logging=stderr", "--v=0"]
 CONSOLE_LINE = re.compile(r":CONSOLE(?::\d+|\(\d+\))\] (.*)$")
 MISSING = "Chromium is not installed (Debian package `chromium`; .ci/run installs it for CI)"
 
@@ -47,6 +47,6 @@ def load(path: Path, timeout: float = 90) -> Page:
         done = subprocess.run(
             [binary, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", path.resolve().as_uri()],
             capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+        )
     console = [m.group(1) for line in done.stderr.splitlines() if (m := CONSOLE_LINE.search(line))]
     return Page(done.stdout, console, done.returncode)

@@ -50,7 +50,7 @@ class Connection:
         return self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
     def body(self, status: int, data: bytes, content_type: str = "application/json",
-             headers: dict[str, str] | None = None) -> bool:  # fmt: skip
+             headers: dict[str, str] | None = None) -> bool:
         all_headers = {"Content-Type": content_type, "Content-Length": str(len(data)), "Connection": "close"}
         all_headers.update(headers or {})
         return self.head(status, all_headers) and self.send(data)
@@ -60,7 +60,7 @@ class Connection:
 
     def sse_head(self) -> bool:
         return self.head(200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                               "Connection": "close"})  # fmt: skip
+                               "Connection": "close"})
 
     def wait(self, seconds: float) -> bool:
         """Sleep; False when the server is stopping."""

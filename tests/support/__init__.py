@@ -1,0 +1,1 @@
+"""Helpers the tests share: processes, the stand-in and hostile servers, fixtures and generators."""
