@@ -337,3 +337,16 @@ def test_the_gate_keys_are_the_checks_keys():
         parse_gate({"min_acceptance": 2})
     described = gate.describe_config(gate.default_config(lossless=True))
     assert described == "max_garbage = 0, max_failed = 0, lossless = true"
+
+
+def test_every_gate_key_is_in_the_readme_and_docstring_samples():
+    """The [gate] samples are written by hand; every key the gate knows must appear in both."""
+    from ddtree_diag.checks import gate as gate_module
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sample = readme[readme.index("## CI gate") :]
+    start = sample.index("\n[gate]\n")
+    sample = sample[start : sample.index("```", start)]
+    for key in gate_module.KEYS:
+        assert f"\n{key} =" in sample, f"README's [gate] sample lacks {key}"
+        assert f"    {key} =" in gate_module.__doc__, f"gate.py's docstring lacks {key}"
