@@ -102,11 +102,15 @@ def test_low_acceptance_fails_mean_and_group_checks(tmp_path):
     assert all("think=on" in c for c in group.cases) and len(group.cases) == 4
 
 
+ONE_CASE = ("--thinking", "off", "--budget", "16", "--repeat", "1")  # a slow server's check needs no more
+
+
 @pytest.mark.e2e
 @pytest.mark.timing
 def test_slow_server_fails_min_tokens_per_second(tmp_path):
     matrix = write_matrix(tmp_path, f"[gate]\nmin_tokens_per_second = {SLOW_MIN_TOKENS_PER_SECOND}\n")
-    code, report, _ = gate_run(tmp_path, ("--seconds-per-token", str(SLOW_SECONDS_PER_TOKEN)), matrix=matrix)
+    code, report, _ = gate_run(tmp_path, ("--seconds-per-token", str(SLOW_SECONDS_PER_TOKEN)), matrix=matrix,
+                               args=ONE_CASE)
     assert code == 1
     speed = check(report, "min_tokens_per_second")
     assert not speed.passed and "mean client tok/s" in speed.detail
@@ -117,7 +121,7 @@ def test_slow_server_fails_min_tokens_per_second(tmp_path):
 @pytest.mark.timing
 def test_slow_first_token_fails_max_ttft(tmp_path):
     matrix = write_matrix(tmp_path, "[gate]\nmax_ttft_s = 0.3\n")
-    code, report, _ = gate_run(tmp_path, ("--first-token-delay", "0.6"), matrix=matrix)
+    code, report, _ = gate_run(tmp_path, ("--first-token-delay", "0.6"), matrix=matrix, args=ONE_CASE)
     assert code == 1
     ttft = check(report, "max_ttft_s")
     assert not ttft.passed and "slowest time to first token" in ttft.detail
@@ -199,10 +203,11 @@ def test_baseline_server_that_refuses_logprobs(tmp_path, standin):
 @pytest.mark.engine
 @pytest.mark.real_model
 def test_engine_baseline_compares_with_the_target_alone(standin, cli, tmp_path):
-    from ddtree_diag.engine.embedded import ensure_target_dir
+    pytest.importorskip("torch")
+    from tests.support import engine_fixtures as fx
 
-    target = ensure_target_dir()  # SmolLM2, dequantised once and cached
-    server = standin("--dialect", "ddtree")  # says a canned sentence SmolLM2 will not say
+    target = fx.make_target(tmp_path / "target")  # a tiny random model: loads in a moment
+    server = standin("--dialect", "ddtree")  # says a canned sentence the random model will not say
     result = cli("probe", "--url", server.url, "--thinking", "off", "--budget", "16", "--max-tokens", "8",
                  "--baseline", "engine", "--target", str(target), "--device", "cpu", "--dtype", "fp32",
                  "--json", "-", timeout=600)
