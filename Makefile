@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via demo pyz clean
+.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -52,6 +52,13 @@ bench-default: install
 
 bench-via: install
 	$(PYTHON) -m bench.bench_via
+
+# The fuzz suites with four times the examples the test suite runs.
+fuzz: install
+	FUZZ_SCALE=4 $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/test_fuzz_replies.py tests/test_server_hardening.py -k "fuzz or replies"
+
+bench-tree: install
+	$(PYTHON) -m bench.tree_build
 
 demo: install
 	$(BIN)/ddtree-diag demo

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.support.engine_fixtures import serving, tiny_models  # noqa: E402
-from tests.support.timing import DEADLINE_SLACK_S  # noqa: E402
+from tests.support.timing import DEADLINE_SLACK_S, fuzz_examples  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.e2e]
-FUZZ_EXAMPLES = 300
+FUZZ_EXAMPLES = fuzz_examples(200)  # `make fuzz`: 800
 LIMITS = ("--max-context", "160", "--max-tree-budget", "16", "--request-timeout", "30")
 
 

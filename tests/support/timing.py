@@ -1,4 +1,4 @@
-"""Every wall-clock figure a test relies on, in one place.
+"""Every wall-clock figure a test relies on, and the fuzz suites' sizes, in one place.
 
 No test may pass or fail with the machine's speed or load (3 test workers on 2 busy cores run
 everything several times slower than an idle box). Tests that read a clock are marked
@@ -14,6 +14,8 @@ everything several times slower than an idle box). Tests that read a clock are m
 
 from __future__ import annotations
 
+import os
+
 # How far past its deadline a cut request may end (nominal: a few ms past it).
 DEADLINE_SLACK_S = 10.0
 # A whole CLI run against a misbehaving server, start-up included, beyond its own deadlines.
@@ -24,3 +26,8 @@ HEALTHY_MAX_TTFT_S = 30.0
 # A stand-in made slow for the speed check: 0.04 s a token caps it at 25 tok/s on any machine.
 SLOW_SECONDS_PER_TOKEN = 0.04
 SLOW_MIN_TOKENS_PER_SECOND = 50
+
+
+def fuzz_examples(base: int) -> int:
+    """A fuzz test's example count: ``base`` in the suite, times ``FUZZ_SCALE`` (``make fuzz``: 4)."""
+    return max(1, round(base * float(os.environ.get("FUZZ_SCALE", "1"))))
