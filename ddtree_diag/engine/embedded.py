@@ -181,7 +181,7 @@ def ensure_target_dir(cache_dir: Path | str | None = None) -> Path:
             lock.acquire()
     try:
         if not cache_is_current(target, gguf):  # another process may have built it meanwhile
-            with waiting(f"building the embedded model cache (first run, ~2 min): dequantising {gguf.name} "
+            with waiting(f"building the embedded model cache (first run, ~40 s on 2 cores): dequantising {gguf.name} "
                          f"into {target}"):
                 _build_into_place(gguf, root, target)
     finally:
