@@ -362,6 +362,7 @@ class HttpBackend:
         if self.via is not None:
             notes.append(self.via.note())
         owned_by = None
+        reply = None  # the 1-token probe's answer, when the model check sent it (detection reads it too)
         # Read even when --model and --dialect are both given: a model the server does not list
         # would make every case a 404. Then only a usable list counts (anything else: go on).
         soft = self.model is not None and self.dialect is not None
@@ -375,7 +376,8 @@ class HttpBackend:
             # Unlisted is not always unserved (llama.cpp and SGLang answer any name): one 1-token
             # request decides, and only a refusal stops the run.
             shown_model = one_line(repr(self.model), 120)
-            answered = self._try_model(cases[0] if cases else None)
+            reply = self._probe_reply(cases[0]) if cases else None
+            answered = reply[0].status_code if reply is not None and reply[0] is not None else None
             if answered is not None and answered < 300:
                 notes.append(f"model: {shown_model} is not listed by /v1/models (it lists {served_ids(models)}); "
                              "the server answered it anyway")
@@ -389,7 +391,7 @@ class HttpBackend:
             if entry.get("id") == self.model:
                 owned_by = entry.get("owned_by")
         if self.dialect is None:
-            name, why = self._detect(cases[0] if cases else None, owned_by)
+            name, why = self._detect(cases[0] if cases else None, owned_by, reply)
             self.dialect = dialects.get(name)
             self.detection_note = f"dialect: {name} (auto: {why})"
             notes.append(self.detection_note)
@@ -478,44 +480,37 @@ class HttpBackend:
         return (f"the path {parts.path!r} in --url looks wrong: {shown}/v1/models answers "
                 f"({served_ids(models) or 'no models listed'}); try --url {shown}")
 
-    def _try_model(self, case: ProbeCase | None) -> int | None:
-        """The HTTP status of a plain 1-token chat request for ``self.model``; None when none
-        could be sent or it got no answer."""
-        if case is None:
-            return None
-        probe = ProbeCase(prompt_id="model-check", messages=case.messages, max_tokens=1)
+    def _probe_reply(self, case: ProbeCase) -> tuple[httpx.Response | None, bytes, str | None]:
+        """One plain 1-token chat request for ``self.model``: (response, body, None), or (None,
+        b"", why no answer came). A 401/403 is a UsageError at once."""
+        probe = ProbeCase(prompt_id="detect", messages=case.messages, max_tokens=1)
         body = dialects.build_request("openai", probe, self.model or "", stream=False)
+        url = f"{self.base_url}/v1/chat/completions"
         try:
-            response, data = self._get(f"{self.base_url}/v1/chat/completions", method="POST", json=body)
-        except (httpx.HTTPError, BadReply):
-            return None
+            response, data = self._get(url, method="POST", json=body)
+        except httpx.HTTPError as exc:
+            return None, b"", describe_transport_error(exc, url)[1]
+        except BadReply as exc:
+            return None, b"", str(exc)
         if response.status_code in AUTH_STATUSES:
             raise UsageError(http_failure(response, data, api_key_given=self.api_key_given))
-        return response.status_code
+        return response, data, None
 
-    def _detect(self, case: ProbeCase | None, owned_by: Any) -> tuple[str, str]:
-        """Decide the dialect from one tiny plain request, then /v1/models' owned_by. An error
-        reply is never read for hints: only a usable chat completion is."""
+    def _detect(
+        self, case: ProbeCase | None, owned_by: Any, reply: tuple[httpx.Response | None, bytes, str | None] | None
+    ) -> tuple[str, str]:
+        """Decide the dialect from one tiny plain request (``reply``, when one was already sent),
+        then /v1/models' owned_by. An error reply is never read for hints: only a usable chat
+        completion is."""
         failure = None
         if case is not None:
-            probe = ProbeCase(prompt_id="detect", messages=case.messages, max_tokens=1)
-            body = dialects.build_request("openai", probe, self.model or "", stream=False)
-            url = f"{self.base_url}/v1/chat/completions"
-            try:
-                response, data = self._get(url, method="POST", json=body)
-            except httpx.HTTPError as exc:
-                failure = describe_transport_error(exc, url)[1]
-            except BadReply as exc:
-                failure = str(exc)
-            else:
-                if response.status_code in AUTH_STATUSES:
-                    raise UsageError(http_failure(response, data, api_key_given=self.api_key_given))
-                if response.status_code >= 300:
-                    failure = self._http_failure(response, data, url)
-                else:
-                    found, failure = self._detect_from_reply(data)
-                    if found:
-                        return found
+            response, data, failure = reply or self._probe_reply(case)
+            if response is not None and response.status_code >= 300:
+                failure = self._http_failure(response, data, f"{self.base_url}/v1/chat/completions")
+            elif response is not None:
+                found, failure = self._detect_from_reply(data)
+                if found:
+                    return found
         found_name = dialects.detect_from_owner(owned_by)
         if found_name:
             why = f"/v1/models owned_by={owned_by!r}"
