@@ -77,30 +77,26 @@ def has_content(answer: str) -> bool:
 # Context shared by the detectors
 
 
-def _fact(compute: Callable[[Context], Any]) -> property:
-    """A request fact computed on first use and shared by every reading of the request."""
-    name = compute.__name__
+def _cached_in(store: str) -> Callable[[Callable[[Context], Any]], property]:
+    """A fact computed on first use and kept in the context's ``store`` dict: ``_facts`` (the
+    request's, shared by every text read) or ``_text_facts`` (the text's, shared by its windows)."""
 
-    def get(self: Context) -> Any:
-        facts = self._facts
-        if name not in facts:
-            facts[name] = compute(self)
-        return facts[name]
+    def wrap(compute: Callable[[Context], Any]) -> property:
+        name = compute.__name__
 
-    return property(get, doc=compute.__doc__)
+        def get(self: Context) -> Any:
+            facts = getattr(self, store)
+            if name not in facts:
+                facts[name] = compute(self)
+            return facts[name]
+
+        return property(get, doc=compute.__doc__)
+
+    return wrap
 
 
-def _text_fact(compute: Callable[[Context], Any]) -> property:
-    """A fact of the text being read, computed on first use and shared by its windows."""
-    name = compute.__name__
-
-    def get(self: Context) -> Any:
-        facts = self._text_facts
-        if name not in facts:
-            facts[name] = compute(self)
-        return facts[name]
-
-    return property(get, doc=compute.__doc__)
+_fact = _cached_in("_facts")
+_text_fact = _cached_in("_text_facts")
 
 
 class Context:
@@ -301,13 +297,18 @@ def _suspect_windows(text: str) -> list[tuple[int, int]]:
                 (max(0, starts[i] - _BLOCK // 2), min(len(text), starts[i] + 2 * _BLOCK + _BLOCK // 2))
             )
     picks.append((max(0, len(text) - _TAIL), len(text)))
-    merged: list[tuple[int, int]] = []
-    for lo, hi in sorted(picks):
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+    return merge_spans(picks)
+
+
+def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans sorted, overlapping or touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
         else:
-            merged.append((lo, hi))
-    return merged
+            out.append((lo, hi))
+    return out
 
 
 def outside_code(windows: list[tuple[int, int]], code_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

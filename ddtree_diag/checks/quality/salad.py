@@ -20,7 +20,7 @@ import re
 import unicodedata
 
 from ddtree_diag.checks.quality import lexicon
-from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans, merge_spans
 from ddtree_diag.checks.quality.patterns import LETTER
 from ddtree_diag.records import Reason
 
@@ -144,22 +144,12 @@ _EDGE = "\"'“”‘’«»„()[]{}<>.,;:!?¡¿…*_~`|—–-。、，！？�
 _PLAIN_RE = re.compile(rf"{LETTER}+(?:['’-]{LETTER}+)*")
 
 
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(b, out[-1][1]))
-        else:
-            out.append((a, b))
-    return out
-
-
 def _prose_words(text: str, code_spans: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
     """Lower-case words of the prose: whitespace-separated chunks that are plain words once the
     punctuation around them is stripped (``file.py``, ``sin(x)``, ``k0``, ``cÃ³mo`` are not),
     outside code, URLs, LaTeX and markup; hyphenated words give their parts."""
     stretches = _stretches(text)
-    skip = _merged(list(code_spans) + [m.span() for lo, hi in stretches for m in _SKIP_RE.finditer(text, lo, hi)])
+    skip = merge_spans(list(code_spans) + [m.span() for lo, hi in stretches for m in _SKIP_RE.finditer(text, lo, hi)])
     out: list[tuple[str, int, int]] = []
     for lo, hi in stretches:
         for match in _CHUNK_RE.finditer(text, lo, hi):
