@@ -16,6 +16,14 @@ A matrix file (all sections optional)::
     [prompts.hello]            # named prompts: text = "..." or messages = [{role, content}, ...]
     text = "Say hello in one short sentence."
 
+    [prompts.city]             # workloads: structured output, tool calls, long context, prefix cache
+    text = "Give the capital of France as JSON."
+    json_schema = { type = "object", properties = { city = { type = "string" } }, required = ["city"] }
+    # response_format = "json_object" | { type = "json_schema", json_schema = {...} }
+    # tools = [{ name = "get_weather", parameters = {...} }]   tool_choice = "required" | "auto" | NAME
+    # fill_tokens = [0, 2048, 8192]   # the prompt filled with a document to ~N tokens, question last
+    # prefix_cache = true              # each case sent twice in a row: first, repeat
+
     [extra]                    # extra request fields, sent verbatim with every case
     [gate]                     # thresholds, read by `ddtree-diag gate`
 
@@ -34,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_diag.budget import parse_budget
+from ddtree_diag.checks import structured
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import ProbeCase
 
@@ -45,15 +54,36 @@ else:  # pragma: no cover - Python 3.10
 _TOP_KEYS = {"name", "description", "defaults", "axes", "prompts", "extra", "gate", "baseline"}
 _DEFAULT_KEYS = {"max_tokens", "temperature", "repeat", "enable_thinking", "tree_budget", "system"}
 _AXIS_KEYS = {"enable_thinking", "tree_budget", "temperature", "max_tokens"}
-_PROMPT_KEYS = {"text", "messages", "system"}
+_PROMPT_KEYS = {
+    "text", "messages", "system", "response_format", "json_schema", "tools", "tool_choice", "fill_tokens",
+    "prefix_cache",
+}
+MAX_FILL_TOKENS = 1 << 20
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
+
+
+@dataclass
+class Prompt:
+    """One named prompt: its messages and the workload it asks for."""
+
+    messages: list[dict[str, Any]]
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    fill_tokens: list[int | None] = field(default_factory=lambda: [None])  # None / 0: as written
+    prefix_cache: bool = False
+
+    def variants(self) -> list[tuple[int | None, str | None]]:
+        """(context tokens, cache role) for each case this prompt makes per matrix cell."""
+        roles: list[str | None] = ["first", "repeat"] if self.prefix_cache else [None]
+        return [(fill, role) for fill in self.fill_tokens for role in roles]
 
 
 @dataclass
 class Matrix:
     """A parsed matrix: prompts and axis values, before expansion."""
 
-    prompts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    prompts: dict[str, Prompt] = field(default_factory=dict)
     enable_thinking: list[bool | None] = field(default_factory=lambda: [False, True])
     tree_budget: list[int | None] = field(default_factory=lambda: [None])
     temperature: list[float] = field(default_factory=lambda: [0.0])
@@ -68,7 +98,7 @@ class Matrix:
         if not self.prompts:
             raise UsageError("no prompt to probe: give --prompt TEXT or a --matrix with [prompts]")
         cases = []
-        for (prompt_id, messages), thinking, budget, temperature, max_tokens, repeat in (
+        for (prompt_id, prompt), thinking, budget, temperature, max_tokens, repeat in (
             itertools.product(
                 self.prompts.items(),
                 self.enable_thinking,
@@ -78,18 +108,25 @@ class Matrix:
                 range(self.repeat),
             )
         ):
-            cases.append(
-                ProbeCase(
-                    prompt_id=prompt_id,
-                    messages=messages,
-                    enable_thinking=thinking,
-                    tree_budget=budget,
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    repeat=repeat,
-                    extra=dict(self.extra),
+            # A prefix-cache pair's two requests are adjacent: the repeat follows its first at once.
+            for context_tokens, cache_role in prompt.variants():
+                cases.append(
+                    ProbeCase(
+                        prompt_id=prompt_id,
+                        messages=prompt.messages,
+                        enable_thinking=thinking,
+                        tree_budget=budget,
+                        temperature=temperature,
+                        max_tokens=max_tokens,
+                        repeat=repeat,
+                        extra=dict(self.extra),
+                        response_format=prompt.response_format,
+                        tools=prompt.tools,
+                        tool_choice=prompt.tool_choice,
+                        context_tokens=context_tokens,
+                        cache_role=cache_role,
+                    )
                 )
-            )
         return cases
 
 
@@ -135,7 +172,7 @@ def matrix_from_dict(data: dict[str, Any], source: str = "<matrix>") -> Matrix:
     if system is not None and not isinstance(system, str):
         raise UsageError(f"{source}: defaults.system must be a string")
     for prompt_id, spec in _table(data, "prompts", source).items():
-        matrix.prompts[prompt_id] = _prompt_messages(prompt_id, spec, system, source)
+        matrix.prompts[prompt_id] = _prompt(prompt_id, spec, system, source)
     matrix.extra = _table(data, "extra", source)
     matrix.gate = _table(data, "gate", source)
     matrix.baseline = _table(data, "baseline", source)
@@ -154,6 +191,58 @@ def _no_unknown(table: dict[str, Any], allowed: set[str], source: str, prefix: s
         if key not in allowed:
             hint = ", ".join(sorted(allowed))
             raise UsageError(f"{source}: unknown key {prefix}{key!r} (known: {hint})")
+
+
+def _prompt(prompt_id: str, spec: Any, system: str | None, source: str) -> Prompt:
+    where = f"{source}: prompts.{prompt_id}"
+    prompt = Prompt(_prompt_messages(prompt_id, spec, system, source))
+    if not isinstance(spec, dict):
+        return prompt
+    if "json_schema" in spec and "response_format" in spec:
+        raise UsageError(f"{where}: give json_schema or response_format, not both")
+    if "json_schema" in spec:
+        schema = structured.check_schema(spec["json_schema"], f"{where}.json_schema")
+        prompt.response_format = {"type": "json_schema",
+                                  "json_schema": {"name": _schema_name(prompt_id), "schema": schema, "strict": True}}
+    else:
+        prompt.response_format = structured.response_format(spec.get("response_format"), f"{where}.response_format")
+    prompt.tools = structured.tools(spec.get("tools"), f"{where}.tools")
+    prompt.tool_choice = structured.tool_choice(spec.get("tool_choice"), prompt.tools, f"{where}.tool_choice")
+    if "fill_tokens" in spec:
+        fills = spec["fill_tokens"]
+        prompt.fill_tokens = parse_fill(fills if isinstance(fills, list) else [fills], f"{where}.fill_tokens")
+    cache = spec.get("prefix_cache", False)
+    if not isinstance(cache, bool):
+        raise UsageError(f"{where}.prefix_cache must be true or false")
+    prompt.prefix_cache = cache
+    return prompt
+
+
+def _schema_name(prompt_id: str) -> str:
+    name = "".join(c if c.isalnum() or c in "_-" else "_" for c in prompt_id)[:64]
+    return name or "answer"
+
+
+def parse_fill(values: list[Any], where: str) -> list[int | None]:
+    """Fill lengths in tokens: 0 = the prompt as written; ``2k`` / ``8k`` shorthands."""
+    if not values:
+        raise UsageError(f"{where} must be a non-empty list of token counts")
+    out: list[int | None] = []
+    for value in values:
+        number = value
+        if isinstance(value, str):
+            text = value.strip().lower()
+            scale = 1024 if text.endswith("k") else 1
+            try:
+                number = int(text[:-1] if scale > 1 else text) * scale
+            except ValueError:
+                number = value
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= MAX_FILL_TOKENS:
+            raise UsageError(f"{where}: expected token counts 0-{MAX_FILL_TOKENS} (or 2k, 8k, ...), got {value!r}")
+        fill = number or None
+        if fill not in out:
+            out.append(fill)
+    return out
 
 
 def _prompt_messages(
@@ -233,14 +322,19 @@ def apply_overrides(
     temperature: str | None = None,
     max_tokens: str | None = None,
     repeat: int | None = None,
+    fill: str | None = None,
 ) -> Matrix:
     """Command-line values replace the matrix's (each flag takes a comma list)."""
     if prompts:
-        chosen: dict[str, list[dict[str, Any]]] = {}
+        chosen: dict[str, Prompt] = {}
         for index, prompt in enumerate(prompts):
-            prompt_id, messages = _resolve_prompt(prompt, matrix, index, len(prompts))
-            chosen[prompt_id] = messages
+            prompt_id, spec = _resolve_prompt(prompt, matrix, index, len(prompts))
+            chosen[prompt_id] = spec
         matrix.prompts = chosen
+    if fill is not None:
+        fills = parse_fill(split_list(fill), "--fill")
+        for spec in matrix.prompts.values():
+            spec.fill_tokens = list(fills)
     if thinking is not None:
         matrix.enable_thinking = [parse_thinking(v) for v in split_list(thinking)] or [None]
     if budget is not None:
@@ -271,9 +365,7 @@ def _to_int(text: str) -> Any:
         return text
 
 
-def _resolve_prompt(
-    prompt: str, matrix: Matrix, index: int, count: int
-) -> tuple[str, list[dict[str, Any]]]:
+def _resolve_prompt(prompt: str, matrix: Matrix, index: int, count: int) -> tuple[str, Prompt]:
     """--prompt is a matrix prompt id, @file (text, or JSON messages), or literal text."""
     if prompt in matrix.prompts:
         return prompt, matrix.prompts[prompt]
@@ -291,15 +383,15 @@ def _resolve_prompt(
                 raise UsageError(f"--prompt {prompt}: invalid JSON ({exc})") from None
             if isinstance(data, dict):
                 data = data.get("messages")
-            return prompt_id, check_messages(data, f"--prompt {prompt}")
+            return prompt_id, Prompt(check_messages(data, f"--prompt {prompt}"))
         text = text.strip()
         if not text:
             raise UsageError(f"--prompt {prompt}: file is empty")
-        return prompt_id, [{"role": "user", "content": text}]
+        return prompt_id, Prompt([{"role": "user", "content": text}])
     if not prompt.strip():
         raise UsageError("--prompt: empty prompt")
     prompt_id = "prompt" if count == 1 else f"prompt{index + 1}"
-    return prompt_id, [{"role": "user", "content": prompt}]
+    return prompt_id, Prompt([{"role": "user", "content": prompt}])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,6 +426,7 @@ class MatrixRequest:
     temperature: str | None = None
     max_tokens: str | None = None
     repeat: int | None = None
+    fill: str | None = None
 
 
 def resolve_matrix(request: MatrixRequest) -> Matrix:
@@ -361,4 +454,5 @@ def resolve_matrix(request: MatrixRequest) -> Matrix:
         temperature=request.temperature,
         max_tokens=request.max_tokens,
         repeat=request.repeat,
+        fill=request.fill,
     )

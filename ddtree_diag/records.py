@@ -46,14 +46,34 @@ class ProbeCase:
     max_tokens: int = 48
     repeat: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # extra request fields, sent verbatim
+    # Workloads (OpenAI wire format, sent by every dialect): structured output and tool calls.
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    # Long context: the prompt is filled to about this many tokens (None: as written). ``fill``
+    # records what was built: {"tokens", "estimated", "language", "question", "source"}.
+    context_tokens: int | None = None
+    fill: dict[str, Any] | None = None
+    # Prefix-cache pair: "first" and "repeat" are the same prompt sent twice in a row.
+    cache_role: str | None = None
 
     @property
     def case_id(self) -> str:
         """Stable, human-readable id: the same case gets the same id in every run."""
+        workload = ""
+        if self.context_tokens is not None:
+            workload += f"/ctx={self.context_tokens}"
+        if self.cache_role is not None:
+            workload += f"/cache={self.cache_role}"
         return (
-            f"{self.prompt_id}/think={thinking_label(self.enable_thinking)}/budget={budget_label(self.tree_budget)}"
-            f"/T={self.temperature:g}/max={self.max_tokens}/r{self.repeat}"
+            f"{self.prompt_id}{workload}/think={thinking_label(self.enable_thinking)}"
+            f"/budget={budget_label(self.tree_budget)}/T={self.temperature:g}/max={self.max_tokens}/r{self.repeat}"
         )
+
+    @property
+    def structured(self) -> bool:
+        """Whether the answer must be JSON or a tool call (a response_format or tools)."""
+        return bool(self.tools) or (self.response_format or {}).get("type") in ("json_object", "json_schema")
 
     @property
     def group_label(self) -> str:
@@ -67,7 +87,10 @@ class ProbeCase:
 
     @property
     def prompt_text(self) -> str:
-        """The last user message, for checks that compare the answer with the question."""
+        """The last user message, for checks that compare the answer with the question (a filled
+        long-context prompt: its question, not the document around it)."""
+        if self.fill and isinstance(self.fill.get("question"), str):
+            return self.fill["question"]
         for message in reversed(self.messages):
             if message.get("role") == "user" and isinstance(message.get("content"), str):
                 return message["content"]
@@ -235,6 +258,23 @@ class Verdict:
         )
 
 
+@dataclass
+class StructuredCheck:
+    """Whether an answer that had to be JSON (or a tool call) is: ``kind`` is json_object,
+    json_schema or tool_call; ``passed`` False names the first problem in ``detail``."""
+
+    kind: str
+    passed: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StructuredCheck:
+        return cls(str(data.get("kind", "")), bool(data.get("passed")), str(data.get("detail", "")))
+
+
 # BaselineComparison.verdict values
 IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near_tie", "mismatch"
 SKIPPED = "skipped"  # T>0 or the case itself failed: nothing to compare
@@ -260,6 +300,11 @@ class BaselineComparison:
     actual: str | None = None
     logprob_gap: float | None = None
     top_logprobs: list[dict[str, Any]] | None = None
+    # The baseline's own workload answers, for the differential checks: its structured-output
+    # check, whether it kept reasoning out of the content, and its prefix-cache reuse
+    baseline_structured: dict[str, Any] | None = None
+    baseline_tool_calls: list[dict[str, Any]] | None = None
+    baseline_reasoning_leak: bool | None = None
 
     @property
     def matches(self) -> bool | None:
@@ -361,6 +406,11 @@ class ProbeResult:
     model: str | None = None
     output: str = ""
     reasoning: str | None = None  # when the server separates the thinking text
+    # Tool calls in the answer: [{"id", "name", "arguments" (the JSON string as sent)}]
+    tool_calls: list[dict[str, Any]] | None = None
+    # Prompt tokens the server served from its prefix cache, when it says (usage.prompt_tokens_details
+    # .cached_tokens, llama.cpp timings.cache_n, a /metrics delta); None = not reported.
+    cached_tokens: int | None = None
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -368,6 +418,8 @@ class ProbeResult:
     spec: SpecMetrics = field(default_factory=SpecMetrics)
     extras: dict[str, Any] = field(default_factory=dict)  # raw server extras, kept for the JSON
     quality: Verdict | None = None  # the garbage-text verdict (None when the request failed)
+    # The structured-output check (JSON / schema / tool call), for cases that ask for one
+    structured: StructuredCheck | None = None
     baseline: BaselineComparison | None = None  # the lossless comparison, when a baseline ran
     findings: list[str] = field(default_factory=list)  # ids of run findings naming this case
     seq: int | None = None  # the order the request was sent in this run (0-based); None = unknown
@@ -395,6 +447,7 @@ class ProbeResult:
         data["spec"] = dataclasses.asdict(self.spec)
         data["extras"] = dict(self.extras)
         data["quality"] = self.quality.to_dict() if self.quality is not None else None
+        data["structured"] = self.structured.to_dict() if self.structured is not None else None
         data["baseline"] = self.baseline.to_dict() if self.baseline is not None else None
         data["findings"] = list(self.findings)
         return data
@@ -408,9 +461,11 @@ class ProbeResult:
         spec = SpecMetrics(**_known_fields(SpecMetrics, data.pop("spec", None) or {}))
         quality = data.pop("quality", None)
         baseline = data.pop("baseline", None)
+        structured = data.pop("structured", None)
         return cls(
             case=case, timings=timings, spec=spec,
             quality=Verdict.from_dict(quality) if isinstance(quality, dict) else None,
+            structured=StructuredCheck.from_dict(structured) if isinstance(structured, dict) else None,
             baseline=BaselineComparison.from_dict(baseline) if isinstance(baseline, dict) else None,
             **_known_fields(cls, data),
         )
@@ -440,6 +495,9 @@ class RunReport:
     # The gate's canary: its first case sent again after every other one (state carried between
     # requests shows as a different text or a lower acceptance). Not one of the results.
     canary: ProbeResult | None = None
+    # Requests the baseline sent for the workload checks beyond the lossless comparison: each
+    # prefix-cache pair again without speculation (first, repeat). Not among the results.
+    baseline_probes: list[ProbeResult] = field(default_factory=list)
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
 
@@ -478,6 +536,7 @@ class RunReport:
             "findings": [f.to_dict() for f in self.findings],
             "gate": self.gate.to_dict() if self.gate is not None else None,
             "canary": self.canary.to_dict() if self.canary is not None else None,
+            "baseline_probes": [r.to_dict() for r in self.baseline_probes],
         }
 
     @classmethod
@@ -494,4 +553,7 @@ class RunReport:
         fields["gate"] = GateResult.from_dict(gate) if isinstance(gate, dict) else None
         canary = data.get("canary")
         fields["canary"] = ProbeResult.from_dict(canary) if isinstance(canary, dict) else None
+        fields["baseline_probes"] = [
+            ProbeResult.from_dict(r) for r in data.get("baseline_probes") or [] if isinstance(r, dict)
+        ]
         return cls(**fields)

@@ -289,8 +289,9 @@ def test_findings_come_from_one_registry_and_the_readme_shows_it():
     assert {"acceptance-collapse", "metrics-contradict", "canary-differs"} == findings.CRITICAL_FINDINGS
     assert findings.readme_table() in (ROOT / "README.md").read_text(encoding="utf-8")
     # every finding is built by its registered kind (FindingKind.found), none by hand
-    source = (ROOT / "ddtree_diag/checks/findings.py").read_text(encoding="utf-8")
-    assert source.count("Finding(") == 1
+    sources = {name: (ROOT / f"ddtree_diag/checks/{name}.py").read_text(encoding="utf-8")
+               for name in ("findings", "findings_base", "workloads")}
+    assert sum(source.count("Finding(") for source in sources.values()) == 1
 
 
 def test_a_finding_keeps_to_its_registered_severities():

@@ -76,7 +76,7 @@ def test_overrides_replace_axes(tmp_path):
         thinking="on", budget="0,default", temperature="0.5", max_tokens="16,32", repeat=1,
     )
     assert list(matrix.prompts) == ["named", "ask", "conv", "prompt4"]
-    assert matrix.prompts["ask"][0]["content"] == "What is 2+2?"
+    assert matrix.prompts["ask"].messages[0]["content"] == "What is 2+2?"
     assert matrix.enable_thinking == [True] and matrix.tree_budget == [0, None]
     assert matrix.temperature == [0.5] and matrix.max_tokens == [16, 32]
 

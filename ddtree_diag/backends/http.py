@@ -764,6 +764,8 @@ class HttpBackend:
     def _fill(result: ProbeResult, parsed: dialects.ParsedResponse) -> None:
         result.output = parsed.output
         result.reasoning = parsed.reasoning
+        result.tool_calls = parsed.tool_calls
+        result.cached_tokens = parsed.cached_tokens
         result.finish_reason = parsed.finish_reason
         result.prompt_tokens = parsed.prompt_tokens
         result.completion_tokens = parsed.completion_tokens

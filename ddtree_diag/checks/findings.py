@@ -14,13 +14,13 @@ data points, before it speaks (see each rule's docstring).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import pairwise
 from statistics import mean, median
 
+from ddtree_diag.checks.findings_base import FindingKind, Rule, compare_advice, ids_of, rule, some
 from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
 from ddtree_diag.checks.quality.registry import BY_CODE, LOOP_CODES, REPETITION
+from ddtree_diag.checks.workloads import WORKLOAD_RULES
 from ddtree_diag.records import IDENTICAL, SEVERITIES, Finding, ProbeResult, RunReport, budget_label, thinking_label
 
 SENTENCE_END = (".", "!", "?", "。", "！", "？", "…", '"', "'", ")", "”", "’", "`", "*")
@@ -44,38 +44,6 @@ DECAY_TAU_ERROR = -0.75
 DECAY_DROP = 0.15  # the last third at least 15 % below the first (30 % for an error)
 
 
-@dataclass(frozen=True)
-class FindingKind:
-    """One finding a rule can report: its stable id, the severities it fires at (most have one),
-    what makes it fire (the README's line, Markdown) and whether it fails the gate even without
-    ``fail_on_findings`` (``critical``: the run's own numbers or state cannot be trusted)."""
-
-    id: str
-    severities: tuple[str, ...]
-    fires_when: str
-    critical: bool = False
-
-    def found(self, title: str, evidence: str, check: str, cases: list[str], severity: str | None = None) -> Finding:
-        """A finding of this kind; ``severity`` only for a kind that fires at more than one."""
-        severity = severity or self.severities[0]
-        if severity not in self.severities:
-            raise ValueError(f"{self.id} fires at {'/'.join(self.severities)}, not {severity}")
-        return Finding(self.id, severity, title, evidence, check, list(dict.fromkeys(cases)))
-
-
-Rule = Callable[[RunReport], list[Finding]]
-
-
-def rule(*kinds: FindingKind) -> Callable[[Rule], Rule]:
-    """Mark a rule with the finding kinds it reports (``FINDINGS`` is read from ``RULES``)."""
-
-    def mark(fn: Rule) -> Rule:
-        fn.kinds = kinds  # type: ignore[attr-defined]
-        return fn
-
-    return mark
-
-
 def _garbage(result: ProbeResult) -> bool:
     return result.garbage
 
@@ -88,35 +56,8 @@ def _accept(result: ProbeResult) -> float | None:
     return result.spec.mean_acceptance_length
 
 
-def _some(items: list[str], limit: int, sep: str = "; ") -> str:
-    """The first ``limit`` items joined, and how many more there are."""
-    return sep.join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
-
-
-def _ids(results: list[ProbeResult], limit: int = 6) -> str:
-    return _some([r.case_id for r in results], limit, ", ")
-
-
 def _tokens(count: int | None) -> str:
     return "? tokens" if count is None else f"{count} token{'s' if count != 1 else ''}"
-
-
-def compare_advice(report: RunReport) -> str:
-    """How to compare with a non-speculative run, in terms this target can take: ``budget0`` only
-    where a per-request budget exists (the engine, ddtree, ddtree-mlx, llama.cpp)."""
-    from ddtree_diag.backends.dialects import REGISTRY
-
-    name = report.target.get("dialect") or ""
-    if report.target.get("backend") == "engine" or name == "engine":
-        return "compare with --baseline budget0 (the same engine without the draft)"
-    dialect = REGISTRY.get(name)
-    if dialect is not None and dialect.sends_budget:
-        return "compare with --baseline budget0 (the same server at tree_budget=0)"
-    knob = f" ({dialect.budget_knob})" if dialect is not None else ""
-    return (
-        f"compare with a server without speculation, --baseline url:URL, or with the target alone, "
-        f"--baseline engine --target DIR; this server cannot switch speculation off per request{knob}"
-    )
 
 
 def _capitalised(text: str) -> str:
@@ -155,7 +96,7 @@ def garbage_only_with_thinking(report: RunReport) -> list[Finding]:
     return [GARBAGE_ONLY_THINKING.found(
         "Garbage only when thinking is on",
         f"{len(on_bad)}/{len(on_all)} thinking-on cases are garbage ({', '.join(codes) or 'see quality'}), "
-        f"0/{len(off)} thinking-off cases: {_ids(on_bad)}",
+        f"0/{len(off)} thinking-off cases: {ids_of(on_bad)}",
         "The thinking path: the chat template's thinking block (a pre-filled <think>), the reasoning "
         "parser, and the KV/positions after a long prefix. A lower acceptance is expected there, "
         f"garbled text is not: {compare_advice(report)} to see whether verification is at fault.",
@@ -223,7 +164,7 @@ def early_stop(report: RunReport) -> list[Finding]:
             hits.append(r)
     if not hits:
         return []
-    shown = _some([f"{r.case_id}: {r.output!r} ({_tokens(r.completion_tokens)}, stop)" for r in hits], 4)
+    shown = some([f"{r.case_id}: {r.output!r} ({_tokens(r.completion_tokens)}, stop)" for r in hits], 4)
     return [EARLY_STOP.found(
         "Generation stops after a few tokens, mid-sentence",
         shown,
@@ -289,7 +230,7 @@ def baseline_divergence(report: RunReport) -> list[Finding]:
         first = mismatches[0].baseline
         out.append(LOSSLESS_MISMATCH.found(
             "T=0 output differs from the non-speculative baseline",
-            f"{len(mismatches)} case(s): {_ids(mismatches)}; first at {first.field or 'output'} "
+            f"{len(mismatches)} case(s): {ids_of(mismatches)}; first at {first.field or 'output'} "
             f"char {first.char_index}"
             + (f" token {first.token_index}" if first.token_index is not None else "")
             + f": expected {first.expected!r}, got {first.actual!r}"
@@ -303,7 +244,7 @@ def baseline_divergence(report: RunReport) -> list[Finding]:
         gaps = [r.baseline.logprob_gap for r in ties if r.baseline]
         out.append(LOSSLESS_NEAR_TIE.found(
             "T=0 output differs from the baseline only at a numerics near-tie",
-            f"{len(ties)} case(s): {_ids(ties)}; top-2 gaps "
+            f"{len(ties)} case(s): {ids_of(ties)}; top-2 gaps "
             f"{', '.join(f'{g:.3f}' for g in gaps if g is not None)} nats",
             "Expected in bf16/fp16 (batched verification rounds differently). Re-run in fp32 to confirm "
             "the outputs become identical.",
@@ -340,7 +281,7 @@ def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
                      "or quantisation")
     return [GARBAGE_ALSO_IN_BASELINE.found(
         f"Garbage that the non-speculative baseline produces too: {', '.join(kinds) or 'see quality'}",
-        f"{len(hits)} garbage case(s) identical to the baseline ({mode}): {_ids(hits)}; "
+        f"{len(hits)} garbage case(s) identical to the baseline ({mode}): {ids_of(hits)}; "
         f"kind: {', '.join(kinds) or 'see quality'} (reasons: {', '.join(codes) or 'see quality'})",
         "Speculation is not what breaks these answers: the target says the same alone. Check "
         + "; ".join(where) + " — and whether the baseline shares the bug (same server, same template).",
@@ -496,7 +437,7 @@ def metrics_contradict(report: RunReport) -> list[Finding]:
         return []
     return [METRICS_CONTRADICT.found(
         "The server's speculative-decoding numbers contradict each other",
-        _some([f"{r.case_id}: {', '.join(wrong[:2])}" for r, wrong in hits], 3),
+        some([f"{r.case_id}: {', '.join(wrong[:2])}" for r, wrong in hits], 3),
         "The acceptance, rounds and tok/s this run measures come from these numbers, so no "
         "threshold on them can be trusted: look for the server counting rounds per draft step or "
         "per request, acceptance without the bonus token or over the tree instead of the accepted "
@@ -526,7 +467,7 @@ def rounds_accounting(report: RunReport) -> list[Finding]:
         return []
     return [ROUNDS_ACCOUNTING.found(
         "decode_rounds × mean acceptance does not add up to the completion tokens",
-        _some([f"{r.case_id}: {line}" for r, line in hits], 4),
+        some([f"{r.case_id}: {line}" for r, line in hits], 4),
         "Metric accounting bug in the server: rounds counted per draft step or per request, "
         "acceptance without the bonus token, or the prefill token counted as a round. The "
         "acceptance numbers of this server cannot be trusted until it adds up.",
@@ -754,6 +695,7 @@ RULES: list[Rule] = [
     acceptance_decays_over_run,
     canary_differs,
     server_client_speed_mismatch,
+    *WORKLOAD_RULES,
 ]
 
 
@@ -774,8 +716,8 @@ def readme_table() -> str:
 def analyse(report: RunReport) -> list[Finding]:
     """Run every rule; store the findings on the report and their ids on the results named."""
     findings: list[Finding] = []
-    for rule in RULES:
-        findings.extend(rule(report))
+    for each_rule in RULES:
+        findings.extend(each_rule(report))
     findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     report.findings = findings
     by_case = {r.case_id: r for r in report.results}

@@ -102,6 +102,7 @@ class RunFlags:
     temperature: str | None = None
     max_tokens: str | None = None
     repeat: int | None = None
+    fill: str | None = None
     baseline: str | None = None
     near_tie_gap: float | None = None
     json_path: str | None = None
@@ -165,6 +166,10 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("repeat", int | None, typer.Option(
         None, "--repeat", help="Run every case N times. \\[default: the matrix's, else 1]",
         rich_help_panel=MATRIX_PANEL)),
+    ("fill", str | None, typer.Option(
+        None, "--fill", rich_help_panel=MATRIX_PANEL, metavar="TOKENS",
+        help="Long context: fill every prompt with a document to about N tokens, question last, e.g. 0,2k,8k "
+        "(0 = as written; counted with the server's tokenizer where it has one). \\[default: the matrix's]")),
     ("baseline", str | None, typer.Option(
         None, "--baseline", rich_help_panel=CHECKS_PANEL,
         help="Lossless check at T=0 against a non-speculative baseline: budget0 (same server, "

@@ -75,6 +75,7 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     request = MatrixRequest(
         matrix=matrix, prompts=list(flags.prompt or []), thinking=flags.thinking, budget=flags.budget,
         temperature=flags.temperature, max_tokens=flags.max_tokens, repeat=flags.repeat,
+        fill=flags.fill,
     )
     return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
                    score_with=flags.score_with, **other)

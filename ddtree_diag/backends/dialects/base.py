@@ -10,6 +10,7 @@ Everything here is pure data handling, no I/O: unit-testable on recorded bodies.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -29,9 +30,11 @@ class ParsedResponse:
 
     output: str = ""
     reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # [{"id", "name", "arguments"}]
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the server's prefix cache
     model: str | None = None
     spec: SpecMetrics = field(default_factory=SpecMetrics)
     extras: dict[str, Any] = field(default_factory=dict)  # non-standard top-level objects
@@ -110,6 +113,67 @@ def read_usage(parsed: ParsedResponse, usage: Any) -> None:
     if isinstance(usage, dict):
         parsed.prompt_tokens = integer(usage.get("prompt_tokens"))
         parsed.completion_tokens = integer(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and integer(details.get("cached_tokens")) is not None:
+            parsed.cached_tokens = integer(details.get("cached_tokens"))
+
+
+def tool_calls_of(message: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A message's tool calls as [{"id", "name", "arguments"}] (legacy ``function_call`` too);
+    None when it has none. Arguments stay the string the server sent (a dict is re-encoded)."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        legacy = message.get("function_call")
+        calls = [{"function": legacy}] if isinstance(legacy, dict) else []
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments) if arguments is not None else ""
+        name = function.get("name")
+        out.append({"id": call.get("id") if isinstance(call.get("id"), str) else None,
+                    "name": name if isinstance(name, str) else None, "arguments": arguments})
+    return out or None
+
+
+class ToolCallDeltas:
+    """Streamed tool calls: OpenAI sends each call's id and name once, then its arguments in
+    pieces, keyed by ``index``."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def feed(self, deltas: Any) -> str:
+        """Add one chunk's tool-call deltas; return the text they added (names and arguments)."""
+        added = ""
+        if not isinstance(deltas, list):
+            return added
+        for position, delta in enumerate(deltas):
+            if not isinstance(delta, dict):
+                continue
+            index = delta.get("index")
+            index = index if isinstance(index, int) and not isinstance(index, bool) else position
+            call = self.calls.setdefault(index, {"id": None, "name": None, "arguments": ""})
+            if isinstance(delta.get("id"), str):
+                call["id"] = delta["id"]
+            function = delta.get("function")
+            if isinstance(function, dict):
+                if isinstance(function.get("name"), str) and function["name"]:
+                    call["name"] = function["name"]
+                    added += function["name"]
+                piece = function.get("arguments")
+                if isinstance(piece, dict):  # a server that sends the whole object at once
+                    piece = json.dumps(piece)
+                if isinstance(piece, str):
+                    call["arguments"] += piece
+                    added += piece
+        return added
+
+    def result(self) -> list[dict[str, Any]] | None:
+        return [self.calls[i] for i in sorted(self.calls)] or None
 
 
 def extras_of(body: dict[str, Any], choice: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -168,6 +232,13 @@ class Dialect:
             "temperature": case.temperature,
             "stream": stream,
         }
+        # Structured output and tools are OpenAI core fields: sent in every dialect, even minimal.
+        if case.response_format is not None:
+            body["response_format"] = case.response_format
+        if case.tools:
+            body["tools"] = case.tools
+            if case.tool_choice is not None:
+                body["tool_choice"] = case.tool_choice
         if not minimal:
             if stream and not self.ignores_stream:
                 body["stream_options"] = {"include_usage": True}
@@ -216,6 +287,7 @@ class Dialect:
         parsed = ParsedResponse(
             output=text_of(message.get("content")),
             reasoning=reasoning_of(message),
+            tool_calls=tool_calls_of(message),
             finish_reason=finish_reason_of(choice),
             model=model if isinstance(model, str) else None,
         )
@@ -240,6 +312,7 @@ class StreamAccumulator:
         self.output_parts: list[str] = []
         self._reasoning: list[str] = []
         self._logprobs: list[Any] = []  # per-token logprobs, chunk by chunk
+        self._tool_calls = ToolCallDeltas()
         self.chunks = 0
         self.saw_done = False
 
@@ -259,6 +332,8 @@ class StreamAccumulator:
             self.output_parts.append(content)
             self._reasoning.append(reasoning)
             added = content + reasoning
+            if delta.get("tool_calls") is not None:
+                added += self._tool_calls.feed(delta["tool_calls"])  # a call's first piece is TTFT
         reason = finish_reason_of(choice)
         if reason:
             parsed.finish_reason = reason
@@ -277,6 +352,7 @@ class StreamAccumulator:
         parsed = self.parsed
         parsed.output = "".join(self.output_parts)
         parsed.reasoning = "".join(self._reasoning) or None
+        parsed.tool_calls = self._tool_calls.result()
         if self._logprobs:
             parsed.extras["logprobs"] = {"content": self._logprobs}
         self.dialect.finish(parsed, case)

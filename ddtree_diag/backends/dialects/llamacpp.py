@@ -30,6 +30,8 @@ class LlamaCpp(Dialect):
         timings = extras.get("timings")
         if not isinstance(timings, dict):
             return SpecMetrics()
+        if parsed.cached_tokens is None:
+            parsed.cached_tokens = integer(timings.get("cache_n"))  # prompt tokens reused from the cache
         spec = SpecMetrics(server_tokens_per_second=num(timings.get("predicted_per_second")), source="response.timings")
         predicted = integer(timings.get("predicted_n"))
         drafted = integer(timings.get("draft_n"))
