@@ -142,6 +142,7 @@ def execute(
             report.target["matrix"] = run.matrix.source
         if run.baseline is not None:
             lossless.check_possible(run.baseline, backend)
+        report.notes.extend(fill_long_prompts(run.cases, backend, on_stage))
         scorer = load_scorer(run.plan, report)
         run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result,
                   scorer=scorer)
@@ -214,10 +215,8 @@ def run_cases(
     """Fill ``report.results`` in matrix order, each with its quality verdict (and the
     target-likelihood reasons when a scorer is given). KeyboardInterrupt propagates after the
     report is marked interrupted."""
-    from ddtree_diag.checks.quality import assess_result
-
     def finished(result: ProbeResult) -> None:
-        assess_result(result, scorer)
+        assess_answer(result, scorer)
         if on_result is not None:
             on_result(result)
 
@@ -268,12 +267,85 @@ def _run_pool(backend: Backend, cases: list[ProbeCase], report: RunReport, concu
 def run_canary(backend: Backend, case: ProbeCase, seq: int, scorer: Any = None) -> ProbeResult:
     """Send the first case once more after all the others: a server that carries state from
     request to request answers it differently (text at T=0, or acceptance) the second time."""
-    from ddtree_diag.checks.quality import assess_result
-
     result = backend.run(case)
     result.seq = seq
-    assess_result(result, scorer)
+    assess_answer(result, scorer)
     return result
+
+
+def assess_answer(result: ProbeResult, scorer: Any = None) -> None:
+    """The per-answer checks: the quality verdict, and the structured-output check when the case
+    asks for JSON or a tool call."""
+    from ddtree_diag.checks import structured
+    from ddtree_diag.checks.quality import assess_result
+
+    assess_result(result, scorer)
+    result.structured = structured.check(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# Long-context prompts
+
+
+def fill_long_prompts(cases: list[ProbeCase], backend: Backend, on_stage: OnStage | None = None) -> list[str]:
+    """Fill every case with ``context_tokens`` to about that many tokens (a document in the
+    prompt's language, the question last), counted with the target's own tokenizer where it has
+    one. A fill that cannot fit the target's context is a UsageError before any case runs.
+    Prefix-cache pairs get a line of their own at the top, so each pair's first request is cold."""
+    wanted = [c for c in cases if c.context_tokens is not None or c.cache_role is not None]
+    if not wanted:
+        return []
+    from ddtree_diag.workloads.filler import fill_messages
+
+    if on_stage is not None and any(c.context_tokens for c in wanted):
+        on_stage("long-context prompts: filling them with the target's tokenizer")
+    limit = backend.context_limit()
+    built: dict[tuple[Any, ...], Any] = {}
+    estimated = set()
+    for case in wanted:
+        question = case.prompt_text
+        messages = case.messages
+        if case.cache_role is not None:
+            messages = _salted(messages, case)
+        if case.context_tokens is not None:
+            key = (case.prompt_id, case.context_tokens, case.enable_thinking, repr(messages))
+            if key not in built:
+                built[key] = fill_messages(
+                    messages, case.context_tokens,
+                    count_tokens=lambda m, thinking=case.enable_thinking: backend.count_tokens(m, thinking),
+                )
+            filled = built[key]
+            messages = filled.messages
+            case.fill = {"tokens": filled.tokens, "estimated": filled.estimated, "language": filled.language,
+                         "question": question}
+            if filled.estimated:
+                estimated.add(case.prompt_id)
+            if limit is not None and filled.tokens + case.max_tokens > limit:
+                raise UsageError(
+                    f"prompt {case.prompt_id} filled to {filled.tokens} tokens + max_tokens {case.max_tokens} is "
+                    f"beyond the target's context of {limit} tokens: choose a smaller --fill (or fill_tokens)"
+                )
+        case.messages = messages
+    notes = []
+    if estimated:
+        notes.append(f"long-context prompts ({', '.join(sorted(estimated))}): token counts are estimated "
+                     "(the server has no tokenizer endpoint)")
+    return notes
+
+
+def _salted(messages: list[dict[str, Any]], case: ProbeCase) -> list[dict[str, Any]]:
+    """The messages with a line naming the pair at the very top: another pair (another budget,
+    thinking mode or repeat) of the same prompt must not warm this pair's first request."""
+    import zlib
+
+    tag = f"{zlib.crc32(case.case_id.replace('/cache=repeat/', '/cache=first/').encode()):08x}"
+    out = [dict(m) for m in messages]
+    index = 0 if out[0].get("role") == "system" else None
+    if index is None:
+        out.insert(0, {"role": "system", "content": f"Session {tag}."})
+    else:
+        out[0]["content"] = f"Session {tag}. " + str(out[0].get("content") or "")
+    return out
 
 
 def load_scorer(plan: RunPlan, report: RunReport) -> Any:
@@ -335,6 +407,10 @@ def run_baseline(report: RunReport, backend: Backend, spec: lossless.BaselineSpe
             key = lossless.baseline_case(result.case, spec, logprobs=False).group_key
             if key not in cache:
                 cache[key] = _run_baseline_case(base_backend, result.case, spec, ask_logprobs)
+                if result.case.cache_role is not None:
+                    # the prefix-cache rules compare the baseline's pair with the speculative one
+                    cache[key].extras["baseline_of"] = result.case_id
+                    report.baseline_probes.append(cache[key])
             result.baseline = lossless.compare_result(result, cache[key], spec)
     finally:
         if base_backend is not backend:

@@ -135,6 +135,15 @@ class Backend(Protocol):
         cap) for a baseline server; ``weights``: the deployment's weights, when named."""
         ...
 
+    def count_tokens(self, messages: list[dict[str, Any]], thinking: bool | None) -> int | None:
+        """Prompt tokens of ``messages`` after the chat template, by the target's own tokenizer;
+        None when it cannot say (a server without a tokenizer endpoint)."""
+        ...
+
+    def context_limit(self) -> int | None:
+        """The target's context length in tokens (prompt + answer), None when unknown."""
+        ...
+
     def shared_transport(self) -> Any:
         """This backend's way to the server for a baseline client to share (a ``--via`` agent);
         None when a baseline opens its own."""

@@ -67,6 +67,12 @@ class EngineBackend:
     def shared_transport(self) -> None:
         return None
 
+    def count_tokens(self, messages: list[dict[str, Any]], thinking: bool | None) -> int | None:
+        return len(self.load().render_prompt(messages, thinking))
+
+    def context_limit(self) -> int | None:
+        return int(self.load().context_length)
+
     def load(self) -> Any:
         """Load the engine once; configuration problems raise UsageError (exit code 2)."""
         if self.engine is None:

@@ -796,6 +796,12 @@ class HttpBackend:
         except ValueError:
             return None
 
+    def count_tokens(self, messages: list[dict[str, Any]], thinking: bool | None) -> int | None:
+        return None
+
+    def context_limit(self) -> int | None:
+        return None
+
     def target_info(self) -> dict[str, Any]:
         via = self.via.describe() if self.via is not None else None
         return {

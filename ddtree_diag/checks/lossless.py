@@ -236,12 +236,16 @@ def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpe
         return record
     record.baseline_output = baseline.output
     record.baseline_reasoning = baseline.reasoning or None
+    record.baseline_tool_calls = baseline.tool_calls
+    _baseline_workload(record, result, baseline)
     if baseline.extras.get("logprobs_rejected"):
         record.logprobs = "not accepted by the baseline server"
     fields = []
     if result.reasoning or baseline.reasoning:
         fields.append(("reasoning", result.reasoning or "", baseline.reasoning or ""))
     fields.append(("output", result.output, baseline.output))
+    if result.tool_calls or baseline.tool_calls:
+        fields.append(("tool_calls", calls_text(result.tool_calls), calls_text(baseline.tool_calls)))
     for field, actual, expected in fields:
         index = first_difference(actual, expected)
         if index is None:
@@ -271,6 +275,23 @@ def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpe
         return record
     record.detail = "identical to the baseline"
     return record
+
+
+def calls_text(calls: list[dict[str, Any]] | None) -> str:
+    """Tool calls as one comparable text: ``name(arguments)`` each (call ids differ by design)."""
+    return "".join(f"{c.get('name')}({c.get('arguments')})" for c in calls or [])
+
+
+def _baseline_workload(record: BaselineComparison, result: ProbeResult, baseline: ProbeResult) -> None:
+    """What the workload checks need of the baseline's answer: its structured-output check (run on
+    the baseline's answer to the speculative case's request) and whether it kept reasoning apart."""
+    from ddtree_diag.checks import structured, workloads
+
+    own = dataclasses.replace(baseline, case=result.case)  # judged by the same request's rules
+    check = structured.check(own)
+    record.baseline_structured = check.to_dict() if check is not None else None
+    if result.case.enable_thinking is True:
+        record.baseline_reasoning_leak = workloads.reasoning_leak(own) is not None
 
 
 def first_difference_list(a: list[Any], b: list[Any]) -> int | None:

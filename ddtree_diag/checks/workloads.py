@@ -364,9 +364,9 @@ def prefix_cache_changes_output(report: RunReport) -> list[Finding]:
 
 
 def _text(result: ProbeResult, field: str) -> str:
-    if field == "tool_calls":
-        return "".join(f"{c.get('name')}({c.get('arguments')})" for c in result.tool_calls or [])
-    return getattr(result, field) or ""
+    from ddtree_diag.checks.lossless import calls_text
+
+    return calls_text(result.tool_calls) if field == "tool_calls" else getattr(result, field) or ""
 
 
 WORKLOAD_RULES = [

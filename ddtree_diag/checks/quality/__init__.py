@@ -203,8 +203,13 @@ def assess_result(result: Any, scorer: Any = None) -> Verdict:
     if not getattr(result, "ok", True):
         return None  # type: ignore[return-value]
     case = result.case
+    text = result.output
+    calls = getattr(result, "tool_calls", None)
+    if calls and not text.strip():
+        # a tool call's answer is its arguments: read them (an empty content is not an empty answer)
+        text = "\n".join(str(c.get("arguments") or "") for c in calls)
     verdict = assess(
-        result.output,
+        text,
         prompt=case.prompt_text,
         finish_reason=result.finish_reason,
         completion_tokens=result.completion_tokens,
