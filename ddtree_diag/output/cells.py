@@ -109,9 +109,29 @@ def output_text(result: ProbeResult) -> str:
     """What a case said (its error when it failed); the reasoning when the answer is empty."""
     if not result.ok:
         return result.error or ""
+    if not result.output and result.tool_calls:
+        return " ".join(f"[call] {c.get('name')}({c.get('arguments')})" for c in result.tool_calls)
     if not result.output and result.reasoning:
         return f"[reasoning] {result.reasoning}"
     return result.output or ""
+
+
+def workload_cell(result: ProbeResult) -> Cell:
+    """What the case asks beyond a chat answer, and how the structured check went:
+    ``schema ✓``, ``tool ✗``, ``8k``, ``cache 2nd``; empty for a plain case."""
+    from ddtree_diag.checks.workloads import workload_label
+
+    label = workload_label(result)
+    failed = result.structured is not None and not result.structured.passed
+    return Cell(label, "bold red" if failed else "")
+
+
+def context_rows(report: RunReport) -> list[dict]:
+    """Acceptance and TTFT per context length (``checks.workloads.context_table``); [] when the run
+    filled no prompt."""
+    from ddtree_diag.checks.workloads import context_table
+
+    return context_table(report.results)
 
 
 @dataclass

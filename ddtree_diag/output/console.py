@@ -24,6 +24,7 @@ from ddtree_diag.output.cells import (
     acceptance_cell,
     acceptance_style,
     by_budget_and_thinking,
+    context_rows,
     fmt,
     lossless_cell,
     output_text,
@@ -31,6 +32,7 @@ from ddtree_diag.output.cells import (
     rounds_cell,
     ttft_cell,
     visible,
+    workload_cell,
 )
 from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
 from ddtree_diag.records import ProbeResult, RunReport, budget_label, thinking_label
@@ -96,6 +98,9 @@ def results_columns(report: RunReport) -> list[Column]:
     columns = [column("#", NUMBER, [str(i) for i in range(1, len(results) + 1)], key=True)]
     if varies(lambda c: c.prompt_id):
         columns.append(column("prompt", TEXT, [r.case.prompt_id for r in results], key=True))
+    workloads = [workload_cell(r) for r in results]
+    if any(cell.text for cell in workloads):
+        columns.append(column("workload", TEXT, [_text(cell) for cell in workloads], key=True))
     columns.append(column("think", TEXT, [thinking_label(r.case.enable_thinking) for r in results], key=True))
     columns.append(column("budget", NUMBER, [budget_label(r.case.tree_budget) for r in results], key=True))
     if varies(lambda c: c.temperature):
@@ -144,6 +149,21 @@ def pivot_table(report: RunReport) -> Table | None:
     return table
 
 
+def context_table(report: RunReport) -> Table | None:
+    """Acceptance and TTFT by context length, when the run filled a prompt to a length."""
+    rows = context_rows(report)
+    if not rows:
+        return None
+    table = Table(title="by context length", title_justify="left")
+    for header in ("context", "cases", "accept", "TTFT", "garbage"):
+        table.add_column(header, justify="left" if header == "context" else "right", no_wrap=True)
+    for row in rows:
+        ttft = DASH if row["ttft_s"] is None else f"{row['ttft_s'] * 1000:.0f}ms"
+        accept = Text(fmt(row["acceptance"]), style=acceptance_style(row["acceptance"]))
+        table.add_row(row["label"], str(row["cases"]), accept, ttft, str(row["garbage"]))
+    return table
+
+
 def summary_line(report: RunReport, exit_code: int | None = None) -> str:
     results = report.results
     failed = [r for r in results if not r.ok]
@@ -166,9 +186,7 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
     report = redacted_report(report)
     dropped: list[str] = []
     tables = results_tables(console, report, on_dropped=dropped.append) if report.results else []
-    pivot = pivot_table(report)
-    if pivot is not None:
-        tables.append(pivot)
+    tables += [t for t in (pivot_table(report), context_table(report)) if t is not None]
     for table in tables:
         if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:
             table.box = box.ASCII  # plain, stable layout for logs and pipes

@@ -21,6 +21,7 @@ from ddtree_diag.output.cells import (
     Cell,
     acceptance_cell,
     by_budget_and_thinking,
+    context_rows,
     fmt,
     lossless_cell,
     output_text,
@@ -28,6 +29,7 @@ from ddtree_diag.output.cells import (
     rounds_cell,
     ttft_cell,
     visible,
+    workload_cell,
 )
 from ddtree_diag.output.markdown import checks_for
 from ddtree_diag.output.reportfile import write_output
@@ -185,6 +187,22 @@ def _grid_chart(report: RunReport, value: Callable[[ProbeResult], float | None],
     return f"<figure><figcaption>{esc(title)}</figcaption>{svg}</figure>"
 
 
+def _context_chart(report: RunReport) -> str | None:
+    """Acceptance and TTFT (s) per context length, side by side, when the run filled prompts."""
+    rows = [r for r in context_rows(report) if r["acceptance"] is not None or r["ttft_s"] is not None]
+    if not rows:
+        return None
+    title = "Acceptance and TTFT by context length"
+    groups = [row["label"] for row in rows]
+    values = {}
+    for g, row in enumerate(rows):
+        values[(g, 0)] = row["acceptance"]
+        values[(g, 1)] = row["ttft_s"]
+    svg = grouped_bars(groups, ["acceptance (tokens/round)", "TTFT (s)"], values, title=title,
+                       y_label="tokens/round · s", digits=2, reference=1.0, x_label="prompt length")
+    return f"<figure><figcaption>{esc(title)}</figcaption>{svg}</figure>"
+
+
 def _plots(report: RunReport) -> list[str]:
     charts = [
         _grid_chart(report, lambda r: r.spec.mean_acceptance_length, "Mean acceptance by budget × thinking",
@@ -193,6 +211,7 @@ def _plots(report: RunReport) -> list[str]:
                     "tok/s", 1),
         _grid_chart(report, lambda r: r.spec.server_tokens_per_second, "Server tok/s by budget", "tok/s", 1),
     ]
+    charts.append(_context_chart(report))
     shown = [c for c in charts if c]
     out = ['<h2 id="plots">Plots</h2>']
     if not shown:
@@ -225,6 +244,17 @@ def _details(result: ProbeResult) -> str:
         parts.append(f"<div>baseline ({esc(baseline.mode)}) differs in {esc(baseline.field)} at character "
                      f"{esc(fmt(baseline.char_index, 'd'))}:</div>"
                      f"<pre>expected: {expected}\nactual:   {actual}</pre>")
+    if result.structured is not None:
+        mark = "✓" if result.structured.passed else "✗"
+        parts.append(f"<div>structured output ({esc(result.structured.kind)}): {mark} "
+                     f"{esc(result.structured.detail)}</div>")
+    if result.case.fill:
+        fill = result.case.fill
+        counted = "estimated" if fill.get("estimated") else "counted with the server's tokenizer"
+        parts.append(f"<div>prompt filled to {esc(fmt(fill.get('tokens'), 'd'))} tokens ({counted}, "
+                     f"{esc(fill.get('language') or '?')}); question: <q>{esc(fill.get('question') or '')}</q></div>")
+    if result.cached_tokens is not None:
+        parts.append(f"<div>prompt tokens from the prefix cache: {result.cached_tokens}</div>")
     if result.findings:
         parts.append("<div>named by findings: " + ", ".join(f"<code>{esc(f)}</code>" for f in result.findings)
                      + "</div>")
@@ -238,12 +268,16 @@ def _cases(report: RunReport) -> list[str]:
     if not report.results:
         return [*out, "<p>No case ran.</p>"]
     show_lossless = any(r.baseline for r in report.results)
-    headers = ["#", "case", "think", "budget", "tok", "finish", "rounds", "accept", "tok/s srv", "tok/s cli",
+    workloads = [workload_cell(r) for r in report.results]
+    show_workload = any(cell.text for cell in workloads)
+    headers = ["#", "case", *(["workload"] if show_workload else []), "think", "budget", "tok", "finish", "rounds",
+               "accept", "tok/s srv", "tok/s cli",
                "TTFT", "quality", *(["lossless"] if show_lossless else []), "output"]
     rows = ['<table class="cases">', "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"]
     for index, r in enumerate(report.results, 1):
         ok = r.ok
         cells = [_num(str(index)), f"<td>{_breakable(r.case_id)}</td>",
+                 *([_cell(workloads[index - 1])] if show_workload else []),
                  f"<td>{esc(thinking_label(r.case.enable_thinking))}</td>", _num(budget_label(r.case.tree_budget)),
                  _num(fmt(r.completion_tokens, "d") if ok else DASH), f"<td>{esc(r.finish_reason or DASH)}</td>",
                  _cell(rounds_cell(r), number=True) if ok else _num(DASH),
