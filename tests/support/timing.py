@@ -26,6 +26,8 @@ HEALTHY_MAX_TTFT_S = 30.0
 # A stand-in made slow for the speed check: 0.04 s a token caps it at 25 tok/s on any machine.
 SLOW_SECONDS_PER_TOKEN = 0.04
 SLOW_MIN_TOKENS_PER_SECOND = 50
+# Building a 32k-token long-context prompt (filler text sized with a fake tokenizer): ~0.1 s.
+FILL_32K_MAX_S = 20.0
 
 
 def fuzz_examples(base: int) -> int:

@@ -1,0 +1,1 @@
+"""Workloads: prompts built for a purpose (long-context fills) rather than written by hand."""
