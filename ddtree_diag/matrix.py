@@ -56,7 +56,7 @@ _DEFAULT_KEYS = {"max_tokens", "temperature", "repeat", "enable_thinking", "tree
 _AXIS_KEYS = {"enable_thinking", "tree_budget", "temperature", "max_tokens"}
 _PROMPT_KEYS = {
     "text", "messages", "system", "response_format", "json_schema", "tools", "tool_choice", "fill_tokens",
-    "prefix_cache",
+    "prefix_cache", "enable_thinking", "max_tokens",
 }
 MAX_FILL_TOKENS = 1 << 20
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
@@ -71,7 +71,12 @@ class Prompt:
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     fill_tokens: list[int | None] = field(default_factory=lambda: [None])  # None / 0: as written
+    fill_declared: bool = False  # the matrix gave fill_tokens (--fill then replaces only those)
     prefix_cache: bool = False
+    # This prompt's own axis values (a reasoning prompt thinks, a long one needs more tokens);
+    # None: the matrix's axis
+    enable_thinking: list[bool | None] | None = None
+    max_tokens: list[int] | None = None
 
     def variants(self) -> list[tuple[int | None, str | None]]:
         """(context tokens, cache role) for each case this prompt makes per matrix cell."""
@@ -98,16 +103,18 @@ class Matrix:
         if not self.prompts:
             raise UsageError("no prompt to probe: give --prompt TEXT or a --matrix with [prompts]")
         cases = []
-        for (prompt_id, prompt), thinking, budget, temperature, max_tokens, repeat in (
-            itertools.product(
-                self.prompts.items(),
-                self.enable_thinking,
+        cells = (
+            (prompt_id, prompt, thinking, budget, temperature, max_tokens, repeat)
+            for prompt_id, prompt in self.prompts.items()
+            for thinking, budget, temperature, max_tokens, repeat in itertools.product(
+                prompt.enable_thinking or self.enable_thinking,
                 self.tree_budget,
                 self.temperature,
-                self.max_tokens,
+                prompt.max_tokens or self.max_tokens,
                 range(self.repeat),
             )
-        ):
+        )
+        for prompt_id, prompt, thinking, budget, temperature, max_tokens, repeat in cells:
             # A prefix-cache pair's two requests are adjacent: the repeat follows its first at once.
             for context_tokens, cache_role in prompt.variants():
                 cases.append(
@@ -211,6 +218,13 @@ def _prompt(prompt_id: str, spec: Any, system: str | None, source: str) -> Promp
     if "fill_tokens" in spec:
         fills = spec["fill_tokens"]
         prompt.fill_tokens = parse_fill(fills if isinstance(fills, list) else [fills], f"{where}.fill_tokens")
+        prompt.fill_declared = True
+    for key in ("enable_thinking", "max_tokens"):
+        if key in spec:
+            values = spec[key] if isinstance(spec[key], list) else [spec[key]]
+            if not values:
+                raise UsageError(f"{where}.{key} must not be empty")
+            setattr(prompt, key, [_axis_value(key, v, f"{where}.{key}") for v in values])
     cache = spec.get("prefix_cache", False)
     if not isinstance(cache, bool):
         raise UsageError(f"{where}.prefix_cache must be true or false")
@@ -332,8 +346,10 @@ def apply_overrides(
             chosen[prompt_id] = spec
         matrix.prompts = chosen
     if fill is not None:
+        # --fill resizes the matrix's long-context prompts; with none, it makes every prompt one
         fills = parse_fill(split_list(fill), "--fill")
-        for spec in matrix.prompts.values():
+        declared = [p for p in matrix.prompts.values() if p.fill_declared]
+        for spec in declared or matrix.prompts.values():
             spec.fill_tokens = list(fills)
     if thinking is not None:
         matrix.enable_thinking = [parse_thinking(v) for v in split_list(thinking)] or [None]

@@ -36,7 +36,8 @@ def test_healthy_run_passes_every_check(tmp_path):
 def test_shipped_gate_matrix_passes_a_healthy_server(tmp_path):
     code, report, stdout = gate_run(tmp_path, matrix="gate")
     assert code == 0, stdout
-    assert len(report.results) == 24  # 3 prompts × thinking 2 × budgets 2 × repeat 2
+    assert len(report.results) == 40  # 5 prompts × thinking 2 × budgets 2 × repeat 2
+    assert all(r.structured.passed for r in report.results if r.structured is not None)
     assert {r.case.max_tokens for r in report.results} == {64}
     assert report.target["matrix"] == "gate (built-in)"
     names = {c.name for c in report.gate.checks}

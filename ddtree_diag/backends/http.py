@@ -273,6 +273,8 @@ class HttpBackend:
         self.metrics_prefix: str | None = None  # set when /metrics exposes spec counters
         self.strict_fields_dropped = False
         self._metrics_lock = threading.Lock()  # before/after scrapes must not interleave
+        self._counters: dict[bool | None, Any] = {}  # token counters by thinking mode (long-context fills)
+        self._context: tuple[int | None] | None = None  # the served context, once looked up
 
     # -- capabilities (see backends.Backend) ----------------------------------------------------
 
@@ -797,10 +799,26 @@ class HttpBackend:
             return None
 
     def count_tokens(self, messages: list[dict[str, Any]], thinking: bool | None) -> int | None:
-        return None
+        """With the server's own tokenizer endpoint (vLLM, SGLang, llama.cpp, ours); None without."""
+        from ddtree_diag.backends import tokenize
+
+        if thinking not in self._counters:
+            kwargs = {"enable_thinking": thinking} if thinking is not None else None
+            self._counters[thinking] = tokenize.token_counter(
+                self.client, self.base_url, model=self.model, dialect=self.dialect_name, chat_template_kwargs=kwargs,
+                timeout=self.timeout)
+        return self._counters[thinking](messages)
 
     def context_limit(self) -> int | None:
-        return None
+        """The served context (vLLM's /v1/models max_model_len, llama.cpp's /props n_ctx, ...)."""
+        from ddtree_diag.backends import tokenize
+
+        if self._context is None:
+            found = tokenize.count_prompt_tokens(
+                self.client, self.base_url, [{"role": "user", "content": "Hello."}], model=self.model,
+                dialect=self.dialect_name, timeout=self.timeout)
+            self._context = (found.max_context if found is not None else None,)
+        return self._context[0]
 
     def target_info(self) -> dict[str, Any]:
         via = self.via.describe() if self.via is not None else None
