@@ -89,16 +89,18 @@ def workload_label(result: ProbeResult) -> str:
     if result.structured is not None:
         name = {"tool_call": "tool", "json_schema": "schema", "json_object": "json"}[result.structured.kind]
         parts.append(f"{name} {'✓' if result.structured.passed else '✗'}")
-    if case.context_tokens is not None:
-        tokens = (case.fill or {}).get("tokens") or case.context_tokens
-        parts.append(f"{'~' if (case.fill or {}).get('estimated') else ''}{_k(tokens)}")
+    if case.context_tokens is not None:  # the length asked for; the measured one is in the report
+        parts.append(_k(case.context_tokens))
     if case.cache_role is not None:
         parts.append("cache 1st" if case.cache_role == "first" else "cache 2nd")
     return " ".join(parts)
 
 
 def _k(tokens: int) -> str:
-    return f"{tokens / 1024:.0f}k" if tokens >= 1024 else str(tokens)
+    for unit in (1024, 1000):
+        if tokens >= unit and tokens % unit == 0:
+            return f"{tokens // unit}k"
+    return str(tokens)
 
 
 def context_groups(results: list[ProbeResult]) -> dict[int, list[ProbeResult]]:
