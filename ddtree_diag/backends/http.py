@@ -39,7 +39,7 @@ from ddtree_diag.backends import (
 )
 from ddtree_diag.backends import deadline as deadlines
 from ddtree_diag.backends.deadline import Deadline
-from ddtree_diag.backends.metrics import SpecCounters, parse_spec_counters
+from ddtree_diag.backends.metrics import SpecCounters, parse_prefix_cache_hits, parse_spec_counters
 from ddtree_diag.errors import TransportError, UsageError
 from ddtree_diag.records import (
     STATUS_HTTP_ERROR,
@@ -565,6 +565,7 @@ class HttpBackend:
                 before = self._scrape_metrics()
         else:
             before = None
+        cache_before = self._prefix_cache_hits() if case.cache_role is not None and self.concurrency == 1 else None
         minimal = self.strict_fields_dropped
         self._request(case, result, minimal=minimal)
         if (
@@ -579,6 +580,12 @@ class HttpBackend:
             result = ProbeResult(case=case, dialect=self.dialect.name, model=self.model)
             self._request(case, result, minimal=True)
             result.extras["retried_without_extra_fields"] = rejected
+        if cache_before is not None and result.ok and result.cached_tokens is None:
+            # no per-request count in the answer: the server's counter moved by this request's hits
+            cache_after = self._prefix_cache_hits()
+            if cache_after is not None and cache_after >= cache_before:
+                result.cached_tokens = round(cache_after - cache_before)
+                result.extras["cached_tokens_source"] = "prometheus /metrics delta (prefix_cache_hits; server-wide)"
         if before is not None and result.ok and not result.spec.known:
             after = self._scrape_metrics()
             if after is not None and after.prefix == before.prefix:
@@ -785,6 +792,16 @@ class HttpBackend:
             result.extras["notes"] = notes
 
     # -- server-wide counters ------------------------------------------------------------------
+
+    def _prefix_cache_hits(self) -> float | None:
+        """The server's prefix-cache hit counter (tokens), None when /metrics has none."""
+        try:
+            response, data = self._get(f"{self.base_url}/metrics")
+        except (httpx.HTTPError, BadReply):
+            return None
+        if response.status_code != 200:
+            return None
+        return parse_prefix_cache_hits(data.decode("utf-8", "replace"))
 
     def _scrape_metrics(self) -> SpecCounters | None:
         try:

@@ -115,3 +115,28 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
     if found is not None and max(found.drafts, found.draft_tokens, found.accepted_tokens) > MAX_COUNTER:
         found.usable = False  # sums of many series
     return found
+
+
+def parse_prefix_cache_hits(text: str) -> float | None:
+    """Prompt tokens served from the prefix cache so far (vLLM's ``vllm:prefix_cache_hits_total``,
+    older ``gpu_prefix_cache_hits``; summed over engines), None when the page has no such counter
+    or an unusable sample. A before/after delta around one request is that request's hits."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total, seen = 0.0, False
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception:  # the parser raises bare ValueError/IndexError/TypeError on bad pages
+        return None
+    for family in families:
+        for sample in family.samples:
+            if sample.name.endswith("_created") or not _base_name(sample.name).endswith("prefix_cache_hits"):
+                continue
+            try:
+                value = float(sample.value)
+            except (TypeError, ValueError, OverflowError):
+                return None
+            if not (math.isfinite(value) and 0 <= value <= MAX_COUNTER):
+                return None
+            total, seen = total + value, True
+    return total if seen else None
