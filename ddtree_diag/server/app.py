@@ -17,11 +17,19 @@ This module wires the FastAPI routes; the parts live beside it:
 - ``responses``: the completion body and the SSE chunks. Errors after a stream has started are
   sent as an SSE ``data: {"error": {...}}`` event, and the stream ends.
 - ``metrics``: the Prometheus counters.
+- ``prompting``: the chat template with the request's tools (a system note lists them when the
+  template does not); ``/tokenize`` renders through it too, so its count is the chat's.
+- ``parsing``: reasoning (``</think>``) and tool calls read out of the generated text, streamed or
+  whole. ``response_format`` and forced tool calls are decoded under a grammar
+  (``engine.grammar``, llguidance), compiled before the request is queued: a schema it cannot
+  follow is a 400 naming the feature.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib.util
 import secrets
 import signal
 import time
@@ -34,7 +42,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ddtree_diag import __version__, budget
-from ddtree_diag.server import responses
+from ddtree_diag.errors import DiagError
+from ddtree_diag.server import prompting, responses
 from ddtree_diag.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from ddtree_diag.server.schema import ApiError, ChatRequest, RequestRules, ServerLimits, check_auth
 from ddtree_diag.server.worker import EngineWorker, Job
@@ -68,6 +77,13 @@ def create_app(
     app = FastAPI(title="ddtree-diag reference server", version=__version__, docs_url=None,
                   redoc_url=None, openapi_url=None, lifespan=lifespan)
     created = int(time.time())
+    capabilities = {
+        # response_format json_object / json_schema and forced tool calls, decoded under a grammar
+        "structured_output": "llguidance" if importlib.util.find_spec("llguidance") else None,
+        "tool_calls": True,  # forced (required / named) under a grammar; "auto": <tool_call> blocks parsed
+        "reasoning_content": True,  # split at </think> when thinking is on
+        "tokenize": True,
+    }
     info = dict(description or {})
     app.state.worker = worker
     app.state.limits = limits
@@ -97,6 +113,7 @@ def create_app(
             "model": model_name,
             "tree_budget_default": default_tree_budget,
             "limits": {**asdict(limits), "max_context": rules.max_context},
+            "capabilities": capabilities,
             "version": __version__,
             **info,
         }
@@ -105,7 +122,29 @@ def create_app(
     async def models(request: Request) -> dict[str, Any]:
         check_auth(request, api_key)
         return {"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": created, "owned_by": "ddtree-diag"}]}
+            {"id": model_name, "object": "model", "created": created, "owned_by": "ddtree-diag",
+             "max_model_len": rules.max_context}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """vLLM's /tokenize: a text, or messages rendered exactly as a chat request renders them."""
+        check_auth(request, api_key)
+        body = await rules.parse_tokenize(request)
+        tokenizer = engine.tokenizer
+        try:
+            if body.messages is not None:
+                text = prompting.render_text(
+                    tokenizer, [m.for_template() for m in body.messages], thinking=body.thinking(),
+                    tools=[tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None,
+                    add_generation_prompt=body.add_generation_prompt)
+            else:
+                text = body.prompt or ""
+            special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
+            tokens = list(tokenizer(text, add_special_tokens=special)["input_ids"])
+        except DiagError as exc:  # the template refused the messages
+            raise ApiError(400, str(exc), param="messages") from None
+        return {"count": len(tokens), "max_model_len": rules.max_context, "tokens": tokens,
+                "token_strs": tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -117,7 +156,10 @@ def create_app(
         body = await rules.parse(request)
         started = time.perf_counter()
         completion_id = f"chatcmpl-{secrets.token_hex(12)}"
-        job = Job()
+        constraint = None
+        if body.wants_constraint():  # off the event loop: a large schema, or the grammar's first look
+            constraint = await asyncio.to_thread(worker.constraint_for, body)  # at the vocabulary, takes a while
+        job = Job(constraint)
         if body.stream:
             return StreamingResponse(
                 stream_events(body, job, completion_id, started),
@@ -135,13 +177,15 @@ def create_app(
 
     async def stream_events(body: ChatRequest, job: Job, completion_id: str, started: float) -> AsyncIterator[str]:
         chunks = responses.Chunks(completion_id, model_name)
+        parser = responses.answer_parser(body)
         events = worker.start_streaming(body, job)
         try:
             yield chunks.role()
             while True:
                 kind, value = await events.get()
                 if kind == "delta":
-                    yield chunks.delta(value)
+                    for delta in parser.feed(value):
+                        yield chunks.delta(delta)
                     continue
                 if kind == "error":
                     yield sse_error(worker.engine_error(value))
@@ -156,7 +200,10 @@ def create_app(
             if generation is None:
                 return
             metrics.finished(generation, started)
-            for event in chunks.finish(body, generation, engine.tokenizer):
+            for delta in parser.finish():
+                yield chunks.delta(delta)
+            for event in chunks.finish(body, generation, engine.tokenizer,
+                                       parser.finish_reason(generation.finish_reason)):
                 yield event
             yield responses.DONE
         finally:

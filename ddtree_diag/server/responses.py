@@ -2,7 +2,9 @@
 
 The wire format is the standalone DDTree server's: OpenAI chat completions plus a top-level
 ``ddtree`` object with the request's own spec numbers. Streamed, the ``ddtree`` object rides the
-finish chunk, or the usage chunk when ``stream_options.include_usage`` asks for one.
+finish chunk, or the usage chunk when ``stream_options.include_usage`` asks for one. The message
+is ``parsing``'s reading of the text: ``reasoning_content`` split off when thinking is on,
+``tool_calls`` (and finish_reason "tool_calls") when the request has tools.
 """
 
 from __future__ import annotations
@@ -11,12 +13,19 @@ import json
 import time
 from typing import Any
 
+from ddtree_diag.server.parsing import AnswerParser
+
 
 def ddtree_stats(generation: Any) -> dict[str, Any]:
     """The per-request ``ddtree`` object (the standalone DDTree server's format, extended)."""
     decode_time = generation.e2e_s - generation.ttft_s
     rounds = generation.decode_rounds
-    return {
+    extras = getattr(generation, "extras", None) or {}
+    grammar = None
+    if extras.get("grammar"):  # a constrained request: what the grammar cost and what it pruned
+        grammar = {"kind": extras["grammar"], "pruned_nodes": extras.get("grammar_pruned_nodes"),
+                   "mask_s": extras.get("grammar_mask_s")}
+    stats = {
         "tree_budget": generation.tree_budget,
         "mode": generation.mode,
         "decode_rounds": rounds,
@@ -30,6 +39,9 @@ def ddtree_stats(generation: Any) -> dict[str, Any]:
         "decode_s": decode_time,
         "stage_times": generation.stage_times,
     }
+    if grammar is not None:
+        stats["grammar"] = grammar
+    return stats
 
 
 def logprobs_content(tokenizer: Any, generation: Any, count: int) -> list[dict[str, Any]] | None:
@@ -65,11 +77,19 @@ def _logprobs(body: Any, generation: Any, tokenizer: Any) -> dict[str, Any]:
     return {"content": logprobs_content(tokenizer, generation, body.top_logprobs or 0)}
 
 
+def answer_parser(body: Any) -> AnswerParser:
+    """How this request's text is read: reasoning split off when thinking is on, tool calls
+    when it has tools (see ``parsing``)."""
+    return AnswerParser(thinking=body.thinking() is True, tool_mode=body.tool_mode(),
+                        tool_names=[tool.function.name for tool in body.tools or ()], named=body.named_tool())
+
+
 def completion(completion_id: str, model_name: str, body: Any, generation: Any, tokenizer: Any) -> dict[str, Any]:
     """The whole ``chat.completion`` body for a request that did not stream."""
-    message: dict[str, Any] = {"role": "assistant", "content": generation.text}
+    parser = answer_parser(body)
+    message: dict[str, Any] = {"role": "assistant", **parser.message(generation.text)}
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                              "finish_reason": generation.finish_reason}
+                              "finish_reason": parser.finish_reason(generation.finish_reason)}
     if body.logprobs:
         choice["logprobs"] = _logprobs(body, generation, tokenizer)
     return {
@@ -97,14 +117,16 @@ class Chunks:
         return sse({**self.base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                               "finish_reason": None}]})
 
-    def delta(self, text: str) -> str:
-        return sse({**self.base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+    def delta(self, delta: dict[str, Any]) -> str:
+        """One piece of the answer: ``{"content": ...}``, ``{"reasoning_content": ...}`` or
+        ``{"tool_calls": [...]}`` (``parsing``'s deltas)."""
+        return sse({**self.base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
 
-    def finish(self, body: Any, generation: Any, tokenizer: Any) -> list[str]:
+    def finish(self, body: Any, generation: Any, tokenizer: Any, finish_reason: str | None = None) -> list[str]:
         """The finish chunk, then the usage chunk when asked for; not ``[DONE]``."""
         include_usage = body.include_usage()
         final: dict[str, Any] = {**self.base, "choices": [{"index": 0, "delta": {},
-                                                           "finish_reason": generation.finish_reason}]}
+                                                           "finish_reason": finish_reason or generation.finish_reason}]}
         if body.logprobs:
             final["choices"][0]["logprobs"] = _logprobs(body, generation, tokenizer)
         if not include_usage:

@@ -12,18 +12,20 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ddtree_diag import budget
 from ddtree_diag.engine.decode import MIN_SAMPLING_TEMPERATURE, SEED_RANGE
+from ddtree_diag.errors import one_line
 from ddtree_diag.jsonsafe import MAX_DEPTH, depth
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any probe, small enough to refuse abuse early
 ROLES = ("system", "user", "assistant", "tool", "developer")
+MAX_TOOLS = 128  # OpenAI's limit
 
 
 @dataclass
@@ -85,11 +87,26 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    # a tool round trip: the assistant's calls, and the tool's answer to one of them
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content if part.type == "text")
         return self.content or ""
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template reads it (content as text; tool fields when sent)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
 
 class StreamOptions(BaseModel):
@@ -104,7 +121,125 @@ class TemplateKwargs(BaseModel):
     enable_thinking: bool | None = Field(default=None, strict=True)
 
 
-class ChatRequest(BaseModel):
+def schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` is not a JSON Schema (one line), None when it is one."""
+    import jsonschema
+
+    if not isinstance(schema, dict | bool):
+        return "must be a JSON Schema (an object)"
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return f"invalid JSON Schema: {one_line(exc.message, 160)}" + (f" (at {where})" if where else "")
+    return None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, strict=True)
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")  # "schema" would shadow BaseModel.schema
+    strict: bool | None = Field(default=None, strict=True)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _is_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = schema_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI ``response_format``: text, any JSON object, or JSON matching a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('"json_schema" is required when type is "json_schema"')
+        return self
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1, max_length=64, strict=True)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = Field(default=None, strict=True)
+
+    @field_validator("parameters")
+    @classmethod
+    def _is_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        problem = None if value is None else schema_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.function["name"]
+
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+def read_tool_choice(value: Any, tools: list[Tool] | None) -> str | NamedToolChoice | None:
+    """``tool_choice`` checked against the request's ``tools`` (ValueError: why not)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value not in TOOL_CHOICES:
+            raise ValueError(f"must be one of {', '.join(TOOL_CHOICES)} or "
+                             '{"type": "function", "function": {"name": ...}}')
+        choice: str | NamedToolChoice = value
+    elif isinstance(value, dict):
+        function = value.get("function")
+        if value.get("type", "function") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError('a named choice is {"type": "function", "function": {"name": ...}}')
+        choice = NamedToolChoice.model_validate(value)
+    else:
+        raise ValueError("must be a string or an object")
+    if choice in ("none", "auto"):
+        return choice
+    if not tools:
+        raise ValueError(f"{choice if isinstance(choice, str) else 'a named function'} needs tools")
+    if isinstance(choice, NamedToolChoice) and choice.name not in {t.function.name for t in tools}:
+        raise ValueError(f"no function named {choice.name[:64]!r} in tools")
+    return choice
+
+
+class ThinkingToggle(BaseModel):
+    """The thinking toggle a chat request and /tokenize share."""
+
+    enable_thinking: bool | None = Field(default=None, strict=True)
+    chat_template_kwargs: TemplateKwargs | None = None
+
+    def thinking(self) -> bool | None:
+        """Top-level enable_thinking (the standalone server's knob) wins over the template kwargs."""
+        if self.enable_thinking is not None:
+            return self.enable_thinking
+        return self.chat_template_kwargs.enable_thinking if self.chat_template_kwargs is not None else None
+
+
+class ChatRequest(ThinkingToggle):
     # Numbers and booleans are strict: a boolean or a string where a number belongs, or a string or
     # a number where a boolean belongs ("stream": "yes", "logprobs": 1), is a 400, never coerced.
     model_config = ConfigDict(extra="ignore", strict=False)
@@ -120,9 +255,11 @@ class ChatRequest(BaseModel):
     logprobs: bool = Field(default=False, strict=True)
     top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     n: int = Field(default=1, ge=1, le=1, strict=True)
-    enable_thinking: bool | None = Field(default=None, strict=True)
     tree_budget: int | None = Field(default=None, ge=0, le=budget.MAX_TREE_BUDGET, strict=True)
-    chat_template_kwargs: TemplateKwargs | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)  # one call at most is made anyway
 
     @field_validator("temperature")
     @classmethod
@@ -142,17 +279,72 @@ class ChatRequest(BaseModel):
             raise ValueError("at most 8 stop sequences")
         return [s for s in stops if s]
 
-    def thinking(self) -> bool | None:
-        """Top-level enable_thinking (the standalone server's knob) wins over the template kwargs."""
-        if self.enable_thinking is not None:
-            return self.enable_thinking
-        return self.chat_template_kwargs.enable_thinking if self.chat_template_kwargs is not None else None
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, value: list[Tool] | None) -> list[Tool] | None:
+        names = [tool.function.name for tool in value or ()]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"function {twice[0][:64]!r} is listed twice")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any, info: ValidationInfo) -> str | NamedToolChoice | None:
+        return read_tool_choice(value, info.data.get("tools"))
+
+    def tool_mode(self) -> str:
+        """How the answer is read: "none" (no tools or tool_choice none), "auto" (tagged calls in
+        the text) or "forced" (a constraint makes the answer a call)."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        return "auto" if self.tool_choice in (None, "auto") else "forced"
+
+    def wants_constraint(self) -> bool:
+        """Whether the answer is decoded under a grammar (or its tools checked by one)."""
+        formatted = self.response_format is not None and self.response_format.type != "text"
+        return formatted or self.tool_mode() != "none"
+
+    def named_tool(self) -> str | None:
+        return self.tool_choice.name if isinstance(self.tool_choice, NamedToolChoice) else None
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template gets them (none when tool_choice is "none": the model is
+        not to call one, and a template that lists them invites it to)."""
+        if self.tool_mode() == "none":
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.for_template() for m in self.messages]
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TokenizeRequest(ThinkingToggle):
+    """vLLM's /tokenize: ``prompt`` (text) or ``messages`` (rendered as a chat request would be)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = Field(default=None, strict=True)
+    messages: list[Message] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = Field(default=True, strict=True)
+    add_special_tokens: bool | None = Field(default=None, strict=True)  # vLLM: prompt True, messages False
+    return_token_strs: bool = Field(default=False, strict=True)
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError('send either "prompt" (text) or "messages"')
+        return self
+
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def validation_message(exc: ValidationError) -> tuple[str, str | None]:
@@ -237,13 +429,43 @@ class RequestRules:
 
     async def parse(self, request: Request) -> ChatRequest:
         """The validated body of a chat-completion request; ApiError (4xx) for anything else."""
+        return self.validate(await self.read(request))
+
+    async def parse_tokenize(self, request: Request) -> TokenizeRequest:
+        """The validated body of a /tokenize request; ApiError (4xx) for anything else."""
+        body = self.model_body(await self.read(request), TokenizeRequest)
+        self.check_model(body.model)
+        return body
+
+    async def read(self, request: Request) -> bytes:
         content_type = request.headers.get("content-type")
         if not is_json_media_type(content_type):
             raise ApiError(415, f"Content-Type must be application/json, got {content_type[:80]!r}",
                            code="unsupported_media_type")
-        return self.validate(await read_body(request, self.limits.max_body_bytes))
+        return await read_body(request, self.limits.max_body_bytes)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"the model {model[:200]!r} does not exist (this server has "
+                           f"{self.model_name!r})", param="model", code="model_not_found")
 
     def validate(self, raw: bytes) -> ChatRequest:
+        body = self.model_body(raw, ChatRequest)
+        self.check_model(body.model)
+        refused = budget.over_limit(body.tree_budget, self.limits.max_tree_budget)
+        if refused is not None:
+            raise ApiError(400, refused, param="tree_budget")
+        max_tokens = body.requested_max_tokens()
+        max_context = self.max_context
+        if max_tokens and max_tokens >= max_context:
+            raise ApiError(400, f"max_tokens {max_tokens} exceeds the context length {max_context}"
+                           + ("" if max_context == self.context_length else " (serve --max-context)"),
+                           param="max_tokens")
+        return body
+
+    @staticmethod
+    def model_body(raw: bytes, model: type[Body]) -> Body:
+        """``raw`` as a ``model``: JSON, not too deep, valid Unicode, the schema's types."""
         try:
             data = json.loads(raw)
         except RecursionError:
@@ -259,22 +481,9 @@ class RequestRules:
             raise ApiError(400, f"{where}: contains a lone UTF-16 surrogate (not valid Unicode text)",
                            param=where)
         try:
-            body = ChatRequest.model_validate(data)
+            return model.model_validate(data)
         except ValidationError as exc:
             message, param = validation_message(exc)
             raise ApiError(400, message, param=param) from None
         except RecursionError:
             raise ApiError(400, f"invalid JSON body: nested deeper than {MAX_DEPTH} levels") from None
-        if body.model is not None and body.model != self.model_name:
-            raise ApiError(404, f"the model {body.model[:200]!r} does not exist (this server has "
-                           f"{self.model_name!r})", param="model", code="model_not_found")
-        refused = budget.over_limit(body.tree_budget, self.limits.max_tree_budget)
-        if refused is not None:
-            raise ApiError(400, refused, param="tree_budget")
-        max_tokens = body.requested_max_tokens()
-        max_context = self.max_context
-        if max_tokens and max_tokens >= max_context:
-            raise ApiError(400, f"max_tokens {max_tokens} exceeds the context length {max_context}"
-                           + ("" if max_context == self.context_length else " (serve --max-context)"),
-                           param="max_tokens")
-        return body

@@ -19,6 +19,7 @@ from fastapi import Request
 
 from ddtree_diag import budget
 from ddtree_diag.errors import DiagError
+from ddtree_diag.server import prompting
 from ddtree_diag.server.metrics import Metrics
 from ddtree_diag.server.schema import ApiError, ChatRequest, ServerLimits
 
@@ -26,12 +27,14 @@ DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client i
 
 
 class Job:
-    """One queued generation: its cancel flag, and whether the deadline is what stopped it."""
+    """One queued generation: its cancel flag, whether the deadline is what stopped it, and the
+    constraint its answer is decoded under (compiled before it was queued)."""
 
-    def __init__(self) -> None:
+    def __init__(self, constraint: Any = None) -> None:
         self.cancelled = threading.Event()
         self.timed_out = False
         self.tokens = 0  # committed so far (for the deadline's message)
+        self.constraint = constraint
 
 
 class EngineWorker:
@@ -56,8 +59,8 @@ class EngineWorker:
         if job.cancelled.is_set():
             return None  # the client left while queued
         engine, max_context = self.engine, self.max_context
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt_ids = engine.render_prompt(messages, body.thinking())
+        prompt_ids = prompting.render(engine.tokenizer, body.template_messages(), thinking=body.thinking(),
+                                      tools=body.template_tools())
         max_tokens = body.requested_max_tokens() or min(256, max(1, max_context - len(prompt_ids)))
         if len(prompt_ids) + max_tokens > max_context:
             raise DiagError(f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
@@ -74,6 +77,8 @@ class EngineWorker:
             return not job.cancelled.is_set()
 
         top = body.top_logprobs if body.logprobs else 0
+        # only when there is one: an unconstrained request calls the engine exactly as before
+        constrained = {"constraint": job.constraint} if job.constraint is not None else {}
         generation = engine.generate(
             prompt_ids=prompt_ids,
             tree_budget=budget.resolve(body.tree_budget, self.default_tree_budget),
@@ -83,12 +88,37 @@ class EngineWorker:
             stop=body.stop,
             top_logprobs=max(top or 0, 1 if body.logprobs else 0),
             on_token=on_token,
+            **constrained,
         )
         if generation.finish_reason == "cancelled" and not job.timed_out:
             self.metrics.count("cancelled")  # nobody is left to answer
         return generation
 
     # -- from the event loop -------------------------------------------------------------------
+
+    def constraint_for(self, body: ChatRequest) -> Any:
+        """The request's compiled constraint (None: free text); ApiError (400) naming what the
+        grammar cannot do. Compiled before queueing, so a streamed request is refused with a 400
+        rather than an error event."""
+        if not body.wants_constraint():
+            return None
+        tool_mode = body.tool_mode()
+        response_format = body.response_format.model_dump(by_alias=True, exclude_none=True) \
+            if body.response_format is not None and body.response_format.type != "text" else None
+        try:
+            from ddtree_diag.engine.grammar import GrammarError, compile_constraint
+        except ImportError as exc:  # llguidance (the engine extra) missing
+            raise ApiError(400, f"structured output is not available on this server: {exc}",
+                           param="response_format" if response_format else "tools") from None
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()] if tool_mode != "none" else None
+        choice = body.tool_choice
+        tool_choice = choice.model_dump() if hasattr(choice, "model_dump") else choice
+        try:
+            return compile_constraint(self.engine.tokenizer, response_format=response_format, tools=tools,
+                                      tool_choice=tool_choice if tools else None, thinking=body.thinking() is True)
+        except GrammarError as exc:
+            raise ApiError(400, str(exc), param=grammar_param(str(exc), response_format is not None,
+                                                              tool_mode)) from None
 
     async def complete(self, body: ChatRequest, job: Job, request: Request) -> Any:
         """The finished generation of a request that does not stream; ApiError when it failed,
@@ -141,3 +171,11 @@ class EngineWorker:
         if isinstance(exc, DiagError):  # e.g. prompt longer than the context: the client's doing
             return ApiError(400, str(exc))
         return ApiError(500, f"engine error: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+def grammar_param(message: str, has_format: bool, tool_mode: str) -> str:
+    """Which field a grammar refusal is about: the one its message names, else the one sent."""
+    for field in ("tool_choice", "tools", "response_format"):
+        if field in message:
+            return field
+    return "response_format" if has_format and tool_mode != "forced" else "tools"
