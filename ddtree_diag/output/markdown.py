@@ -14,12 +14,14 @@ from typing import Any
 from ddtree_diag.output.cells import (
     DASH,
     acceptance_cell,
+    context_rows,
     fmt,
     lossless_cell,
     output_text,
     quality_cell,
     rounds_cell,
     visible,
+    workload_cell,
 )
 from ddtree_diag.output.reportfile import append_output, write_output
 from ddtree_diag.records import GateResult, RunReport
@@ -97,14 +99,24 @@ def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
     lines.append("| case | tok | finish | rounds | accept | tok/s srv | tok/s cli | quality | lossless | output |")
     lines.append("|---|---:|---|---:|---:|---:|---:|---|---|---|")
     for r in results:
+        workload = workload_cell(r).text
         row = [
-            _cell(r.case_id), fmt(r.completion_tokens, "d"), _cell(r.finish_reason or DASH),
+            _cell(r.case_id + (f" ({workload})" if workload else "")), fmt(r.completion_tokens, "d"),
+            _cell(r.finish_reason or DASH),
             rounds_cell(r).text, acceptance_cell(r).text,
             fmt(r.spec.server_tokens_per_second, ".1f"), fmt(r.timings.decode_tokens_per_second, ".1f"),
             _cell(quality_cell(r).text), _cell(lossless_cell(r).text), _cell(visible(output_text(r), OUTPUT_CHARS)),
         ]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    rows = context_rows(report)
+    if rows:
+        lines += ["### By context length", "", "| context | cases | accept | TTFT | garbage |",
+                  "|---|---:|---:|---:|---:|"]
+        for row in rows:
+            ttft = DASH if row["ttft_s"] is None else f"{row['ttft_s'] * 1000:.0f}ms"
+            lines.append(f"| {row['label']} | {row['cases']} | {fmt(row['acceptance'])} | {ttft} | {row['garbage']} |")
+        lines.append("")
     if report.notes:
         lines.append("<details><summary>Notes</summary>")
         lines.append("")
