@@ -266,13 +266,15 @@ class StructuredCheck:
     kind: str
     passed: bool
     detail: str = ""
+    cut: bool = False  # the answer stopped at max_tokens (a failure may be the limit's, not the server's)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StructuredCheck:
-        return cls(str(data.get("kind", "")), bool(data.get("passed")), str(data.get("detail", "")))
+        return cls(str(data.get("kind", "")), bool(data.get("passed")), str(data.get("detail", "")),
+                   bool(data.get("cut")))
 
 
 # BaselineComparison.verdict values

@@ -120,7 +120,7 @@ def test_server_text_equals_in_process_engine(server, models):
             message = served["choices"][0]["message"]
             # thinking on: the server splits the text at </think>, which the tiny model never writes
             # (a special token, dropped from the text): it is all reasoning
-            text = message["reasoning_content"] + message["content"] if thinking else message["content"]
+            text = (message.get("reasoning_content") or "") + (message["content"] or "") if thinking else message["content"]
             assert text == local.text
             assert served["ddtree"]["acceptance_lengths"] == local.acceptance_lengths
 

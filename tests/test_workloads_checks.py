@@ -250,6 +250,10 @@ def test_structured_output_broken_is_judged_against_the_baseline():
     both = compared(answer('{"city": "Par', fmt=FORMAT), bad)
     assert ids(RunReport(results=[both]))["structured-output-broken"] == ["info"]
     assert ids(RunReport(results=[answer('{"city": "Par', fmt=FORMAT)]))["structured-output-broken"] == ["warning"]
+    cut = compared(answer('{"city": "Paris", "population": 1111', fmt=FORMAT, finish="length"),
+                   answer('{"city": "Paris", "population": 1111', fmt=FORMAT, finish="length"))
+    found = [f for f in findings.analyse(RunReport(results=[cut])) if f.id == "structured-output-broken"]
+    assert [f.severity for f in found] == ["info"] and "max_tokens" in found[0].title
     healthy = compared(answer('{"city": "Paris", "population": 2}', fmt=FORMAT), good)
     assert "structured-output-broken" not in ids(RunReport(results=[healthy]))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_diag.backends import TRANSPORT_IN_PROCESS, HttpTarget, Target
+from ddtree_diag.backends.dialects.base import tool_calls_of
 from ddtree_diag.errors import DiagError, UsageError
 from ddtree_diag.records import STATUS_ENGINE_ERROR, STATUS_TIMEOUT, ProbeCase, ProbeResult, SpecMetrics, Timings
 
@@ -100,8 +101,10 @@ class EngineBackend:
         extra = case.extra or {}
         deadline = None if self.timeout is None else time.perf_counter() + self.timeout
         try:
+            workload = self._workload(case)  # a grammar for JSON / tool calls, a prompt with tools
             gen = engine.generate(
                 messages=case.messages,
+                prompt_ids=workload.get("prompt_ids"),
                 enable_thinking=case.enable_thinking,
                 tree_budget=case.tree_budget,
                 temperature=case.temperature,
@@ -111,6 +114,7 @@ class EngineBackend:
                 top_logprobs=int(extra.get("top_logprobs", 0) or 0),
                 mode=str(extra.get("mode", "auto")),  # "auto" | "ar" | "chain" | "tree"
                 deadline=deadline,
+                **({"constraint": workload["constraint"]} if workload.get("constraint") is not None else {}),
             )
         except (DiagError, RuntimeError, ValueError, IndexError, TypeError) as exc:
             message = str(exc).strip().splitlines()
@@ -119,6 +123,15 @@ class EngineBackend:
                 case=case, status=STATUS_ENGINE_ERROR, error=f"{type(exc).__name__}: {line}", dialect="engine"
             )
         answer, reasoning = split_reasoning(gen.text)
+        tool_calls, finish = None, gen.finish_reason
+        if workload.get("tool_mode", "none") != "none":
+            # the reference server's reading of the same text: forced calls, or <tool_call> blocks
+            parser = workload["parser"]
+            message = parser.message(gen.text)
+            answer = message.get("content") or ""
+            reasoning = message.get("reasoning_content") or reasoning
+            tool_calls = tool_calls_of(message)  # the same OpenAI shape a server's answer has
+            finish = parser.finish_reason(gen.finish_reason)
         spec = SpecMetrics(
             decode_rounds=gen.decode_rounds,
             mean_acceptance_length=gen.mean_acceptance_length,
@@ -149,7 +162,8 @@ class EngineBackend:
             model=self.model or engine.info().get("model"),
             output=answer,
             reasoning=reasoning,
-            finish_reason=gen.finish_reason,
+            tool_calls=tool_calls,
+            finish_reason=finish,
             prompt_tokens=gen.prompt_tokens,
             completion_tokens=gen.completion_tokens,
             timings=timings,
@@ -162,6 +176,34 @@ class EngineBackend:
             result.error = (f"generation ran past {self.timeout:g} s (--timeout): stopped after "
                             f"{gen.completion_tokens} tokens, {gen.decode_rounds} decode rounds")
         return result
+
+    def _workload(self, case: ProbeCase) -> dict[str, Any]:
+        """What a structured case needs beyond the messages, as the reference server does it: the
+        grammar (JSON, a schema, a forced tool call), the prompt rendered with the tools, and the
+        parser that reads tool calls out of the text. {} for a plain case."""
+        fmt = case.response_format if (case.response_format or {}).get("type") not in (None, "text") else None
+        tools = case.tools if case.tools and case.tool_choice != "none" else None
+        if fmt is None and tools is None:
+            return {}
+        from ddtree_diag.engine.grammar import compile_constraint
+        from ddtree_diag.server import prompting
+        from ddtree_diag.server.parsing import AnswerParser
+
+        engine = self.load()
+        thinking = case.enable_thinking is True
+        constraint = compile_constraint(engine.tokenizer, response_format=fmt, tools=tools,
+                                        tool_choice=case.tool_choice if tools else None, thinking=thinking)
+        tool_mode = "none" if tools is None else ("auto" if case.tool_choice in (None, "auto") else "forced")
+        named = (case.tool_choice.get("function") or {}).get("name") if isinstance(case.tool_choice, dict) else None
+        parser = AnswerParser(thinking=thinking and prompting.template_thinks(engine.tokenizer), tool_mode=tool_mode,
+                              tool_names=[t["function"]["name"] for t in tools or ()], named=named)
+        return {
+            "constraint": constraint,
+            "prompt_ids": prompting.render(engine.tokenizer, case.messages, thinking=case.enable_thinking, tools=tools)
+            if tools else None,
+            "tool_mode": tool_mode,
+            "parser": parser,
+        }
 
     def target_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {

@@ -152,7 +152,7 @@ def check(result: ProbeResult) -> StructuredCheck | None:
     kind = expected_kind(case)
     if kind is None or not result.ok:
         return None
-    cut = " (cut at max_tokens)" if (result.finish_reason or "").lower() == "length" else ""
+    cut = (result.finish_reason or "").lower() == "length"
     if kind == "tool_call":
         problem = tool_call_problem(case, result)
         if problem is None and not result.tool_calls:
@@ -161,7 +161,7 @@ def check(result: ProbeResult) -> StructuredCheck | None:
         problem = json_problem(result.output, case.response_format or {})
     if problem is None:
         return StructuredCheck(kind, True, "valid")
-    return StructuredCheck(kind, False, problem + cut)
+    return StructuredCheck(kind, False, problem + (" (cut at max_tokens)" if cut else ""), cut=cut)
 
 
 def json_problem(text: str, fmt: dict[str, Any]) -> str | None:

@@ -162,13 +162,15 @@ def structured_output_broken(report: RunReport) -> list[Finding]:
     failed = [r for r in report.ok_results if r.structured is not None and not r.structured.passed]
     if not failed:
         return []
-    only_speculative, both, unknown = [], [], []
+    only_speculative, both, both_cut, unknown = [], [], [], []
     for result in failed:
         base = result.baseline.baseline_structured if result.baseline is not None else None
         if base is None:
             unknown.append(result)
         elif base.get("passed"):
             only_speculative.append(result)
+        elif result.structured.cut and base.get("cut"):  # type: ignore[union-attr]
+            both_cut.append(result)
         else:
             both.append(result)
     checked = [r for r in report.ok_results if r.structured is not None]
@@ -200,6 +202,15 @@ def structured_output_broken(report: RunReport) -> list[Finding]:
             "backend (vLLM --guided-decoding-backend / --structured-outputs-config, SGLang "
             "--grammar-backend, llama.cpp --jinja for tools) or send the grammar it expects.",
             [r.case_id for r in both], severity="info",
+        ))
+    if both_cut:
+        out.append(STRUCTURED_OUTPUT_BROKEN.found(
+            "Structured answers cut at max_tokens (with or without speculation)",
+            f"{len(both_cut)} structured answers stopped at max_tokens before they were complete, in the "
+            "baseline too: " + _problems(both_cut),
+            "Not a speculation fault: raise max_tokens for these prompts, or bound the schema (maxLength, "
+            "maximum, maxItems) so a small model cannot run on inside a value.",
+            [r.case_id for r in both_cut], severity="info",
         ))
     return out
 

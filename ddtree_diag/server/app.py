@@ -177,7 +177,7 @@ def create_app(
 
     async def stream_events(body: ChatRequest, job: Job, completion_id: str, started: float) -> AsyncIterator[str]:
         chunks = responses.Chunks(completion_id, model_name)
-        parser = responses.answer_parser(body)
+        parser = responses.answer_parser(body, engine.tokenizer)
         events = worker.start_streaming(body, job)
         try:
             yield chunks.role()

@@ -65,3 +65,21 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], *, thinking: bool | N
     """The prompt's token ids (no special tokens added: the template has them)."""
     text = render_text(tokenizer, messages, thinking=thinking, tools=tools, add_generation_prompt=add_generation_prompt)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+_THINKS: dict[int, bool] = {}
+
+
+def template_thinks(tokenizer: Any) -> bool:
+    """Whether the chat template honours ``enable_thinking`` (renders differently with it on and
+    off). One that ignores it (SmolLM2's, a plain transcript) never opens a think block, so its
+    answer is all content: splitting it at a ``</think>`` that never comes would make it all
+    reasoning."""
+    key = id(tokenizer)
+    if key not in _THINKS:
+        probe = [{"role": "user", "content": "Hi"}]
+        try:
+            _THINKS[key] = render_text(tokenizer, probe, thinking=True) != render_text(tokenizer, probe, thinking=False)
+        except UsageError:
+            _THINKS[key] = False
+    return _THINKS[key]

@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any
 
+from ddtree_diag.server import prompting
 from ddtree_diag.server.parsing import AnswerParser
 
 
@@ -77,16 +78,17 @@ def _logprobs(body: Any, generation: Any, tokenizer: Any) -> dict[str, Any]:
     return {"content": logprobs_content(tokenizer, generation, body.top_logprobs or 0)}
 
 
-def answer_parser(body: Any) -> AnswerParser:
-    """How this request's text is read: reasoning split off when thinking is on, tool calls
-    when it has tools (see ``parsing``)."""
-    return AnswerParser(thinking=body.thinking() is True, tool_mode=body.tool_mode(),
+def answer_parser(body: Any, tokenizer: Any) -> AnswerParser:
+    """How this request's text is read: reasoning split off when thinking is on and the chat
+    template thinks, tool calls when it has tools (see ``parsing``)."""
+    thinking = body.thinking() is True and prompting.template_thinks(tokenizer)
+    return AnswerParser(thinking=thinking, tool_mode=body.tool_mode(),
                         tool_names=[tool.function.name for tool in body.tools or ()], named=body.named_tool())
 
 
 def completion(completion_id: str, model_name: str, body: Any, generation: Any, tokenizer: Any) -> dict[str, Any]:
     """The whole ``chat.completion`` body for a request that did not stream."""
-    parser = answer_parser(body)
+    parser = answer_parser(body, tokenizer)
     message: dict[str, Any] = {"role": "assistant", **parser.message(generation.text)}
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
                               "finish_reason": parser.finish_reason(generation.finish_reason)}
