@@ -10,6 +10,21 @@ Fault flags (``--lossy``, ``--flaky-text``, ``--tie-gap``, ``--rounds-mismatch``
 ``--server-tps``, ``--seconds-per-token``) each make one kind of problem real, so the gate, the
 lossless check and the findings are tested against a server that really has it.
 
+Workloads (OpenAI shapes): ``response_format`` json_object / json_schema is answered with valid JSON
+(a minimal instance of the schema), ``tools`` (tool_choice auto, required or named) with
+``tool_calls`` (streamed as ``delta.tool_calls`` pieces by index); ``usage.prompt_tokens`` counts
+the prompt's words (plus a few template tokens a message), ``POST /tokenize`` (vllm and ddtree
+dialects, vLLM's shape) counts the same way, ``/v1/models`` lists ``max_model_len``; a prompt seen
+before is a prefix-cache hit (``usage.prompt_tokens_details.cached_tokens``; llamacpp:
+``timings.cache_n``). ``--reasoning`` separates reasoning (``reasoning_content``) in every
+dialect (vllm and sglang always do). Workload faults, each "with speculation" meaning a tree
+budget other than 0 (always, for dialects without a per-request budget: their baseline is a
+second stand-in without the flag): ``--structured-broken`` (JSON cut, tool arguments not JSON),
+``--no-enforce`` (JSON in a Markdown fence, tool calls as markup in the content, with or without
+speculation), ``--reasoning-in-content`` (``<think>…</think>answer`` in the content),
+``--context-collapse`` (acceptance 1.0 past LONG_PROMPT_WORDS words), ``--cache-lost`` (no cache
+hit), ``--cache-changes-output`` (a cache hit answers CACHED_ANSWER, with or without speculation).
+
 Run: python tests/support/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
 """
 
@@ -21,6 +36,7 @@ import json
 import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ANSWER = "Hello! It is nice to meet you."
@@ -29,6 +45,14 @@ LOSSY_ANSWER = "Hello! It is good to meet you."
 # The story's thinking-on output (shared/DESIGN.md): garbage from a broken server.
 STORY_GARBAGE = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. 年 1 1. 三角形\n1."
 REASONING = "The user wants a greeting."
+# What a prefix-cache hit says under --cache-changes-output (state leaking through the cache).
+CACHED_ANSWER = "Hello again! It is nice to see you."
+LONG_PROMPT_WORDS = 1000  # --context-collapse: acceptance collapses past this many prompt words
+# A chat template's tokens around each message and the assistant's opening (usage and /tokenize).
+TEMPLATE_TOKENS_PER_MESSAGE = 3
+TEMPLATE_TOKENS_REPLY = 3
+MAX_MODEL_LEN = 32768
+BUDGET_DIALECTS = ("ddtree", "ddtree-mlx", "llamacpp")  # a per-request budget; 0 = no speculation
 SECONDS_PER_TOKEN = 0.002  # the stand-in "decodes" at ~500 tok/s, and reports what it measured
 
 
@@ -59,6 +83,111 @@ class State:
     seconds_per_token = SECONDS_PER_TOKEN  # a slow server: decode takes this long per token
     first_token_delay = 0.0  # a slow prefill: this long before anything is sent
     seen: dict[str, int] = {}  # noqa: RUF012 - times each request body was seen
+    # Workloads
+    max_model_len = MAX_MODEL_LEN
+    reasoning = False  # separate reasoning (reasoning_content) in every dialect, not only vllm/sglang
+    structured_broken = False  # with speculation: JSON cut short, tool-call arguments not JSON
+    no_enforce = False  # JSON in a Markdown fence, tool calls as markup in the content (always)
+    reasoning_in_content = False  # thinking on, with speculation: <think>…</think> in the content
+    context_collapse = False  # with speculation: acceptance 1.0 past LONG_PROMPT_WORDS prompt words
+    cache_lost = False  # with speculation: no prefix-cache hit
+    cache_changes_output = False  # a prefix-cache hit answers CACHED_ANSWER
+    cache_seen: set[str] = set()  # noqa: RUF012 - prompts in the "prefix cache"
+    tokenize_requests: list[dict] = []  # noqa: RUF012 - what /tokenize was asked
+
+
+def budget_of(body: dict):
+    """The per-request budget a dialect sends: tree_budget, or llama.cpp's speculative.n_max."""
+    return body["tree_budget"] if "tree_budget" in body else body.get("speculative.n_max")
+
+
+def speculating(body: dict) -> bool:
+    """Whether this request is decoded with speculation: a budget other than 0 where the dialect
+    takes one per request; always where it does not (its baseline is another process)."""
+    return State.dialect not in BUDGET_DIALECTS or budget_of(body) != 0
+
+
+def content_text(content) -> str:
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
+def prompt_words(messages) -> int:
+    return sum(len(content_text(m.get("content")).split()) for m in messages or [] if isinstance(m, dict))
+
+
+def prompt_count(messages) -> int:
+    """The prompt's 'tokens': its words plus the template's (12 for one short user message)."""
+    messages = [m for m in messages or [] if isinstance(m, dict)]
+    return prompt_words(messages) + TEMPLATE_TOKENS_PER_MESSAGE * len(messages) + TEMPLATE_TOKENS_REPLY
+
+
+def instance_of(schema, depth: int = 0):
+    """A minimal instance valid against a (simple) JSON Schema: enum/const first, then by type."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return instance_of(schema[key][0], depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "string"
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        value = {name: instance_of(sub, depth + 1) for name, sub in properties.items()}
+        for name in schema.get("required") or []:
+            value.setdefault(name, "text")
+        return value
+    if kind == "array":
+        count = 0 if schema.get("maxItems") == 0 else max(1, schema.get("minItems", 0))
+        return [instance_of(schema.get("items") or {"type": "string"}, depth + 1) for _ in range(count)]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum", 0) + 1 if "exclusiveMinimum" in schema else 1)
+        value = min(low, schema.get("maximum", low))
+        return int(value) if kind == "integer" else float(value)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    text = "text" * max(1, -(-schema.get("minLength", 0) // 4))
+    return text[: schema.get("maxLength", len(text))]
+
+
+def structured_answer(body: dict, text: str) -> tuple[str | None, dict | None]:
+    """(content, tool call) for a request with tools or a JSON response_format; (text, None)
+    otherwise. The faults break them here."""
+    tools = [t.get("function", t) for t in body.get("tools") or [] if isinstance(t, dict)]
+    choice = body.get("tool_choice")
+    if tools and choice != "none":
+        named = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+        tool = next((t for t in tools if t.get("name") == named), tools[0])
+        arguments = json.dumps(instance_of(tool.get("parameters") or {"type": "object"}))
+        if State.no_enforce:  # the model's own markup, no tool parser
+            call = json.dumps({"name": tool.get("name"), "arguments": json.loads(arguments)})
+            return f"<tool_call>\n{call}\n</tool_call>", None
+        if State.structured_broken and speculating(body):
+            arguments = arguments[:-1]  # the closing brace never came
+        return None, {"name": tool.get("name"), "arguments": arguments}
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") not in ("json_object", "json_schema"):
+        return text, None
+    if fmt["type"] == "json_schema":
+        value = instance_of((fmt.get("json_schema") or {}).get("schema") or {"type": "object"})
+    else:
+        value = {"answer": text}
+    answer = json.dumps(value)
+    if State.no_enforce:
+        return f"```json\n{answer}\n```", None
+    if State.structured_broken and speculating(body):
+        return answer[:-1], None  # cut before the closing brace
+    return answer, None
 
 
 def tokens_of(text: str) -> list[str]:
@@ -84,9 +213,11 @@ def rounds_for(n: int, body: dict, thinking) -> int | None:
     """Round counts for the fault modes (None = the default plausible run)."""
     if n <= 1:
         return None
-    budget = body.get("tree_budget")
+    budget = budget_of(body)
     if budget == 0:
         return n  # plain autoregressive: one token per round
+    if State.context_collapse and prompt_words(body.get("messages")) > LONG_PROMPT_WORDS:
+        return n  # the draft helps nothing at long context
     if State.loop:
         return max(1, -(-n // 8))
     if thinking and State.thinking_garbage:
@@ -105,7 +236,8 @@ def rounds_for(n: int, body: dict, thinking) -> int | None:
     return None
 
 
-def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | None = None) -> dict:
+def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | None = None, *,
+               prompt_n: int = 12, cached: int = 0) -> dict:
     spec = spec_numbers(n, rounds_for(n, body, thinking))
     tps = State.server_tps if State.server_tps is not None else tps
     if dialect == "ddtree":
@@ -130,9 +262,9 @@ def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | Non
             "spec_verify_ct": spec["rounds"], "spec_num_correct_drafts": spec["accepted"],
             "spec_num_proposed_drafts": spec["drafts"]}}}
     if dialect == "llamacpp":
-        return {"timings": {"prompt_n": 12, "prompt_ms": 5.0, "predicted_n": n, "predicted_ms": 100.0,
-                            "predicted_per_second": tps, "draft_n": spec["drafts"],
-                            "draft_n_accepted": spec["accepted"]}}
+        return {"timings": {"prompt_n": prompt_n - cached, "cache_n": cached, "prompt_ms": 5.0,
+                            "predicted_n": n, "predicted_ms": 100.0, "predicted_per_second": tps,
+                            "draft_n": spec["drafts"], "draft_n_accepted": spec["accepted"]}}
     return {}
 
 
@@ -183,11 +315,18 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/models":
             owner = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp"}.get(State.dialect, "standin")
-            self._json(200, {"object": "list",
-                             "data": [{"id": "standin-model", "object": "model", "owned_by": owner}]})
+            entry = {"id": "standin-model", "object": "model", "owned_by": owner}
+            if State.dialect in ("vllm", "sglang", "ddtree"):
+                entry["max_model_len"] = State.max_model_len
+            self._json(200, {"object": "list", "data": [entry]})
+        elif self.path == "/props" and State.dialect == "llamacpp":
+            self._json(200, {"default_generation_settings": {"n_ctx": State.max_model_len}})
         elif self.path == "/_requests":  # test hook: what the probe sent
             with State.lock:
                 self._json(200, State.requests)
+        elif self.path == "/_tokenize":  # test hook: what /tokenize was asked
+            with State.lock:
+                self._json(200, State.tokenize_requests)
         elif self.path == "/metrics" and State.metrics_endpoint and State.dialect in ("vllm", "llamacpp"):
             prefix = "vllm:" if State.dialect == "vllm" else "llamacpp:"
             lines = []
@@ -210,12 +349,29 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": {"message": "not found", "type": "not_found"}})
 
+    def _tokenize(self, body: dict) -> None:
+        """vLLM's /tokenize: a chat (``messages``, the template's tokens counted like usage's) or a
+        text (``prompt``) -> {"count", "max_model_len", "tokens"}."""
+        with State.lock:
+            State.tokenize_requests.append(body)
+        if isinstance(body.get("messages"), list):
+            count = prompt_count(body["messages"])
+        elif isinstance(body.get("prompt"), str):
+            count = len(body["prompt"].split())
+        else:
+            self._json(400, {"error": {"message": "messages or prompt required", "type": "BadRequestError"}})
+            return
+        self._json(200, {"count": count, "max_model_len": State.max_model_len, "tokens": list(range(count))})
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             self._json(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
+            return
+        if self.path == "/tokenize" and State.dialect in ("vllm", "ddtree"):
+            self._tokenize(body)
             return
         if self.path != "/v1/chat/completions":
             self._json(404, {"error": {"message": "not found"}})
@@ -228,7 +384,8 @@ class Handler(BaseHTTPRequestHandler):
                                        "type": "NotFoundError"}})
             return
         if State.strict:
-            known = {"model", "messages", "max_tokens", "temperature", "stream"}
+            known = {"model", "messages", "max_tokens", "temperature", "stream", "response_format", "tools",
+                     "tool_choice"}
             unknown = sorted(set(body) - known)
             if unknown:
                 self._json(400, {"error": {"message": f"Unrecognized request argument supplied: {unknown[0]}",
@@ -256,28 +413,51 @@ class Handler(BaseHTTPRequestHandler):
         if thinking is None:
             kwargs = body.get("chat_template_kwargs") or body.get("chat_template_args") or {}
             thinking = kwargs.get("enable_thinking")
-        reasoning = REASONING if thinking and State.dialect in ("vllm", "sglang") else None
+        separated = State.dialect in ("vllm", "sglang") or State.reasoning or State.reasoning_in_content
+        reasoning = REASONING if thinking and separated else None
         max_tokens = int(body.get("max_tokens") or 16)
+        # The prefix cache: a prompt (with its thinking mode) seen before is served from it.
+        messages = body.get("messages")
+        prompt_n = prompt_count(messages)
+        key = json.dumps([messages, thinking], sort_keys=True)
+        with State.lock:
+            hit = key in State.cache_seen
+            State.cache_seen.add(key)
+        cached = prompt_n if hit and not (State.cache_lost and speculating(body)) else 0
         text = answer_for(body, thinking)
-        toks = tokens_of(text)
-        if State.loop and max_tokens > 1:
+        if hit and State.cache_changes_output:
+            text = CACHED_ANSWER
+        text, call = structured_answer(body, text)
+        if call is not None:
+            text = ""
+            call["id"] = f"call_{zlib.crc32(key.encode()):08x}"
+        elif thinking and State.reasoning_in_content and speculating(body):
+            text = f"<think>{REASONING}</think>{text}"  # the reasoning parser skipped
+            reasoning = None
+        toks = tokens_of(call["arguments"] if call is not None else text)
+        if State.loop and max_tokens > 1 and call is None:
             toks = ["the "] * max_tokens
-        finish = "stop"
+        finish = "tool_calls" if call is not None else "stop"
         if len(toks) > max_tokens:
             toks = toks[:max_tokens]
-            finish = "length"
+            finish = "length" if call is None else finish
         if State.dialect == "ddtree-mlx":
             finish = "stop"  # it always says stop
         n = len(toks)
         started = time.perf_counter()
         time.sleep(State.seconds_per_token * n)  # "decode", so the server's tok/s is a real measurement
         tps = round(n / (time.perf_counter() - started), 1)
-        extras = extras_for(State.dialect, n, body, thinking, tps)
-        usage = {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n}
-        logprobs = logprobs_for(toks, text) if body.get("logprobs") else None
+        extras = extras_for(State.dialect, n, body, thinking, tps, prompt_n=prompt_n, cached=cached)
+        usage = {"prompt_tokens": prompt_n, "completion_tokens": n, "total_tokens": prompt_n + n}
+        if State.dialect != "llamacpp":  # llama.cpp: timings.cache_n
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        logprobs = logprobs_for(toks, text) if body.get("logprobs") and call is None else None
         stream = body.get("stream") and State.dialect != "ddtree-mlx"  # ddtree-mlx ignores stream
         if not stream:
-            message = {"role": "assistant", "content": "".join(toks)}
+            message = {"role": "assistant", "content": "".join(toks) if call is None else None}
+            if call is not None:
+                message["tool_calls"] = [{"id": call["id"], "type": "function",
+                                          "function": {"name": call["name"], "arguments": call["arguments"]}}]
             if reasoning:
                 message["reasoning_content"] = reasoning
             choice = {"index": 0, "message": message, "finish_reason": finish}
@@ -305,6 +485,16 @@ class Handler(BaseHTTPRequestHandler):
         send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         if reasoning:
             send({**base, "choices": [{"index": 0, "delta": {"reasoning_content": reasoning}}]})
+        if call is not None:
+            # OpenAI: the call's id, type and name first, then its arguments in pieces, by index
+            send({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": call["id"], "type": "function",
+                 "function": {"name": call["name"], "arguments": ""}}]}}]})
+            for tok in toks:
+                send({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": 0, "function": {"arguments": tok}}]}}]})
+                time.sleep(State.seconds_per_token)
+            toks = []
         for i, tok in enumerate(toks):
             choice = {"index": 0, "delta": {"content": tok}}
             if logprobs is not None:
@@ -360,10 +550,21 @@ def main() -> None:
     parser.add_argument("--server-tps", type=float, default=None)
     parser.add_argument("--seconds-per-token", type=float, default=SECONDS_PER_TOKEN)
     parser.add_argument("--first-token-delay", type=float, default=0.0)  # a slow prefill, in seconds
+    # Workloads (see the module docstring)
+    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
+    parser.add_argument("--reasoning", action="store_true")
+    parser.add_argument("--structured-broken", action="store_true")
+    parser.add_argument("--no-enforce", action="store_true")
+    parser.add_argument("--reasoning-in-content", action="store_true")
+    parser.add_argument("--context-collapse", action="store_true")
+    parser.add_argument("--cache-lost", action="store_true")
+    parser.add_argument("--cache-changes-output", action="store_true")
     args = parser.parse_args()
     for name in ("answer", "lossy", "flaky_text", "tie_gap", "rounds_mismatch", "acceptance_decay",
                  "thinking_garbage", "thinking_low_acceptance", "early_stop", "loop", "inverse_budget",
-                 "server_tps", "seconds_per_token", "first_token_delay"):
+                 "server_tps", "seconds_per_token", "first_token_delay", "max_model_len", "reasoning",
+                 "structured_broken", "no_enforce", "reasoning_in_content", "context_collapse", "cache_lost",
+                 "cache_changes_output"):
         setattr(State, name, getattr(args, name))
     State.dialect = args.dialect
     State.per_request_metrics = not args.no_per_request_metrics
