@@ -5,6 +5,8 @@ dependencies, installed with ``pip install --target`` for Python 3.10 as pure wh
 modules cannot be imported from a zip (and would tie the file to one platform), so:
 - ``regex`` (a core dependency, compiled) is left out: the quality module must fall back to the
   standard library when it is missing;
+- ``jsonschema`` is left out too (it needs ``rpds-py``, compiled): structured answers are still
+  checked as JSON and tool calls by name, and the report says their schemas were not validated;
 - typer is pinned below 0.26: later releases vendor click (cli.py imports click itself) and from
   0.29 need pydantic, whose core is compiled;
 - any other extension module that sneaks in fails the build, naming it.
@@ -48,7 +50,7 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parent.parent
 PYGMENTS_LEXERS_KEPT = {"__init__.py", "_mapping.py", "python.py", "special.py"}  # see the docstring
-COMPILED = {"regex"}  # core dependencies that are extension modules: not vendored
+COMPILED = {"regex", "jsonschema"}  # core dependencies that are (or need) extension modules: not vendored
 PINS = ["typer>=0.12,<0.26", "click>=8.1"]  # see the module docstring
 TARGET_PYTHON = "3.10"  # the oldest Python the tool supports: pulls tomli, exceptiongroup...
 EXTENSION_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")

@@ -49,9 +49,11 @@ MAX_BYTES = 6 * 1024 * 1024  # sources ~4 MB, plus bytecode of the modules the t
 def test_pyz_leaves_out_engine_only_data_and_stays_small(pyz):
     names = zipfile.ZipFile(pyz).namelist()
     engine_only = [n for n in names if n.startswith(("ddtree_diag/data/", "ddtree_diag/training/"))
-                   and not n.startswith("ddtree_diag/data/lexicon/") and not n.endswith("/")]
+                   and not n.startswith(("ddtree_diag/data/lexicon/", "ddtree_diag/data/filler/"))
+                   and not n.endswith("/")]
     assert not engine_only
     assert "ddtree_diag/data/lexicon/index.json" in names, "the quality check's word lists travel with it"
+    assert "ddtree_diag/data/filler/en.json" in names, "so do the long-context filler's"
     assert not [n for n in names if n.endswith((".safetensors", ".bin", ".gguf"))], "no weights"
     assert pyz.stat().st_size <= MAX_BYTES, f"{pyz.stat().st_size / 1e6:.1f} MB"
 
@@ -152,3 +154,24 @@ def test_pyz_on_the_oldest_supported_python(pyz, target):
     result = run_pyz(pyz, "probe", "--url", target, "--json", "-", *SMALL, python=str(oldest[0]))
     assert result.returncode == 0, result.stderr
     assert all(r["status"] == "ok" for r in json.loads(result.stdout)["results"])
+
+
+def test_pyz_runs_the_workloads_matrix_without_jsonschema(pyz, tmp_path):
+    """The single file has no jsonschema (it needs a compiled extension) but ships the filler's word
+    lists: JSON answers are still parsed, tool calls matched by name, long prompts filled."""
+    from tests.support.processes import start_standin
+
+    server = start_standin("--dialect", "ddtree")
+    try:
+        result = run_pyz(pyz, "probe", "--url", server.url, "--matrix", "workloads", "--thinking", "off",
+                         "--fill", "0,1000", "--json", "-")
+    finally:
+        server.process.kill()
+        server.process.wait()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    checked = {r["case"]["prompt_id"]: r["structured"] for r in report["results"] if r["structured"]}
+    assert checked["city_json"]["passed"] and checked["weather_tool"]["passed"], checked
+    assert "schema not validated" in checked["city_json"]["detail"]
+    filled = [r["case"]["fill"] for r in report["results"] if r["case"]["context_tokens"] == 1000]
+    assert filled and all(f["language"] == "en" and 900 <= f["tokens"] <= 1000 for f in filled)

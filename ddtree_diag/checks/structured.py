@@ -7,7 +7,8 @@ the speculative answer's check with the baseline's (a server that enforces struc
 speculation is the bug; one that never enforces it is a configuration fact).
 
 jsonschema is imported on first use: most runs never validate a schema, and the remote path
-must start fast.
+must start fast. The single-file build has no jsonschema (it needs a compiled extension): there,
+answers are still parsed as JSON and tool calls matched by name, and schemas go unvalidated.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
     """A JSON Schema that jsonschema accepts as one (its own metaschema), or a UsageError."""
     if not isinstance(schema, dict):
         raise UsageError(f"{where} must be a JSON Schema object (a table), got {type(schema).__name__}")
-    from jsonschema import SchemaError
-    from jsonschema.validators import validator_for
+    try:
+        from jsonschema import SchemaError
+        from jsonschema.validators import validator_for
+    except ImportError:  # the single-file build has no jsonschema (compiled deps): the server checks it
+        return schema
 
     try:
         validator_for(schema).check_schema(schema)
@@ -160,8 +164,17 @@ def check(result: ProbeResult) -> StructuredCheck | None:
     else:
         problem = json_problem(result.output, case.response_format or {})
     if problem is None:
-        return StructuredCheck(kind, True, "valid")
+        unvalidated = kind != "json_object" and not can_validate()
+        return StructuredCheck(kind, True, "valid JSON; schema not validated (no jsonschema in this build)"
+                               if unvalidated else "valid")
     return StructuredCheck(kind, False, problem + (" (cut at max_tokens)" if cut else ""), cut=cut)
+
+
+def can_validate() -> bool:
+    """Whether schemas can be validated here (jsonschema is installed)."""
+    from importlib.util import find_spec
+
+    return find_spec("jsonschema") is not None
 
 
 def json_problem(text: str, fmt: dict[str, Any]) -> str | None:
@@ -185,8 +198,11 @@ def json_problem(text: str, fmt: dict[str, Any]) -> str | None:
 
 
 def schema_problem(value: Any, schema: dict[str, Any]) -> str | None:
-    """The first way ``value`` breaks ``schema`` (None: it is valid)."""
-    from jsonschema.validators import validator_for
+    """The first way ``value`` breaks ``schema`` (None: it is valid, or cannot be validated here)."""
+    try:
+        from jsonschema.validators import validator_for
+    except ImportError:  # the single-file build: JSON and tool names are still checked
+        return None
 
     validator = validator_for(schema)(schema)
     error = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.path))), None)
