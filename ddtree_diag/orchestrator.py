@@ -23,6 +23,8 @@ from typing import Any
 from ddtree_diag import __version__
 from ddtree_diag.backends import Backend, EngineTarget, HttpTarget, Target, make_backend
 from ddtree_diag.checks import findings, gate, lossless
+from ddtree_diag.checks.against import KnownGood
+from ddtree_diag.checks.against import notes as against_notes
 from ddtree_diag.errors import (
     EXIT_CHECK_FAILED,
     EXIT_INTERRUPTED,
@@ -162,11 +164,14 @@ def execute(
     return report
 
 
-def judge(report: RunReport, gate_config: gate.GateConfig | None) -> None:
-    """Findings over the whole run, then the gate's thresholds (which may read the findings)."""
+def judge(report: RunReport, gate_config: gate.GateConfig | None, against: KnownGood | None = None) -> None:
+    """Findings over the whole run, then the gate's thresholds (which may read the findings) and,
+    with a known-good run (``gate --against``), the regression checks against it."""
     findings.analyse(report)
     if gate_config is not None:
-        report.gate = gate.evaluate(report, gate_config)
+        if against is not None:
+            report.notes.extend(note for note in against_notes(report, against) if note not in report.notes)
+        report.gate = gate.evaluate(report, gate_config, against)
 
 
 def record_stop(report: RunReport, exc: BaseException) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The gate step of action.yml. Inputs come as environment variables (never pasted into a script):
 #   DDTREE_DIAG_URL, DDTREE_DIAG_API_KEY (read by ddtree-diag itself), INPUT_MATRIX,
-#   INPUT_BASELINE, INPUT_ARGS (extra flags, split like a shell by Python's shlex), INPUT_OUTPUT_DIR.
+#   INPUT_BASELINE, INPUT_AGAINST, INPUT_ARGS (extra flags, split like a shell by Python's shlex),
+#   INPUT_OUTPUT_DIR.
 # Writes junit.xml, report.html, report.json and summary.md into the output folder; the gate
 # appends the summary to $GITHUB_STEP_SUMMARY itself. Records the gate's exit code in
 # $GITHUB_OUTPUT (exit-code=N) and exits 0, so the reports are uploaded before the job fails.
@@ -13,6 +14,9 @@ args=(gate "${INPUT_MATRIX:-gate}" --junit "$out/junit.xml" --html "$out/report.
       --json "$out/report.json" --summary "$out/summary.md")
 if [ -n "${INPUT_BASELINE:-}" ]; then
     args+=(--baseline "$INPUT_BASELINE")
+fi
+if [ -n "${INPUT_AGAINST:-}" ]; then
+    args+=(--against "$INPUT_AGAINST")
 fi
 extra=()
 if [ -n "${INPUT_ARGS:-}" ]; then

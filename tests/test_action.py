@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.gatekit import write_matrix
 from tests.support.processes import ROOT
+from tests.support.timing import AGAINST_SELF_TPS_TOLERANCE
 
 yaml = pytest.importorskip("yaml")
 
@@ -29,7 +30,8 @@ def test_action_is_a_composite_with_the_documented_inputs(action):
     assert action["runs"]["using"] == "composite"
     inputs = action["inputs"]
     assert inputs["url"]["required"] is True
-    assert {"url", "matrix", "baseline", "api-key"} <= set(inputs)
+    assert {"url", "matrix", "baseline", "against", "api-key"} <= set(inputs)
+    assert inputs["against"]["required"] is False and inputs["against"]["default"] == ""
     steps = action["runs"]["steps"]
     install = next(s for s in steps if "pip install" in s.get("run", ""))
     assert "$GITHUB_ACTION_PATH" in install["run"]  # installs the action's own checkout
@@ -39,6 +41,7 @@ def test_action_is_a_composite_with_the_documented_inputs(action):
         assert name in upload["with"]["path"]
     gate = next(s for s in steps if s.get("id") == "gate")
     assert gate["env"]["DDTREE_DIAG_API_KEY"] == "${{ inputs.api-key }}"
+    assert gate["env"]["INPUT_AGAINST"] == "${{ inputs.against }}"
     assert steps[-1]["env"]["GATE_EXIT"] == "${{ steps.gate.outputs.exit-code }}"
     # inputs reach the shell through the environment only (no script injection)
     for step in steps:
@@ -90,6 +93,25 @@ def test_gate_step_records_a_failed_gate_and_still_exits_0(standin, tmp_path):
                                                 output_dir="reports")
     assert code == 0 and outputs == {"exit-code": "1"}  # the action's last step fails the job with it
     assert (tmp_path / "reports" / "junit.xml").is_file() and "❌ failed" in summary
+
+
+def test_gate_step_passes_the_against_input(standin, tmp_path):
+    server = standin("--dialect", "ddtree")
+    # a wide tok/s tolerance: the second run may be slower on a loaded machine
+    gate = f"[gate]\nmax_garbage = 0\nagainst_tps_tolerance = {AGAINST_SELF_TPS_TOLERANCE}\n"
+    matrix = write_matrix(tmp_path, extra=gate)
+    code, outputs, _, out = run_gate_step(tmp_path, server.url, matrix=str(matrix), args="--max-tokens 16")
+    assert code == 0 and outputs == {"exit-code": "0"}
+    known = tmp_path / "known-good.json"
+    (out / "report.json").rename(known)
+    code, outputs, summary, out = run_gate_step(tmp_path, server.url, matrix=str(matrix), against=str(known),
+                                                args="--max-tokens 16")
+    assert outputs == {"exit-code": "0"}, summary
+    checks = json.loads((out / "report.json").read_text())["gate"]["checks"]
+    assert {"against_cases", "against_text"} <= {c["name"] for c in checks}
+    assert "against_text" in summary
+    missing = run_gate_step(tmp_path, server.url, matrix=str(matrix), against=str(tmp_path / "nope.json"))
+    assert missing[1] == {"exit-code": "2"}
 
 
 @pytest.mark.e2e

@@ -14,6 +14,10 @@
     fail_on_findings = "error"       # fail when a finding this severe (or worse) fires
     canary = true                    # send the first case again at the end; text (T=0) and
                                      # acceptance must not change (default: true)
+    against_acceptance_tolerance = 0.1   # with --against: acceptance drop allowed, a fraction
+    against_tps_tolerance = 0.3      # ... tok/s drop allowed (both: default from the
+                                     # known-good's repeat spread, see checks/against.py)
+    against_fail_on_text_change = true   # a T=0 text unlike the known-good's fails (default)
 
 Every threshold is optional; a missing one is not checked. ``CHECKS`` lists the checks, in the
 order they are reported: each names the ``[gate]`` keys it reads (with their parsing) and judges
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
+from ddtree_diag.checks import against as _against
 from ddtree_diag.checks.findings import CRITICAL_FINDINGS
 from ddtree_diag.checks.lossless import ERROR, MISMATCH, NEAR_TIE, SKIPPED, repeat_disagreements
 from ddtree_diag.errors import UsageError
@@ -60,6 +65,10 @@ class GateConfig:
     allow_near_ties: bool = True
     fail_on_findings: str | None = None  # a severity; "none" = never; None (unset) = critical findings only
     canary: bool = True
+    # ``gate --against``: drops allowed against the known-good run (None: from its repeat spread)
+    against_acceptance_tolerance: float | None = None
+    against_tps_tolerance: float | None = None
+    against_fail_on_text_change: bool = True
 
 
 def default_config(lossless: bool) -> GateConfig:
@@ -312,6 +321,10 @@ CHECKS: tuple[Check, ...] = (
     Check("lossless", (Key("lossless", _flag), Key("allow_near_ties", _flag)), _lossless),
     Check("canary", (Key("canary", _flag),), _canary),
     Check("findings", (Key("fail_on_findings", _severity),), _findings),  # "critical_findings" when unset
+    # The against_* checks need the known-good run: evaluate() adds them when it is given one.
+    Check("against", (Key("against_acceptance_tolerance", _against.fraction),
+                      Key("against_tps_tolerance", _against.fraction),
+                      Key("against_fail_on_text_change", _flag)), lambda report, config: None),
 )
 KEYS: dict[str, Key] = {key.name: key for check in CHECKS for key in check.keys}
 
@@ -328,9 +341,12 @@ def parse_gate(table: dict[str, Any], source: str = "<matrix>") -> GateConfig:
     return config
 
 
-def evaluate(report: RunReport, config: GateConfig) -> GateResult:
-    """Apply every configured check to the run; the gate passes when all of them pass."""
+def evaluate(report: RunReport, config: GateConfig, against: _against.KnownGood | None = None) -> GateResult:
+    """Apply every configured check to the run, and the ``against_*`` checks when a known-good
+    run is given; the gate passes when all of them pass."""
     checks = [found for check in CHECKS if (found := check.evaluate(report, config)) is not None]
+    if against is not None:
+        checks += _against.compare(report, against, config)
     return GateResult(all(c.passed for c in checks), checks)
 
 

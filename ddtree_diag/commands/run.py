@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ddtree_diag.commands.options import RunFlags, run_options
+from ddtree_diag.commands.options import CHECKS_PANEL, RunFlags, run_options
 
 if TYPE_CHECKING:
     from ddtree_diag.records import RunReport
@@ -43,9 +43,13 @@ def register(app: typer.Typer) -> None:
     def gate(
         flags: RunFlags,
         matrix: str = typer.Argument(..., help=f"Matrix TOML with a \\[gate] table, or a built-in name ({BUILTINS})."),
+        against: str | None = typer.Option(
+            None, "--against", metavar="KNOWN_GOOD.json", rich_help_panel=CHECKS_PANEL,
+            help="Also fail on a regression against a saved JSON report of a good run: cases that now fail or "
+            "are garbage, T=0 text changes, acceptance and tok/s beyond noise-aware tolerances."),
     ) -> None:
         """Run a matrix and apply its \\[gate] thresholds: exit 0 pass, 1 fail (2 usage, 3 unreachable)."""
-        raise typer.Exit(run_matrix(flags, matrix, gate=True))
+        raise typer.Exit(run_matrix(flags, matrix, gate=True, against=against))
 
 
 def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
@@ -127,9 +131,9 @@ def signals_as_interrupts() -> Iterator[_SignalWatch]:
             signal.signal(signum, handler)
 
 
-def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
+def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool, against: str | None = None) -> int:
     """Run the matrix, write the reports, render. Returns the exit code; DiagError propagates
-    (exit 2/3)."""
+    (exit 2/3). ``against``: a known-good JSON report to judge the run against (gate)."""
     from ddtree_diag import orchestrator
     from ddtree_diag.errors import Terminated
     from ddtree_diag.output.console import make_console, progress, render_report, silence_stdout
@@ -142,6 +146,12 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
     status_console = make_console(sys.stderr, no_color=flags.no_color)
     prepared = orchestrator.prepare(plan_from(flags, matrix, gate=gate))  # type: ignore[arg-type]
     check_outputs(flags)
+    known_good = None
+    if against is not None:  # like the output paths: a bad file is exit 2 before any request
+        from ddtree_diag.checks.against import check_cases_match, load_known_good
+
+        known_good = load_known_good(against)
+        check_cases_match(known_good, [case.case_id for case in prepared.cases])
     report = RunReport()
     tracker = progress(status_console, len(prepared.cases), quiet=flags.quiet)
     stopped_by: BaseException | None = None
@@ -154,7 +164,7 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool) -> int:
             stopped_by = exc
         late.defer()  # from here a signal waits until every report is written
         try:
-            orchestrator.judge(report, prepared.gate)
+            orchestrator.judge(report, prepared.gate, known_good)
         except Exception:
             if stopped_by is None:
                 raise

@@ -208,7 +208,8 @@ def load_report(path: str | Path) -> RunReport:
         raise UsageError(f"{path} is a directory, not a JSON report") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a ddtree-diag JSON report ({redact(str(exc))})") from None
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not ("schema_version" in data or "results" in data):
+        # other JSON (a diff's --json, a config): say what it is not, not which version it lacks
         raise UsageError(f"{path}: not a ddtree-diag JSON report")
     try:
         return RunReport.from_dict(data)

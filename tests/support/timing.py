@@ -26,6 +26,11 @@ HEALTHY_MAX_TTFT_S = 30.0
 # A stand-in made slow for the speed check: 0.04 s a token caps it at 25 tok/s on any machine.
 SLOW_SECONDS_PER_TOKEN = 0.04
 SLOW_MIN_TOKENS_PER_SECOND = 50
+# gate --against: a known-good saved at 10× what the slow stand-in can reach must fail a slow run,
+# and a healthy run judged against its own saved report is given this tok/s drop (load may make
+# the second run slower, never ten times).
+AGAINST_FAST_TOKENS_PER_SECOND = 10 / SLOW_SECONDS_PER_TOKEN
+AGAINST_SELF_TPS_TOLERANCE = 0.9
 # Building a 32k-token long-context prompt (filler text sized with a fake tokenizer): ~0.1 s.
 FILL_32K_MAX_S = 20.0
 
