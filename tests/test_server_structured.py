@@ -9,6 +9,7 @@ JSON all the same, which is what these tests check.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -317,6 +318,20 @@ def test_tree_and_ar_give_the_same_constrained_answer(server, fields):
     if "tool_calls" in ar:
         ar, tree = calls_of(ar), calls_of(tree)
     assert ar == tree
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("budget", [0, 16])
+def test_constrained_answer_with_logprobs_carries_finite_ones(server, budget):
+    # The lossless baseline asks for logprobs; under a grammar the masked tokens are -inf, which
+    # JSON cannot carry (it was a 500). They are no candidates: left out of top_logprobs.
+    choice = answer(server, chat(response_format=response_format(SCHEMA), tree_budget=budget, logprobs=True,
+                                 top_logprobs=5))
+    entries = choice["logprobs"]["content"]
+    assert entries
+    values = [e["logprob"] for e in entries] + [t["logprob"] for e in entries for t in e["top_logprobs"]]
+    assert all(math.isfinite(v) and v <= 0 for v in values), values
+    assert any(len(e["top_logprobs"]) < 5 for e in entries)  # the grammar left fewer than 5 candidates
 
 
 @pytest.mark.engine

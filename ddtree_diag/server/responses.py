@@ -10,11 +10,14 @@ is ``parsing``'s reading of the text: ``reasoning_content`` split off when think
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
 from ddtree_diag.server import prompting
 from ddtree_diag.server.parsing import AnswerParser
+
+MASKED_LOGPROB = -9999.0  # OpenAI's value for a token with no probability
 
 
 def ddtree_stats(generation: Any) -> dict[str, Any]:
@@ -46,16 +49,19 @@ def ddtree_stats(generation: Any) -> dict[str, Any]:
 
 
 def logprobs_content(tokenizer: Any, generation: Any, count: int) -> list[dict[str, Any]] | None:
-    """OpenAI ``choices[0].logprobs.content`` from the engine's per-token top-k log-probs."""
+    """OpenAI ``choices[0].logprobs.content`` from the engine's per-token top-k log-probs.
+    Under a grammar the masked tokens' log-probs are -inf: they are no candidates, so they are
+    left out of ``top_logprobs`` (and a value JSON cannot carry becomes OpenAI's -9999.0)."""
     if not generation.top_logprobs:
         return None
     content = []
-    for token_id, top in zip(generation.token_ids, generation.top_logprobs, strict=False):
+    for token_id, all_top in zip(generation.token_ids, generation.top_logprobs, strict=False):
+        top = [(tid, value) for tid, value in all_top if math.isfinite(value)]
         chosen = dict(top).get(token_id)
         entry_token = tokenizer.decode([token_id])
         content.append({
             "token": entry_token,
-            "logprob": chosen if chosen is not None else min(v for _, v in top),
+            "logprob": chosen if chosen is not None else min((v for _, v in top), default=MASKED_LOGPROB),
             "bytes": list(entry_token.encode("utf-8")),
             "top_logprobs": [
                 {"token": tokenizer.decode([tid]), "logprob": value,
