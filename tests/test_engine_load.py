@@ -199,6 +199,11 @@ def test_backend_maps_generation_to_probe_result(paths):
 def test_split_reasoning():
     assert split_reasoning("<think>\nhmm\n</think>\n\nHello.") == ("Hello.", "hmm")
     assert split_reasoning("Hello.") == ("Hello.", None)
+    # a template that opened the block: reasoning up to the tag, all of it when it never comes
+    assert split_reasoning("hmm\n</think>\n\nHello.", prefilled=True) == ("Hello.", "hmm")
+    assert split_reasoning("still thinking", prefilled=True) == ("", "still thinking")
+    # one that did not: a text that does not open a block is all answer, tags and all
+    assert split_reasoning("hmm</think>Hello.") == ("hmm</think>Hello.", None)
 
 
 def test_engine_info_json_and_table(paths, capsys):

@@ -274,7 +274,7 @@ def test_fuzzed_requests_never_get_a_5xx(server):
     check()
     elapsed = time.monotonic() - started
     print(f"\nserver fuzz: {sum(seen.values()) - seen['stream_error']} requests in {elapsed:.1f} s, 0 5xx ({seen})")
-    assert seen["2xx"] > 10 and seen["4xx"] > 50 and seen["stream"] > 10, seen
+    assert seen["2xx"] > 10 and seen["4xx"] > 50 and seen["stream"] > 5, seen
     health = httpx.get(f"{server}/health").json()
     assert health["ready"] is True
     answer = post(server, json_body=chat("still alive?", max_tokens=4))

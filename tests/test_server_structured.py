@@ -22,14 +22,14 @@ from ddtree_diag.server.parsing import (
 )
 
 
-def split_whole(text: str) -> tuple[str, str]:
-    splitter = ReasoningSplitter()
+def split_whole(text: str, prefilled: bool = True) -> tuple[str, str]:
+    splitter = ReasoningSplitter(prefilled)
     first, last = splitter.feed(text), splitter.finish()
     return first[0] + last[0], first[1] + last[1]
 
 
-def split_pieces(pieces: list[str]) -> tuple[str, str]:
-    splitter = ReasoningSplitter()
+def split_pieces(pieces: list[str], prefilled: bool = True) -> tuple[str, str]:
+    splitter = ReasoningSplitter(prefilled)
     reasoning = content = ""
     for piece in [*pieces, None]:
         r, c = splitter.feed(piece) if piece is not None else splitter.finish()
@@ -61,6 +61,28 @@ def test_reasoning_splitter_any_chunking_gives_the_same_split(text, expected):
     for i in range(len(text) + 1):
         for j in range(i, len(text) + 1):
             assert split_pieces([text[:i], text[i:j], text[j:]]) == expected, (i, j)
+
+
+# The template did not open the think block (Qwen3's, one that ignores thinking): only a text
+# that opens one itself has reasoning; anything else is the answer, tags and all.
+OWN_SPLITS = [
+    ("<think>\nplan it\n</think>\n\nThe answer.", ("\nplan it\n", "The answer.")),
+    ("  <think>plan</think>A.", ("plan", "A.")),
+    ("<think>no end tag", ("no end tag", "")),
+    ("no tags at all", ("", "no tags at all")),
+    ("plan it</think>The answer.", ("", "plan it</think>The answer.")),
+    ("<thin", ("", "<thin")),
+    ("<thinking>x", ("", "<thinking>x")),
+    ("", ("", "")),
+]
+
+
+@pytest.mark.parametrize("text, expected", OWN_SPLITS)
+def test_reasoning_splitter_without_a_prefilled_block(text, expected):
+    assert split_whole(text, prefilled=False) == expected
+    for i in range(len(text) + 1):
+        for j in range(i, len(text) + 1):
+            assert split_pieces([text[:i], text[i:j], text[j:]], prefilled=False) == expected, (i, j)
 
 
 def test_reasoning_splitter_holds_back_a_partial_end_tag():
@@ -357,10 +379,13 @@ def test_what_cannot_be_constrained_is_a_400_naming_it(server, fields, param, ne
 def test_streamed_reasoning_matches_the_whole_answer(server):
     body = chat("Think first.", max_tokens=12, enable_thinking=True)
     whole = answer(server, body)["message"]
-    assert whole["reasoning_content"] and whole["content"] == ""  # no </think> was generated
+    # the tiny template does not open a think block and the text does not open one: all content
+    assert whole["content"] and whole["reasoning_content"] is None
     deltas, _ = streamed(server, body)
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == whole["reasoning_content"]
-    assert "reasoning_content" not in answer(server, chat("Think first.", max_tokens=4))["message"]
+    assert "".join(d.get("content") or "" for d in deltas) == whole["content"]
+    assert not "".join(d.get("reasoning_content") or "" for d in deltas)
+    off = answer(server, chat("Think first.", max_tokens=4, enable_thinking=False))["message"]
+    assert "reasoning_content" not in off  # thinking off: no reasoning parser runs
 
 
 @pytest.mark.engine

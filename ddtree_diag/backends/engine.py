@@ -18,12 +18,15 @@ from ddtree_diag.errors import DiagError, UsageError
 from ddtree_diag.records import STATUS_ENGINE_ERROR, STATUS_TIMEOUT, ProbeCase, ProbeResult, SpecMetrics, Timings
 
 
-def split_reasoning(text: str) -> tuple[str, str | None]:
-    """(answer, reasoning) like a server's reasoning parser: text before ``</think>`` is reasoning."""
-    if "</think>" not in text:
-        return text, None
-    reasoning, answer = text.split("</think>", 1)
-    return answer.lstrip("\n"), reasoning.replace("<think>", "", 1).strip("\n")
+def split_reasoning(text: str, *, prefilled: bool = False) -> tuple[str, str | None]:
+    """(answer, reasoning) as the reference server reads a thinking answer (``server.parsing``):
+    reasoning up to ``</think>`` when the prompt opened the block or the text opens one."""
+    from ddtree_diag.server.parsing import ReasoningSplitter
+
+    splitter = ReasoningSplitter(prefilled)
+    pieces = [splitter.feed(text), splitter.finish()]
+    reasoning = "".join(r for r, _ in pieces).strip("\n")
+    return "".join(c for _, c in pieces), reasoning or None
 
 
 class EngineBackend:
@@ -50,6 +53,9 @@ class EngineBackend:
         self.dtype = dtype
         self.engine: Any = None
         self.load_seconds: float | None = None
+        # The load sweep's ITL: each round's end (seconds from the case's start) and the tokens it
+        # committed, in extras["stream_chunks"]; off for the main run
+        self.keep_chunk_times = False
 
     # -- capabilities (see backends.Backend) ----------------------------------------------------
 
@@ -99,7 +105,15 @@ class EngineBackend:
     def run(self, case: ProbeCase) -> ProbeResult:
         engine = self.load()
         extra = case.extra or {}
-        deadline = None if self.timeout is None else time.perf_counter() + self.timeout
+        started = time.perf_counter()
+        deadline = None if self.timeout is None else started + self.timeout
+        chunks: list[list[Any]] = []
+        streaming: dict[str, Any] = {}
+        if self.keep_chunk_times:
+            def arrived(ids: list[int], _text: str) -> None:
+                chunks.append([round(time.perf_counter() - started, 6), len(ids)])
+
+            streaming["on_token"] = arrived
         try:
             workload = self._workload(case)  # a grammar for JSON / tool calls, a prompt with tools
             gen = engine.generate(
@@ -114,6 +128,7 @@ class EngineBackend:
                 top_logprobs=int(extra.get("top_logprobs", 0) or 0),
                 mode=str(extra.get("mode", "auto")),  # "auto" | "ar" | "chain" | "tree"
                 deadline=deadline,
+                **streaming,
                 **({"constraint": workload["constraint"]} if workload.get("constraint") is not None else {}),
             )
         except (DiagError, RuntimeError, ValueError, IndexError, TypeError) as exc:
@@ -122,7 +137,12 @@ class EngineBackend:
             return ProbeResult(
                 case=case, status=STATUS_ENGINE_ERROR, error=f"{type(exc).__name__}: {line}", dialect="engine"
             )
-        answer, reasoning = split_reasoning(gen.text)
+        answer, reasoning = gen.text, None
+        if case.enable_thinking is not False:
+            from ddtree_diag.server.prompting import think_prefilled
+
+            answer, reasoning = split_reasoning(gen.text, prefilled=think_prefilled(engine.tokenizer,
+                                                                                   case.enable_thinking))
         tool_calls, finish = None, gen.finish_reason
         if workload.get("tool_mode", "none") != "none":
             # the reference server's reading of the same text: forced calls, or <tool_call> blocks
@@ -154,6 +174,8 @@ class EngineBackend:
             "token_ids": list(gen.token_ids),
             "raw_text": gen.text,
         }
+        if chunks:
+            extras["stream_chunks"] = chunks
         if gen.top_logprobs is not None:
             extras["top_logprobs"] = [[list(pair) for pair in row] for row in gen.top_logprobs]
         result = ProbeResult(
@@ -195,7 +217,9 @@ class EngineBackend:
                                         tool_choice=case.tool_choice if tools else None, thinking=thinking)
         tool_mode = "none" if tools is None else ("auto" if case.tool_choice in (None, "auto") else "forced")
         named = (case.tool_choice.get("function") or {}).get("name") if isinstance(case.tool_choice, dict) else None
-        parser = AnswerParser(thinking=thinking and prompting.template_thinks(engine.tokenizer), tool_mode=tool_mode,
+        parser = AnswerParser(thinking=case.enable_thinking is not False,
+                              prefilled=prompting.think_prefilled(engine.tokenizer, case.enable_thinking),
+                              tool_mode=tool_mode,
                               tool_names=[t["function"]["name"] for t in tools or ()], named=named)
         return {
             "constraint": constraint,

@@ -43,15 +43,29 @@ def held_suffix(text: str, tag: str) -> int:
 
 class ReasoningSplitter:
     """Splits a thinking model's text at its first ``</think>``; ``feed``/``finish`` give
-    ``(reasoning, content)`` pieces."""
+    ``(reasoning, content)`` pieces.
 
-    def __init__(self) -> None:
+    ``prefilled``: the prompt already opened the think block (Qwen3.5/3.6, DeepSeek-R1 templates):
+    the text is reasoning up to ``</think>``, all of it when the tag never comes. Otherwise
+    (Qwen3's template, one that ignores thinking) only a text that itself opens with ``<think>`` has
+    reasoning; any other is all content, as vLLM's Qwen3 parser reads it."""
+
+    def __init__(self, prefilled: bool = True) -> None:
         self.pending = ""
-        self.state = "start"  # start -> reasoning -> after_end (dropping newlines) -> content
+        # [detect ->] start -> reasoning -> after_end (dropping newlines) -> content
+        self.state = "start" if prefilled else "detect"
 
     def feed(self, text: str) -> tuple[str, str]:
         self.pending += text
         reasoning = content = ""
+        if self.state == "detect":
+            head = self.pending.lstrip()
+            if THINK_START.startswith(head):
+                return "", ""  # could still be the opening tag
+            if head.startswith(THINK_START):
+                self.pending, self.state = head, "start"
+            else:
+                self.state = "content"
         if self.state == "start":
             if THINK_START.startswith(self.pending):
                 return "", ""  # could still become the optional leading tag
@@ -76,6 +90,9 @@ class ReasoningSplitter:
     def finish(self) -> tuple[str, str]:
         """What was held back: a partial tag is text after all (still reasoning: no end tag)."""
         rest, self.pending = self.pending, ""
+        if self.state == "detect":  # a text too short to open a think block is content
+            self.state = "content"
+            return "", rest
         if self.state in ("start", "reasoning"):
             if self.state == "start":
                 rest = rest.removeprefix(THINK_START)
@@ -303,9 +320,10 @@ class AnswerParser:
     (``ForcedToolCall``: the constraint made the answer a call).
     """
 
-    def __init__(self, *, thinking: bool = False, tool_mode: str = "none", tool_names: list[str] | None = None,
-                 named: str | None = None, make_id: Callable[[], str] = new_call_id) -> None:
-        self.splitter = ReasoningSplitter() if thinking else None
+    def __init__(self, *, thinking: bool = False, prefilled: bool = True, tool_mode: str = "none",
+                 tool_names: list[str] | None = None, named: str | None = None,
+                 make_id: Callable[[], str] = new_call_id) -> None:
+        self.splitter = ReasoningSplitter(prefilled) if thinking else None
         self.tools: ForcedToolCall | TaggedToolCalls | None = None
         if tool_mode == "forced":
             self.tools = ForcedToolCall(tool_names or [], named, make_id)
@@ -382,5 +400,5 @@ def assemble(deltas: list[Delta], *, reasoning: bool = False) -> dict[str, Any]:
         if not content.strip():
             message["content"] = None
     if reasoning:
-        message["reasoning_content"] = "".join(d.get("reasoning_content", "") for d in deltas)
+        message["reasoning_content"] = "".join(d.get("reasoning_content", "") for d in deltas) or None
     return message

@@ -67,19 +67,19 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], *, thinking: bool | N
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-_THINKS: dict[int, bool] = {}
+
+_PREFILLED: dict[tuple[int, bool | None], bool] = {}
 
 
-def template_thinks(tokenizer: Any) -> bool:
-    """Whether the chat template honours ``enable_thinking`` (renders differently with it on and
-    off). One that ignores it (SmolLM2's, a plain transcript) never opens a think block, so its
-    answer is all content: splitting it at a ``</think>`` that never comes would make it all
-    reasoning."""
-    key = id(tokenizer)
-    if key not in _THINKS:
-        probe = [{"role": "user", "content": "Hi"}]
+def think_prefilled(tokenizer: Any, thinking: bool | None) -> bool:
+    """Whether the template opens the think block itself for this thinking setting (the prompt
+    ends with ``<think>``), so the answer starts inside it. Templates that leave it to the model
+    (Qwen3's) or never think (SmolLM2's) do not."""
+    key = (id(tokenizer), thinking)
+    if key not in _PREFILLED:
         try:
-            _THINKS[key] = render_text(tokenizer, probe, thinking=True) != render_text(tokenizer, probe, thinking=False)
+            text = render_text(tokenizer, [{"role": "user", "content": "Hi"}], thinking=thinking)
         except UsageError:
-            _THINKS[key] = False
-    return _THINKS[key]
+            text = ""
+        _PREFILLED[key] = text.rstrip().endswith("<think>")
+    return _PREFILLED[key]

@@ -85,10 +85,12 @@ def _logprobs(body: Any, generation: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 def answer_parser(body: Any, tokenizer: Any) -> AnswerParser:
-    """How this request's text is read: reasoning split off when thinking is on and the chat
-    template thinks, tool calls when it has tools (see ``parsing``)."""
-    thinking = body.thinking() is True and prompting.template_thinks(tokenizer)
-    return AnswerParser(thinking=thinking, tool_mode=body.tool_mode(),
+    """How this request's text is read: reasoning split off when thinking is on (from the start when
+    the template opened the think block, else only after an opening tag), tool calls when it has
+    tools (see ``parsing``)."""
+    thinking = body.thinking()
+    return AnswerParser(thinking=thinking is not False, prefilled=prompting.think_prefilled(tokenizer, thinking),
+                        tool_mode=body.tool_mode(),
                         tool_names=[tool.function.name for tool in body.tools or ()], named=body.named_tool())
 
 
