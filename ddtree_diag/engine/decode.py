@@ -23,6 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from ddtree_diag.engine.draft import DFlashDraft
+    from ddtree_diag.engine.grammar import Constraint
     from ddtree_diag.engine.target import TargetModel
 
 # token ids committed by a round, and the text they added -> False cancels the generation
@@ -51,6 +52,7 @@ class DecodeRequest:
     top_logprobs: int = 0
     on_token: OnToken | None = None
     deadline: float | None = None  # a time.perf_counter() value: no round starts after it ("timeout")
+    constraint: Constraint | None = None  # grammar.compile_constraint's: every committed token obeys it
 
 
 @dataclass
@@ -125,24 +127,28 @@ class GenerationRecorder:
         ids = self.output[:-1] if self.output and self.output[-1] in self.request.stop_ids else self.output
         return self.decode_text(ids)
 
-    def first_token(self, token: int, logits: torch.Tensor | None = None) -> None:
-        """The token the prefill sampled (``logits``: its row, kept when top_logprobs are asked)."""
+    def first_token(self, token: int, logits: torch.Tensor | None = None, complete: bool = False) -> None:
+        """The token the prefill sampled (``logits``: its row, kept when top_logprobs are asked).
+        ``complete``: it completed the request's grammar (the generation ends, "stop")."""
         self.ttft = time.perf_counter() - self.started
         if self.request.top_logprobs > 0 and logits is not None:
             self.logprob_rows.append(logits)
-        self._append([token], tree_size=None)
+        self._append([token], tree_size=None, complete=complete)
 
-    def round(self, new_tokens: list[int], tree_size: int, logits: torch.Tensor | None = None) -> None:
+    def round(
+        self, new_tokens: list[int], tree_size: int, logits: torch.Tensor | None = None, complete: bool = False
+    ) -> None:
         """A decode round committed ``new_tokens`` (path + bonus) after verifying ``tree_size`` nodes;
-        ``logits`` [len(new_tokens), V]: the rows that chose them (kept for top_logprobs)."""
+        ``logits`` [len(new_tokens), V]: the rows that chose them (kept for top_logprobs);
+        ``complete``: the last of ``new_tokens`` completed the request's grammar ("stop")."""
         if self.request.top_logprobs > 0 and logits is not None:
             self.logprob_rows.extend(logits.float())
-        self._append(list(new_tokens), tree_size)
+        self._append(list(new_tokens), tree_size, complete)
 
     def add_stage_time(self, stage: str, seconds: float) -> None:
         self.stage_times[stage] += seconds
 
-    def _append(self, new_tokens: list[int], tree_size: int | None) -> None:
+    def _append(self, new_tokens: list[int], tree_size: int | None, complete: bool = False) -> None:
         request = self.request
         finish = None
         for i, token in enumerate(new_tokens):
@@ -150,8 +156,11 @@ class GenerationRecorder:
                 new_tokens, finish = new_tokens[: i + 1], "stop"
                 break
         if len(self.output) + len(new_tokens) >= request.max_tokens:
+            complete = complete and len(self.output) + len(new_tokens) == request.max_tokens
             new_tokens = new_tokens[: request.max_tokens - len(self.output)]
             finish = finish or "length"
+        if complete:  # the grammar's last token made it in: nothing else may follow
+            finish = "stop"
         self.output.extend(new_tokens)
         if tree_size is not None:
             self.acceptance_lengths.append(len(new_tokens))

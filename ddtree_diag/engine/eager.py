@@ -8,6 +8,10 @@ Round r (``start`` = tokens in the target cache, the root = last committed token
 4. commit: walk from the root while the target's choice (argmax, or a seeded sample at T > 0) is a
    child; commit the path plus the target's next token (the bonus); keep only the root's and the
    accepted nodes' K/V (compacted in order) and their hidden states as the next draft context.
+
+With a grammar (``request.constraint``): after step 2 the tree's nodes get their path's mask and
+the nodes the grammar forbids are pruned; after step 3 the masks are applied to the verify logits
+before the target chooses; in step 4 the matcher takes the committed tokens (``grammar``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from ddtree_diag.engine.decode import (
     choose_tokens,
     make_generator,
 )
-from ddtree_diag.engine.tree import DraftTree, accept_walk, ancestor_mask, build_tree, chain_tree
+from ddtree_diag.engine.grammar import GrammarState
+from ddtree_diag.engine.tree import DraftTree, accept_walk, ancestor_mask, build_tree, chain_tree, prune_tree
 
 
 class EagerDecoder:
@@ -69,14 +74,23 @@ class EagerDecoder:
             self.draft_cache.reset()
 
         record = GenerationRecorder(request, self.context.decode_text)
+        grammar = None
+        if request.constraint is not None:
+            grammar = GrammarState(request.constraint, request.stop_ids, target.config.vocab_size)
         prompt = torch.tensor(request.prompt_ids, device=self.device)
         positions = torch.arange(prompt_len, device=self.device)
         logits, features = target.forward(prompt, positions, None, feature_layers)
         target.commit(list(range(prompt_len)))
         last_logits = logits[-1:].float()
+        complete = False
+        if grammar is not None:
+            grammar.tree([0], [-1])  # the mask at the start of the output
+            grammar.apply(last_logits)
         first = choose_tokens(last_logits, request.temperature, generator)[0]
+        if grammar is not None:
+            complete = grammar.advance([first])[1]
         sync()
-        record.first_token(first, last_logits[0])
+        record.first_token(first, last_logits[0], complete)
         context, context_positions = features, positions
 
         while not record.done:
@@ -96,11 +110,18 @@ class EagerDecoder:
                     tree = chain_tree(root, depth_logprobs.argmax(dim=-1).tolist())
                 else:
                     tree = build_tree(root, depth_logprobs, request.tree_budget)
+            rows = None  # with pruning: the verified nodes' rows among the grammar's masks
+            if grammar is not None:
+                allowed = grammar.tree(tree.tokens, tree.parents)
+                if not all(allowed):
+                    tree, rows = prune_tree(tree, allowed)
             tokens = torch.tensor(tree.tokens, device=self.device)
             node_positions = torch.tensor(tree.depths, device=self.device) + start
             mask = ancestor_mask(tree.parents, self.device)
             t2 = time.perf_counter()
             logits, features = target.forward(tokens, node_positions, mask, feature_layers, parents=tree.parents)
+            if grammar is not None:
+                grammar.apply(logits, rows)
             choice = choose_tokens(logits, request.temperature, generator)
             sync()
             t3 = time.perf_counter()
@@ -110,8 +131,13 @@ class EagerDecoder:
             if feature_layers is not None:
                 keep_index = torch.tensor(keep, device=self.device)
                 context, context_positions = features[keep_index], node_positions[keep_index]
-            record.round([tree.tokens[n] for n in path] + [bonus], tree.size, logits[keep])
+            new_tokens = [tree.tokens[n] for n in path] + [bonus]
+            complete = False
+            if grammar is not None:
+                count, complete = grammar.advance(new_tokens)
+                new_tokens = new_tokens[:count]
+            record.round(new_tokens, tree.size, logits[keep], complete)
             t4 = time.perf_counter()
             for stage, seconds in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 record.add_stage_time(stage, seconds)
-        return record.result()
+        return record.result(extras=grammar.extras() if grammar is not None else None)

@@ -21,6 +21,7 @@ from ddtree_diag.engine.decode import (
     OnToken,
 )
 from ddtree_diag.engine.draft import DFlashDraft
+from ddtree_diag.engine.grammar import Constraint
 from ddtree_diag.engine.target import TargetModel
 from ddtree_diag.errors import UsageError, one_line
 
@@ -156,12 +157,15 @@ class Engine:
         mode: str = "auto",
         prompt_ids: list[int] | None = None,
         deadline: float | None = None,
+        constraint: Constraint | None = None,
     ) -> Generation:
         """Decode one answer. ``mode``: "auto" (tree when a draft is loaded and budget > 0, else AR),
         "ar", "chain" (DFlash: the draft's argmax block) or "tree". ``prompt_ids`` bypasses the
         chat template. ``on_token(new_ids, new_text)`` runs after every round; False cancels.
         ``deadline`` (a ``time.perf_counter()`` value): no round starts after it; the answer so far
-        ends with finish_reason "timeout"."""
+        ends with finish_reason "timeout". ``constraint`` (``grammar.compile_constraint``): every
+        output token obeys it, in every mode; the answer ends ("stop") where the grammar is complete.
+        With a thinking template, compile it with ``thinking=True`` (free text through "</think>")."""
         if prompt_ids is None:
             if messages is None:
                 raise UsageError("generate needs messages or prompt_ids")
@@ -177,6 +181,7 @@ class Engine:
             on_token=on_token,
             mode=mode,
             deadline=deadline,
+            constraint=constraint,
         )
 
     def _resolve_mode(self, mode: str, budget: int) -> str:
@@ -203,6 +208,7 @@ class Engine:
         mode: str = "auto",
         stop_token_ids: list[int] | None = None,
         deadline: float | None = None,
+        constraint: Constraint | None = None,
     ) -> Generation:
         """Decode from token ids (no chat template); see ``generate``."""
         budget = resolve_budget(None if tree_budget is None else int(tree_budget), self.default_tree_budget)
@@ -236,6 +242,7 @@ class Engine:
             top_logprobs=top_logprobs,
             on_token=on_token,
             deadline=deadline,
+            constraint=constraint,
         )
         return self.decoder().decode(request)
 

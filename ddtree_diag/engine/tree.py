@@ -109,3 +109,17 @@ def accept_walk(tree: DraftTree, target_choice: list[int]) -> tuple[list[int], i
             return path, token
         path.append(child)
         node = child
+
+
+def prune_tree(tree: DraftTree, keep: list[bool]) -> tuple[DraftTree, list[int]]:
+    """The tree without the nodes ``keep`` marks False (a dropped node's subtree must be dropped
+    too), renumbered in order so parents still come first; also returns the kept old indices."""
+    kept = [i for i, k in enumerate(keep) if k]
+    new_index = {old: new for new, old in enumerate(kept)}
+    tokens = [tree.tokens[i] for i in kept]
+    parents = [-1 if tree.parents[i] < 0 else new_index[tree.parents[i]] for i in kept]
+    depths = [tree.depths[i] for i in kept]
+    children: list[dict[int, int]] = [{} for _ in kept]
+    for node in range(1, len(kept)):
+        children[parents[node]][tokens[node]] = node
+    return DraftTree(tokens, parents, depths, children), kept

@@ -29,6 +29,14 @@ the CPU tests run that too.
 T>0: rows are sampled with ``torch.multinomial`` in the eager path's order; on CPU the generator is
 the eager path's, so a seed gives the same tokens; on CUDA it lives on the GPU (a different, equally
 valid stream), and that sampling step runs outside the graphs.
+
+A grammar (``request.constraint``) adds host work between the graphs, never inside them: after the
+tree stage the host reads the tree (``_read_tree``: a second sync per round; the exact host build
+right away when the device build could not prove its order); while the verify stage runs, it
+computes each node's path mask with llguidance, marks the nodes the grammar forbids invalid, and
+applies the masks (unpacked on the device) to the static logits buffer in place (``_constrain``),
+so the captured choose/accept/commit stage sees masked logits. Unconstrained requests run none
+of this.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from ddtree_diag.engine.fast.layers import (
     target_pre_attention,
 )
 from ddtree_diag.engine.fast.tree import ancestors_from_parents, bucket_size, build_tree_tensors, tree_node_count
+from ddtree_diag.engine.grammar import GrammarState
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
@@ -452,14 +461,19 @@ class FastDecoder:
         self.root.copy_(torch.where(ok, bonus, self.root))
         self.result[padded].copy_(torch.cat([ok.long()[None], count[None], bonus, keep, tokens[keep]]))
 
-    def _choose(self, padded: int, rows: int, temperature: float, generator: torch.Generator | None) -> None:
+    def _choose(
+        self, padded: int, rows: int | torch.Tensor, temperature: float, generator: torch.Generator | None
+    ) -> None:
+        """The target's token per row: argmax, or a draw for the first ``rows`` rows (or the rows a
+        tensor of indices names: the nodes a grammar left; the others are never accepted)."""
         logits = self.outputs[padded]["logits"]
         choice = self.trees[padded]["choice"]
         if temperature <= 0:
             choice.copy_(logits.argmax(dim=-1))
             return
-        probs = torch.softmax(logits[:rows].float() / temperature, dim=-1)
-        choice[:rows] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        index = slice(0, rows) if isinstance(rows, int) else rows
+        probs = torch.softmax(logits[index].float() / temperature, dim=-1)
+        choice[index] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
     # ---- the loop -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -498,6 +512,9 @@ class FastDecoder:
 
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         record = GenerationRecorder(request, self.context.decode_text)
+        grammar = None
+        if request.constraint is not None:
+            grammar = GrammarState(request.constraint, request.stop_ids, vocab)
         prompt = torch.tensor(request.prompt_ids, device=self.device)
         t.kv.reset()
         self.start.zero_()
@@ -510,11 +527,15 @@ class FastDecoder:
         self.start.fill_(prompt_len)
         t.kv.advance(prompt_len)
         last_logits = logits[-1:].float()
+        if grammar is not None:
+            grammar.tree([0], [-1])  # the mask at the start of the output
+            grammar.apply(last_logits)
         if temperature <= 0:
             first = int(last_logits.argmax(dim=-1))
         else:
             probs = torch.softmax(last_logits / temperature, dim=-1)
             first = int(torch.multinomial(probs, 1, generator=generator))
+        complete = grammar.advance([first])[1] if grammar is not None else False
         if with_features:
             self.ctx_len.zero_()
             self._write_context(features, 0)
@@ -522,7 +543,7 @@ class FastDecoder:
             self.pending_count.zero_()
         self.root.fill_(first)
         sync()
-        record.first_token(first, last_logits[0])
+        record.first_token(first, last_logits[0], complete)
 
         fallbacks = 0
         timer = StageTimer(cuda)
@@ -540,11 +561,17 @@ class FastDecoder:
                 stages["draft"].run()
             timer.mark("draft")
             stages["tree"].run()
+            if grammar is not None:
+                tree_tokens, tree_parents, fell_back = self._read_tree(rows, nodes, budget, depth)
+                fallbacks += fell_back
             timer.mark("tree")
-            stages["verify"].run()
+            stages["verify"].run()  # on a GPU, the masks below are computed while it runs
+            verified, sampled = nodes, nodes + 1
+            if grammar is not None:
+                verified, sampled = self._constrain(grammar, rows, tree_tokens, tree_parents)
             timer.mark("verify")
             state = generator.get_state() if generator is not None else None
-            self._finish(stages, rows, nodes + 1, temperature, generator)
+            self._finish(stages, rows, sampled, temperature, generator)
             result = self.result[rows].tolist()  # the round's one host sync
             if not result[0]:  # the vectorised tree could not prove its order: redo this round exactly
                 fallbacks += 1
@@ -560,7 +587,11 @@ class FastDecoder:
             new_tokens = [*result[3 + self.block + 1 : 3 + self.block + count], bonus]
             t.kv.advance(count)
             logits_kept = self.outputs[rows]["logits"][keep] if request.top_logprobs > 0 else None
-            record.round(new_tokens, nodes, logits_kept)
+            complete = False
+            if grammar is not None:
+                kept, complete = grammar.advance(new_tokens)
+                new_tokens = new_tokens[:kept]
+            record.round(new_tokens, verified, logits_kept, complete)
             timer.mark("commit")
             for stage, seconds in timer.elapsed():
                 record.add_stage_time(stage, seconds)
@@ -573,9 +604,43 @@ class FastDecoder:
             "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
             "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
             "fast_tree_fallbacks": fallbacks,
+            **(grammar.extras() if grammar is not None else {}),
         })
 
-    def _finish(self, stages: dict[str, Stage], padded: int, rows: int, temperature: float, generator) -> None:
+    def _read_tree(self, padded: int, nodes: int, budget: int, depth: int) -> tuple[list[int], list[int], bool]:
+        """A constrained round's tree on the host: (tokens, parents) of its real rows (a prefix),
+        rebuilt exactly on the host first when the device build could not prove its order (the
+        round is then never redone: its masks are for this tree). Also whether that happened."""
+        tree, rows = self.trees[padded], nodes + 1
+
+        def read() -> list[int]:
+            return torch.cat([tree["exact"].long()[None], tree["tokens"][:rows], tree["parents"][:rows]]).tolist()
+
+        values = read()
+        fell_back = not values[0]
+        if fell_back:
+            self._host_tree(padded, budget, depth, values[1])
+            values = read()
+        return values[1 : 1 + rows], values[1 + rows :], fell_back
+
+    def _constrain(
+        self, grammar: GrammarState, padded: int, tokens: list[int], parents: list[int]
+    ) -> tuple[int, int | torch.Tensor]:
+        """Each node's path mask (llguidance, on the host), applied in place to the verify logits
+        (the choose/commit stage reads that buffer); the nodes the grammar forbids leave ``valid``.
+        Returns (nodes left, the rows a T>0 draw covers: those the eager loop verifies, in order)."""
+        rows = len(tokens)
+        allowed = grammar.tree(tokens, parents)
+        sampled: int | torch.Tensor = rows
+        if not all(allowed):
+            self.trees[padded]["valid"][:rows] = torch.tensor(allowed, device=self.device)
+            sampled = torch.tensor([i for i, ok in enumerate(allowed) if ok], device=self.device)
+        grammar.apply(self.outputs[padded]["logits"][:rows])
+        return sum(allowed) - 1, sampled
+
+    def _finish(
+        self, stages: dict[str, Stage], padded: int, rows: int | torch.Tensor, temperature: float, generator
+    ) -> None:
         if "commit" in stages:  # T=0: argmax + accept + commit captured together
             stages["commit"].run()
         else:
