@@ -26,6 +26,9 @@ A matrix file (all sections optional)::
 
     [extra]                    # extra request fields, sent verbatim with every case
     [gate]                     # thresholds, read by `ddtree-diag gate`
+    [load]                     # the load sweep's budget per level: seconds, requests (ddtree_diag.load)
+
+``[axes] concurrency = [1, 4, 16]`` is no axis of the cases: it asks for the load sweep at those levels.
 
 Cases come out in a stable order: prompt, thinking, budget, temperature, max_tokens, repeat.
 """
@@ -51,9 +54,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_TOP_KEYS = {"name", "description", "defaults", "axes", "prompts", "extra", "gate", "baseline"}
+_TOP_KEYS = {"name", "description", "defaults", "axes", "prompts", "extra", "gate", "baseline", "load"}
 _DEFAULT_KEYS = {"max_tokens", "temperature", "repeat", "enable_thinking", "tree_budget", "system"}
-_AXIS_KEYS = {"enable_thinking", "tree_budget", "temperature", "max_tokens"}
+_AXIS_KEYS = {"enable_thinking", "tree_budget", "temperature", "max_tokens", "concurrency"}
 _PROMPT_KEYS = {
     "text", "messages", "system", "response_format", "json_schema", "tools", "tool_choice", "fill_tokens",
     "prefix_cache", "enable_thinking", "max_tokens",
@@ -97,6 +100,8 @@ class Matrix:
     extra: dict[str, Any] = field(default_factory=dict)
     gate: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] = field(default_factory=dict)
+    concurrency: list[int] | None = None  # the load sweep's levels (None: no sweep)
+    load: dict[str, Any] = field(default_factory=dict)  # the sweep's [load] table
     source: str | None = None  # the file it came from
 
     def cases(self) -> list[ProbeCase]:
@@ -183,6 +188,7 @@ def matrix_from_dict(data: dict[str, Any], source: str = "<matrix>") -> Matrix:
     matrix.extra = _table(data, "extra", source)
     matrix.gate = _table(data, "gate", source)
     matrix.baseline = _table(data, "baseline", source)
+    matrix.load = _table(data, "load", source)
     return matrix
 
 

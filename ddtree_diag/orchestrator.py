@@ -8,7 +8,8 @@ the gate verdict; ``exit_code_for`` maps the finished report to the documented e
 
 Cases run serially by default (clean per-request numbers, and server-wide counter deltas stay
 attributable); ``concurrency > 1`` runs them on a thread pool and still reports them in matrix
-order.
+order. The load sweep (``load``), when asked for, runs last: its requests are summarised per
+concurrency level in ``report.load``, never added to the results.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_diag import __version__
+from ddtree_diag import load as load_sweep
 from ddtree_diag.backends import Backend, EngineTarget, HttpTarget, Target, make_backend
-from ddtree_diag.checks import findings, gate, lossless
+from ddtree_diag.checks import findings, gate, lossless, speedup
 from ddtree_diag.checks.against import KnownGood
 from ddtree_diag.checks.against import notes as against_notes
 from ddtree_diag.errors import (
@@ -61,6 +63,7 @@ class RunPlan:
     # --score-with target.
     http: HttpTarget | None = None
     weights: EngineTarget | None = None
+    load: load_sweep.LoadRequest = field(default_factory=load_sweep.LoadRequest)  # the load sweep's flags
 
     @property
     def request_settings(self) -> HttpTarget:
@@ -83,6 +86,7 @@ class PreparedRun:
     baseline: lossless.BaselineSpec | None
     gate: gate.GateConfig | None
     notes: list[str] = field(default_factory=list)  # run-level remarks known before any request
+    load: load_sweep.LoadPlan | None = None  # the load sweep, when asked for
 
 
 def prepare(plan: RunPlan) -> PreparedRun:
@@ -120,7 +124,9 @@ def prepare(plan: RunPlan) -> PreparedRun:
             f"{source}: gate.lossless = true needs a baseline: add [baseline] mode = \"budget0\" "
             "(or \"url\" / \"engine\"), or pass --baseline"
         )
-    return PreparedRun(plan, matrix, cases, baseline, gate_config, notes)
+    load_plan = load_sweep.resolve_plan(plan.load, matrix.concurrency, matrix.load, source)
+    speedup.check_config(gate_config, load_plan, baseline, remote=isinstance(plan.target, HttpTarget), source=source)
+    return PreparedRun(plan, matrix, cases, baseline, gate_config, notes, load_plan)
 
 
 def _now() -> str:
@@ -154,6 +160,9 @@ def execute(
             if on_stage is not None:
                 on_stage(f"baseline ({run.baseline.describe()}): running the T=0 cases without speculation")
             report.notes.extend(run_baseline(report, backend, run.baseline, run.plan))
+        if run.load is not None:
+            report.notes.extend(load_sweep.run_sweep(report, backend, run.baseline, run.plan, run.load, run.cases,
+                                                     on_stage))
     except BaseException:
         report.interrupted = True
         report.target = report.target or backend.target_info()

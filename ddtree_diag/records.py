@@ -473,6 +473,72 @@ class ProbeResult:
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# The load sweep (ddtree_diag.load): does speculation pay at each concurrency level?
+
+PERCENTILES = ("p50", "p90", "p99")
+
+
+@dataclass
+class LoadSide:
+    """One side (speculative or baseline) of one concurrency level. Percentile tables are
+    {"p50", "p90", "p99"} with None for unknown (TTFT and ITL need a streamed answer)."""
+
+    requests: int = 0  # sent at this level
+    failures: int = 0
+    wall_s: float | None = None  # the first request sent to the last answer read
+    completion_tokens: int = 0  # over the ok requests
+    tokens_per_second: float | None = None  # aggregate: completion_tokens / wall_s
+    request_tokens_per_second_p50: float | None = None  # per request: its tokens / its own time
+    ttft_s: dict[str, float | None] = field(default_factory=dict)
+    itl_ms: dict[str, float | None] = field(default_factory=dict)  # per token, see load.itl_samples
+    e2e_s: dict[str, float | None] = field(default_factory=dict)
+    mean_acceptance: float | None = None
+    acceptance_source: str | None = None  # "per request", or a server-wide counter delta
+    draft_tokens: int | None = None  # summed over the requests that report it (None: none did)
+    stopped_by_time: bool = False  # the level's time budget ended it before its request count
+    errors: list[str] = field(default_factory=list)  # the first distinct error lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoadSide:
+        fields = _known_fields(cls, data)
+        for key in ("ttft_s", "itl_ms", "e2e_s"):
+            table = fields.get(key)
+            fields[key] = {k: v for k, v in table.items() if k in PERCENTILES} if isinstance(table, dict) else {}
+        fields["errors"] = [str(e) for e in fields.get("errors") or []]
+        return cls(**fields)
+
+
+@dataclass
+class LoadLevel:
+    """One concurrency level of the sweep: the matrix's requests with ``concurrency`` in flight,
+    with speculation and (when a baseline is known) without; ``speedup`` = aggregate tok/s
+    speculative / baseline (None: unknown, ``note`` says why)."""
+
+    concurrency: int
+    speculative: LoadSide = field(default_factory=LoadSide)
+    baseline: LoadSide | None = None
+    speedup: float | None = None
+    baseline_source: str | None = None  # the baseline, in words
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "speculative": self.speculative.to_dict(),
+                "baseline": self.baseline.to_dict() if self.baseline is not None else None,
+                "speedup": self.speedup, "baseline_source": self.baseline_source, "note": self.note}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoadLevel:
+        fields = _known_fields(cls, data)
+        spec, base = fields.get("speculative"), fields.get("baseline")
+        fields["speculative"] = LoadSide.from_dict(spec) if isinstance(spec, dict) else LoadSide()
+        fields["baseline"] = LoadSide.from_dict(base) if isinstance(base, dict) else None
+        return cls(**fields)
+
+
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     """Keep only fields the dataclass knows, so newer reports still load in older code."""
     names = {f.name for f in dataclasses.fields(cls)}
@@ -500,6 +566,8 @@ class RunReport:
     # Requests the baseline sent for the workload checks beyond the lossless comparison: each
     # prefix-cache pair again without speculation (first, repeat). Not among the results.
     baseline_probes: list[ProbeResult] = field(default_factory=list)
+    # The load sweep (--concurrency 1,4,16 or [axes] concurrency): one entry per level, in order.
+    load: list[LoadLevel] = field(default_factory=list)
     tool_version: str = ""
     schema_version: int = SCHEMA_VERSION
 
@@ -539,6 +607,7 @@ class RunReport:
             "gate": self.gate.to_dict() if self.gate is not None else None,
             "canary": self.canary.to_dict() if self.canary is not None else None,
             "baseline_probes": [r.to_dict() for r in self.baseline_probes],
+            "load": [level.to_dict() for level in self.load],
         }
 
     @classmethod
@@ -558,4 +627,6 @@ class RunReport:
         fields["baseline_probes"] = [
             ProbeResult.from_dict(r) for r in data.get("baseline_probes") or [] if isinstance(r, dict)
         ]
+        fields["load"] = [LoadLevel.from_dict(x) for x in data.get("load") or []
+                          if isinstance(x, dict) and isinstance(x.get("concurrency"), int)]
         return cls(**fields)

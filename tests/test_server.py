@@ -50,6 +50,7 @@ def chat(content: str, **kw) -> dict:
 def test_health_models_and_metrics(server):
     health = httpx.get(f"{server}/health").json()
     assert health["ready"] is True and health["block_size"] == 4 and health["device"] == "cpu"
+    assert health["workers"] == 1  # the load sweep's note: requests queue for the one engine worker
     models = httpx.get(f"{server}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert models["data"][0]["owned_by"] == "ddtree-diag"
     page = httpx.get(f"{server}/metrics").text

@@ -275,6 +275,10 @@ class HttpBackend:
         self._metrics_lock = threading.Lock()  # before/after scrapes must not interleave
         self._counters: dict[bool | None, Any] = {}  # token counters by thinking mode (long-context fills)
         self._context: tuple[int | None] | None = None  # the served context, once looked up
+        # The load sweep's ITL: each content chunk's arrival (seconds from the request's start) in
+        # extras["stream_chunks"] as [t, None] pairs (tokens per chunk unknown over HTTP). Off for
+        # the main run: its reports need no per-chunk times.
+        self.keep_chunk_times = False
 
     # -- capabilities (see backends.Backend) ----------------------------------------------------
 
@@ -697,6 +701,7 @@ class HttpBackend:
     def _streamed(self, url, body, headers, case, result: ProbeResult, started: float, progress: _Progress) -> None:
         accumulator = self.dialect.accumulator()
         first_token_at = last_token_at = None
+        arrivals: list[float] | None = [] if self.keep_chunk_times else None
         with self.client.stream("POST", url, json=body, headers=headers) as response:
             progress.headers = True
             result.http_status = response.status_code
@@ -740,6 +745,8 @@ class HttpBackend:
                     if added:
                         progress.characters += len(added)
                         last_token_at = time.perf_counter()
+                        if arrivals is not None:
+                            arrivals.append(last_token_at)
                         if first_token_at is None:
                             first_token_at = last_token_at
                             far_ttft = far.elapsed() if far is not None else None
@@ -756,6 +763,8 @@ class HttpBackend:
         self._fill(result, parsed)
         timings = result.timings
         timings.e2e_s = ended - started
+        if arrivals:
+            result.extras["stream_chunks"] = [[round(t - started, 6), None] for t in arrivals]
         if first_token_at is not None:
             timings.ttft_s = first_token_at - started
             tokens = result.completion_tokens

@@ -20,6 +20,7 @@ from statistics import mean, median
 from ddtree_diag.checks.findings_base import FindingKind, Rule, compare_advice, ids_of, rule, some
 from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
 from ddtree_diag.checks.quality.registry import BY_CODE, LOOP_CODES, REPETITION
+from ddtree_diag.checks.speedup import SPEEDUP_RULES
 from ddtree_diag.checks.workloads import WORKLOAD_RULES
 from ddtree_diag.records import IDENTICAL, SEVERITIES, Finding, ProbeResult, RunReport, budget_label, thinking_label
 
@@ -696,6 +697,7 @@ RULES: list[Rule] = [
     canary_differs,
     server_client_speed_mismatch,
     *WORKLOAD_RULES,
+    *SPEEDUP_RULES,
 ]
 
 

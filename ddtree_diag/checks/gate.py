@@ -14,6 +14,9 @@
     fail_on_findings = "error"       # fail when a finding this severe (or worse) fires
     canary = true                    # send the first case again at the end; text (T=0) and
                                      # acceptance must not change (default: true)
+    min_speedup = 1.0                # load sweep: aggregate tok/s with / without speculation at
+                                     # every level, or per level: { 1 = 1.3, 16 = 1.0 }
+    max_itl_p99_ms = 50              # load sweep: the speculative side's ITL p99 at every level
     against_acceptance_tolerance = 0.1   # with --against: acceptance drop allowed, a fraction
     against_tps_tolerance = 0.3      # ... tok/s drop allowed (both: default from the
                                      # known-good's repeat spread, see checks/against.py)
@@ -35,6 +38,7 @@ from statistics import mean
 from typing import Any
 
 from ddtree_diag.checks import against as _against
+from ddtree_diag.checks import speedup as _speedup
 from ddtree_diag.checks.findings import CRITICAL_FINDINGS
 from ddtree_diag.checks.lossless import ERROR, MISMATCH, NEAR_TIE, SKIPPED, repeat_disagreements
 from ddtree_diag.errors import UsageError
@@ -65,6 +69,9 @@ class GateConfig:
     allow_near_ties: bool = True
     fail_on_findings: str | None = None  # a severity; "none" = never; None (unset) = critical findings only
     canary: bool = True
+    # the load sweep (checks/speedup.py): a ratio for every level, or {level: ratio}
+    min_speedup: float | dict[int, float] | None = None
+    max_itl_p99_ms: float | None = None
     # ``gate --against``: drops allowed against the known-good run (None: from its repeat spread)
     against_acceptance_tolerance: float | None = None
     against_tps_tolerance: float | None = None
@@ -318,6 +325,8 @@ CHECKS: tuple[Check, ...] = (
     Check("min_tokens_per_second",
           (Key("min_tokens_per_second", _number), Key("tokens_per_second_source", _source)), _min_tokens_per_second),
     Check("max_ttft_s", (Key("max_ttft_s", _number),), _max_ttft_s),
+    Check("min_speedup", (Key("min_speedup", _speedup.parse_min_speedup),), _speedup.min_speedup_check),
+    Check("max_itl_p99_ms", (Key("max_itl_p99_ms", _speedup.parse_milliseconds),), _speedup.max_itl_p99_check),
     Check("lossless", (Key("lossless", _flag), Key("allow_near_ties", _flag)), _lossless),
     Check("canary", (Key("canary", _flag),), _canary),
     Check("findings", (Key("fail_on_findings", _severity),), _findings),  # "critical_findings" when unset

@@ -95,7 +95,9 @@ class RunFlags:
     timeout: float = 120.0
     max_response_bytes: str = "8M"
     stream: bool = True
-    concurrency: int = 1
+    concurrency: str = "1"  # one value: parallel requests; a list: the load sweep's levels
+    load_seconds: float | None = None
+    load_requests: int | None = None
     prompt: list[str] | None = None
     thinking: str | None = None
     budget: str | None = None
@@ -145,8 +147,18 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
         help="Largest response body read (bytes, or with K/M/G); a bigger one fails its case.")),
     ("stream", bool, typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT.",
                                   rich_help_panel=TARGET_PANEL)),
-    ("concurrency", int, typer.Option(
-        1, "--concurrency", help="Parallel requests (1: clean per-request numbers).", rich_help_panel=TARGET_PANEL)),
+    ("concurrency", str, typer.Option(
+        "1", "--concurrency", metavar="N|N,N,…", rich_help_panel=TARGET_PANEL,
+        help="One value: parallel requests (1: clean per-request numbers). Two or more, e.g. 1,4,16: the load "
+        "sweep, speculation against the baseline at each level (the cases then run one at a time).")),
+    ("load_seconds", float | None, typer.Option(
+        None, "--load-seconds", rich_help_panel=TARGET_PANEL,
+        help="Load sweep: time budget per level and side; no request starts after it. "
+        "\\[default: the matrix's \\[load] seconds, else 60]")),
+    ("load_requests", int | None, typer.Option(
+        None, "--load-requests", rich_help_panel=TARGET_PANEL,
+        help="Load sweep: requests per level and side. \\[default: the matrix's \\[load] requests, else "
+        "max(2 × level, cases)]")),
     ("prompt", list[str] | None, typer.Option(
         None, "--prompt", "-p", rich_help_panel=MATRIX_PANEL, metavar="TEXT|@FILE",
         help="Prompt: literal text, @file (text or JSON messages), or a prompt id from the matrix. Repeatable.")),

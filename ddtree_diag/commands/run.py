@@ -56,6 +56,7 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     from ddtree_diag import jsonsafe
     from ddtree_diag.backends import EngineTarget, HttpTarget
     from ddtree_diag.backends.http import parse_size
+    from ddtree_diag.load import LoadRequest, parse_concurrency_flag
     from ddtree_diag.matrix import MatrixRequest
     from ddtree_diag.orchestrator import RunPlan
 
@@ -67,13 +68,14 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
             from ddtree_diag.errors import UsageError
 
             raise UsageError(f"{flag} is not valid UTF-8")
+    concurrency, levels = parse_concurrency_flag(flags.concurrency)
     http = HttpTarget(
         url=flags.url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
         timeout=flags.timeout, max_response_bytes=parse_size(flags.max_response_bytes), stream=flags.stream,
-        concurrency=flags.concurrency,
+        concurrency=concurrency,
     )
     weights = EngineTarget(target=flags.target, gguf=flags.gguf, draft=flags.draft, device=flags.device,
-                           dtype=flags.dtype, timeout=flags.timeout, concurrency=flags.concurrency)
+                           dtype=flags.dtype, timeout=flags.timeout, concurrency=concurrency)
     # --engine runs the cases in process; the other kind's flags serve the baseline and the scorer.
     target, other = (weights, {"http": http}) if flags.engine else (http, {"weights": weights})
     request = MatrixRequest(
@@ -81,8 +83,9 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
         temperature=flags.temperature, max_tokens=flags.max_tokens, repeat=flags.repeat,
         fill=flags.fill,
     )
+    load = LoadRequest(levels=levels, seconds=flags.load_seconds, requests=flags.load_requests)
     return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
-                   score_with=flags.score_with, **other)
+                   score_with=flags.score_with, load=load, **other)
 
 
 def check_outputs(flags: RunFlags) -> None:

@@ -16,6 +16,7 @@ from statistics import mean
 from typing import Any
 
 from ddtree_diag import __version__
+from ddtree_diag.output import loadview
 from ddtree_diag.output.cells import (
     DASH,
     Cell,
@@ -126,6 +127,7 @@ def html_report(report: RunReport, exit_code: int | None = None) -> str:
     body += _checks(gate.checks)
     body += _findings(report)
     body += _plots(report)
+    body += loadview.html_table(report)
     body += _cases(report)
     body += _rounds(report)
     if report.notes:
@@ -212,6 +214,7 @@ def _plots(report: RunReport) -> list[str]:
         _grid_chart(report, lambda r: r.spec.server_tokens_per_second, "Server tok/s by budget", "tok/s", 1),
     ]
     charts.append(_context_chart(report))
+    charts.append(loadview.html_chart(report))  # the load sweep's speed-up by concurrency
     shown = [c for c in charts if c]
     out = ['<h2 id="plots">Plots</h2>']
     if not shown:

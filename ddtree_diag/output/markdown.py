@@ -11,6 +11,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from ddtree_diag.output import loadview
 from ddtree_diag.output.cells import (
     DASH,
     acceptance_cell,
@@ -117,6 +118,7 @@ def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
             ttft = DASH if row["ttft_s"] is None else f"{row['ttft_s'] * 1000:.0f}ms"
             lines.append(f"| {row['label']} | {row['cases']} | {fmt(row['acceptance'])} | {ttft} | {row['garbage']} |")
         lines.append("")
+    lines += loadview.markdown_lines(report)  # the load sweep, when one ran
     if report.notes:
         lines.append("<details><summary>Notes</summary>")
         lines.append("")

@@ -112,6 +112,7 @@ def create_app(
             "ready": True,
             "model": model_name,
             "tree_budget_default": default_tree_budget,
+            "workers": 1,  # one engine worker: requests queue (a load test measures the queue)
             "limits": {**asdict(limits), "max_context": rules.max_context},
             "capabilities": capabilities,
             "version": __version__,

@@ -25,6 +25,13 @@ speculation), ``--reasoning-in-content`` (``<think>…</think>answer`` in the co
 ``--context-collapse`` (acceptance 1.0 past LONG_PROMPT_WORDS words), ``--cache-lost`` (no cache
 hit), ``--cache-changes-output`` (a cache hit answers CACHED_ANSWER, with or without speculation).
 
+Speed: with speculation a request "decodes" at ``--seconds-per-token`` a token; without it (tree
+budget 0) AR_SLOWDOWN times slower, so a healthy stand-in's speed-up is about 3 at any load (the
+requests sleep, so concurrency costs nothing). Load faults: ``--slow-spec-under-load N`` (with
+speculation, every token takes UNDER_LOAD_SLOWDOWN times the autoregressive time while more than N
+requests are in flight: faster alone, slower under load) and ``--no-drafts`` (speculation drafts
+nothing: 0 draft tokens where the dialect reports them, one token per round, autoregressive speed).
+
 Run: python tests/support/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
 """
 
@@ -54,6 +61,8 @@ TEMPLATE_TOKENS_REPLY = 3
 MAX_MODEL_LEN = 32768
 BUDGET_DIALECTS = ("ddtree", "ddtree-mlx", "llamacpp")  # a per-request budget; 0 = no speculation
 SECONDS_PER_TOKEN = 0.002  # the stand-in "decodes" at ~500 tok/s, and reports what it measured
+AR_SLOWDOWN = 3.0  # tree budget 0 commits one token per round, speculation ~3: per token, 3× slower
+UNDER_LOAD_SLOWDOWN = 3.0  # --slow-spec-under-load: a speculative token then takes 3× an AR token
 
 
 class State:
@@ -92,8 +101,25 @@ class State:
     context_collapse = False  # with speculation: acceptance 1.0 past LONG_PROMPT_WORDS prompt words
     cache_lost = False  # with speculation: no prefix-cache hit
     cache_changes_output = False  # a prefix-cache hit answers CACHED_ANSWER
+    # Load (the speed-up sweep)
+    slow_spec_under_load: int | None = None  # with speculation, slow while more requests are in flight
+    no_drafts = False  # speculation drafts nothing: acceptance 1, 0 draft tokens, AR speed
+    in_flight = 0  # chat requests being answered now
     cache_seen: set[str] = set()  # noqa: RUF012 - prompts in the "prefix cache"
     tokenize_requests: list[dict] = []  # noqa: RUF012 - what /tokenize was asked
+
+
+def token_seconds(body: dict) -> float:
+    """How long this request takes per token now: speculation is AR_SLOWDOWN times faster than
+    budget 0 (and than itself under --no-drafts), except under --slow-spec-under-load with more
+    requests in flight than allowed, where it is UNDER_LOAD_SLOWDOWN times slower than budget 0."""
+    autoregressive = State.seconds_per_token * AR_SLOWDOWN
+    if not speculating(body) or State.no_drafts:
+        return autoregressive
+    limit = State.slow_spec_under_load
+    if limit is not None and State.in_flight > limit:
+        return autoregressive * UNDER_LOAD_SLOWDOWN
+    return State.seconds_per_token
 
 
 def budget_of(body: dict):
@@ -201,7 +227,7 @@ def spec_numbers(completion_tokens: int, rounds: int | None = None) -> dict:
     if rounds is None:
         rounds = max(1, -(-completion_tokens // 3))
     accepted = completion_tokens - rounds
-    drafts = rounds * 4
+    drafts = 0 if State.no_drafts else rounds * 4
     with State.lock:
         State.drafts += rounds
         State.draft_tokens += drafts
@@ -214,7 +240,7 @@ def rounds_for(n: int, body: dict, thinking) -> int | None:
     if n <= 1:
         return None
     budget = budget_of(body)
-    if budget == 0:
+    if budget == 0 or State.no_drafts:
         return n  # plain autoregressive: one token per round
     if State.context_collapse and prompt_words(body.get("messages")) > LONG_PROMPT_WORDS:
         return n  # the draft helps nothing at long context
@@ -242,8 +268,11 @@ def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | Non
     tps = State.server_tps if State.server_tps is not None else tps
     if dialect == "ddtree":
         rounds = n if State.rounds_mismatch else spec["rounds"]
-        return {"ddtree": {"decode_rounds": rounds, "mean_acceptance_length": spec["mean"],
-                           "tokens_per_second": tps, "tree_budget": body.get("tree_budget", 64)}}
+        stats = {"decode_rounds": rounds, "mean_acceptance_length": spec["mean"],
+                 "tokens_per_second": tps, "tree_budget": body.get("tree_budget", 64)}
+        if State.no_drafts:
+            stats["draft_tokens"] = 0
+        return {"ddtree": stats}
     if dialect == "ddtree-mlx":
         return {"ddtree_stats": {"tree_budget": body.get("tree_budget", 64), "cycles": spec["rounds"],
                                  "avg_acceptance": spec["mean"], "tok_per_sec": tps}}
@@ -364,6 +393,15 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"count": count, "max_model_len": State.max_model_len, "tokens": list(range(count))})
 
     def do_POST(self) -> None:
+        with State.lock:  # --slow-spec-under-load reads how many requests are being answered
+            State.in_flight += 1
+        try:
+            self._post()
+        finally:
+            with State.lock:
+                State.in_flight -= 1
+
+    def _post(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -445,7 +483,8 @@ class Handler(BaseHTTPRequestHandler):
             finish = "stop"  # it always says stop
         n = len(toks)
         started = time.perf_counter()
-        time.sleep(State.seconds_per_token * n)  # "decode", so the server's tok/s is a real measurement
+        for _ in range(n):  # "decode", so the server's tok/s is a real measurement
+            time.sleep(token_seconds(body))
         tps = round(n / (time.perf_counter() - started), 1)
         extras = extras_for(State.dialect, n, body, thinking, tps, prompt_n=prompt_n, cached=cached)
         usage = {"prompt_tokens": prompt_n, "completion_tokens": n, "total_tokens": prompt_n + n}
@@ -493,14 +532,14 @@ class Handler(BaseHTTPRequestHandler):
             for tok in toks:
                 send({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
                     {"index": 0, "function": {"arguments": tok}}]}}]})
-                time.sleep(State.seconds_per_token)
+                time.sleep(token_seconds(body))
             toks = []
         for i, tok in enumerate(toks):
             choice = {"index": 0, "delta": {"content": tok}}
             if logprobs is not None:
                 choice["logprobs"] = {"content": [logprobs[i]]}
             send({**base, "choices": [choice]})
-            time.sleep(State.seconds_per_token)
+            time.sleep(token_seconds(body))
             if "FAIL:truncate" in prompt and i == 2:
                 self.wfile.write(b"0\r\n\r\n")  # end the body without [DONE] or a finish chunk
                 self.wfile.flush()
@@ -559,12 +598,14 @@ def main() -> None:
     parser.add_argument("--context-collapse", action="store_true")
     parser.add_argument("--cache-lost", action="store_true")
     parser.add_argument("--cache-changes-output", action="store_true")
+    parser.add_argument("--slow-spec-under-load", type=int, default=None)  # N: slow beyond N requests in flight
+    parser.add_argument("--no-drafts", action="store_true")
     args = parser.parse_args()
     for name in ("answer", "lossy", "flaky_text", "tie_gap", "rounds_mismatch", "acceptance_decay",
                  "thinking_garbage", "thinking_low_acceptance", "early_stop", "loop", "inverse_budget",
                  "server_tps", "seconds_per_token", "first_token_delay", "max_model_len", "reasoning",
                  "structured_broken", "no_enforce", "reasoning_in_content", "context_collapse", "cache_lost",
-                 "cache_changes_output"):
+                 "cache_changes_output", "slow_spec_under_load", "no_drafts"):
         setattr(State, name, getattr(args, name))
     State.dialect = args.dialect
     State.per_request_metrics = not args.no_per_request_metrics

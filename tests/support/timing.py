@@ -33,6 +33,15 @@ AGAINST_FAST_TOKENS_PER_SECOND = 10 / SLOW_SECONDS_PER_TOKEN
 AGAINST_SELF_TPS_TOLERANCE = 0.9
 # Building a 32k-token long-context prompt (filler text sized with a fake tokenizer): ~0.1 s.
 FILL_32K_MAX_S = 20.0
+# The load sweep's stand-in (tests/test_load_sweep.py): a speculative token takes 0.01 s, a budget-0
+# one 3× that (AR_SLOWDOWN), a speculative one under --slow-spec-under-load 9× (UNDER_LOAD_SLOWDOWN
+# × AR_SLOWDOWN). Sleeps are floors: a healthy level's speed-up (~3) only falls under 0.95 when one
+# side alone stalls for over half a second, and the slow level's (~0.3) only passes 0.95 when the
+# baseline alone stalls for over a second.
+LOAD_SECONDS_PER_TOKEN = 0.01
+# A healthy stand-in's ITL p99 is ~10 ms per token; the slow one's at least 90 ms under load.
+HEALTHY_MAX_ITL_P99_MS = 1000.0
+SLOW_MAX_ITL_P99_MS = 60.0
 
 
 def fuzz_examples(base: int) -> int:
