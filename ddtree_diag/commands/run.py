@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 # The matrices shipped in ddtree_diag/matrices (a test keeps this in step with the folder).
-BUILTINS = "smoke, gate"
+BUILTINS = "smoke, gate, workloads"
 
 
 def register(app: typer.Typer) -> None:
