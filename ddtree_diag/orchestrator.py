@@ -295,6 +295,9 @@ def assess_answer(result: ProbeResult, scorer: Any = None) -> None:
 
     assess_result(result, scorer)
     result.structured = structured.check(result)
+    from ddtree_diag.backends import depth
+
+    depth.fill(result)  # acceptance by depth, from whatever shape the backend reported
 
 
 # ---------------------------------------------------------------------------------------------

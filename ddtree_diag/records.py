@@ -117,6 +117,13 @@ class SpecMetrics:
     derived: bool = False
     # True when the source is a server-wide counter that other traffic could have moved.
     server_wide: bool = False
+    # Acceptance by depth (backends/depth.py): P(the draft token at depth k is accepted), index 0 =
+    # depth 1, over ``acceptance_by_depth_rounds`` rounds; where it came from; and the deepest a
+    # draft could reach when the server says (vLLM num_spec_tokens, /metrics positions). None = unknown.
+    acceptance_by_depth: list[float] | None = None
+    acceptance_by_depth_rounds: int | None = None
+    acceptance_by_depth_source: str | None = None
+    max_draft_depth: int | None = None
 
     @property
     def known(self) -> bool:

@@ -98,8 +98,9 @@ def test_report_page_plots():
     assert "Mean acceptance by budget × thinking" in captions
     assert "Client decode tok/s by budget" in captions and "Server tok/s by budget" in captions
     with_rounds = [r for r in report.results if r.ok and r.spec.acceptance_lengths]
-    # three budget charts and one per-round histogram per case that reported its rounds
-    assert parsed.count("svg") == 3 + len(with_rounds)
+    # three budget charts, the acceptance-by-depth curves and one per-round histogram per case that
+    # reported its rounds
+    assert parsed.count("svg") == 4 + len(with_rounds)
     # one bar per known (budget, thinking) cell, drawn at its mean
     bars = [a for t, a in parsed.tags if t == "rect" and a.get("height") and a.get("width") == "24"]
     assert len(bars) >= 4
@@ -216,7 +217,7 @@ def test_report_and_diff_pages_render_in_chromium_without_console_messages(tmp_p
     report_page.write_text(html_report(report, 3), encoding="utf-8")
     diff_page.write_text(html_diff(diff_runs(report, slower_copy(report)), "a.json", "b.json"), encoding="utf-8")
     rendered = {}
-    for path, charts in ((report_page, 3 + 4), (diff_page, 2)):
+    for path, charts in ((report_page, 4 + 4), (diff_page, 2)):  # the depth curves: one more svg
         page = browser.load(path)
         assert page.returncode == 0
         assert page.console == [], page.console

@@ -34,6 +34,7 @@ from ddtree_diag.backends import (
     EngineTarget,
     HttpTarget,
     Target,
+    depth,
     dialects,
     engine_baseline,
 )
@@ -600,6 +601,11 @@ class HttpBackend:
                     result.extras.setdefault("notes", []).append(
                         "/metrics counters went backwards or are not usable numbers: spec numbers unknown"
                     )
+        elif before is not None and depth.wants_counters(result):
+            # the answer's numbers stand (llama.cpp timings) but say nothing per depth: /metrics does
+            after = self._scrape_metrics()
+            if after is not None and after.prefix == before.prefix:
+                depth.store(result.spec, depth.from_counters(after, before))
         return result
 
     def _added_fields(self, case: ProbeCase) -> set[str]:

@@ -54,6 +54,9 @@ class SpecCounters:
         if rounds > 0:
             # Each draft (verify round) commits its accepted tokens plus one of the target's own.
             metrics.mean_acceptance_length = 1 + accepted / rounds
+        from ddtree_diag.backends import depth  # it reads SpecCounters: imported here, not above
+
+        depth.store(metrics, depth.from_counters(self, before))
         return metrics
 
 

@@ -17,6 +17,7 @@ from collections import defaultdict
 from itertools import pairwise
 from statistics import mean, median
 
+from ddtree_diag.checks.depth import DEPTH_RULES
 from ddtree_diag.checks.findings_base import FindingKind, Rule, compare_advice, ids_of, rule, some
 from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
 from ddtree_diag.checks.quality.registry import BY_CODE, LOOP_CODES, REPETITION
@@ -697,6 +698,7 @@ RULES: list[Rule] = [
     canary_differs,
     server_client_speed_mismatch,
     *WORKLOAD_RULES,
+    *DEPTH_RULES,
     *SPEEDUP_RULES,
 ]
 

@@ -34,6 +34,7 @@ from ddtree_diag.output.cells import (
     visible,
     workload_cell,
 )
+from ddtree_diag.output.depth import depth_table
 from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
 from ddtree_diag.output.loadview import load_table
 from ddtree_diag.records import ProbeResult, RunReport, budget_label, thinking_label
@@ -187,7 +188,7 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
     report = redacted_report(report)
     dropped: list[str] = []
     tables = results_tables(console, report, on_dropped=dropped.append) if report.results else []
-    tables += [t for t in (pivot_table(report), context_table(report)) if t is not None]
+    tables += [t for t in (pivot_table(report), context_table(report), depth_table(report)) if t is not None]
     tables += [t for t in (load_table(report),) if t is not None]  # the load sweep
     for table in tables:
         if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:

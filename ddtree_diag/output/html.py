@@ -32,6 +32,7 @@ from ddtree_diag.output.cells import (
     visible,
     workload_cell,
 )
+from ddtree_diag.output.depth import depth_figure
 from ddtree_diag.output.markdown import checks_for
 from ddtree_diag.output.reportfile import write_output
 from ddtree_diag.output.svg import esc, grouped_bars, histogram, paired_bars
@@ -214,6 +215,7 @@ def _plots(report: RunReport) -> list[str]:
         _grid_chart(report, lambda r: r.spec.server_tokens_per_second, "Server tok/s by budget", "tok/s", 1),
     ]
     charts.append(_context_chart(report))
+    charts.append(depth_figure(report))  # one curve per budget × thinking group
     charts.append(loadview.html_chart(report))  # the load sweep's speed-up by concurrency
     shown = [c for c in charts if c]
     out = ['<h2 id="plots">Plots</h2>']

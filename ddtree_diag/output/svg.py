@@ -331,3 +331,80 @@ def paired_bars(
 
 def _pair_colour(index: int) -> str:
     return ("#9aa5b1", PALETTE[0])[index]
+
+
+def line_chart(
+    x_labels: Sequence[str],
+    series: Sequence[tuple[str, Sequence[float | None]]],
+    *,
+    title: str,
+    y_label: str,
+    x_label: str,
+    y_max: float | None = None,
+    digits: int = 2,
+) -> str:
+    """One line per series over shared x positions (e.g. acceptance by draft depth, one line per
+    budget × thinking group); a point's value is its tooltip, so no value text can collide. A
+    series shorter than the axis stops where it ends; ``None`` breaks its line."""
+    known = [v for _, values in series for v in values if v is not None]
+    top, ticks = axis(max([*known, y_max or 0.0, 0.0]))
+    slot, right, upper, plot_h = 28, 12, 16, 160
+    tick_w = max(text_width(_tick_label(t)) for t in ticks)
+    left = max(52, math.ceil(tick_w + 6 + LINE * FONT + 12))
+    labels = XLabels(x_labels, slot, title=x_label)
+    legend_w = [22 + text_width(name) + 12 for name, _ in series]
+    plot_w = math.ceil(max(slot * len(x_labels), 160, text_width(labels.title or "")))
+    legend_rows: list[list[tuple[int, float]]] = [[]]
+    x = float(left)
+    for s, item_w in enumerate(legend_w):
+        if legend_rows[-1] and x + item_w > left + plot_w:
+            legend_rows.append([])
+            x = float(left)
+        legend_rows[-1].append((s, x))
+        x += item_w
+    plot_w = max(plot_w, math.ceil(max((item_w for item_w in legend_w), default=0.0)))
+    width = left + right + plot_w
+    axis_y = upper + plot_h
+    title_y = axis_y + labels.height + (LINE * FONT if labels.title else 0)
+    legend_top = title_y + 8
+    height = legend_top + (LINE * FONT + 2) * len(legend_rows) + 6
+    body: list[str] = []
+
+    def y(v: float) -> float:
+        return upper + plot_h - plot_h * v / top
+
+    def cx(index: int) -> float:
+        return left + slot * index + slot / 2
+
+    for tick in ticks:
+        body.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>')
+        body.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{esc(_tick_label(tick))}</text>')
+    body.append(f'<text x="12" y="{upper + plot_h / 2:.0f}" transform="rotate(-90 12 {upper + plot_h / 2:.0f})" '
+                f'text-anchor="middle">{esc(y_label)}</text>')
+    for s, (name, values) in enumerate(series):
+        colour = PALETTE[s % len(PALETTE)]
+        runs: list[list[str]] = [[]]
+        for index, value in enumerate(values[: len(x_labels)]):
+            if value is None:
+                runs.append([])
+                continue
+            runs[-1].append(f"{cx(index):.1f},{y(value):.1f}")
+            body.append(f'<circle cx="{cx(index):.1f}" cy="{y(value):.1f}" r="3" fill="{colour}"><title>'
+                        f"{esc(name)} · {esc(x_label)} {esc(x_labels[index])}: {esc(_number(value, digits))}"
+                        "</title></circle>")
+        for points in runs:
+            if len(points) > 1:
+                body.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="2"/>')
+    body += labels.svg([cx(i) for i in range(len(x_labels))], axis_y)
+    if labels.title:
+        body.append(f'<text x="{left + plot_w / 2:.1f}" y="{title_y:.1f}" text-anchor="middle" class="xtitle">'
+                    f"{esc(labels.title)}</text>")
+    body.append(f'<line x1="{left}" x2="{width - right}" y1="{y(0):.1f}" y2="{y(0):.1f}" class="axis"/>')
+    for row, items in enumerate(legend_rows):
+        legend_y = legend_top + (LINE * FONT + 2) * (row + 1) - 4
+        for s, x in items:
+            colour = PALETTE[s % len(PALETTE)]
+            body.append(f'<line x1="{x:.1f}" x2="{x + 16:.1f}" y1="{legend_y - 4:.1f}" y2="{legend_y - 4:.1f}" '
+                        f'stroke="{colour}" stroke-width="2"/>'
+                        f'<text x="{x + 22:.1f}" y="{legend_y:.1f}">{esc(series[s][0])}</text>')
+    return _svg(width, height, title, body)

@@ -32,6 +32,13 @@ speculation, every token takes UNDER_LOAD_SLOWDOWN times the autoregressive time
 requests are in flight: faster alone, slower under load) and ``--no-drafts`` (speculation drafts
 nothing: 0 draft tokens where the dialect reports them, one token per round, autoregressive speed).
 
+Per-round numbers: a healthy run's rounds commit 1-5 tokens (SMOOTH_ROUNDS: acceptance decays smoothly
+with depth), told as vLLM's ``acceptance_histogram`` (with ``num_spec_tokens``), SGLang's
+``spec_correct_drafts_histogram`` and the ``/metrics`` per-position counters (vllm, llamacpp).
+``--capped-depth K``: with speculation, every round accepts exactly K draft tokens (K + 1 committed;
+the last round what is left), although drafts are SPEC_TOKENS long; the ddtree dialect then also
+lists the rounds (``acceptance_lengths``).
+
 Run: python tests/support/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
 """
 
@@ -63,6 +70,9 @@ BUDGET_DIALECTS = ("ddtree", "ddtree-mlx", "llamacpp")  # a per-request budget; 
 SECONDS_PER_TOKEN = 0.002  # the stand-in "decodes" at ~500 tok/s, and reports what it measured
 AR_SLOWDOWN = 3.0  # tree budget 0 commits one token per round, speculation ~3: per token, 3× slower
 UNDER_LOAD_SLOWDOWN = 3.0  # --slow-spec-under-load: a speculative token then takes 3× an AR token
+SPEC_TOKENS = 4  # draft tokens per round (vLLM num_spec_tokens): --capped-depth K < 4 caps below it
+# Tokens committed per round by a healthy draft, cycled: mean 3; depth 1..4 accepted in 90/70/40/10 %.
+SMOOTH_ROUNDS = (3, 2, 4, 3, 1, 5, 2, 3, 4, 3)
 
 
 class State:
@@ -105,6 +115,8 @@ class State:
     slow_spec_under_load: int | None = None  # with speculation, slow while more requests are in flight
     no_drafts = False  # speculation drafts nothing: acceptance 1, 0 draft tokens, AR speed
     in_flight = 0  # chat requests being answered now
+    capped_depth: int | None = None  # with speculation, every round accepts exactly this many drafts
+    accepted_per_pos: list[int] = []  # noqa: RUF012 - /metrics per-position counters (position 0 = depth 1)
     cache_seen: set[str] = set()  # noqa: RUF012 - prompts in the "prefix cache"
     tokenize_requests: list[dict] = []  # noqa: RUF012 - what /tokenize was asked
 
@@ -222,17 +234,55 @@ def tokens_of(text: str) -> list[str]:
     return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
 
 
+def round_lengths(n: int, rounds: int) -> list[int] | None:
+    """Tokens committed per round, summing to ``n``: ``--capped-depth K`` rounds of K + 1 (the last
+    one what is left), else SMOOTH_ROUNDS evened out to the total. None when rounds > n."""
+    if rounds > n or rounds < 1:
+        return None
+    cap = State.capped_depth
+    if cap is not None and rounds == -(-n // (cap + 1)):
+        full, rest = divmod(n, cap + 1)
+        return [cap + 1] * full + ([rest] if rest else [])
+    lengths = [SMOOTH_ROUNDS[i % len(SMOOTH_ROUNDS)] for i in range(rounds)]
+    step = 0
+    while sum(lengths) != n:  # one token off or onto each round in turn: the curve keeps its shape
+        i = step % rounds
+        if sum(lengths) > n and lengths[i] > 1:
+            lengths[i] -= 1
+        elif sum(lengths) < n:
+            lengths[i] += 1
+        step += 1
+    return lengths
+
+
 def spec_numbers(completion_tokens: int, rounds: int | None = None) -> dict:
     # A plausible speculative run: rounds of up to 3 committed tokens (accepted drafts + bonus).
     if rounds is None:
         rounds = max(1, -(-completion_tokens // 3))
     accepted = completion_tokens - rounds
-    drafts = 0 if State.no_drafts else rounds * 4
+    drafts = 0 if State.no_drafts else rounds * SPEC_TOKENS
+    lengths = round_lengths(completion_tokens, rounds)
     with State.lock:
         State.drafts += rounds
         State.draft_tokens += drafts
         State.accepted += accepted
-    return {"rounds": rounds, "accepted": accepted, "drafts": drafts, "mean": completion_tokens / rounds}
+        for length in lengths or []:
+            for position in range(length - 1):
+                if position >= len(State.accepted_per_pos):
+                    State.accepted_per_pos.append(0)
+                State.accepted_per_pos[position] += 1
+    return {"rounds": rounds, "accepted": accepted, "drafts": drafts, "mean": completion_tokens / rounds,
+            "lengths": lengths}
+
+
+def histogram_of(lengths: list[int] | None, size: int = 0) -> list[int] | None:
+    """Rounds per accepted-draft count (index j: rounds that accepted j drafts), at least ``size`` long."""
+    if not lengths:
+        return None
+    counts = [0] * max(size, max(lengths))
+    for length in lengths:
+        counts[length - 1] += 1
+    return counts
 
 
 def rounds_for(n: int, body: dict, thinking) -> int | None:
@@ -242,6 +292,8 @@ def rounds_for(n: int, body: dict, thinking) -> int | None:
     budget = budget_of(body)
     if budget == 0 or State.no_drafts:
         return n  # plain autoregressive: one token per round
+    if State.capped_depth is not None:
+        return -(-n // (State.capped_depth + 1))  # no round accepts more than K drafts
     if State.context_collapse and prompt_words(body.get("messages")) > LONG_PROMPT_WORDS:
         return n  # the draft helps nothing at long context
     if State.loop:
@@ -270,6 +322,8 @@ def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | Non
         rounds = n if State.rounds_mismatch else spec["rounds"]
         stats = {"decode_rounds": rounds, "mean_acceptance_length": spec["mean"],
                  "tokens_per_second": tps, "tree_budget": body.get("tree_budget", 64)}
+        if spec["lengths"] and State.capped_depth is not None:  # healthy: no per-round numbers, as before
+            stats["acceptance_lengths"] = spec["lengths"]
         if State.no_drafts:
             stats["draft_tokens"] = 0
         return {"ddtree": stats}
@@ -282,14 +336,15 @@ def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | Non
         return {"metrics": {"speculative_decoding": {
             "mean_acceptance_length": spec["mean"], "num_spec_steps": spec["rounds"],
             "num_draft_tokens": spec["drafts"], "num_accepted_draft_tokens": spec["accepted"],
-            "acceptance_histogram": [0, 1, 2]}}}
+            "num_spec_tokens": SPEC_TOKENS, "acceptance_histogram": histogram_of(spec["lengths"], SPEC_TOKENS + 1)}}}
     if dialect == "sglang":
         if not body.get("return_spec_tokens_details"):
             return {}
         return {"sglext": {"spec_tokens_details": {
             "spec_accept_length": spec["mean"], "spec_accept_rate": 0.5,
             "spec_verify_ct": spec["rounds"], "spec_num_correct_drafts": spec["accepted"],
-            "spec_num_proposed_drafts": spec["drafts"]}}}
+            "spec_num_proposed_drafts": spec["drafts"],
+            "spec_correct_drafts_histogram": histogram_of(spec["lengths"])}}}
     if dialect == "llamacpp":
         return {"timings": {"prompt_n": prompt_n - cached, "cache_n": cached, "prompt_ms": 5.0,
                             "predicted_n": n, "predicted_ms": 100.0, "predicted_per_second": tps,
@@ -369,6 +424,15 @@ class Handler(BaseHTTPRequestHandler):
                 lines.append(f'{prefix}{name}_total{{engine="0",model_name="m"}} {half}')
                 lines.append(f'{prefix}{name}_total{{engine="1",model_name="m"}} {value - half}')
                 lines.append(f'{prefix}{name}_created{{engine="0",model_name="m"}} 1.7e9')
+            # accepted per draft position, every position a draft has (position 0 = depth 1)
+            with State.lock:
+                per_pos = State.accepted_per_pos + [0] * (SPEC_TOKENS - len(State.accepted_per_pos))
+            name = "spec_decode_num_accepted_tokens_per_pos"
+            lines += [f"# HELP {prefix}{name} stand-in counter", f"# TYPE {prefix}{name} counter"]
+            for position, value in enumerate(per_pos):
+                half = value // 2
+                lines.append(f'{prefix}{name}_total{{engine="0",model_name="m",position="{position}"}} {half}')
+                lines.append(f'{prefix}{name}_total{{engine="1",model_name="m",position="{position}"}} {value - half}')
             data = ("\n".join(lines) + "\n").encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -598,6 +662,7 @@ def main() -> None:
     parser.add_argument("--context-collapse", action="store_true")
     parser.add_argument("--cache-lost", action="store_true")
     parser.add_argument("--cache-changes-output", action="store_true")
+    parser.add_argument("--capped-depth", type=int, default=None)  # every round accepts exactly K drafts
     parser.add_argument("--slow-spec-under-load", type=int, default=None)  # N: slow beyond N requests in flight
     parser.add_argument("--no-drafts", action="store_true")
     args = parser.parse_args()
@@ -605,7 +670,7 @@ def main() -> None:
                  "thinking_garbage", "thinking_low_acceptance", "early_stop", "loop", "inverse_budget",
                  "server_tps", "seconds_per_token", "first_token_delay", "max_model_len", "reasoning",
                  "structured_broken", "no_enforce", "reasoning_in_content", "context_collapse", "cache_lost",
-                 "cache_changes_output", "slow_spec_under_load", "no_drafts"):
+                 "cache_changes_output", "capped_depth", "slow_spec_under_load", "no_drafts"):
         setattr(State, name, getattr(args, name))
     State.dialect = args.dialect
     State.per_request_metrics = not args.no_per_request_metrics
