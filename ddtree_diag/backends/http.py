@@ -808,25 +808,25 @@ class HttpBackend:
 
     # -- server-wide counters ------------------------------------------------------------------
 
+    def _metrics_page(self) -> str | None:
+        """The server's Prometheus page, None when it has none (or answers anything but 200)."""
+        try:
+            response, data = self._get(f"{self.base_url}/metrics")
+        except (httpx.HTTPError, BadReply):
+            return None
+        return data.decode("utf-8", "replace") if response.status_code == 200 else None
+
     def _prefix_cache_hits(self) -> float | None:
         """The server's prefix-cache hit counter (tokens), None when /metrics has none."""
-        try:
-            response, data = self._get(f"{self.base_url}/metrics")
-        except (httpx.HTTPError, BadReply):
-            return None
-        if response.status_code != 200:
-            return None
-        return parse_prefix_cache_hits(data.decode("utf-8", "replace"))
+        page = self._metrics_page()
+        return parse_prefix_cache_hits(page) if page is not None else None
 
     def _scrape_metrics(self) -> SpecCounters | None:
-        try:
-            response, data = self._get(f"{self.base_url}/metrics")
-        except (httpx.HTTPError, BadReply):
-            return None
-        if response.status_code != 200:
+        page = self._metrics_page()
+        if page is None:
             return None
         try:
-            return parse_spec_counters(data.decode("utf-8", "replace"))
+            return parse_spec_counters(page)
         except ValueError:
             return None
 
