@@ -63,15 +63,16 @@ def test_workload_findings_fire_on_their_planted_fault(upstream, fault, tmp_path
     code, report, stdout = run_fault(upstream, fault, tmp_path, "workloads")
     names = _names(report)
     if fault == "healthy":
-        # every structured answer valid, the thinking answer separated, the cache pair answered alike
+        # every structured answer valid, the thinking answer clean, the cache pair answered alike
         assert code == 0 and not workload_findings(report), (names, stdout[-3000:])
         structured = {r.case.prompt_id: r.structured for r in report.results if r.structured is not None}
         assert sorted(structured) == ["city", "weather"] and all(s.passed for s in structured.values()), structured
         weather = next(r for r in report.results if r.case.prompt_id == "weather")
         assert [c["name"] for c in weather.tool_calls] == ["get_weather"], weather.tool_calls
         assert json.loads(weather.tool_calls[0]["arguments"])["city"]
+        # SmolLM2's template does not open a think block and the model opens none: an answer in content
         think = next(r for r in report.results if r.case.enable_thinking)
-        assert (think.reasoning or "").strip() and "</think>" not in (think.output or "")
+        assert (think.output or "").strip() and "</think>" not in think.output and not think.reasoning
         assert sorted(r.case.cache_role for r in report.results if r.case.cache_role) == ["first", "repeat"]
         assert {r.case.context_tokens for r in report.results} == {None, 600}
         return
