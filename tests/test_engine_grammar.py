@@ -448,3 +448,43 @@ def test_real_model_json_schema_tree_equals_constrained_ar(embedded_target_dir):
                            constraint=constraint)
     assert tree.mode == "tree" and tree.token_ids == reference.token_ids
     assert tree.mean_acceptance_length > 1.2  # the trained draft still gets tokens accepted under the mask
+
+
+def test_a_misread_vocabulary_is_rebuilt_from_the_tokens_own_bytes(tmp_path, monkeypatch):
+    """Some transformers releases convert a GGUF tokenizer without its byte-level decoder: llguidance
+    then reads every "Ġ" as a literal character and its masks are for other bytes. That is caught
+    and the vocabulary rebuilt from the tokens' own bytes; the constrained answer is unchanged."""
+    import llguidance
+    import llguidance.hf
+    from llguidance._tokenizer import TokenizerWrapper
+
+    from ddtree_diag.engine import grammar
+
+    engine = load_engine(fx.make_target(tmp_path / "target"), fx.make_draft(tmp_path / "draft", block_size=4),
+                         device="cpu", dtype="fp32")
+    tok = engine.tokenizer
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    expected = engine.generate(messages=[{"role": "user", "content": "What time is it?"}], max_tokens=MAX_TOKENS,
+                               mode="ar", constraint=compile_constraint(tok, response_format=fmt))
+    correct = grammar._from_token_bytes(tok)
+    assert grammar._misread(correct, tok) is None
+
+    class Literal:  # the misreading: each token's piece taken as its text
+        eos_token_id, bos_token_id = tok.eos_token_id, tok.bos_token_id
+        special_token_ids = sorted(tok.all_special_ids)
+        def __init__(self) -> None:
+            self.tokens = [(p or "").encode() for p in tok.convert_ids_to_tokens(list(range(len(tok))))]
+
+        def __call__(self, text):
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    misread = llguidance.LLTokenizer(TokenizerWrapper(Literal()), n_vocab=len(tok))
+    _, theirs, ours = grammar._misread(misread, tok)
+    assert theirs != ours  # e.g. b"\xc4\x80" ("Ā", the alphabet's stand-in) for the byte 0
+    grammar._TOKENIZERS.pop(id(tok), None)
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", lambda *a, **k: misread)
+    rebuilt = compile_constraint(tok, response_format=fmt)
+    assert rebuilt.tokenizer is not misread and grammar._misread(rebuilt.tokenizer, tok) is None
+    again = engine.generate(messages=[{"role": "user", "content": "What time is it?"}], max_tokens=MAX_TOKENS,
+                            mode="ar", constraint=rebuilt)
+    assert again.token_ids == expected.token_ids

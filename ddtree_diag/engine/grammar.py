@@ -290,8 +290,79 @@ def _llg_tokenizer(tokenizer: Any) -> Any:
             built = llguidance.hf.from_tokenizer(tokenizer)
         except ValueError as exc:
             raise GrammarError(f"constrained decoding needs a fast (Rust) tokenizer: {one_line(exc, 200)}") from None
+        if _misread(built, tokenizer):
+            # llguidance reads the vocabulary from the tokenizer's JSON; some transformers releases
+            # convert a GGUF tokenizer without its byte-level decoder, so every "Ġ" stays a literal
+            # character and the masks are for other bytes. Give it the tokens' own bytes instead.
+            built = _from_token_bytes(tokenizer)
+            wrong = _misread(built, tokenizer)
+            if wrong:
+                raise GrammarError(
+                    f"constrained decoding: llguidance reads this tokenizer's tokens differently from the tokenizer "
+                    f"itself (token {wrong[0]}: {wrong[1]!r} vs {wrong[2]!r}); try another transformers release")
         _TOKENIZERS[key] = (weakref.ref(tokenizer, lambda _ref, key=key: _TOKENIZERS.pop(key, None)), built)
         return built
+
+
+def _misread(llg_tokenizer: Any, tokenizer: Any) -> tuple[int, bytes, bytes] | None:
+    """The first token whose bytes llguidance sees otherwise than the tokenizer decodes it (tokens
+    that decode to whole characters, special ones left out), or None."""
+    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for token in range(min(int(tokenizer.vocab_size), llg_tokenizer.vocab_size)):
+        if token in specials:
+            continue
+        text = tokenizer.decode([token])
+        if not text or "\ufffd" in text:
+            continue  # a piece of a character (byte-level BPE): no text to compare
+        theirs = llg_tokenizer.decode_bytes([token])
+        if theirs != text.encode("utf-8"):
+            return token, theirs, text.encode("utf-8")
+    return None
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in kept:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def _from_token_bytes(tokenizer: Any) -> Any:
+    """llguidance's tokenizer from each token's bytes: byte-level vocabularies through GPT-2's
+    alphabet, others (and special tokens) through their text."""
+    import llguidance
+    from llguidance._tokenizer import TokenizerWrapper
+
+    alphabet = _byte_alphabet()
+    size = max(int(tokenizer.vocab_size), len(tokenizer))
+    pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+    tokens = []
+    for token, piece in enumerate(pieces):
+        piece = piece or ""
+        if token not in specials and piece and all(c in alphabet for c in piece):
+            tokens.append(bytes(alphabet[c] for c in piece))
+        else:
+            tokens.append(piece.encode("utf-8"))
+
+    class _Vocabulary:
+        eos_token_id = tokenizer.eos_token_id
+        bos_token_id = tokenizer.bos_token_id
+        special_token_ids = sorted(specials)
+
+        def __init__(self) -> None:
+            self.tokens = tokens
+
+        def __call__(self, text: str) -> list[int]:
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return llguidance.LLTokenizer(TokenizerWrapper(_Vocabulary()), n_vocab=size)
 
 
 # ---- decoding ----------------------------------------------------------------------------------
