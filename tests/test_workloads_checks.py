@@ -293,7 +293,7 @@ def test_acceptance_falls_with_context_needs_a_clear_margin():
     falling = [long_case(None, 3.4), long_case(2048, 3.0), long_case(8192, 1.5)]
     found = findings.analyse(RunReport(results=falling))
     hit = [f for f in found if f.id == "acceptance-falls-with-context"]
-    assert len(hit) == 1 and "1.50 at 8182 tokens vs 3.40 at the prompt as written" in hit[0].evidence
+    assert len(hit) == 1 and "1.50 at 8192 tokens vs 3.40 at the prompt as written" in hit[0].evidence
     assert hit[0].cases == [falling[2].case_id]
     gentle = [long_case(None, 3.4), long_case(8192, 2.9)]
     assert "acceptance-falls-with-context" not in ids(RunReport(results=gentle))
@@ -302,6 +302,11 @@ def test_acceptance_falls_with_context_needs_a_clear_margin():
     rows = workloads.context_table(falling)
     assert [(r["tokens"], r["acceptance"]) for r in rows] == [(0, 3.4), (2038, 3.0), (8182, 1.5)]
     assert rows[0]["label"] == "as written" and rows[2]["label"] == "8182 tokens"
+    # prompts filled to one size share a row (their own words differ by a few tokens)
+    other = long_case(8192, 2.5)
+    other.case.fill["tokens"] = 8190
+    rows = workloads.context_table([*falling, other])
+    assert [(r["tokens"], r["cases"], r["acceptance"]) for r in rows][-1] == (8186, 2, 2.0)
 
 
 def pair(first_cached, repeat_cached, *, repeat_text="Paris.", prompt_tokens=2000, baseline=None):
@@ -337,7 +342,21 @@ def test_a_cache_hit_judged_by_ttft_when_no_counter_says():
     assert workloads.cache_hit(repeat, 0.5) == (True, "TTFT 40 ms vs 500 ms cold")
     repeat.timings = Timings(ttft_s=0.45)
     assert workloads.cache_hit(repeat, 0.5)[0] is False
-    assert workloads.cache_hit(repeat, 0.01)[0] is None  # a cold prefill too short to measure
+    assert workloads.cache_hit(repeat, 0.05)[0] is None  # a cold prefill too short to measure
+
+
+def test_without_cache_counters_each_side_is_judged_against_its_own_first():
+    """No prefix cache anywhere (the in-process engine): a prefill without a draft is simply faster,
+    so the baseline's repeat must not read as a hit against the speculative side's cold TTFT."""
+    report = pair(None, None, baseline=(None, None))
+    ttfts = {"first": 0.52, "repeat": 0.50}
+    for result in report.results:
+        result.timings = Timings(ttft_s=ttfts[result.case.cache_role])
+    for probe in report.baseline_probes:
+        probe.timings = Timings(ttft_s=0.22 if probe.case.cache_role == "first" else 0.21)
+    assert "prefix-cache-lost-with-speculation" not in ids(report)
+    report.baseline_probes[1].timings = Timings(ttft_s=0.02)  # the baseline's repeat really hit
+    assert "prefix-cache-lost-with-speculation" in ids(report)
 
 
 def test_prefix_cache_changes_output_names_the_divergence():

@@ -24,7 +24,7 @@ CONTEXT_ACCEPTANCE_MIN_DROP = 0.5
 # whose time to first token is under half the first's, when the first took long enough to measure.
 CACHE_HIT_FRACTION = 0.5
 CACHE_TTFT_RATIO = 0.5
-CACHE_MIN_FIRST_TTFT_S = 0.05
+CACHE_MIN_FIRST_TTFT_S = 0.1  # below it, TTFT differences are launch overhead, not prefill
 REASONING_PARSER_ADVICE = (
     "vLLM and SGLang: --reasoning-parser (qwen3, deepseek_r1, ...); llama.cpp: --jinja with "
     "--reasoning-format deepseek; a DDTree server: its reasoning split"
@@ -117,10 +117,9 @@ def context_groups(results: list[ProbeResult]) -> dict[int, list[ProbeResult]]:
 
 
 def _context_key(result: ProbeResult) -> int:
-    fill = result.case.fill or {}
-    if result.case.context_tokens is None:
-        return 0
-    return int(fill.get("tokens") or result.case.context_tokens)
+    """The length asked for (0: as written): prompts filled to one size share a row, whatever
+    their measured counts (each prompt's own words differ by a few tokens)."""
+    return result.case.context_tokens or 0
 
 
 def context_table(results: list[ProbeResult]) -> list[dict[str, Any]]:
@@ -130,13 +129,15 @@ def context_table(results: list[ProbeResult]) -> list[dict[str, Any]]:
     if not any(r.case.context_tokens is not None for r in results):
         return []
     rows = []
-    for tokens, group in context_groups([r for r in results if r.ok]).items():
+    for asked, group in context_groups([r for r in results if r.ok]).items():
         accepts = [r.spec.mean_acceptance_length for r in group if r.spec.mean_acceptance_length is not None]
         ttfts = [r.timings.ttft_s for r in group if r.timings.ttft_s is not None]
         estimated = any((r.case.fill or {}).get("estimated") for r in group)
+        measured = [int(r.case.fill["tokens"]) for r in group if (r.case.fill or {}).get("tokens")]
+        tokens = round(mean(measured)) if measured else asked
         rows.append({
             "tokens": tokens,
-            "label": "as written" if tokens == 0 else f"{'~' if estimated else ''}{tokens} tokens",
+            "label": "as written" if asked == 0 else f"{'~' if estimated else ''}{tokens} tokens",
             "cases": len(group),
             "acceptance": mean(accepts) if accepts else None,
             "ttft_s": mean(ttfts) if ttfts else None,
@@ -318,12 +319,14 @@ def prefix_cache_lost(report: RunReport) -> list[Finding]:
     baseline_by_case = {p.extras.get("baseline_of"): p for p in report.baseline_probes}
     lost = []
     for first, repeat in cache_pairs(report.results):
-        cold = first.timings.ttft_s
-        hit, evidence = cache_hit(repeat, cold)
-        base_repeat = baseline_by_case.get(repeat.case_id)
+        hit, evidence = cache_hit(repeat, first.timings.ttft_s)
+        base_first, base_repeat = baseline_by_case.get(first.case_id), baseline_by_case.get(repeat.case_id)
         if hit is not False or base_repeat is None or not base_repeat.ok:
             continue
-        base_hit, base_evidence = cache_hit(base_repeat, cold)
+        # each side against its own first request: a prefill without a draft is faster anyway, so
+        # the baseline's TTFT against the speculative side's cold one would read as a hit
+        base_cold = base_first.timings.ttft_s if base_first is not None and base_first.ok else None
+        base_hit, base_evidence = cache_hit(base_repeat, base_cold)
         if base_hit:
             lost.append((repeat, f"{repeat.case_id}: {evidence}; baseline {base_evidence}"))
     if not lost:
