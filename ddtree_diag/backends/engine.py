@@ -208,16 +208,15 @@ class EngineBackend:
         if fmt is None and tools is None:
             return {}
         from ddtree_diag.engine.grammar import compile_constraint
-        from ddtree_diag.server import prompting
-        from ddtree_diag.server.parsing import AnswerParser
+        from ddtree_diag.server import parsing, prompting
 
         engine = self.load()
         thinking = case.enable_thinking is True
         constraint = compile_constraint(engine.tokenizer, response_format=fmt, tools=tools,
                                         tool_choice=case.tool_choice if tools else None, thinking=thinking)
-        tool_mode = "none" if tools is None else ("auto" if case.tool_choice in (None, "auto") else "forced")
+        tool_mode = parsing.tool_mode(tools is not None, case.tool_choice)
         named = (case.tool_choice.get("function") or {}).get("name") if isinstance(case.tool_choice, dict) else None
-        parser = AnswerParser(thinking=case.enable_thinking is not False,
+        parser = parsing.AnswerParser(thinking=case.enable_thinking is not False,
                               prefilled=prompting.think_prefilled(engine.tokenizer, case.enable_thinking),
                               tool_mode=tool_mode,
                               tool_names=[t["function"]["name"] for t in tools or ()], named=named)

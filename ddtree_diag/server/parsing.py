@@ -313,6 +313,14 @@ def _content(deltas: list[Delta], text: str) -> None:
         deltas.append({"content": text})
 
 
+def tool_mode(has_tools: bool, tool_choice: Any) -> str:
+    """How an answer with tools is read: "none" (no tools, or tool_choice "none"), "auto" (tagged
+    calls in the text) or "forced" (a grammar makes the answer a call: "required" or a name)."""
+    if not has_tools or tool_choice == "none":
+        return "none"
+    return "auto" if tool_choice in (None, "auto") else "forced"
+
+
 class AnswerParser:
     """Reasoning separation, then tool calls, over one answer's text.
 

@@ -296,9 +296,9 @@ class ChatRequest(ThinkingToggle):
     def tool_mode(self) -> str:
         """How the answer is read: "none" (no tools or tool_choice none), "auto" (tagged calls in
         the text) or "forced" (a constraint makes the answer a call)."""
-        if not self.tools or self.tool_choice == "none":
-            return "none"
-        return "auto" if self.tool_choice in (None, "auto") else "forced"
+        from ddtree_diag.server.parsing import tool_mode
+
+        return tool_mode(bool(self.tools), self.tool_choice)
 
     def wants_constraint(self) -> bool:
         """Whether the answer is decoded under a grammar (or its tools checked by one)."""
