@@ -191,7 +191,7 @@ def record_stop(report: RunReport, exc: BaseException) -> None:
     elif isinstance(exc, KeyboardInterrupt):
         stop = {"reason": "interrupted", "detail": "Ctrl-C", "exit_code": EXIT_INTERRUPTED}
     else:
-        reason = "unreachable" if isinstance(exc, TransportError) else "error"
+        reason = getattr(exc, "stop_reason", None) or ("unreachable" if isinstance(exc, TransportError) else "error")
         code = exc.exit_code if isinstance(exc, DiagError) else 1
         stop = {"reason": reason, "detail": one_line(exc) or type(exc).__name__, "exit_code": code}
     report.stopped = stop

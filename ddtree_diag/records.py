@@ -561,7 +561,7 @@ class RunReport:
     started_at: str | None = None  # ISO 8601, UTC
     finished_at: str | None = None
     interrupted: bool = False  # Ctrl-C or a fatal error: results are partial
-    # Why a partial run ended: {"reason": interrupted | terminated | unreachable | error,
+    # Why a partial run ended: {"reason": interrupted | terminated | unreachable | deadline | error,
     # "detail": one line, "exit_code": the run's exit code}; None for a run that finished.
     stopped: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # run-level remarks (e.g. dialect detection)
@@ -595,6 +595,8 @@ class RunReport:
             return f"TERMINATED by {detail or 'a signal'} (partial)"
         if reason == "unreachable":
             return "STOPPED, target unreachable" + (f": {detail}" if detail else "") + " (partial)"
+        if reason == "deadline":
+            return "STOPPED at its deadline" + (f": {detail}" if detail else "") + " (partial)"
         if reason == "error":
             return "STOPPED by an error" + (f": {detail}" if detail else "") + " (partial)"
         return "INTERRUPTED (partial)"
@@ -637,3 +639,97 @@ class RunReport:
         fields["load"] = [LoadLevel.from_dict(x) for x in data.get("load") or []
                           if isinstance(x, dict) and isinstance(x.get("concurrency"), int)]
         return cls(**fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleets: one run over many servers (replicas, containers, hosts)
+
+FLEET_KIND = "fleet"  # a fleet report's "kind"; a single run's report has none
+
+
+@dataclass
+class FleetMember:
+    """One target of a fleet: its name, its group (replicas compared with each other: by default
+    the model it serves), where it was reached, and its own whole run."""
+
+    name: str
+    report: RunReport = field(default_factory=RunReport)
+    group: str | None = None  # set in the targets file; None = group by the served model
+    exit_code: int | None = None  # this target's own exit code, as a single run would give it
+    source: str | None = None  # the report file it came from (``report --merge``)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "group": self.group, "exit_code": self.exit_code, "source": self.source,
+                "report": self.report.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FleetMember:
+        report = data.get("report")
+        if not isinstance(report, dict):
+            raise ValueError(f"fleet target {data.get('name')!r} has no report")
+        code = data.get("exit_code")
+        group, source = data.get("group"), data.get("source")
+        return cls(
+            name=str(data.get("name") or ""), report=RunReport.from_dict(report),
+            group=str(group) if group is not None else None,
+            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+            source=str(source) if source is not None else None,
+        )
+
+
+@dataclass
+class FleetReport:
+    """A run over several targets: every target's own report, and what only the fleet shows (the
+    replica that differs from the others, the slow one) with the fleet's verdict."""
+
+    targets: list[FleetMember] = field(default_factory=list)
+    started_at: str | None = None
+    finished_at: str | None = None
+    interrupted: bool = False
+    stopped: dict[str, Any] | None = None  # as RunReport.stopped, for the fleet run as a whole
+    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # cross-target findings
+    # gate: one check per target (its own gate or checks) plus the cross-target findings
+    gate: GateResult | None = None
+    matrix: str | None = None  # the matrix every target ran
+    tool_version: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def member(self, name: str) -> FleetMember | None:
+        return next((m for m in self.targets if m.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "kind": FLEET_KIND,
+            "tool_version": self.tool_version,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "interrupted": self.interrupted,
+            "stopped": self.stopped,
+            "matrix": self.matrix,
+            "notes": self.notes,
+            "findings": [f.to_dict() for f in self.findings],
+            "gate": self.gate.to_dict() if self.gate is not None else None,
+            "targets": [m.to_dict() for m in self.targets],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FleetReport:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"unsupported report schema_version {version!r} (expected {SCHEMA_VERSION})")
+        fields = _known_fields(cls, data)
+        fields["targets"] = [FleetMember.from_dict(m) for m in data.get("targets") or [] if isinstance(m, dict)]
+        if not isinstance(fields.get("stopped"), dict):
+            fields["stopped"] = None
+        fields["findings"] = [Finding.from_dict(f) for f in data.get("findings") or [] if isinstance(f, dict)]
+        gate = data.get("gate")
+        fields["gate"] = GateResult.from_dict(gate) if isinstance(gate, dict) else None
+        fields["notes"] = [str(n) for n in fields.get("notes") or []]
+        return cls(**fields)
+
+
+def is_fleet_dict(data: Any) -> bool:
+    """Whether a loaded JSON report is a fleet's (``kind: fleet``) rather than a single run's."""
+    return isinstance(data, dict) and data.get("kind") == FLEET_KIND

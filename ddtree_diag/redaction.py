@@ -111,9 +111,11 @@ def url_without_password(url: str) -> str:
 
 
 def redacted_report(report: Any) -> Any:
-    """A RunReport with every string redacted (the same object when there is nothing to hide)."""
+    """A RunReport or FleetReport with every string redacted (the same object when there is
+    nothing to hide)."""
     if not REDACTOR.active:
         return report
-    from ddtree_diag.records import RunReport
+    from ddtree_diag.records import FleetReport, RunReport
 
-    return RunReport.from_dict(redact_data(report.to_dict()))
+    cls = FleetReport if isinstance(report, FleetReport) else RunReport
+    return cls.from_dict(redact_data(report.to_dict()))

@@ -51,8 +51,8 @@ DIALECT_HELP = "Server dialect: " + " | ".join(("auto", *DIALECTS)) + "."
 
 # Help panels of the run options (probe, gate): what to probe, what to send, what to check, where
 # the results go, and the in-process engine.
-TARGET_PANEL, MATRIX_PANEL, CHECKS_PANEL, OUTPUT_PANEL, ENGINE_PANEL = (
-    "Target", "Matrix (overrides the matrix file)", "Checks", "Output", "In-process engine")
+TARGET_PANEL, FLEET_PANEL, MATRIX_PANEL, CHECKS_PANEL, OUTPUT_PANEL, ENGINE_PANEL = (
+    "Target", "Fleet (many servers)", "Matrix (overrides the matrix file)", "Checks", "Output", "In-process engine")
 
 
 def target_option(panel: str | None = None) -> Any:
@@ -87,7 +87,7 @@ TARGET, GGUF, DRAFT, DEVICE, DTYPE = target_option(), gguf_option(), draft_optio
 class RunFlags:
     """The flags of a matrix run (probe and gate), typed."""
 
-    url: str | None = None
+    url: list[str] | None = None  # more than one: a fleet
     via: str | None = None
     model: str | None = None
     dialect: str = "auto"
@@ -95,6 +95,10 @@ class RunFlags:
     timeout: float = 120.0
     max_response_bytes: str = "8M"
     stream: bool = True
+    targets: str | None = None  # a fleet's targets file
+    parallel: int = 8
+    deadline: float | None = None
+    detail: bool = False
     concurrency: str = "1"  # one value: parallel requests; a list: the load sweep's levels
     load_seconds: float | None = None
     load_requests: int | None = None
@@ -125,9 +129,9 @@ class RunFlags:
 
 # (name, annotation, typer option) in help order; the names are RunFlags' fields.
 _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
-    ("url", str | None, typer.Option(
+    ("url", list[str] | None, typer.Option(
         None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True, rich_help_panel=TARGET_PANEL,
-        help="Base URL of the OpenAI-compatible server (with or without /v1).")),
+        help="Base URL of the OpenAI-compatible server (with or without /v1). Repeat it for a fleet.")),
     ("via", str | None, typer.Option(
         None, "--via", envvar="DDTREE_DIAG_VIA", show_envvar=True, rich_help_panel=TARGET_PANEL,
         help="Make the requests from the far side of this command prefix, e.g. "
@@ -147,6 +151,19 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
         help="Largest response body read (bytes, or with K/M/G); a bigger one fails its case.")),
     ("stream", bool, typer.Option(True, "--stream/--no-stream", help="Stream (SSE) to measure TTFT.",
                                   rich_help_panel=TARGET_PANEL)),
+    ("targets", str | None, typer.Option(
+        None, "--targets", metavar="FILE", rich_help_panel=FLEET_PANEL,
+        help="A fleet: a TOML file of named targets (url, via, dialect, model, api_key_env, baseline, …; "
+        "patterns such as url = \"http://gpu-{n}:8000\" with n = [1, 2, 3]). Every target runs the matrix.")),
+    ("parallel", int, typer.Option(
+        8, "--parallel", rich_help_panel=FLEET_PANEL,
+        help="Fleet: targets run at once (each runs its own cases one at a time).")),
+    ("deadline", float | None, typer.Option(
+        None, "--deadline", metavar="SECONDS", rich_help_panel=FLEET_PANEL,
+        help="Fleet: time for each target's whole run; past it the target is stopped with what it finished "
+        "(a target's own deadline key wins). \\[default: none; each request still times out at --timeout]")),
+    ("detail", bool, typer.Option(
+        False, "--detail", rich_help_panel=FLEET_PANEL, help="Fleet: every target's own tables after the fleet's.")),
     ("concurrency", str, typer.Option(
         "1", "--concurrency", metavar="N|N,N,…", rich_help_panel=TARGET_PANEL,
         help="One value: parallel requests (1: clean per-request numbers). Two or more, e.g. 1,4,16: the load "

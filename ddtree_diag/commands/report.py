@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -11,20 +12,30 @@ from ddtree_diag.commands.options import DEBUG, NO_COLOR
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from ddtree_diag.output.reportfile import check_writable, dump_json, is_stdout, load_report, write_output
 
-FORMATS = ("table", "markdown", "junit", "html")
+if TYPE_CHECKING:
+    from ddtree_diag.records import FleetReport, RunReport
+
+FORMATS = ("table", "markdown", "junit", "html", "json")
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
-        run: str = typer.Argument(..., help="A JSON report written by probe/gate --json."),
+        runs: list[str] = typer.Argument(..., metavar="RUN.json...", help="A JSON report written by probe/gate "
+                                         "--json (a run's or a fleet's); several with --merge."),
         format: str = typer.Option("table", "--format", "-f", help=" | ".join(FORMATS) + "."),
         output: str | None = typer.Option(None, "--output", "-o", help="Write to PATH instead of stdout."),
+        merge: bool = typer.Option(False, "--merge", help="Join the reports (runs and fleets, e.g. made from "
+                                   "several machines) into one fleet report, judged as one fleet."),
+        target: str | None = typer.Option(None, "--target", metavar="NAME",
+                                          help="A fleet report: render only this target's run."),
+        detail: bool = typer.Option(False, "--detail", help="A fleet report: every target's own tables too."),
         no_color: bool = NO_COLOR,
         debug: bool = DEBUG,
     ) -> None:
-        """Re-render a saved run (exit code as the run's: 0 pass, 1 a check failed)."""
-        raise typer.Exit(rerender(run, format, output=output, no_color=no_color))
+        """Re-render a saved run or fleet (exit code as the run's: 0 pass, 1 a check failed)."""
+        raise typer.Exit(rerender(runs, format, output=output, no_color=no_color, merge=merge, target=target,
+                                  detail=detail))
 
     @app.command()
     def diff(
@@ -50,16 +61,61 @@ def register(app: typer.Typer) -> None:
                                   html_path=html, no_color=no_color))
 
 
-def rerender(path: str, fmt: str, *, output: str | None = None, no_color: bool = False) -> int:
-    """Render a saved run as it was judged (its gate, findings and baseline are kept, not
-    recomputed). Returns the run's exit code."""
-    from ddtree_diag.orchestrator import exit_code_for
-    from ddtree_diag.output import junit, markdown
+def rerender(paths: str | list[str], fmt: str, *, output: str | None = None, no_color: bool = False,
+             merge: bool = False, target: str | None = None, detail: bool = False) -> int:
+    """Render a saved run or fleet as it was judged (its gate, findings and baseline are kept, not
+    recomputed; ``merge`` joins several into one fleet, whose cross-target verdict is computed).
+    Returns the run's exit code."""
+    from ddtree_diag.output.reportfile import load_any
+    from ddtree_diag.records import FleetReport
 
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    if len(paths) > 1 and not merge:
+        raise UsageError(f"{len(paths)} reports given: add --merge to join them into one fleet report")
     check_writable(output, "--output")
-    report = load_report(path)
+    loaded = [(path, load_any(path)) for path in paths]
+    if merge:
+        report: RunReport | FleetReport = _merged(loaded)
+    else:
+        report = loaded[0][1]
+    if target is not None:
+        if not isinstance(report, FleetReport):
+            raise UsageError(f"--target {target}: {paths[0]} is one run's report, not a fleet's")
+        member = report.member(target)
+        if member is None:
+            names = ", ".join(m.name for m in report.targets[:8])
+            raise UsageError(f"--target {target}: no such target in the fleet (targets: {names}"
+                             + (", …" if len(report.targets) > 8 else "") + ")")
+        report = member.report
+    if isinstance(report, FleetReport):
+        return _render_fleet(report, fmt, output=output, no_color=no_color, detail=detail)
+    return _render_run(report, fmt, output=output, no_color=no_color)
+
+
+def _merged(loaded: list[tuple[str, RunReport | FleetReport]]) -> FleetReport:
+    """One fleet from several reports, judged as one: every target's own gate decides whether
+    the fleet is gated (any target gated: the fleet is)."""
+    from ddtree_diag import fleet
+
+    merged = fleet.merge(loaded)
+    gated = any(m.report.gate is not None for m in merged.targets)
+    fleet.judge(merged, gate=gated)
+    return merged
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        write_output(output, text)
+    else:
+        sys.stdout.write(text)
+
+
+def _render_run(report: RunReport, fmt: str, *, output: str | None, no_color: bool) -> int:
+    from ddtree_diag.orchestrator import exit_code_for
+    from ddtree_diag.output import junit, markdown
+
     code = exit_code_for(report)
     if fmt == "table":
         from ddtree_diag.output.console import make_console, render_report
@@ -71,16 +127,46 @@ def rerender(path: str, fmt: str, *, output: str | None = None, no_color: bool =
         else:
             render_report(make_console(sys.stdout, no_color=no_color), report, code)
         return code
-    if fmt == "html":
+    if fmt == "json":
+        from ddtree_diag.output.reportfile import report_json
+
+        text = report_json(report)
+    elif fmt == "html":
         from ddtree_diag.output.html import html_report
 
         text = html_report(report, code)
     else:
         text = markdown.markdown_summary(report, code) if fmt == "markdown" else junit.junit_xml(report)
-    if output:
-        write_output(output, text)
+    _emit(text, output)
+    return code
+
+
+def _render_fleet(report: FleetReport, fmt: str, *, output: str | None, no_color: bool, detail: bool) -> int:
+    from ddtree_diag import fleet
+    from ddtree_diag.output import fleetview
+
+    code = fleet.exit_code_for(report)
+    if fmt == "table":
+        from ddtree_diag.output.console import make_console
+
+        if output:
+            buffer = io.StringIO()
+            fleetview.render_fleet(make_console(buffer, no_color=True), report, code, detail=detail)
+            write_output(output, buffer.getvalue())
+        else:
+            fleetview.render_fleet(make_console(sys.stdout, no_color=no_color), report, code, detail=detail)
+        return code
+    if fmt == "json":
+        from ddtree_diag.output.reportfile import report_json
+
+        text = report_json(report)
+    elif fmt == "html":
+        text = fleetview.html_fleet(report, code)
+    elif fmt == "markdown":
+        text = fleetview.fleet_markdown(report, code)
     else:
-        sys.stdout.write(text)
+        text = fleetview.fleet_junit_xml(report)
+    _emit(text, output)
     return code
 
 

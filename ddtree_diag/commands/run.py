@@ -19,6 +19,7 @@ from ddtree_diag.commands.options import CHECKS_PANEL, RunFlags, run_options
 
 if TYPE_CHECKING:
     from ddtree_diag.records import RunReport
+    from ddtree_diag.targets import TargetSpec
 
 
 # The matrices shipped in ddtree_diag/matrices (a test keeps this in step with the folder).
@@ -52,7 +53,8 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(run_matrix(flags, matrix, gate=True, against=against))
 
 
-def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
+def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool, spec: TargetSpec | None = None) -> object:
+    """The run's plan from its flags; ``spec``: one target of a fleet (its settings win)."""
     from ddtree_diag import jsonsafe
     from ddtree_diag.backends import EngineTarget, HttpTarget
     from ddtree_diag.backends.http import parse_size
@@ -60,9 +62,10 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
     from ddtree_diag.matrix import MatrixRequest
     from ddtree_diag.orchestrator import RunPlan
 
+    url = spec.url if spec is not None else (flags.url or [None])[0]
     # Text that goes onto the wire must be Unicode: argv bytes that are not UTF-8 arrive as lone
     # surrogates and would fail deep inside the HTTP client.
-    sent = [("--url", flags.url), ("--model", flags.model), ("--api-key", flags.api_key)]
+    sent = [("--url", url), ("--model", flags.model), ("--api-key", flags.api_key)]
     for flag, value in sent + [("--prompt", prompt) for prompt in flags.prompt or []]:
         if value is not None and jsonsafe.has_surrogates(value):
             from ddtree_diag.errors import UsageError
@@ -70,10 +73,18 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
             raise UsageError(f"{flag} is not valid UTF-8")
     concurrency, levels = parse_concurrency_flag(flags.concurrency)
     http = HttpTarget(
-        url=flags.url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
+        url=url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
         timeout=flags.timeout, max_response_bytes=parse_size(flags.max_response_bytes), stream=flags.stream,
         concurrency=concurrency,
     )
+    baseline = flags.baseline
+    if spec is not None:
+        http = http.replace(
+            via=spec.via, model=spec.model, dialect=spec.dialect or "auto", api_key=spec.api_key or flags.api_key,
+            timeout=spec.timeout if spec.timeout is not None else flags.timeout, stream=spec.stream is not False,
+            max_response_bytes=parse_size(spec.max_response_bytes or flags.max_response_bytes),
+        )
+        baseline = spec.baseline
     weights = EngineTarget(target=flags.target, gguf=flags.gguf, draft=flags.draft, device=flags.device,
                            dtype=flags.dtype, timeout=flags.timeout, concurrency=concurrency)
     # --engine runs the cases in process; the other kind's flags serve the baseline and the scorer.
@@ -84,7 +95,7 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool) -> object:
         fill=flags.fill,
     )
     load = LoadRequest(levels=levels, seconds=flags.load_seconds, requests=flags.load_requests)
-    return RunPlan(target=target, matrix=request, baseline=flags.baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
+    return RunPlan(target=target, matrix=request, baseline=baseline, near_tie_gap=flags.near_tie_gap, gate=gate,
                    score_with=flags.score_with, load=load, **other)
 
 
@@ -137,6 +148,8 @@ def signals_as_interrupts() -> Iterator[_SignalWatch]:
 def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool, against: str | None = None) -> int:
     """Run the matrix, write the reports, render. Returns the exit code; DiagError propagates
     (exit 2/3). ``against``: a known-good JSON report to judge the run against (gate)."""
+    if flags.targets or len(flags.url or []) > 1:
+        return run_fleet(flags, matrix, gate=gate, against=against)
     from ddtree_diag import orchestrator
     from ddtree_diag.errors import Terminated
     from ddtree_diag.output.console import make_console, progress, render_report, silence_stdout
@@ -215,6 +228,110 @@ def write_outputs(report: RunReport, flags: RunFlags, code: int, *, gate: bool) 
         from ddtree_diag.output.html import write_html
 
         writers.append(lambda: write_html(report, flags.html, code))
+    failures: list[str] = []
+    for write in writers:
+        try:
+            write()
+        except DiagError as exc:
+            failures.append(str(exc))
+    return failures
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleets
+
+
+def fleet_specs(flags: RunFlags) -> list[TargetSpec]:
+    """The fleet's targets: the --targets file's, or one per --url. The flags given on the command
+    line are every target's settings unless the target sets its own."""
+    from ddtree_diag import targets
+    from ddtree_diag.errors import UsageError
+
+    if flags.engine:
+        raise UsageError("a fleet is a set of servers: --engine cannot be combined with --targets or several --url")
+    defaults = RunFlags()
+    given = {
+        "via": flags.via, "model": flags.model, "baseline": flags.baseline, "deadline": flags.deadline,
+        "dialect": flags.dialect if flags.dialect != defaults.dialect else None,
+        "timeout": flags.timeout if flags.timeout != defaults.timeout else None,
+        "stream": False if not flags.stream else None,
+        "max_response_bytes": flags.max_response_bytes if flags.max_response_bytes != defaults.max_response_bytes
+        else None,
+    }
+    overrides = {key: value for key, value in given.items() if value is not None}
+    if flags.targets:
+        if flags.url:
+            raise UsageError("give either --targets FILE or --url (DDTREE_DIAG_URL), not both")
+        return targets.load_targets(flags.targets, overrides)
+    return targets.from_urls(list(flags.url or []), overrides)
+
+
+def run_fleet(flags: RunFlags, matrix: str | None, *, gate: bool, against: str | None = None) -> int:
+    """``probe``/``gate`` over a fleet: every target in parallel (at most --parallel), then the
+    fleet table, the cross-target findings and the fleet's exit code (the worst of its targets')."""
+    from ddtree_diag import fleet, orchestrator
+    from ddtree_diag.output import fleetview
+    from ddtree_diag.output.console import make_console, progress, silence_stdout
+    from ddtree_diag.output.reportfile import is_stdout, write_report
+    from ddtree_diag.records import FleetReport
+
+    specs = fleet_specs(flags)
+    prepared = fleet.prepare(specs, lambda spec: plan_from(flags, matrix, gate=gate, spec=spec),  # type: ignore[arg-type,return-value]
+                             gate=gate, parallel=flags.parallel, against=against)
+    check_outputs(flags)
+    json_to_stdout = is_stdout(flags.json_path)
+    console = make_console(sys.stderr if json_to_stdout else sys.stdout, no_color=flags.no_color)
+    status_console = make_console(sys.stderr, no_color=flags.no_color)
+    report = FleetReport()
+    tracker = progress(status_console, prepared.total_cases, quiet=flags.quiet)
+    stopped_by: BaseException | None = None
+    with signals_as_interrupts() as late:
+        try:
+            with tracker as advance:
+                fleet.execute(prepared, report, on_result=lambda name, result: advance(result, target=name),
+                              on_stage=lambda name, text: tracker.note(f"{name}: {text}"))
+        except BaseException as exc:  # Ctrl-C or a signal: every target keeps what it finished
+            orchestrator.record_stop(report, exc)  # type: ignore[arg-type]
+            stopped_by = exc
+        late.defer()
+        first_gate = prepared.targets[0].run.gate if prepared.targets else None
+        fleet.judge(report, gate=gate, fail_on=first_gate.fail_on_findings if first_gate is not None else None)
+        code = fleet.exit_code_for(report)
+        failures = write_fleet_outputs(report, flags, code, gate=gate)
+        try:
+            fleetview.render_fleet(console, report, code, detail=flags.detail)
+            if json_to_stdout:
+                write_report(report, "-")
+        except BrokenPipeError:
+            silence_stdout()
+    from ddtree_diag.errors import Terminated, UsageError
+
+    if isinstance(stopped_by, Terminated):
+        sys.stderr.write(f"ddtree-diag: terminated by {stopped_by.name}\n")
+    elif stopped_by is not None and not isinstance(stopped_by, KeyboardInterrupt):
+        raise stopped_by
+    if late.signal is not None:
+        code = 128 + late.signal
+    if failures:
+        raise UsageError("; ".join(failures))
+    return code
+
+
+def write_fleet_outputs(report: object, flags: RunFlags, code: int, *, gate: bool) -> list[str]:
+    """The fleet's report files (JSON, JUnit, Markdown, HTML); returns the one-line errors."""
+    from ddtree_diag.errors import DiagError
+    from ddtree_diag.output import fleetview
+    from ddtree_diag.output.reportfile import is_stdout, write_report
+
+    writers = []
+    if flags.json_path and not is_stdout(flags.json_path):
+        writers.append(lambda: write_report(report, flags.json_path))  # type: ignore[arg-type]
+    if flags.junit:
+        writers.append(lambda: fleetview.write_fleet_junit(report, flags.junit))
+    if gate or flags.summary:
+        writers.append(lambda: fleetview.write_fleet_summary(report, flags.summary, code))
+    if flags.html:
+        writers.append(lambda: fleetview.write_html_fleet(report, flags.html, code))
     failures: list[str] = []
     for write in writers:
         try:

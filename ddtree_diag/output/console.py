@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from statistics import mean
 from typing import IO, Any
 
@@ -259,8 +260,8 @@ def render_gate(console: Console, report: RunReport) -> None:
     console.print(Text(f"gate: {'PASSED' if passed else 'FAILED'}", style="bold green" if passed else "bold red"))
 
 
-def progress_line(result: ProbeResult, done: int, total: int) -> str:
-    """One finished case for a log: position, id, acceptance, tok/s and verdict."""
+def progress_line(result: ProbeResult, done: int, total: int, target: str | None = None) -> str:
+    """One finished case for a log: position, (the fleet target,) id, acceptance, tok/s and verdict."""
     tps = result.timings.decode_tokens_per_second
     if tps is None:
         tps = result.spec.server_tokens_per_second
@@ -268,7 +269,8 @@ def progress_line(result: ProbeResult, done: int, total: int) -> str:
     if not result.ok and result.error:
         verdict += f": {visible(result.error, 100)}"
     width = len(str(total))
-    line = (f"[{done:>{width}}/{total}] {result.case_id}  accept {acceptance_cell(result).text}  "
+    where = f"{target}  " if target else ""
+    line = (f"[{done:>{width}}/{total}] {where}{result.case_id}  accept {acceptance_cell(result).text}  "
             f"tok/s {fmt(tps, '.1f')}  {verdict}")
     return redact(line)  # a server may echo the key in its reason phrase
 
@@ -276,7 +278,8 @@ def progress_line(result: ProbeResult, done: int, total: int) -> str:
 class progress:
     """Progress while cases run, used as ``with progress(console, total) as advance: ...
     advance(result)``. On a terminal: a transient bar. Anywhere else (a CI log, a pipe): one line
-    per finished case, flushed at once, so a long run shows it is alive. ``quiet``: nothing."""
+    per finished case, flushed at once, so a long run shows it is alive. ``quiet``: nothing.
+    A fleet's targets report from their own threads: ``advance(result, target=NAME)``."""
 
     def __init__(self, console: Console, total: int, *, quiet: bool = False) -> None:
         self.console = console
@@ -284,14 +287,15 @@ class progress:
         self.quiet = quiet
         self.bar: Any = None
         self.done = 0
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Any:
         if self.quiet:
-            return lambda result: None
+            return lambda result, target=None: None
         if not self.console.is_terminal:
             return self._log_line
         if self.total <= 1:
-            return lambda result: None
+            return lambda result, target=None: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self.bar = Progress(
@@ -301,22 +305,26 @@ class progress:
         self.bar.start()
         task = self.bar.add_task("", total=self.total)
 
-        def advance(result: Any) -> None:
-            self.bar.update(task, advance=1, description=result.case_id)
+        def advance(result: Any, target: str | None = None) -> None:
+            label = f"{target}: {result.case_id}" if target else result.case_id
+            with self._lock:
+                self.bar.update(task, advance=1, description=label)
 
         return advance
 
-    def _log_line(self, result: ProbeResult) -> None:
-        self.done += 1
-        stream = self.console.file
-        stream.write(progress_line(result, self.done, self.total) + "\n")
-        stream.flush()
+    def _log_line(self, result: ProbeResult, target: str | None = None) -> None:
+        with self._lock:
+            self.done += 1
+            stream = self.console.file
+            stream.write(progress_line(result, self.done, self.total, target) + "\n")
+            stream.flush()
 
     def note(self, text: str) -> None:
         """A stage of the run (the baseline starting), as a line in a log; nothing on a terminal."""
         if not self.quiet and not self.console.is_terminal:
-            self.console.file.write(redact(text) + "\n")
-            self.console.file.flush()
+            with self._lock:
+                self.console.file.write(redact(text) + "\n")
+                self.console.file.flush()
 
     def __exit__(self, *exc_info: Any) -> None:
         if self.bar is not None:

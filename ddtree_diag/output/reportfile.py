@@ -28,7 +28,7 @@ from typing import Any
 
 from ddtree_diag import jsonsafe
 from ddtree_diag.errors import UsageError
-from ddtree_diag.records import RunReport
+from ddtree_diag.records import FleetReport, RunReport, is_fleet_dict
 from ddtree_diag.redaction import redact, redact_data
 
 
@@ -155,7 +155,7 @@ def append_output(path: str, text: str) -> None:
         raise UsageError(f"cannot append to {path}: {_reason(exc)}") from None
 
 
-def report_dict(report: RunReport) -> dict[str, Any]:
+def report_dict(report: RunReport | FleetReport) -> dict[str, Any]:
     """The report as strict-JSON-ready data: secrets redacted, non-finite numbers null (noted)."""
     replaced: list[str] = []
     data = jsonsafe.finite(redact_data(report.to_dict()), "", replaced)
@@ -165,7 +165,7 @@ def report_dict(report: RunReport) -> dict[str, Any]:
     return data
 
 
-def report_json(report: RunReport) -> str:
+def report_json(report: RunReport | FleetReport) -> str:
     return jsonsafe.dumps(report_dict(report)) + "\n"
 
 
@@ -183,7 +183,7 @@ def is_stdout(path: str | None) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def write_report(report: RunReport, destination: str) -> None:
+def write_report(report: RunReport | FleetReport, destination: str) -> None:
     """``-`` (or a path naming stdout) writes to stdout, where only JSON goes; anything else is a
     file path."""
     text = report_json(report)
@@ -199,7 +199,8 @@ def write_report(report: RunReport, destination: str) -> None:
         write_output(destination, text)
 
 
-def load_report(path: str | Path) -> RunReport:
+def load_any(path: str | Path) -> RunReport | FleetReport:
+    """A saved JSON report: a single run's or a fleet's. UsageError (one line) for anything else."""
     try:
         data: Any = jsonsafe.loads(Path(path).read_bytes(), what=str(path), max_depth=4 * jsonsafe.MAX_DEPTH)
     except FileNotFoundError:
@@ -212,9 +213,17 @@ def load_report(path: str | Path) -> RunReport:
         # other JSON (a diff's --json, a config): say what it is not, not which version it lacks
         raise UsageError(f"{path}: not a ddtree-diag JSON report")
     try:
-        return RunReport.from_dict(data)
+        return FleetReport.from_dict(data) if is_fleet_dict(data) else RunReport.from_dict(data)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise UsageError(f"{path}: {exc}") from None
+
+
+def load_report(path: str | Path) -> RunReport:
+    """A single run's saved report; a fleet report is one line saying so (exit 2)."""
+    report = load_any(path)
+    if isinstance(report, FleetReport):
+        raise UsageError(f"{path} is a fleet report ({len(report.targets)} targets): this takes one run's report")
+    return report
 
 
 def dump_json(value: Any) -> str:
