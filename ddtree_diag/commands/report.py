@@ -10,7 +10,7 @@ import typer
 
 from ddtree_diag.commands.options import DEBUG, NO_COLOR
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
-from ddtree_diag.output.reportfile import check_writable, dump_json, is_stdout, load_report, write_output
+from ddtree_diag.output.reportfile import check_writable, dump_json, is_stdout, write_output
 
 if TYPE_CHECKING:
     from ddtree_diag.records import FleetReport, RunReport
@@ -181,25 +181,40 @@ def run_diff(
     html_path: str | None = None,
     no_color: bool = False,
 ) -> int:
+    """Compare two saved reports; either may be a fleet's (then target by target, see
+    ``output.fleetdiff``). Returns 1 on a regression, else 0."""
     from ddtree_diag.output.console import make_console
-    from ddtree_diag.output.diff import Tolerances, diff_runs, render_diff
+    from ddtree_diag.output.diff import RunDiff, Tolerances, diff_runs, render_diff
+    from ddtree_diag.output.fleetdiff import FleetDiff, diff_fleets, render_fleet_diff
+    from ddtree_diag.output.reportfile import load_any
+    from ddtree_diag.records import RunReport
 
     if not (acceptance_tolerance >= 0 and tps_tolerance >= 0):  # NaN fails too
         raise UsageError("tolerances must be >= 0")
     check_writable(json_path, "--json")
     check_writable(html_path, "--html")
-    a, b = load_report(a_path), load_report(b_path)
-    result = diff_runs(a, b, Tolerances(acceptance_tolerance, tps_tolerance, fail_on_text_change))
+    a, b = load_any(a_path), load_any(b_path)
+    tolerances = Tolerances(acceptance_tolerance, tps_tolerance, fail_on_text_change)
     # With --json -, stdout carries the JSON alone and the comparison table goes to stderr.
     to_stdout = is_stdout(json_path)
-    render_diff(make_console(sys.stderr if to_stdout else sys.stdout, no_color=no_color), result, a_path, b_path)
+    console = make_console(sys.stderr if to_stdout else sys.stdout, no_color=no_color)
+    result: RunDiff | FleetDiff
+    if isinstance(a, RunReport) and isinstance(b, RunReport):  # two single runs: as always
+        result = diff_runs(a, b, tolerances)
+        render_diff(console, result, a_path, b_path)
+    else:
+        result = diff_fleets(a, b, tolerances)
+        render_fleet_diff(console, result, a_path, b_path)
     text = dump_json(result.to_dict())
     if to_stdout:
         sys.stdout.write(text)
     elif json_path:
         write_output(json_path, text)
     if html_path:
+        from ddtree_diag.output.fleetdiff import html_fleet_diff
         from ddtree_diag.output.html import html_diff
 
-        write_output(html_path, html_diff(result, a_path, b_path))
+        page = (html_fleet_diff(result, a_path, b_path) if isinstance(result, FleetDiff)
+                else html_diff(result, a_path, b_path))
+        write_output(html_path, page)
     return EXIT_CHECK_FAILED if result.regressed else EXIT_OK

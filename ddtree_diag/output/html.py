@@ -341,15 +341,25 @@ def html_diff(diff: Any, a_name: str, b_name: str) -> str:
             f"<p><b>A:</b> {esc(a_name)}<br><b>B:</b> {esc(b_name)}</p>"]
     body += [f"<p>{esc(line)}</p>" for line in diff.summary]
     body.append("</header>")
+    body += diff_sections(diff, names)
+    return _page(f"ddtree-diag diff: {verdict}", body)
+
+
+def diff_sections(diff: Any, names: tuple[str, str], *, level: int = 2, anchor: str = "") -> list[str]:
+    """What a diff page shows under its header (regressions, plots, cases). A fleet's diff page
+    repeats it once per target: its headings one level lower, its ids prefixed with ``anchor`` so
+    they stay unique on the page."""
+    h = f"h{level}"
+    body: list[str] = []
     if diff.shared == 0:
         body.append('<p class="bad"><b>The two runs share no cases</b>: nothing could be compared case by case '
                     "(different matrices, prompts or max_tokens?).</p>")
     if diff.regressions:
-        body.append('<h2 id="regressions">Regressions</h2><ul>'
+        body.append(f'<{h} id="{anchor}regressions">Regressions</{h}><ul>'
                     + "".join(f'<li class="bad">{esc(r)}</li>' for r in diff.regressions) + "</ul>")
     shared = [c for c in diff.cases if c.a is not None and c.b is not None]
     labels = [f"#{i} {_short_id(c.case_id)}" for i, c in enumerate(shared, 1)]
-    body.append('<h2 id="plots">Plots</h2>')
+    body.append(f'<{h} id="{anchor}plots">Plots</{h}>')
     charts = []
     accept = [(c.a.spec.mean_acceptance_length, c.b.spec.mean_acceptance_length) for c in shared]
     if any(x is not None or y is not None for x, y in accept):
@@ -366,7 +376,7 @@ def html_diff(diff: Any, a_name: str, b_name: str) -> str:
                                                     for t, s in charts) + "</div>")
     else:
         body.append("<p>No shared case with acceptance or speed numbers.</p>")
-    body.append('<h2 id="cases">Cases</h2><table><tr><th>case</th><th>accept A</th><th>accept B</th>'
+    body.append(f'<{h} id="{anchor}cases">Cases</{h}><table><tr><th>case</th><th>accept A</th><th>accept B</th>'
                 "<th>tok/s A</th><th>tok/s B</th><th>changes</th></tr>")
     for case in diff.cases:
         a, b = case.a, case.b
@@ -385,7 +395,7 @@ def html_diff(diff: Any, a_name: str, b_name: str) -> str:
             + f"<td>{''.join(items) or '<span class=dim>unchanged</span>'}</td></tr>"
         )
     body.append("</table>")
-    return _page(f"ddtree-diag diff: {verdict}", body)
+    return body
 
 
 def _short_id(case_id: str) -> str:
