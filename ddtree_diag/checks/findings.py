@@ -711,9 +711,12 @@ CRITICAL_FINDINGS: frozenset[str] = frozenset(kind.id for kind in FINDINGS if ki
 
 
 def readme_table() -> str:
-    """The README's findings table (a test keeps the README equal to it)."""
+    """The README's findings table (a test keeps the README equal to it): the per-run kinds, then
+    the fleet's cross-target ones (``checks.replicas``, which ``analyse`` does not run)."""
+    from ddtree_diag.checks.replicas import FLEET_FINDINGS  # lazily: it is no rule of a single run
+
     lines = ["| id | severity | fires when |", "|---|---|---|"]
-    lines += [f"| `{k.id}` | {' / '.join(k.severities)} | {k.fires_when} |" for k in FINDINGS]
+    lines += [f"| `{k.id}` | {' / '.join(k.severities)} | {k.fires_when} |" for k in (*FINDINGS, *FLEET_FINDINGS)]
     return "\n".join(lines)
 
 
