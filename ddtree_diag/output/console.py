@@ -38,7 +38,7 @@ from ddtree_diag.output.cells import (
 from ddtree_diag.output.depth import depth_table
 from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
 from ddtree_diag.output.loadview import load_table
-from ddtree_diag.records import ProbeResult, RunReport, budget_label, thinking_label
+from ddtree_diag.records import Finding, GateResult, ProbeResult, RunReport, budget_label, thinking_label
 from ddtree_diag.redaction import redact, redacted_report
 
 
@@ -240,7 +240,13 @@ def _indented(text: str, style: str, indent: int = 4) -> Padding:
 
 
 def render_findings(console: Console, report: RunReport) -> None:
-    for finding in report.findings:
+    print_findings(console, report.findings)
+
+
+def print_findings(console: Console, findings: list[Finding]) -> None:
+    """Each finding: ``[severity] title``, then its evidence and what to check, indented (a run's
+    findings, or a fleet's cross-target ones)."""
+    for finding in findings:
         style = {"error": "bold red", "warning": "yellow"}.get(finding.severity, "cyan")
         console.print(Text(f"[{finding.severity}] {finding.title}", style=style))
         if finding.evidence:
@@ -251,13 +257,18 @@ def render_findings(console: Console, report: RunReport) -> None:
 
 def render_gate(console: Console, report: RunReport) -> None:
     """One line per gate check (✓/✗, name, detail) and the verdict; nothing without a gate."""
-    if report.gate is None:
+    print_gate(console, report.gate)
+
+
+def print_gate(console: Console, gate: GateResult | None, label: str = "gate") -> None:
+    """A gate's checks and its verdict line (``label: PASSED``); nothing when no gate ran."""
+    if gate is None:
         return
-    for check in report.gate.checks:
+    for check in gate.checks:
         mark, style = ("✓", "green") if check.passed else ("✗", "bold red")
         console.print(Text(f"{mark} {check.name}: {check.detail}", style=style))
-    passed = report.gate.passed
-    console.print(Text(f"gate: {'PASSED' if passed else 'FAILED'}", style="bold green" if passed else "bold red"))
+    passed = gate.passed
+    console.print(Text(f"{label}: {'PASSED' if passed else 'FAILED'}", style="bold green" if passed else "bold red"))
 
 
 def progress_line(result: ProbeResult, done: int, total: int, target: str | None = None) -> str:

@@ -9,6 +9,7 @@ as in the other formats: they come from ``output/cells.py``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,7 @@ from ddtree_diag.output.depth import depth_figure
 from ddtree_diag.output.markdown import checks_for
 from ddtree_diag.output.reportfile import write_output
 from ddtree_diag.output.svg import esc, grouped_bars, histogram, paired_bars
-from ddtree_diag.records import ProbeResult, RunReport, budget_label, thinking_label
+from ddtree_diag.records import Finding, ProbeResult, RunReport, budget_label, thinking_label
 from ddtree_diag.redaction import redacted_report
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -75,14 +76,15 @@ footer { margin-top: 32px; color: var(--dim); font-size: 12px; }
 """
 
 
-def _page(title: str, body: list[str]) -> str:
+def _page(title: str, body: list[str], style: str = "") -> str:
+    """The whole document around ``body``; ``style``: CSS added after ``STYLE`` (a fleet page's)."""
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<meta name="generator" content="ddtree-diag">',
-        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
+        f"<title>{esc(title)}</title><style>{STYLE}{style}</style></head><body>",
         *body,
         f'<footer>ddtree-diag {esc(__version__)} · one self-contained file: no script, nothing loaded from the '
         "network</footer>",
@@ -108,13 +110,22 @@ def _num(text: str) -> str:
 def html_report(report: RunReport, exit_code: int | None = None) -> str:
     """The whole report page for a finished run (secrets of the run masked, as in every output)."""
     report = redacted_report(report)
+    title, header = run_header(report, exit_code)
+    return _page(title, header + run_sections(report))
+
+
+def run_header(report: RunReport, exit_code: int | None = None, *, name: str | None = None,
+               level: int = 1) -> tuple[str, list[str]]:
+    """A run's verdict header, and the page title it implies. A fleet's page shows one per target:
+    ``name`` leads its heading, at ``level``. The report must already be redacted."""
     gate = checks_for(report)
     kind = "gate" if report.gate is not None else "probe"
     verdict = "passed" if gate.passed else "failed"
     if report.interrupted:
         verdict += f" ({report.stop_label() or 'interrupted: partial results'})"
+    lead = f"ddtree-diag {kind}" if name is None else f"{esc(name)} · {kind}"
     body = [f'<header class="verdict {"passed" if gate.passed else "failed"}">',
-            f"<h1>ddtree-diag {kind}: {'✓' if gate.passed else '✗'} {esc(verdict)}</h1>"]
+            f"<h{level}>{lead}: {'✓' if gate.passed else '✗'} {esc(verdict)}</h{level}>"]
     target = report.target
     bits = [target.get("url") or target.get("engine") or target.get("target") or "", target.get("model") or "",
             f"dialect {target['dialect']}" if target.get("dialect") else "",
@@ -125,7 +136,14 @@ def html_report(report: RunReport, exit_code: int | None = None) -> str:
     if report.started_at:
         body.append(f'<p class="dim">{esc(report.started_at)} → {esc(report.finished_at or "?")}</p>')
     body.append("</header>")
-    body += _checks(gate.checks)
+    return f"ddtree-diag {kind}: {verdict}", body
+
+
+def run_sections(report: RunReport, *, level: int = 2, anchor: str = "") -> list[str]:
+    """What a run's page shows under its header (checks, findings, plots, cases, rounds, notes).
+    A fleet's page repeats it once per target: headings at ``level``, every id prefixed with
+    ``anchor`` so it stays unique on the page. The report must already be redacted."""
+    body = _checks(checks_for(report).checks)
     body += _findings(report)
     body += _plots(report)
     body += loadview.html_table(report)
@@ -133,7 +151,20 @@ def html_report(report: RunReport, exit_code: int | None = None) -> str:
     body += _rounds(report)
     if report.notes:
         body.append('<h2 id="notes">Notes</h2><ul>' + "".join(f"<li>{esc(n)}</li>" for n in report.notes) + "</ul>")
-    return _page(f"ddtree-diag {kind}: {verdict}", body)
+    return body if (level, anchor) == (2, "") else [_nested(line, level, anchor) for line in body]
+
+
+# Our own markup only: every string from a report went through ``esc``, which turns ``<`` and
+# ``"`` into entities, so neither pattern can match text a server sent.
+_HEADING = re.compile(r"<(/?)h2([ >])")
+_ID = re.compile(r' id="')
+
+
+def _nested(line: str, level: int, anchor: str) -> str:
+    """One line of ``run_sections`` with its h2 headings at ``level`` and its ids prefixed (the
+    section builders, loadview's included, stay as they are for the single-run page)."""
+    line = _HEADING.sub(lambda m: f"<{m.group(1)}h{level}{m.group(2)}", line)
+    return _ID.sub(f' id="{anchor}', line) if anchor else line
 
 
 def write_html(report: RunReport, path: str, exit_code: int | None = None) -> None:
@@ -154,20 +185,30 @@ def _run_line(report: RunReport, exit_code: int | None) -> str:
 
 
 def _checks(checks: list[Any]) -> list[str]:
+    return ['<h2 id="checks">Checks</h2>', *check_table(checks)]
+
+
+def check_table(checks: list[Any]) -> list[str]:
+    """A table of gate checks (✓/✗, name, detail), a run's or a fleet's."""
     rows = ["<tr><th></th><th>check</th><th>detail</th></tr>"]
     for check in checks:
         mark = '<td class="ok">✓</td>' if check.passed else '<td class="bad">✗</td>'
         rows.append(f"<tr>{mark}<td>{esc(check.name)}</td><td>{esc(check.detail)}</td></tr>")
     if not checks:
         rows.append('<tr><td class="ok">✓</td><td>(none configured)</td><td></td></tr>')
-    return ['<h2 id="checks">Checks</h2>', "<table>", *rows, "</table>"]
+    return ["<table>", *rows, "</table>"]
 
 
 def _findings(report: RunReport) -> list[str]:
-    out = ['<h2 id="findings">Findings</h2>']
-    if not report.findings:
-        return [*out, "<p>No findings.</p>"]
-    for item in report.findings:
+    return ['<h2 id="findings">Findings</h2>', *finding_blocks(report.findings)]
+
+
+def finding_blocks(findings: list[Finding]) -> list[str]:
+    """Findings (severity, title, id, evidence, what to check), a run's or a fleet's."""
+    if not findings:
+        return ["<p>No findings.</p>"]
+    out = []
+    for item in findings:
         out.append(f'<div class="finding {esc(item.severity)}"><span class="sev">{esc(item.severity)}</span> '
                    f"<b>{esc(item.title)}</b> <code>{esc(item.id)}</code>")
         if item.evidence:

@@ -12,15 +12,28 @@ import xml.etree.ElementTree as ET
 from ddtree_diag.output.cells import visible
 from ddtree_diag.output.markdown import checks_for
 from ddtree_diag.output.reportfile import write_output
-from ddtree_diag.records import GateCheck, ProbeResult, RunReport
+from ddtree_diag.records import Finding, GateCheck, ProbeResult, RunReport
 from ddtree_diag.redaction import redacted_report
 
 
 def junit_xml(report: RunReport) -> str:
     report = redacted_report(report)
-    gate = checks_for(report)
     suites = ET.Element("testsuites", name="ddtree-diag")
-    suite = ET.SubElement(suites, "testsuite", name="ddtree-diag " + ("gate" if report.gate is not None else "probe"))
+    tests, failures = add_suite(suites, report)
+    set_totals(suites, tests, failures)
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def add_suite(parent: ET.Element, report: RunReport, *, name: str | None = None,
+              classname: str = "ddtree-diag") -> tuple[int, int]:
+    """One run's ``<testsuite>`` under ``parent``; returns its (tests, failures). A fleet builds
+    one per target: ``name`` is the target's, ``classname`` prefixes every testcase's class so the
+    targets' identical case ids stay apart in a CI reporter. The report must already be redacted."""
+    gate = checks_for(report)
+    suite = ET.SubElement(parent, "testsuite",
+                          name=_xml_safe(name) if name is not None
+                          else "ddtree-diag " + ("gate" if report.gate is not None else "probe"))
     if report.started_at:
         suite.set("timestamp", report.started_at)
     properties = ET.SubElement(suite, "properties")
@@ -33,7 +46,7 @@ def junit_xml(report: RunReport) -> str:
         named = [c for c in check.cases if c in by_id]
         for result in report.results:
             tests += 1
-            case = ET.SubElement(suite, "testcase", classname=f"ddtree-diag.{check.name}",
+            case = ET.SubElement(suite, "testcase", classname=f"{classname}.{check.name}",
                                  name=_xml_safe(result.case_id))
             if result.timings.e2e_s is not None:
                 case.set("time", f"{result.timings.e2e_s:.3f}")
@@ -44,22 +57,28 @@ def junit_xml(report: RunReport) -> str:
         if not check.passed and not named:
             tests += 1
             failures += 1
-            case = ET.SubElement(suite, "testcase", classname=f"ddtree-diag.{check.name}", name="(run)")
+            case = ET.SubElement(suite, "testcase", classname=f"{classname}.{check.name}", name="(run)")
             failure = ET.SubElement(case, "failure", message=_xml_safe(check.detail), type=check.name)
             failure.text = _xml_safe(check.detail)
     if report.findings:
         out = ET.SubElement(suite, "system-out")
-        out.text = _xml_safe("\n".join(
-            f"[{f.severity}] {f.title}\n  evidence: {f.evidence}\n  check: {f.check}"
-            for f in report.findings
-        ))
-    for element in (suite, suites):
-        element.set("tests", str(tests))
-        element.set("failures", str(failures))
-        element.set("errors", "0")
+        out.text = findings_text(report.findings)
+    set_totals(suite, tests, failures)
     suite.set("skipped", "0")
-    ET.indent(suites)
-    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+    return tests, failures
+
+
+def findings_text(findings: list[Finding]) -> str:
+    """Findings as a ``system-out`` text: severity and title, evidence, what to check."""
+    return _xml_safe("\n".join(
+        f"[{f.severity}] {f.title}\n  evidence: {f.evidence}\n  check: {f.check}" for f in findings
+    ))
+
+
+def set_totals(element: ET.Element, tests: int, failures: int) -> None:
+    element.set("tests", str(tests))
+    element.set("failures", str(failures))
+    element.set("errors", "0")
 
 
 def _case_failure_text(check: GateCheck, result: ProbeResult) -> str:

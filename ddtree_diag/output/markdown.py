@@ -132,7 +132,12 @@ def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
 def write_summary(report: RunReport, path: str | None, exit_code: int | None = None) -> None:
     """Write the Markdown summary to ``path`` (atomically) and append it to
     ``$GITHUB_STEP_SUMMARY`` when that is set (GitHub Actions' job summary)."""
-    text = markdown_summary(report, exit_code)
+    publish(markdown_summary(report, exit_code), path)
+
+
+def publish(text: str, path: str | None) -> None:
+    """Markdown to ``path`` (atomically, when given) and appended to ``$GITHUB_STEP_SUMMARY``
+    when that is set: a run's summary or a fleet's."""
     if path:
         write_output(path, text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
