@@ -139,7 +139,7 @@ def execute(fleet: PreparedFleet, report: FleetReport, *, on_result: OnTargetRes
         report.matrix = fleet.targets[0].run.matrix.source
     slots = []
     for target in fleet.targets:
-        member = FleetMember(name=target.spec.name, group=target.spec.group)
+        member = FleetMember(name=target.spec.name, group=target.spec.group, planned=len(target.run.cases))
         report.targets.append(member)
         slots.append(_Slot(target, member))
     waiting = list(reversed(slots))
@@ -306,7 +306,8 @@ def merge(reports: list[tuple[str, RunReport | FleetReport]]) -> FleetReport:
     seen: dict[str, str] = {}
     for path, loaded in reports:
         if isinstance(loaded, FleetReport):
-            members = [FleetMember(m.name, m.report, m.group, m.exit_code, m.source or path) for m in loaded.targets]
+            members = [FleetMember(m.name, m.report, m.group, m.exit_code, m.source or path, m.planned)
+                       for m in loaded.targets]
             fleet.notes.extend(f"{path}: {note}" for note in loaded.notes)
         else:
             target = loaded.target

@@ -657,23 +657,25 @@ class FleetMember:
     group: str | None = None  # set in the targets file; None = group by the served model
     exit_code: int | None = None  # this target's own exit code, as a single run would give it
     source: str | None = None  # the report file it came from (``report --merge``)
+    planned: int | None = None  # the cases the matrix has for it (a dead target ran none of them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "group": self.group, "exit_code": self.exit_code, "source": self.source,
-                "report": self.report.to_dict()}
+                "planned": self.planned, "report": self.report.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FleetMember:
         report = data.get("report")
         if not isinstance(report, dict):
             raise ValueError(f"fleet target {data.get('name')!r} has no report")
-        code = data.get("exit_code")
+        def count(value: Any) -> int | None:
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
         group, source = data.get("group"), data.get("source")
         return cls(
             name=str(data.get("name") or ""), report=RunReport.from_dict(report),
-            group=str(group) if group is not None else None,
-            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-            source=str(source) if source is not None else None,
+            group=str(group) if group is not None else None, exit_code=count(data.get("exit_code")),
+            source=str(source) if source is not None else None, planned=count(data.get("planned")),
         )
 
 

@@ -89,12 +89,15 @@ class MemberStats:
         return self.cases - self.ok
 
 
+UNKNOWN_GROUP = "—"  # a target never reached: its model is unknown, it is compared with nothing
+
+
 def group_of(member: FleetMember) -> str:
     """The replicas a target is compared with: its ``group``, else the model it serves."""
     if member.group:
         return member.group
     model = member.report.target.get("model")
-    return str(model) if model else "(unknown model)"
+    return str(model) if model else UNKNOWN_GROUP
 
 
 def member_stats(member: FleetMember) -> MemberStats:
@@ -106,7 +109,7 @@ def member_stats(member: FleetMember) -> MemberStats:
     by_severity = {s: n for s in SEVERITIES if (n := sum(f.severity == s for f in report.findings))}
     stats = MemberStats(
         name=member.name, group=group_of(member), status=status_of(member), exit_code=member_exit(member),
-        cases=len(report.results), ok=len(ok), garbage=sum(r.garbage for r in report.results),
+        cases=max(len(report.results), member.planned or 0), ok=len(ok), garbage=sum(r.garbage for r in report.results),
         acceptance=mean(accepts) if accepts else None, tokens_per_second=median(speeds) if speeds else None,
         identical=sum(v is True for v in verdicts), mismatched=sum(v is False for v in verdicts),
         findings=by_severity, gate_passed=report.gate.passed if report.gate is not None else None,

@@ -130,7 +130,7 @@ class RunFlags:
 # (name, annotation, typer option) in help order; the names are RunFlags' fields.
 _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("url", list[str] | None, typer.Option(
-        None, "--url", envvar="DDTREE_DIAG_URL", show_envvar=True, rich_help_panel=TARGET_PANEL,
+        None, "--url", metavar="URL", envvar="DDTREE_DIAG_URL", show_envvar=True, rich_help_panel=TARGET_PANEL,
         help="Base URL of the OpenAI-compatible server (with or without /v1). Repeat it for a fleet.")),
     ("via", str | None, typer.Option(
         None, "--via", envvar="DDTREE_DIAG_VIA", show_envvar=True, rich_help_panel=TARGET_PANEL,

@@ -26,6 +26,7 @@ from ddtree_diag.checks.fleetstats import (
     INTERRUPTED,
     PASSED,
     STOPPED,
+    UNKNOWN_GROUP,
     UNREACHABLE,
     MemberStats,
     member_stats,
@@ -164,7 +165,7 @@ def fleet_summary_line(fleet: FleetReport, exit_code: int | None = None, *, pref
 
 def _groups_vary(rows: list[TargetRow]) -> bool:
     """A group column only when the fleet serves more than one model (or named groups)."""
-    return len({r.stats.group for r in rows}) > 1
+    return len({r.stats.group for r in rows} - {UNKNOWN_GROUP}) > 1
 
 
 def _title(fleet: FleetReport, rows: list[TargetRow]) -> str:
