@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via demo pyz clean
+.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via bench-fleet demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -52,6 +52,10 @@ bench-default: install
 
 bench-via: install
 	$(PYTHON) -m bench.bench_via
+
+# A fleet of stand-in replicas (one process, N ports): wall time, peak RSS and threads at 100 and 1000 targets.
+bench-fleet: install
+	$(PYTHON) -m bench.bench_fleet
 
 # The fuzz suites with four times the examples the test suite runs.
 fuzz: install

@@ -40,6 +40,8 @@ the last round what is left), although drafts are SPEC_TOKENS long; the ddtree d
 lists the rounds (``acceptance_lengths``).
 
 Run: python tests/support/standin_server.py --dialect vllm --port 0   (prints "PORT <n>" when ready)
+Fleets: ``--replicas N`` serves N identical replicas (one shared State, so ``/_requests`` lists
+every replica's requests) from one process on N loopback ports, and prints "PORTS p1 ... pN".
 """
 
 from __future__ import annotations
@@ -634,6 +636,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dialect", default="openai")
     parser.add_argument("--port", type=int, default=0)
+    # N identical servers (one State) on N ports: prints "PORTS p1 ... pN" instead of "PORT p".
+    parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--no-per-request-metrics", action="store_true")
     parser.add_argument("--no-metrics-endpoint", action="store_true")
     parser.add_argument("--strict", action="store_true")
@@ -677,10 +681,52 @@ def main() -> None:
     State.metrics_endpoint = not args.no_metrics_endpoint
     State.strict = args.strict
     State.any_model = args.any_model
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    print(f"PORT {server.server_address[1]}", flush=True)
+    if args.replicas < 1:
+        parser.error("--replicas must be >= 1")
+    if args.replicas == 1:
+        server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+        print(f"PORT {server.server_address[1]}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()
+        return
+    serve_replicas(args.replicas, args.port)
+
+
+def raise_fd_limit(wanted: int) -> None:
+    """Raise the soft limit on open files towards ``wanted`` (at most the hard limit): each replica
+    holds a listening socket, and every connection to it one more."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def serve_replicas(count: int, port: int) -> None:
+    """``--replicas N``: N identical servers (one shared State) on N loopback ports, one daemon
+    thread each; prints "PORTS p1 ... pN" once every one is listening. ``--port`` P > 0 asks for
+    P..P+N-1; 0 (the default) for free ports. The process ending (a signal, Ctrl-C) stops them all."""
+    raise_fd_limit(4 * count + 256)  # a listening socket and a few connections per replica
+    servers = []
+    try:
+        for index in range(count):
+            servers.append(ThreadingHTTPServer(("127.0.0.1", port + index if port else 0), Handler))
+    except OSError as exc:
+        print(f"ERROR cannot listen on replica {len(servers) + 1} of {count}: {exc}", flush=True)
+        raise SystemExit(1) from None
+    for server in servers:  # ThreadingHTTPServer's request threads are daemon threads too
+        # Nothing ever calls shutdown(): a long poll keeps N idle accept loops from waking up.
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 3600}, daemon=True,
+                         name=f"replica-{server.server_address[1]}").start()
+    print("PORTS " + " ".join(str(s.server_address[1]) for s in servers), flush=True)
     with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever()
+        threading.Event().wait()
 
 
 if __name__ == "__main__":
