@@ -16,8 +16,10 @@ reports the case as ``timeout``. Nothing here knows about dialects or cases.
 from __future__ import annotations
 
 import contextvars
+import functools
 import ipaddress
 import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -178,16 +180,24 @@ class DeadlineBackend(httpcore.SyncBackend):
         raise failure or httpcore.ConnectError(f"no address for {host}")
 
 
+@functools.lru_cache(maxsize=1)
+def shared_ssl_context() -> ssl.SSLContext:
+    """One verifying SSL context for every transport of the process: building one loads the CA
+    bundle (~28 ms of CPU), and a fleet builds a transport per target. SSLContext is thread-safe."""
+    return httpx.create_ssl_context(trust_env=False)
+
+
 class DeadlineTransport(httpx.HTTPTransport):
     """httpx's HTTP transport over ``DeadlineBackend``. httpx takes no network backend, so the
     connection pool it builds is replaced by the same pool with ours (same limits as httpx's
     defaults); a test over a real socket checks that the deadline holds."""
 
     def __init__(self) -> None:
-        super().__init__(trust_env=False)
+        ssl_context = shared_ssl_context()
+        super().__init__(verify=ssl_context, trust_env=False)
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            ssl_context=ssl_context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
