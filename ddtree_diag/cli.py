@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import traceback
 
 import typer
 
@@ -113,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         code = 0
     except DiagError as exc:
         if debug:
+            import traceback
+
             traceback.print_exc()
         sys.stderr.write(f"ddtree-diag: error: {one_line(str(exc))}\n")
         code = exc.exit_code
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         code = _click_exit_code(exc)
         if code is None:  # a bug of ours: one line, the traceback only on request
             if debug:
+                import traceback
+
                 traceback.print_exc()
             first = one_line(str(exc).splitlines()[0]) if str(exc).strip() else ""
             sys.stderr.write(f"ddtree-diag: internal error: {type(exc).__name__}: {first} (rerun with --debug)\n")
