@@ -23,6 +23,7 @@ clean corpus vs garbage): see ``MEAN_SOFT``/``MEAN_HARD``/``SPAN_HARD``.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,11 +287,13 @@ def likelihood_reasons(score: LikelihoodScore, *, greedy: bool) -> list[Reason]:
 
 
 _LOADED: dict[tuple[str, bool], Scorer] = {}
+_LOADING = threading.Lock()  # a fleet's targets ask from their own threads: load once
 
 
 def scorer_for(spec: str, *, own_weights: bool = False, device: str | None = None) -> Scorer:
     """One loaded scorer per (model, own_weights) in this process."""
     key = (spec, own_weights)
-    if key not in _LOADED:
-        _LOADED[key] = Scorer.load(spec, own_weights=own_weights, device=device)
-    return _LOADED[key]
+    with _LOADING:
+        if key not in _LOADED:
+            _LOADED[key] = Scorer.load(spec, own_weights=own_weights, device=device)
+        return _LOADED[key]
