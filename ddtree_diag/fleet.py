@@ -70,6 +70,10 @@ def prepare(specs: list[TargetSpec], plan_for: Callable[[TargetSpec], orchestrat
     for spec in specs:
         try:
             run = orchestrator.prepare(plan_for(spec))
+            if run.baseline is not None and run.baseline.mode == "engine":
+                # every target would load the weights again, in parallel: one machine's memory
+                raise UsageError("baseline engine is not for a fleet (each target would load the weights): use "
+                                 "budget0 or url:URL per target, or run the engine baseline on one target")
             known = _known_good_for(spec, known_fleet, against)
             if known is not None:
                 from ddtree_diag.checks.against import check_cases_match

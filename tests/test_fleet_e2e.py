@@ -198,7 +198,7 @@ def test_ctrl_c_keeps_what_every_target_finished(standin, tmp_path):
         time.sleep(0.05)
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    _stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     report = _fleet(out)
     assert report["interrupted"] is True
@@ -207,3 +207,12 @@ def test_ctrl_c_keeps_what_every_target_finished(standin, tmp_path):
     stuck = members[slow.url.split("//")[1]]
     assert stuck["report"]["interrupted"] is True and stuck["exit_code"] == 130
     assert "Traceback" not in stderr
+
+
+def test_fleet_only_flags_and_engine_baseline_are_refused(tmp_path):
+    alone = run_cli("probe", "--url", "http://127.0.0.1:9", "--deadline", "5")
+    assert alone.code == 2 and "--deadline is for fleets" in alone.stderr
+    engine = run_cli("probe", "--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:10", "--baseline", "engine")
+    assert engine.code == 2 and "not for a fleet" in engine.stderr
+    assert run_cli("probe", "--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:10",
+                   "--parallel", "0").code == 2

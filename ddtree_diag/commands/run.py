@@ -150,6 +150,11 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool, against: str 
     (exit 2/3). ``against``: a known-good JSON report to judge the run against (gate)."""
     if flags.targets or len(flags.url or []) > 1:
         return run_fleet(flags, matrix, gate=gate, against=against)
+    if flags.deadline is not None:
+        from ddtree_diag.errors import UsageError
+
+        raise UsageError("--deadline is for fleets (--targets FILE or several --url): one run's requests each "
+                         "time out at --timeout")
     from ddtree_diag import orchestrator
     from ddtree_diag.errors import Terminated
     from ddtree_diag.output.console import make_console, progress, render_report, silence_stdout
