@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The gate step of action.yml. Inputs come as environment variables (never pasted into a script):
 #   DDTREE_DIAG_URL, DDTREE_DIAG_API_KEY (read by ddtree-diag itself), INPUT_MATRIX,
-#   INPUT_BASELINE, INPUT_AGAINST, INPUT_ARGS (extra flags, split like a shell by Python's shlex),
-#   INPUT_OUTPUT_DIR.
+#   INPUT_BASELINE, INPUT_AGAINST, INPUT_TARGETS (a fleet's targets file), INPUT_ARGS (extra flags,
+#   split like a shell by Python's shlex), INPUT_OUTPUT_DIR.
 # Writes junit.xml, report.html, report.json and summary.md into the output folder; the gate
 # appends the summary to $GITHUB_STEP_SUMMARY itself. Records the gate's exit code in
 # $GITHUB_OUTPUT (exit-code=N) and exits 0, so the reports are uploaded before the job fails.
@@ -17,6 +17,12 @@ if [ -n "${INPUT_BASELINE:-}" ]; then
 fi
 if [ -n "${INPUT_AGAINST:-}" ]; then
     args+=(--against "$INPUT_AGAINST")
+fi
+if [ -n "${INPUT_TARGETS:-}" ]; then
+    args+=(--targets "$INPUT_TARGETS")
+fi
+if [ -z "${DDTREE_DIAG_URL:-}" ]; then
+    unset DDTREE_DIAG_URL  # an empty url input is no --url (a fleet from targets)
 fi
 extra=()
 if [ -n "${INPUT_ARGS:-}" ]; then

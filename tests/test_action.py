@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,8 @@ def action() -> dict:
 def test_action_is_a_composite_with_the_documented_inputs(action):
     assert action["runs"]["using"] == "composite"
     inputs = action["inputs"]
-    assert inputs["url"]["required"] is True
-    assert {"url", "matrix", "baseline", "against", "api-key"} <= set(inputs)
+    assert inputs["url"]["required"] is False and inputs["targets"]["required"] is False  # one or the other
+    assert {"url", "targets", "matrix", "baseline", "against", "api-key"} <= set(inputs)
     assert inputs["against"]["required"] is False and inputs["against"]["default"] == ""
     steps = action["runs"]["steps"]
     install = next(s for s in steps if "pip install" in s.get("run", ""))
@@ -42,6 +43,7 @@ def test_action_is_a_composite_with_the_documented_inputs(action):
     gate = next(s for s in steps if s.get("id") == "gate")
     assert gate["env"]["DDTREE_DIAG_API_KEY"] == "${{ inputs.api-key }}"
     assert gate["env"]["INPUT_AGAINST"] == "${{ inputs.against }}"
+    assert gate["env"]["INPUT_TARGETS"] == "${{ inputs.targets }}"
     assert steps[-1]["env"]["GATE_EXIT"] == "${{ steps.gate.outputs.exit-code }}"
     # inputs reach the shell through the environment only (no script injection)
     for step in steps:
@@ -112,6 +114,23 @@ def test_gate_step_passes_the_against_input(standin, tmp_path):
     assert "against_text" in summary
     missing = run_gate_step(tmp_path, server.url, matrix=str(matrix), against=str(tmp_path / "nope.json"))
     assert missing[1] == {"exit-code": "2"}
+
+
+def test_gate_step_gates_a_fleet_from_the_targets_input(standin, tmp_path):
+    servers = [standin("--dialect", "ddtree") for _ in range(2)]
+    targets = tmp_path / "fleet.toml"
+    targets.write_text("".join(f'[[target]]\nname = "r{i}"\nurl = "{s.url}"\n' for i, s in enumerate(servers)))
+    code, outputs, summary, out = run_gate_step(tmp_path, "", matrix="smoke", targets=str(targets),
+                                                args="--max-tokens 16")
+    assert code == 0 and outputs == {"exit-code": "0"}, summary
+    report = json.loads((out / "report.json").read_text())
+    assert report["kind"] == "fleet" and [t["name"] for t in report["targets"]] == ["r0", "r1"]
+    assert "r0" in summary and "r1" in summary
+    assert ET.parse(out / "junit.xml").getroot().find("testsuite") is not None
+    # several URLs in the url input: the same fleet
+    code, outputs, _, out = run_gate_step(tmp_path, " ".join(s.url for s in servers), matrix="smoke",
+                                          args="--max-tokens 16")
+    assert outputs == {"exit-code": "0"} and len(json.loads((out / "report.json").read_text())["targets"]) == 2
 
 
 @pytest.mark.e2e
