@@ -107,7 +107,7 @@ def run_demo(
         from ddtree_diag.commands.options import RunFlags
         from ddtree_diag.commands.run import run_matrix
 
-        flags = RunFlags(url=url, json_path=json_path, no_color=no_color, quiet=quiet)
+        flags = RunFlags(url=[url], json_path=json_path, no_color=no_color, quiet=quiet)
         return run_matrix(flags, matrix, gate=False)
     finally:
         if process.poll() is None:
