@@ -120,6 +120,7 @@ class _Slot:
         self.started: float | None = None
         self.done = threading.Event()
         self.abandoned = False
+        self.lock = threading.Lock()  # the worker finishing and the main thread giving up may race
 
     @property
     def deadline(self) -> float | None:
@@ -198,8 +199,18 @@ def _deadline_detail(slot: _Slot) -> str:
 
 def _give_up(slot: _Slot, exc: BaseException) -> None:
     """Record ``slot`` as stopped by ``exc`` from the main thread, from a copy of what it has so far."""
-    slot.abandoned = True
-    snapshot = RunReport.from_dict(slot.report.to_dict()) if slot.report.results or slot.report.target else RunReport()
+    with slot.lock:
+        if slot.done.is_set():
+            return
+        slot.abandoned = True
+        _stop_copy(slot, exc)
+
+
+def _stop_copy(slot: _Slot, exc: BaseException) -> None:
+    try:  # the worker may still be adding to it: what it had a moment ago
+        snapshot = RunReport.from_dict(slot.report.to_dict())
+    except RuntimeError:  # a dict that changed size while it was copied
+        snapshot = RunReport(results=list(slot.report.results), target=dict(slot.report.target))
     if not snapshot.target:
         snapshot.target = {"url": slot.target.spec.url, "name": slot.member.name}
     if isinstance(exc, KeyboardInterrupt) and slot.started is None:
@@ -211,6 +222,7 @@ def _give_up(slot: _Slot, exc: BaseException) -> None:
 
 
 def _finish(slot: _Slot, report: RunReport) -> None:
+    """Judge ``report`` and make it the target's (the caller holds ``slot.lock``)."""
     try:
         orchestrator.judge(report, slot.target.run.gate, slot.target.known_good)
     except Exception as exc:  # a partial report that cannot be judged is still kept
@@ -242,12 +254,13 @@ def _run_target(slot: _Slot, on_result: OnTargetResult | None, on_stage: OnTarge
         if slot.abandoned:
             return
         orchestrator.record_stop(report, exc)
-    if slot.abandoned:
-        return
     report.target.setdefault("name", name)
     if slot.target.spec.group:
         report.target.setdefault("group", slot.target.spec.group)
-    _finish(slot, report)
+    with slot.lock:
+        if slot.abandoned:
+            return
+        _finish(slot, report)
     if on_stage is not None:
         stats = fleetstats.member_stats(slot.member)
         on_stage(name, f"{stats.status}" + (f": {stats.detail}" if stats.detail else ""))

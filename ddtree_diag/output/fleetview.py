@@ -102,6 +102,9 @@ def acceptance_of(stats: MemberStats) -> Cell:
 
 
 def garbage_of(stats: MemberStats) -> Cell:
+    """Garbage answers; unknown (—) for a target that answered nothing."""
+    if not stats.ok and not stats.garbage:
+        return Cell(DASH, "dim")
     return Cell(str(stats.garbage), "bold red" if stats.garbage else "")
 
 
