@@ -192,6 +192,21 @@ def test_slow_replica_is_a_warning_with_both_speeds():
     assert item.id == "replica-slow" and _names_in(item) == {"y"}
 
 
+def test_speed_needs_three_shared_cases():
+    """One or two short requests' tok/s is noise on a busy client: too few cases say nothing."""
+    fleet = _fleet(*[(name, _run()) for name in ("p", "q", "r")])
+    for member in fleet.targets:
+        member.report.results = member.report.results[:2]
+        if member.name == "q":
+            for result in member.report.results:
+                result.timings.decode_tokens_per_second = 40.0
+    assert analyse_fleet(fleet) == []
+    for member in fleet.targets:  # a third shared case: now it speaks
+        extra = _run(tps=40.0 if member.name == "q" else 100.0).results[2]
+        member.report.results.append(extra)
+    assert [f.id for f in analyse_fleet(fleet)] == ["replica-slow"]
+
+
 def test_slow_and_low_acceptance_both_fire_errors_first():
     def broken(report: RunReport) -> None:
         for result in report.results:

@@ -34,6 +34,9 @@ ACCEPTANCE_RATIO = 0.75  # median per-case ratio below this (or above its invers
 ACCEPTANCE_MIN_DIFF = 0.5  # ...and the means at least this many tokens/round apart
 MIN_SHARED_CASES = 2  # cases compared before a number speaks (1 when the matrix has only 1)
 SLOW_RATIO = 0.7  # median per-case decode tok/s below 70 % of the group's
+# One short request's tok/s moves by a third on a busy client or network: speed needs more cases
+# than text or acceptance (which do not depend on the clock) before it speaks.
+MIN_SLOW_CASES = 3
 MIN_TPS_TOKENS = 6  # the decode tok/s of a 2-token answer is noise
 EXCERPT_LIMIT = 90  # characters of each side shown around the first difference
 
@@ -47,7 +50,7 @@ REPLICA_DIFFERS = FindingKind(
 )
 REPLICA_SLOW = FindingKind(
     "replica-slow", ("warning",),
-    "fleets: a replica's median per-case decode tok/s is < 70 % of its group's (2+ shared cases of ≥ 6 "
+    "fleets: a replica's median per-case decode tok/s is < 70 % of its group's (3+ shared cases of ≥ 6 "
     "tokens): GPU, driver, image flags or host load",
 )
 FLEET_FINDINGS: tuple[FindingKind, ...] = (REPLICA_DIFFERS, REPLICA_SLOW)
@@ -355,7 +358,7 @@ def _slow_findings(group: _Group, low_acceptance: set[str]) -> list[Finding]:
     by_name = {r.name: r for r in _ratios(group, _tps, pool)}
     for member in group.members:
         ratio = by_name.get(member.name)
-        if ratio is None or not _enough(ratio, pool) or ratio.ratio >= SLOW_RATIO:
+        if ratio is None or len(ratio.cases) < MIN_SLOW_CASES or ratio.ratio >= SLOW_RATIO:
             continue
         others = len(group.members) - 1
         if member.name in low_acceptance:
