@@ -305,7 +305,7 @@ class FastDecoder:
             self.linear_conv[index].copy_(conv)
             return out[None]
         out, parts, windows = linear_attention_rows(
-            module, x, parents, anc, self.linear_state[index], self.linear_conv[index]
+            module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index]
         )
         kept = self.linear_parts[x.shape[0]][index]
         kept["keys"].copy_(parts.keys)

@@ -88,6 +88,16 @@ class FusedWeights(torch.nn.Module):
             self.qkv_bias = _fuse(projections, "bias") if projections[0].bias is not None else None
         if self._mlp_fusable(layer):
             self.gate_up_weight = _fuse([layer.mlp.gate_proj, layer.mlp.up_proj], "weight")
+        # Gated DeltaNet (Qwen3.5 layout): in_proj_qkv | z | b | a as one GEMM. The b and a
+        # projections are 48 columns each: as GEMMs of their own they are two launches of a few
+        # us per layer that read almost nothing (48 such layers in a 27B round).
+        self.register_buffer("linear_in_weight", None, persistent=False)
+        self.linear_in_sizes: list[int] = []
+        if self._linear_in_fusable(layer):
+            gdn_module = layer.linear_attn
+            projections = [gdn_module.in_proj_qkv, gdn_module.in_proj_z, gdn_module.in_proj_b, gdn_module.in_proj_a]
+            self.linear_in_sizes = [p.out_features for p in projections]
+            self.linear_in_weight = _fuse(projections, "weight")
 
     @classmethod
     def for_layer(cls, layer: torch.nn.Module) -> FusedWeights | None:
@@ -101,7 +111,16 @@ class FusedWeights(torch.nn.Module):
 
     @classmethod
     def supported(cls, layer: torch.nn.Module) -> bool:
-        return cls._attention_fusable(layer) or cls._mlp_fusable(layer)
+        return cls._attention_fusable(layer) or cls._mlp_fusable(layer) or cls._linear_in_fusable(layer)
+
+    @staticmethod
+    def _linear_in_fusable(layer: torch.nn.Module) -> bool:
+        module = getattr(layer, "linear_attn", None)
+        names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        projections = [getattr(module, name, None) for name in names]
+        if not all(type(p) is torch.nn.Linear and p.bias is None for p in projections):
+            return False  # Qwen3-Next's joint qkvz / ba layout, quantised or wrapped linears
+        return len({(p.weight.dtype, p.weight.device, p.in_features) for p in projections}) == 1
 
     @staticmethod
     def _attention_fusable(layer: torch.nn.Module) -> bool:
@@ -131,14 +150,20 @@ def linear_attention_rows(
     ancestors: torch.Tensor,
     state: torch.Tensor,
     conv_state: torch.Tensor,
+    fused: FusedWeights | None = None,
 ) -> tuple[torch.Tensor, gdn.ParallelParts, torch.Tensor]:
     """A Gated DeltaNet layer over tree rows in one parallel solve (``gdn.parallel_gated_delta``),
     static shapes and no host sync. hidden [N, H] (after input_layernorm); parents [N] (-1: the
     committed state; padding rows too); ancestors [N, N]. Returns (out [N, H], the parts that
-    rebuild the state after any node, conv windows [N, conv_dim, K-1] to commit from)."""
+    rebuild the state after any node, conv windows [N, conv_dim, K-1] to commit from). ``fused``: the
+    layer's ``FusedWeights`` (one GEMM for the four input projections)."""
     n = hidden.shape[0]
     kernel = module.conv_kernel_size
-    mixed, z, b, a = gdn.gdn_projections(module, hidden)
+    if fused is not None and fused.linear_in_weight is not None:
+        mixed, z, b, a = F.linear(hidden, fused.linear_in_weight).split(fused.linear_in_sizes, dim=-1)
+        z = z.reshape(n, module.num_v_heads, module.head_v_dim)
+    else:
+        mixed, z, b, a = gdn.gdn_projections(module, hidden)
     windows = gdn.conv_windows(mixed, parents, conv_state, kernel)
     conv_out = gdn.conv_from_windows(windows, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation)
     q, k, v = torch.split(conv_out.to(hidden.dtype), [module.key_dim, module.key_dim, module.value_dim], dim=-1)

@@ -1,0 +1,111 @@
+"""Skinny bf16 GEMMs of a decode round: cuBLAS (F.linear) against a simple Triton skinny GEMM.
+
+The verify batch is 1-272 rows against weights of 4096-24576 columns: memory bound, so the
+figure is the share of the weight-read bandwidth (4.8 TB/s on an H200) each reaches. Timed in
+CUDA graphs (launch cost excluded, as in the decode stages). Usage:
+``python -m bench.gemm_shapes [--rows 1,17,32,80,272]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+HBM = 4.8e12
+# (name, in, out) of the Qwen3-8B shape's projections (fused q|k|v and gate|up) and lm_head
+SHAPES_8B = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
+             ("lm_head", 4096, 151936)]
+
+
+# One program per column block, all rows in one tile, no split-K: the weight tile is streamed once
+# and the bytes in flight come from the pipeline depth (the engine does not use it: see RESULTS).
+@triton.jit
+def _skinny_gemm(
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]
+    w_ptrs = w_ptr + cols[:, None] * stride_wn + ks[None, :]
+    row_ok = rows[:, None] < M
+    col_ok = cols[:, None] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_ok = (k + ks[None, :]) < K
+        x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
+        w = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok & (cols[None, :] < N))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, config: tuple[int, int, int, int, int]) -> torch.Tensor:
+    """``F.linear(x, weight)`` (no bias) for a contiguous 2-D or 3-D bf16 ``x``."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape
+    n = weight.shape[0]
+    block_m, block_n, block_k, warps, stages = config
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    _skinny_gemm[grid](
+        x2, weight, out, m, n, k, x2.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+    )
+    return out.reshape(*shape[:-1], n)
+
+
+def timed_us(fn, reps: int = 50) -> float:
+    import triton.testing
+
+    return 1000 * triton.testing.do_bench_cudagraph(fn, rep=reps)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="1,32,80,272")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"{'gemm':>8} {'rows':>5} {'cublas us':>10} {'bw%':>5} {'triton us':>10} {'bw%':>5} "
+          f"{'config':>22} {'maxdiff':>8}")
+    for name, k, n in SHAPES_8B:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        for m in [int(r) for r in args.rows.split(",")]:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ideal_us = 1e6 * (w.numel() * 2) / HBM
+            cublas = timed_us(lambda x=x, w=w: F.linear(x, w))
+            best = None
+            block_m = min(64, max(16, 1 << (m - 1).bit_length()))
+            for bn in (16, 32, 64, 128):
+                for bk in (64, 128, 256):
+                    for stages in (3, 5):
+                        for warps in (4,):
+                            cfg = (block_m, bn, bk, warps, stages)
+                            try:
+                                us = timed_us(lambda cfg=cfg, x=x, w=w: linear(x, w, cfg), reps=20)
+                            except Exception:  # out of shared memory and the like
+                                continue
+                            if best is None or us < best[0]:
+                                best = (us, cfg)
+            ours, config = best
+            diff = (linear(x, w, config).float() - F.linear(x, w).float()).abs().max().item()
+            print(f"{name:>8} {m:>5} {cublas:>10.1f} {100 * ideal_us / cublas:>4.0f}% {ours:>10.1f} "
+                  f"{100 * ideal_us / ours:>4.0f}% {config!s:>22} {diff:>8.4f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
