@@ -14,7 +14,9 @@ GPU, gpt-fast style:
 - The best-first tree is built with tensor ops (``build_tree_tensors``), reproducing
   ``tree.build_tree``'s node order and tie-breaking exactly (see its docstring for why); when it
   cannot prove its order (a tie it could not resolve), the round is redone with the exact host
-  build — counted in ``Generation.extras["fast_tree_fallbacks"]``.
+  build — counted in ``Generation.extras["fast_tree_fallbacks"]``. Where the Triton kernels run
+  (CUDA by default, ``kernels.tree_kernel``), one Triton program runs the heap itself instead
+  (``triton_tree``: exact by construction, never falls back).
 - Accept walk, KV compaction (``KVCache.compact``) and the next round's draft context are device
   ops; the host reads one small tensor per round (accepted count, bonus, kept nodes, their tokens).
 
@@ -61,7 +63,13 @@ from ddtree_diag.engine.fast.layers import (
     target_post_attention,
     target_pre_attention,
 )
-from ddtree_diag.engine.fast.tree import ancestors_from_parents, bucket_size, build_tree_tensors, tree_node_count
+from ddtree_diag.engine.fast.tree import (
+    ancestors_from_parents,
+    bucket_size,
+    build_tree_kernel,
+    build_tree_tensors,
+    tree_node_count,
+)
 from ddtree_diag.engine.grammar import GrammarState
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
 
@@ -385,7 +393,12 @@ class FastDecoder:
             tokens, parents, depths = self.logprobs.argmax(dim=-1), depth_rows - 1, depth_rows
             valid = depth_rows <= self.depth_limit
         else:
-            built = (self._build_tree or build_tree_tensors)(self.logprobs, budget, self.depth_limit)
+            # one Triton program running the heap (exact: ``exact`` is always True) where the
+            # kernels run, else the tensor build (~300 small kernels, proven or sent to the host)
+            builder = self._build_tree or build_tree_tensors
+            if kernels.tree_kernel(self.device) is not None:
+                builder = build_tree_kernel
+            built = builder(self.logprobs, budget, self.depth_limit)
             tokens, parents, depths, valid = built["tokens"], built["parents"], built["depths"], built["valid"]
             exact = built["exact"]
         pad = padded - 1 - tokens.shape[0]

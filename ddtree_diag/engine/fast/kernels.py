@@ -10,6 +10,10 @@ about a second each, and fall back to the modules themselves everywhere else.
 When they run (``DDTREE_DIAG_KERNELS``): ``auto`` (default) on CUDA tensors when Triton imports
 and not while ``torch.compile`` traces (it fuses these itself); ``on`` also on CPU tensors (the
 tests do that under Triton's interpreter, ``TRITON_INTERPRET=1``); ``off`` never.
+
+The draft tree build (``triton_tree``, one program running the heap) follows the same setting;
+``DDTREE_DIAG_TREE_KERNEL=off`` turns off that one alone (the tensor build then runs: for
+before/after measurements).
 """
 
 from __future__ import annotations
@@ -35,6 +39,26 @@ def _triton():
     except Exception:  # no triton, or one that cannot load here: the modules run instead
         return None
     return triton_kernels
+
+
+@functools.cache
+def _triton_tree():
+    """The tree kernel's module, or None where Triton cannot be imported."""
+    try:
+        from ddtree_diag.engine.fast import triton_tree
+    except Exception:
+        return None
+    return triton_tree
+
+
+def tree_kernel(device: torch.device):
+    """The tree kernel's module when the draft tree on ``device`` is built by it, else None."""
+    setting = mode()
+    if os.environ.get("DDTREE_DIAG_TREE_KERNEL", "").strip().lower() == "off":
+        return None
+    if setting == "off" or (setting == "auto" and device.type != "cuda") or torch.compiler.is_compiling():
+        return None
+    return _triton_tree()
 
 
 def available() -> bool:

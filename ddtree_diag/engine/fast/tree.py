@@ -237,6 +237,17 @@ def build_tree_tensors(
     }
 
 
+def build_tree_kernel(depth_logprobs: torch.Tensor, budget: int, depth_limit: torch.Tensor | int) -> dict:
+    """``build_tree_tensors``'s result from the one-program Triton kernel (``triton_tree``): the
+    heap itself, so always exact. Callers check ``kernels.tree_kernel(device)`` first."""
+    from ddtree_diag.engine.fast import kernels
+
+    device = depth_logprobs.device
+    values, ids = ranked_top_k(depth_logprobs.float(), min(budget, depth_logprobs.shape[1]))
+    limit = torch.as_tensor(depth_limit, dtype=torch.long, device=device)
+    return kernels.tree_kernel(device).build_tree(values, ids, budget, limit)
+
+
 def ancestors_from_parents(parents: torch.Tensor, rounds: int) -> torch.Tensor:
     """[T, T] bool ancestor-or-self mask from parent indices (-1: none), in ``rounds`` gathers
     (the tree depth), with no host sync."""

@@ -1,0 +1,85 @@
+"""Tree build alone on a GPU: the tensor build (``build_tree_tensors``) against the one-program
+Triton kernel (``triton_tree``), per budget, each captured in a CUDA graph and replayed (device
+time per build, launches included as a graph replays them), at several warp counts for the kernel.
+Also checks the kernel's tree against the host heap on the same (bf16-logit) rows.
+
+    python -m bench.tree_kernel_speed [--budgets 16,64,256] [--vocab 151936]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import torch
+
+from ddtree_diag.engine.fast import tree as fast_tree
+from ddtree_diag.engine.fast import triton_tree
+from ddtree_diag.engine.tree import build_tree
+
+REPLAYS = 50
+
+
+def graph_ms(fn) -> float:
+    """ms per call of ``fn`` captured in a CUDA graph (after a warm-up)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / REPLAYS
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budgets", default="16,64,256")
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--depth", type=int, default=15)
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(args.depth, args.vocab, generator=gen) * 3).bfloat16()
+    logprobs = torch.log_softmax(logits.cuda().float(), -1)
+    limit = torch.tensor(args.depth, device="cuda")
+    print(f"tree_kernel_speed: {torch.cuda.get_device_name()}, depth {args.depth}, vocab {args.vocab}, ms per build")
+    for budget in (int(b) for b in args.budgets.split(",")):
+        top_k = min(budget, args.vocab)
+        values, ids = fast_tree.ranked_top_k(logprobs, top_k)
+        out = triton_tree.build_tree(values, ids, budget, limit)
+        reference = build_tree(0, logprobs.cpu(), budget)
+        n = reference.size
+        same = (
+            out["tokens"][:n].tolist() == reference.tokens[1:]
+            and out["parents"][:n].tolist() == reference.parents[1:]
+            and out["depths"][:n].tolist() == reference.depths[1:]
+            and int(out["count"]) == n
+        )
+        tensors = graph_ms(lambda b=budget: fast_tree.build_tree_tensors(logprobs, b, limit))
+        topk = graph_ms(lambda k=top_k: fast_tree.ranked_top_k(logprobs, k))
+        whole = graph_ms(lambda b=budget: fast_tree.build_tree_kernel(logprobs, b, limit))
+        warps = {}
+        for num_warps in (1, 2, 4, 8):
+            build = functools.partial(triton_tree.build_tree, values, ids, budget, limit, num_warps)
+            warps[num_warps] = graph_ms(build)
+        kernel = " ".join(f"w{w} {ms:.3f}" for w, ms in warps.items())
+        print(
+            f"budget {budget:4d}: tensor build {tensors:.3f} | kernel path {whole:.3f} "
+            f"(ranked_top_k {topk:.3f}; kernel alone {kernel}) | equals heap: {same}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

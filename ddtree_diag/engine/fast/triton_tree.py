@@ -1,0 +1,129 @@
+"""The DDTree draft tree as one Triton kernel: ``tree.build_tree``'s heap, run as written.
+
+The tensor build (``tree.build_tree_tensors``) reproduces the heap's order with sorts, pointer
+doubling and a proof pass: ~300 tiny kernels per round (1.2-2.5 ms on the H200). Here a single
+program runs the heap loop itself. The frontier is an array indexed by push order (entry i is the
+i-th push), so the heap's key (path score desc, push order asc) is two block reductions: the
+largest score among live entries, then the smallest index among live entries holding it. That is
+exact by construction: no proof pass and no host fallback. One program, a fixed grid and no host
+reads, so it is captured in the tree stage's CUDA graph like the rest.
+
+Imported only where Triton is (``kernels.tree_kernel``); on CPU tensors it runs under Triton's
+interpreter (the tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# An entry's parent node, depth and rank packed in one int64 (parent, depth and rank < 2**21):
+# one reduction reads all three back for the popped entry instead of three.
+FIELD = 1 << 21
+
+
+@triton.jit
+def _build_tree_kernel(
+    values_ptr, ids_ptr, limit_ptr,
+    tokens_ptr, parents_ptr, depths_ptr, valid_ptr, count_ptr,
+    budget, top_k, max_depth,
+    FRONTIER: tl.constexpr, FIELD: tl.constexpr,
+):
+    """values/ids: [max_depth, top_k] per-depth ranked top-k (fp32 log-probs, int64 token ids).
+    Writes ``budget`` nodes (popped order; past the last node: zeros, valid 0) and the count."""
+    slot = tl.arange(0, FRONTIER)
+    # depths 1..limit may hold nodes (the decoder's depth limit, a device scalar)
+    limit = tl.minimum(tl.load(limit_ptr).to(tl.int32), max_depth)
+    neg_inf = float("-inf")
+    # The frontier, one entry per push. ``score``: the entry's path score (float64 sums in the
+    # heap's order, so bit-identical to it); ``base``: its parent's path score (a sibling's score
+    # is base + the next rank's value, as the heap forms it); ``meta``: parent, depth, rank.
+    # ``live``: pushed and not yet popped (a score of -inf can be live, so it is not the marker).
+    first = tl.load(values_ptr).to(tl.float64)  # depth 1, rank 0: 0.0 + value, as the heap pushes it
+    score = tl.where(slot == 0, first + 0.0, neg_inf)
+    base = tl.zeros([FRONTIER], dtype=tl.float64)
+    meta = tl.where(slot == 0, 1 * FIELD, 0).to(tl.int64)  # parent 0 (the root), depth 1, rank 0
+    live = (slot == 0) & (limit >= 1)
+    pushes = limit * 0 + 1  # entries pushed so far (an int32 tensor, as the loop carries it)
+    count = limit * 0
+    for i in range(0, budget):
+        # pop: the largest score, ties to the entry pushed first
+        best = tl.max(tl.where(live, score, neg_inf), axis=0)
+        pick = tl.min(tl.where(live & (score == best), slot, FRONTIER), axis=0)
+        found = pick < FRONTIER  # False once the frontier is empty (a tree smaller than budget)
+        hit = slot == pick
+        parent_score = tl.sum(tl.where(hit, base, 0.0), axis=0)
+        packed = tl.sum(tl.where(hit, meta, 0), axis=0)
+        rank = (packed % FIELD).to(tl.int32)
+        depth = ((packed // FIELD) % FIELD).to(tl.int32)
+        parent = (packed // FIELD) // FIELD  # (FIELD * FIELD would be a constant past int32)
+        live = live & ~hit
+        node = count.to(tl.int64) + 1  # pops so far + 1 (the root is node 0); = i + 1 while found
+        token = tl.load(ids_ptr + (depth - 1) * top_k + rank, mask=found, other=0)
+        tl.store(tokens_ptr + i, tl.where(found, token, 0))
+        tl.store(parents_ptr + i, tl.where(found, parent, 0))
+        tl.store(depths_ptr + i, tl.where(found, depth, 0).to(tl.int64))
+        tl.store(valid_ptr + i, found.to(tl.int8))
+        count += found.to(tl.int32)
+        # push the next sibling (same parent, rank + 1), then the first child (rank 0, one deeper):
+        # the heap's order, so push order = index here too
+        sibling = found & (rank + 1 < top_k)
+        value = tl.load(values_ptr + (depth - 1) * top_k + rank + 1, mask=sibling, other=0.0).to(tl.float64)
+        at = sibling & (slot == pushes)
+        score = tl.where(at, parent_score + value, score)
+        base = tl.where(at, parent_score, base)
+        meta = tl.where(at, packed + 1, meta)  # same parent and depth, rank + 1
+        live = live | at
+        pushes += sibling.to(tl.int32)
+        child = found & (depth < limit)
+        value = tl.load(values_ptr + depth * top_k, mask=child, other=0.0).to(tl.float64)
+        at = child & (slot == pushes)
+        score = tl.where(at, best + value, score)
+        base = tl.where(at, best, base)
+        meta = tl.where(at, (node * FIELD + depth + 1) * FIELD, meta)
+        live = live | at
+        pushes += child.to(tl.int32)
+    tl.store(count_ptr, count.to(tl.int64))
+
+
+def default_warps(frontier: int) -> int:
+    """Warps for a frontier of ``frontier`` entries: each pop is four block reductions, and with
+    one warp they are register shuffles only (no shared memory or barriers)."""
+    return 4 if frontier >= 512 else 1
+
+
+def build_tree(
+    values: torch.Tensor, ids: torch.Tensor, budget: int, depth_limit: torch.Tensor, num_warps: int | None = None
+) -> dict:
+    """``tree.build_tree`` from the per-depth ranked top-k (``values`` [D, top_k] float32,
+    ``ids`` [D, top_k] int64; top_k = min(budget, vocab)) and a device-scalar depth limit.
+    Returns what ``build_tree_tensors`` returns: ``tokens``, ``parents``, ``depths``, ``valid``
+    ([budget] each), ``count`` and ``exact`` (always True)."""
+    device = values.device
+    max_depth, top_k = values.shape
+    assert budget < FIELD and max_depth < FIELD
+    tokens = torch.empty(budget, dtype=torch.long, device=device)
+    parents = torch.empty(budget, dtype=torch.long, device=device)
+    depths = torch.empty(budget, dtype=torch.long, device=device)
+    valid = torch.empty(budget, dtype=torch.bool, device=device)
+    count = torch.empty((), dtype=torch.long, device=device)
+    if budget > 0 and max_depth > 0:
+        # at most 1 + 2 * budget pushes (the first entry, then a sibling and a child per pop)
+        frontier = max(16, triton.next_power_of_2(2 * budget + 1))
+        _build_tree_kernel[(1,)](
+            values.float().contiguous(), ids.contiguous(), depth_limit.reshape(1),
+            tokens, parents, depths, valid.view(torch.int8), count,
+            budget, top_k, max_depth,
+            FRONTIER=frontier, FIELD=FIELD, num_warps=num_warps or default_warps(frontier),
+        )
+    else:
+        tokens.zero_(), parents.zero_(), depths.zero_(), valid.zero_(), count.zero_()
+    return {
+        "tokens": tokens,
+        "parents": parents,
+        "depths": depths,
+        "valid": valid,
+        "count": count,
+        "exact": torch.ones((), dtype=torch.bool, device=device),
+    }

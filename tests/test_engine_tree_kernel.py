@@ -1,0 +1,178 @@
+"""The one-program Triton tree build (engine/fast/triton_tree.py) == the heap (``tree.build_tree``).
+
+Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``):
+the same kernel code, on CPU tensors, node for node against the heap on random rows and on rows
+full of exact ties, then inside whole fast decodes (== the eager path, token for token). On a GPU
+the same checks run the compiled kernel on CUDA tensors, and the decode runs in CUDA graphs.
+The interpreter takes ~1 s per budget-256 build, so those cases are few.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("triton")
+
+from ddtree_diag.engine import load_engine  # noqa: E402
+from ddtree_diag.engine.fast import kernels  # noqa: E402
+from ddtree_diag.engine.fast import tree as fast_tree  # noqa: E402
+from ddtree_diag.engine.tree import build_tree  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.engine_fixtures import MAX_TOKENS, PROMPTS  # noqa: E402
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+if DEVICE == "cuda":
+    pytestmark.append(pytest.mark.gpu)
+
+
+@pytest.fixture
+def tree_kernel(monkeypatch):
+    """The tree kernel on (CPU tensors too); returns a list that counts its builds."""
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the compiled kernel needs CUDA")
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    monkeypatch.delenv("DDTREE_DIAG_TREE_KERNEL", raising=False)
+    module = kernels.tree_kernel(torch.device(DEVICE))
+    assert module is not None, "triton is installed but the tree kernel module did not import"
+    builds = []
+    original = module.build_tree
+
+    def counted(*args, **kwargs):
+        builds.append(args[2])  # the budget
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "build_tree", counted)
+    return builds
+
+
+def assert_same_tree(logprobs: torch.Tensor, budget: int, depth: int) -> None:
+    """The kernel's build of the first ``depth`` rows == build_tree's, node for node."""
+    limit = torch.tensor(depth, device=DEVICE)
+    built = fast_tree.build_tree_kernel(logprobs.to(DEVICE), budget, limit)
+    reference = build_tree(7, logprobs[:depth], budget)
+    n = reference.size
+    what = (budget, depth)
+    assert int(built["count"]) == n == fast_tree.tree_node_count(budget, depth, logprobs.shape[1]), what
+    assert bool(built["exact"])
+    assert built["valid"].tolist() == [True] * n + [False] * (budget - n), what
+    assert built["tokens"][:n].tolist() == reference.tokens[1:], what
+    assert built["parents"][:n].tolist() == reference.parents[1:], what
+    assert built["depths"][:n].tolist() == reference.depths[1:], what
+    # past the tree: zeros (the decoder masks them with ``valid``)
+    for name in ("tokens", "parents", "depths"):
+        assert built[name].shape == (budget,) and built[name].dtype == torch.long
+        assert not built[name][n:].any(), (name, what)
+
+
+def bf16_logprobs(seed: int, scale: float, vocab: int = 8192) -> torch.Tensor:
+    """Log-probs of bf16 logits (the GPU case: many exact ties), the same bits on every CPU
+    (the log_softmax in float64, then rounded once)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(15, vocab, generator=gen) * scale).bfloat16().double()
+    return torch.log_softmax(logits, -1).float()
+
+
+def test_kernel_equals_heap_on_random_rows(tree_kernel):
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(3):
+        depth_rows, vocab = (3, 7, 15)[trial], (5, 40, 300)[trial]
+        logprobs = torch.log_softmax(torch.randn(depth_rows, vocab, generator=gen) * (1 + trial), -1)
+        for budget in (1, 2, 16, 64):
+            for depth in sorted({1, depth_rows // 2 or 1, depth_rows}):
+                assert_same_tree(logprobs, budget, depth)
+
+
+def test_kernel_equals_heap_with_exact_ties(tree_kernel):
+    """Quantised logits (equal log-probs within a depth, equal path sums across depths), uniform
+    rows (every path of a depth ties), one-hot rows (log-prob 0.0: a child ties its parent),
+    twin subtrees (tied node for node down a long chain) and bf16-rounded rows."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(3):
+        depth_rows, vocab = (4, 6, 15)[trial], (6, 30, 300)[trial]
+        logits = torch.randint(0, 3, (depth_rows, vocab), generator=gen).float()
+        if trial == 1:
+            logits[::2] = 0.0
+            logits[::2, 3] = 200.0
+        if trial == 2:
+            logits[5:] = 0.0
+        logprobs = torch.log_softmax(logits, -1)
+        for budget in (1, 2, 16, 64):
+            for depth in (1, depth_rows):
+                assert_same_tree(logprobs, budget, depth)
+    twins = -torch.arange(40.0).repeat(12, 1) * 0.75
+    twins[0, 1] = twins[0, 0]
+    assert_same_tree(torch.log_softmax(twins, -1), 64, 12)
+    for seed, scale in ((0, 1.0), (1, 4.0)):
+        logprobs = bf16_logprobs(seed, scale)
+        assert logprobs.unique().numel() < logprobs.numel() // 4  # plenty of exact ties
+        for budget, depth in ((16, 15), (64, 2)):
+            assert_same_tree(logprobs, budget, depth)
+
+
+def test_kernel_equals_heap_at_budget_256(tree_kernel):
+    """The largest budget: a deep bf16 tree, and a tiny vocabulary whose whole tree (155 nodes)
+    is smaller than the budget (top_k = 5 < budget)."""
+    assert_same_tree(bf16_logprobs(2, 2.0), 256, 15)
+    small = torch.log_softmax(torch.randint(0, 2, (15, 5), generator=torch.Generator().manual_seed(3)).float(), -1)
+    assert_same_tree(small, 256, 3)
+
+
+def test_every_depth_limit_and_an_empty_tree(tree_kernel):
+    logprobs = bf16_logprobs(4, 3.0, vocab=64)
+    for depth in range(1, 16):
+        assert_same_tree(logprobs, 16, depth)
+    built = fast_tree.build_tree_kernel(logprobs.to(DEVICE), 4, torch.tensor(0, device=DEVICE))
+    assert int(built["count"]) == 0 and not built["valid"].any() and not built["tokens"].any()
+
+
+def test_tree_kernel_follows_the_kernel_setting(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("DDTREE_DIAG_TREE_KERNEL", raising=False)
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "auto")  # CUDA only
+    assert kernels.tree_kernel(cpu) is None and kernels.tree_kernel(cuda) is not None
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    assert kernels.tree_kernel(cpu) is not None
+    monkeypatch.setenv("DDTREE_DIAG_TREE_KERNEL", "off")  # this one alone off
+    assert kernels.tree_kernel(cpu) is None and kernels.tree_kernel(cuda) is None
+    assert kernels.available()
+    monkeypatch.delenv("DDTREE_DIAG_TREE_KERNEL")
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "off")
+    assert kernels.tree_kernel(cuda) is None
+
+
+def test_fast_decode_with_the_tree_kernel_equals_eager(tree_kernel, tmp_path, monkeypatch):
+    """Whole decodes, greedy fp32: the fast path building every tree with the kernel gives the
+    eager path's tokens, acceptance and tree sizes, and never falls back to the host build. Only
+    the tree kernel runs (the other fused kernels are tested in test_engine_kernels)."""
+    module = kernels.tree_kernel(torch.device(DEVICE))
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "auto")
+    monkeypatch.setattr(kernels, "tree_kernel", lambda device: module)
+    target = fx.make_target(tmp_path / "target")
+    engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device=DEVICE, dtype="fp32")
+    budgets = (1, 4, 16) if DEVICE == "cpu" else (1, 2, 4, 16, 64)
+    paths = ("fast-nograph",) if DEVICE == "cpu" else ("fast-nograph", "fast")
+    for budget in budgets:
+        for path in paths:
+            previous = engine.decode_path
+            try:
+                engine.use_path("eager")
+                eager = engine.generate_ids(prompt_ids=PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS,
+                                            stop_token_ids=[])
+                engine.use_path(path)
+                quick = engine.generate_ids(prompt_ids=PROMPTS[1], tree_budget=budget, max_tokens=MAX_TOKENS,
+                                            stop_token_ids=[])
+            finally:
+                engine.use_path(previous)
+            what = (budget, path)
+            assert quick.token_ids == eager.token_ids, what
+            assert quick.acceptance_lengths == eager.acceptance_lengths, what
+            assert quick.tree_sizes == eager.tree_sizes, what
+            assert quick.extras["fast_tree_fallbacks"] == 0, what
+            if path == "fast":
+                assert quick.extras["cuda_graph_errors"] == [] and quick.extras["cuda_graphs"], what
+    assert tree_kernel and set(tree_kernel) >= set(budgets) - {0}
