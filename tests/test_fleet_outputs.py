@@ -6,6 +6,7 @@ targets (one passed, one failed with garbage, one unreachable) and a cross-targe
 from __future__ import annotations
 
 import io
+import json
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -354,3 +355,16 @@ def test_fleet_page_renders_in_chromium_without_console_messages(tmp_path):
     assert page.returncode == 0 and page.console == [], page.console
     dom = Elements(page.dom)
     assert dom.count("section") == 3 and not {t for t, _ in dom.tags} & ACTIVE_TAGS
+
+
+def test_fleet_json_is_built_a_target_at_a_time_with_the_same_text():
+    from ddtree_diag import jsonsafe
+    from ddtree_diag.output.reportfile import report_dict, report_json
+
+    fleet = make_fleet()
+    assert report_json(fleet) == jsonsafe.dumps(report_dict(fleet)) + "\n"
+    fleet.targets[1].report.results[0].timings.e2e_s = float("nan")
+    data = json.loads(report_json(fleet))
+    assert data["targets"][1]["report"]["results"][0]["timings"]["e2e_s"] is None
+    assert any("targets[1].report.results[0].timings.e2e_s" in n for n in data["targets"][1]["report"]["notes"])
+    assert FleetReport.from_dict(data).targets[1].name == fleet.targets[1].name
