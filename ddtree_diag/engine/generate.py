@@ -270,6 +270,10 @@ class Engine:
         path = path or self.decode_path
         if path not in DECODE_PATHS:
             raise ValueError(f"unknown decode path {path!r} (one of {', '.join(DECODE_PATHS)})")
+        plan = getattr(self.target, "shard_plan", None)  # engine.parallel: the target is split
+        if plan is not None and path != "eager":
+            raise UsageError(f"the target is split over {plan.world} devices: only the eager decode path is "
+                             f"sharded, not {path!r} (engine/fast, CUDA graphs)")
         if path not in self._decoders:
             if path == "eager":
                 from ddtree_diag.engine.eager import EagerDecoder

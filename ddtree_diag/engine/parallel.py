@@ -1,0 +1,314 @@
+"""Tensor parallelism for the TARGET on the eager decode path, with plain ``torch.distributed``.
+
+One process per device (``launch``: ``torch.multiprocessing`` spawn, gloo on CPU, NCCL on CUDA).
+Every rank loads the engine, keeps only its shard of the target (``shard_target``) and then runs
+the *same* eager decode loop: the draft (replicated), the tree build, the accept walk and the
+commit are computed identically on every rank from identical inputs, so no rank ever needs
+another's tree or tokens. Only rank 0 reports results.
+
+The shard plan (``plan_shards``), Megatron-style, one ``all_reduce`` (sum) per half-layer:
+
+- full attention: q_proj / k_proj / v_proj keep this rank's heads (rows; a gated query keeps each
+  head's [query | gate] pair), o_proj the matching input columns; an all_reduce after o_proj. The
+  KV cache of each rank holds its own KV heads only.
+- Gated DeltaNet (Qwen3.5 layout, hybrid targets): this rank's value heads and the key heads that
+  serve them (each key head serves Hv/Hk consecutive value heads, so both are split in contiguous
+  blocks): the q|k|v rows of in_proj_qkv and the same conv1d channels, in_proj_z rows, in_proj_b /
+  in_proj_a rows, A_log / dt_bias, out_proj columns; an all_reduce after out_proj. The gated
+  RMSNorm is per value head (its weight is head_v_dim wide): replicated. Recurrent and conv states
+  per rank hold its heads only.
+- dense MLP: gate_proj / up_proj rows, down_proj columns; an all_reduce after down_proj.
+- embeddings, final norm and lm_head: replicated (simplest; the vocab is not split).
+
+A bias on a row-parallel projection (o_proj, down_proj, out_proj) is kept on rank 0 only, so the
+sum adds it once. MoE MLPs (Qwen3-Next, Qwen3.5-MoE) are not sharded yet: refused with one line.
+The fast path (``engine/fast``, CUDA graphs) is not sharded: a parallel engine runs eager only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ddtree_diag.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How a target splits over ``world`` devices (per-device counts)."""
+
+    world: int
+    layers: int
+    heads: int  # query heads per device (full-attention layers)
+    kv_heads: int
+    intermediate: int  # dense MLP width per device
+    linear_k_heads: int  # Gated DeltaNet key / value heads per device (0: not hybrid)
+    linear_v_heads: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _divides(what: str, count: int, world: int) -> int:
+    if count % world:
+        raise UsageError(f"cannot split {count} {what} over {world} devices: {count} is not divisible by {world}")
+    return count // world
+
+
+def plan_shards(config: Any, world: int) -> ShardPlan:
+    """The per-device split of a target config over ``world`` devices; one-line UsageError when a
+    head count (or the MLP width) does not divide, or for an MoE target (not sharded yet)."""
+    from ddtree_diag.engine.arch import is_hybrid, text_config
+
+    if world < 1:
+        raise UsageError(f"--devices must be >= 1, got {world}")
+    cfg = text_config(config)
+    moe = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if moe and world > 1:
+        raise UsageError(f"{cfg.model_type} has an MoE MLP: tensor parallelism shards dense MLPs only (use 1 device)")
+    heads = _divides("attention heads", cfg.num_attention_heads, world)
+    kv_heads = _divides("key/value heads", cfg.num_key_value_heads or cfg.num_attention_heads, world)
+    intermediate = _divides("MLP channels", cfg.intermediate_size, world)
+    lk = lv = 0
+    if is_hybrid(config):
+        lk = _divides("Gated DeltaNet key heads", cfg.linear_num_key_heads, world)
+        lv = _divides("Gated DeltaNet value heads", cfg.linear_num_value_heads, world)
+    return ShardPlan(world, cfg.num_hidden_layers, heads, kv_heads, intermediate, lk, lv)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharding a loaded TargetModel in place
+
+
+def _keep_rows(linear: Any, rows: Any) -> None:
+    import torch
+
+    linear.weight = torch.nn.Parameter(linear.weight.data[rows].contiguous(), requires_grad=False)
+    if linear.bias is not None:
+        linear.bias = torch.nn.Parameter(linear.bias.data[rows].contiguous(), requires_grad=False)
+    linear.out_features = linear.weight.shape[0]
+
+
+def _keep_columns(linear: Any, cols: Any, rank: int) -> None:
+    import torch
+
+    linear.weight = torch.nn.Parameter(linear.weight.data[:, cols].contiguous(), requires_grad=False)
+    if linear.bias is not None and rank != 0:  # the all_reduce adds rank 0's bias once
+        linear.bias = torch.nn.Parameter(torch.zeros_like(linear.bias.data), requires_grad=False)
+    linear.in_features = linear.weight.shape[1]
+
+
+def _block(index: int, size: int) -> slice:
+    return slice(index * size, (index + 1) * size)
+
+
+def _head_rows(heads_local: int, rank: int, width: int) -> Any:
+    """Row indices of this rank's heads in a [heads * width] projection."""
+    import torch
+
+    start = rank * heads_local * width
+    return torch.arange(start, start + heads_local * width)
+
+
+def _all_reduce_hook(group: Any) -> Any:
+    import torch.distributed as dist
+
+    def hook(module: Any, inputs: Any, output: Any) -> Any:
+        dist.all_reduce(output, group=group)
+        return output
+
+    return hook
+
+
+def shard_target(target: Any, rank: int, world: int, group: Any = None) -> ShardPlan:
+    """Keep rank ``rank``'s shard of a loaded ``TargetModel`` (in place) and hook an all_reduce
+    after every row-parallel projection. Returns the plan. ``world`` 1 leaves it untouched."""
+    import torch
+
+    from ddtree_diag.engine.target import KVCache
+
+    plan = plan_shards(target.hf.config, world)
+    if world == 1:
+        return plan
+    hook = _all_reduce_hook(group)
+    for index, layer in enumerate(target.layers):
+        if index in target.cache_slot:
+            attn = layer.self_attn
+            q_width = target.head_dim * (2 if target.arch.gated_query else 1)
+            _keep_rows(attn.q_proj, _head_rows(plan.heads, rank, q_width))
+            _keep_rows(attn.k_proj, _head_rows(plan.kv_heads, rank, target.head_dim))
+            _keep_rows(attn.v_proj, _head_rows(plan.kv_heads, rank, target.head_dim))
+            _keep_columns(attn.o_proj, _head_rows(plan.heads, rank, target.head_dim), rank)
+            attn.o_proj.register_forward_hook(hook)
+        else:
+            _shard_gdn(layer.linear_attn, plan, rank)
+            layer.linear_attn.out_proj.register_forward_hook(hook)
+        mlp = layer.mlp
+        if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+            raise UsageError(f"layer {index}'s MLP is not a dense gate/up/down MLP: cannot shard it")
+        rows = torch.arange(rank * plan.intermediate, (rank + 1) * plan.intermediate)
+        _keep_rows(mlp.gate_proj, rows)
+        _keep_rows(mlp.up_proj, rows)
+        _keep_columns(mlp.down_proj, rows, rank)
+        mlp.down_proj.register_forward_hook(hook)
+    target.heads, target.kv_heads = plan.heads, plan.kv_heads
+    target.kv = KVCache(len(target.attention_layers), plan.kv_heads, target.head_dim, target.kv.capacity,
+                        target.device, target.dtype)
+    target.reset()
+    target.shard_plan = plan
+    return plan
+
+
+def _shard_gdn(module: Any, plan: ShardPlan, rank: int) -> None:
+    """Keep this rank's value heads (and their key heads) of a Qwen3.5 GatedDeltaNet module."""
+    import torch
+
+    if not hasattr(module, "in_proj_qkv"):
+        raise UsageError(f"{type(module).__name__}: only the Qwen3.5 GatedDeltaNet layout is sharded")
+    dk, dv = module.head_k_dim, module.head_v_dim
+    key_dim = module.key_dim
+    q_rows = _head_rows(plan.linear_k_heads, rank, dk)
+    v_rows = _head_rows(plan.linear_v_heads, rank, dv)
+    channels = torch.cat([q_rows, key_dim + q_rows, 2 * key_dim + v_rows])  # the q | k | v layout
+    heads = torch.arange(rank * plan.linear_v_heads, (rank + 1) * plan.linear_v_heads)
+    _keep_rows(module.in_proj_qkv, channels)
+    _keep_rows(module.in_proj_z, v_rows)
+    _keep_rows(module.in_proj_b, heads)
+    _keep_rows(module.in_proj_a, heads)
+    conv = module.conv1d
+    conv.weight = torch.nn.Parameter(conv.weight.data[channels].contiguous(), requires_grad=False)
+    if conv.bias is not None:
+        conv.bias = torch.nn.Parameter(conv.bias.data[channels].contiguous(), requires_grad=False)
+    conv.in_channels = conv.out_channels = conv.groups = channels.shape[0]
+    module.A_log = torch.nn.Parameter(module.A_log.data[heads].contiguous(), requires_grad=False)
+    module.dt_bias = torch.nn.Parameter(module.dt_bias.data[heads].contiguous(), requires_grad=False)
+    _keep_columns(module.out_proj, v_rows, rank)
+    module.num_k_heads, module.num_v_heads = plan.linear_k_heads, plan.linear_v_heads
+    module.key_dim, module.value_dim = plan.linear_k_heads * dk, plan.linear_v_heads * dv
+    module.conv_dim = channels.shape[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Process groups and the launcher
+
+
+def device_for(rank: int, device_type: str) -> str:
+    return f"cuda:{rank}" if device_type == "cuda" else "cpu"
+
+
+def init_group(rank: int, world: int, device_type: str, init_method: str) -> None:
+    """Join the default process group: NCCL on CUDA (rank r drives cuda:r), gloo on CPU."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {}
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device(f"cuda:{rank}")
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
+
+
+def load_sharded(rank: int, world: int, device_type: str, target: str, draft: str | None = None,
+                 gguf_file: str | None = None, dtype: str | None = None, model_name: str | None = None) -> Any:
+    """Load the engine on rank ``rank`` (inside a joined group): read the weights on the CPU
+    (transformers maps safetensors files, so only the kept shard is copied), shard the target,
+    then move target and draft to this rank's device. The engine decodes eagerly."""
+    import torch
+
+    from ddtree_diag.engine.load import load_engine, resolve_dtype
+
+    device = torch.device(device_for(rank, device_type))
+    torch_dtype = resolve_dtype(dtype, device)
+    engine = load_engine(target, draft=draft, gguf_file=gguf_file, device="cpu", dtype=str(torch_dtype),
+                         decode_path="eager", model_name=model_name)
+    plan = shard_target(engine.target, rank, world)
+    if device.type != "cpu":
+        engine.target.hf.to(device)
+        engine.target.device = device
+        engine.target.kv = type(engine.target.kv)(len(engine.target.attention_layers), engine.target.kv_heads,
+                                                  engine.target.head_dim, engine.target.kv.capacity, device,
+                                                  engine.target.dtype)
+        if engine.draft is not None:
+            engine.draft.to(device)
+        engine.device = device
+    engine._info["parallel"] = {"devices": world, "rank": rank, "backend": "nccl" if device.type == "cuda" else "gloo",
+                                "plan": plan.as_dict()}
+    return engine
+
+
+def _worker(rank: int, world: int, device_type: str, init_method: str, job: Any, args: tuple, out: str) -> None:
+    import pickle
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if device_type == "cpu":  # the processes share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    init_group(rank, world, device_type, init_method)
+    try:
+        result: tuple[str, Any, float] = ("ok", job(rank, world, device_type, *args), time.time())
+    except Exception as exc:  # reported in one line by the launcher; the earliest error is the cause
+        result = ("error", f"{type(exc).__name__}: {exc}".strip().splitlines()[0], time.time())
+    if rank == 0 or result[0] == "error":
+        path = os.path.join(out, f"rank{rank}.pickle")
+        with open(path + ".part", "wb") as handle:
+            pickle.dump(result, handle)
+        os.replace(path + ".part", path)  # whole or absent: the launcher may end this process any time
+    if result[0] == "ok":
+        dist.barrier()  # every rank done before any tears the group down
+        dist.destroy_process_group()
+    else:
+        os._exit(1)  # the other ranks may be blocked in a collective: the launcher ends them
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(job: Any, world: int, device_type: str = "cpu", args: tuple = ()) -> Any:
+    """Run ``job(rank, world, device_type, *args)`` in ``world`` spawned processes joined in one
+    group; return rank 0's result (the others' are dropped). ``job`` must be picklable (a module-
+    level function). A failing rank raises RuntimeError here with its one-line error."""
+    import pickle
+    import tempfile
+
+    import torch
+    import torch.multiprocessing as mp
+
+    if device_type == "cuda" and torch.cuda.device_count() < world:
+        raise UsageError(f"--devices {world} needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory(prefix="ddtree-tp-") as out:
+        failure = None
+        try:
+            mp.start_processes(_worker, args=(world, device_type, init_method, job, args, out), nprocs=world,
+                               join=True, start_method="spawn")
+        except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
+            failure = str(exc).strip().splitlines()[-1]
+        results = {}
+        for rank in range(world):
+            path = os.path.join(out, f"rank{rank}.pickle")
+            if os.path.exists(path):
+                with open(path, "rb") as handle:
+                    results[rank] = pickle.load(handle)
+    errors = sorted((when, rank, value) for rank, (status, value, when) in results.items() if status == "error")
+    if errors:  # the first to fail; the others mostly report the connection it dropped
+        raise RuntimeError(f"rank {errors[0][1]}: {errors[0][2]}")
+    if failure is not None or 0 not in results:
+        raise RuntimeError(f"a rank ended without a result ({failure or 'no error reported'})")
+    return results[0][1]
+
+
+def generate_job(rank: int, world: int, device_type: str, target: str, draft: str | None, dtype: str | None,
+                 requests: list[dict[str, Any]]) -> list[list[int]]:
+    """A ``launch`` job: load sharded, decode each request (``generate_ids`` keyword arguments),
+    return the output token ids (every rank decodes; rank 0's list is what ``launch`` returns)."""
+    engine = load_sharded(rank, world, device_type, target, draft, dtype=dtype)
+    return [list(engine.generate_ids(**request).token_ids) for request in requests]

@@ -1,0 +1,114 @@
+"""Tensor parallelism of the target (``engine.parallel``): the shard plan's refusals in process, and
+T=0 losslessness across processes: 2 gloo processes on the CPU decode the tiny dense and hybrid
+targets exactly as one process does (fp32), in AR, chain and tree mode at several budgets.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from ddtree_diag.engine import load_engine, parallel  # noqa: E402
+from ddtree_diag.errors import UsageError  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parallel")
+    return {
+        "dense": fx.make_target(root / "dense"),
+        "hybrid": fx.make_hybrid_target(root / "hybrid", pattern="LLAL"),
+        "draft": fx.make_draft(root / "draft", block_size=4, layer_ids=(0, 2)),
+    }
+
+
+def _config(**changes):
+    base = dict(model_type="qwen3", num_attention_heads=8, num_key_value_heads=4, intermediate_size=256,
+                num_hidden_layers=2, hidden_size=64)
+    base.update(changes)
+    return SimpleNamespace(**base)
+
+
+def test_plan_splits_heads_and_mlp():
+    plan = parallel.plan_shards(_config(), 2)
+    assert (plan.heads, plan.kv_heads, plan.intermediate, plan.linear_v_heads) == (4, 2, 128, 0)
+    assert parallel.plan_shards(_config(), 1).heads == 8
+
+
+@pytest.mark.parametrize(
+    ("changes", "world", "words"),
+    [
+        ({"num_attention_heads": 6, "num_key_value_heads": 6}, 4, "6 attention heads over 4 devices"),
+        ({"num_key_value_heads": 2}, 4, "2 key/value heads over 4 devices"),
+        ({"intermediate_size": 250}, 4, "250 MLP channels"),
+        ({"num_experts": 8}, 2, "MoE"),
+        ({}, 0, "--devices must be >= 1"),
+    ],
+)
+def test_plan_refuses_in_one_line(changes, world, words):
+    with pytest.raises(UsageError) as err:
+        parallel.plan_shards(_config(**changes), world)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_plan_refuses_gated_deltanet_heads_that_do_not_divide(models):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(models["hybrid"])
+    assert parallel.plan_shards(config, 2).linear_k_heads == 1  # 2 key heads, 4 value heads
+    config.linear_num_key_heads = 3
+    with pytest.raises(UsageError, match="3 Gated DeltaNet key heads over 2 devices"):
+        parallel.plan_shards(config, 2)
+
+
+def test_a_split_target_refuses_the_fast_path(models):
+    engine = load_engine(models["dense"], device="cpu", dtype="fp32", decode_path="eager")
+    engine.target.shard_plan = parallel.plan_shards(engine.target.hf.config, 2)
+    with pytest.raises(UsageError, match="split over 2 devices: only the eager decode path"):
+        engine.decoder("fast-nograph")
+
+
+def _requests(budgets, modes=("tree",)):
+    requests = []
+    for prompt in fx.PROMPTS[:2]:
+        for budget in budgets:
+            for mode in modes:
+                requests.append(dict(prompt_ids=prompt, tree_budget=budget, max_tokens=fx.MAX_TOKENS, mode=mode))
+    return requests
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("kind", "budgets"), [("dense", (0, 1, 4, 16, 64)), ("hybrid", (0, 2, 16))]
+)
+def test_two_gloo_processes_decode_as_one(models, kind, budgets):
+    """T=0, fp32: the 2-process output (each rank half the heads and MLP) equals the 1-process output."""
+    requests = _requests(budgets) + _requests((4,), modes=("chain",))
+    engine = load_engine(models[kind], draft=models["draft"], device="cpu", dtype="fp32", decode_path="eager")
+    single = [engine.generate_ids(**request).token_ids for request in requests]
+    split = parallel.launch(parallel.generate_job, 2, "cpu",
+                            (str(models[kind]), str(models["draft"]), "fp32", requests))
+    assert split == single
+    assert len({len(tokens) for tokens in single}) >= 1 and all(single)
+
+
+def _fail_on_rank_one(rank, world, device_type):
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("no such shard\nsecond line")
+    dist.barrier()  # rank 0 waits in a collective that never completes: the launcher ends it
+    return "unreachable"
+
+
+@pytest.mark.e2e
+def test_a_failing_rank_is_one_line():
+    with pytest.raises(RuntimeError, match=r"^rank 1: ValueError: no such shard$"):
+        parallel.launch(_fail_on_rank_one, 2, "cpu")
