@@ -5,6 +5,7 @@ targets exactly as one process does (fp32), in AR, chain and tree mode at severa
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -112,3 +113,36 @@ def _fail_on_rank_one(rank, world, device_type):
 def test_a_failing_rank_is_one_line():
     with pytest.raises(RuntimeError, match=r"^rank 1: ValueError: no such shard$"):
         parallel.launch(_fail_on_rank_one, 2, "cpu")
+
+
+def test_engine_info_plans_the_split(models, capsys):
+
+    from ddtree_diag.commands.engine_info import run_engine_info
+
+    assert run_engine_info(str(models["hybrid"]), None, str(models["draft"]), "cpu", None, True, devices=2) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plan"]["heads"] == 2 and data["plan"]["linear_v_heads"] == 2 and data["backend"] == "gloo"
+    assert data["sharded_weights_bytes_per_device"] * 2 + data["replicated_weights_bytes"] == data[
+        "target_weights_bytes"]
+    assert run_engine_info(str(models["dense"]), None, None, "cpu", None, False, devices=2) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "per device: 2 q / 1 kv attention heads, 64 MLP channels" in lines
+    assert "fits: yes (estimate; not loaded)" in lines
+    with pytest.raises(UsageError, match=r"^cannot split 4 attention heads over 3 devices"):
+        run_engine_info(str(models["dense"]), None, None, "cpu", None, False, devices=3)
+
+
+def test_engine_info_refuses_a_split_that_does_not_fit(tmp_path, capsys):
+    """A ~140B-parameter dense config in fp32 (560 GB) over 2 CPU processes: refused in one line."""
+    fx.make_tokenizer(tmp_path)
+    big = tmp_path
+    config = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=fx.VOCAB, hidden_size=8192,
+                  intermediate_size=28672, num_hidden_layers=160, num_attention_heads=64, num_key_value_heads=8,
+                  head_dim=128, max_position_embeddings=4096)
+    (big / "config.json").write_text(json.dumps(config))
+    from ddtree_diag.commands.engine_info import run_engine_info
+
+    with pytest.raises(UsageError) as err:
+        run_engine_info(str(big), None, None, "cpu", "fp32", False, devices=2)
+    assert str(err.value).startswith("the split does not fit: 2 devices need an estimated")
+    assert "\n" not in str(err.value)

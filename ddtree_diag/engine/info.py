@@ -63,3 +63,33 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     if "cuda_allocated_bytes" in memory:
         rows.append(("cuda allocated", _size(memory.get("cuda_allocated_bytes"))))
     return rows
+
+
+def split_rows(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """``engine-info --devices N``: the planned tensor-parallel split (``parallel.split_plan``)."""
+    shards = plan["plan"]
+    n = plan["devices"]
+    heads = f"{shards['heads']} q / {shards['kv_heads']} kv attention heads, {shards['intermediate']} MLP channels"
+    if shards.get("linear_v_heads"):
+        heads += f", {shards['linear_k_heads']} k / {shards['linear_v_heads']} v Gated DeltaNet heads"
+    tokens = plan["assumed_tokens"]
+    kv = (plan["kv_cache_bytes_per_token_per_device"] + plan["draft_kv_cache_bytes_per_token"]) * tokens
+    return [
+        ("model", str(plan.get("model"))),
+        ("devices", f"{n} × {plan['device_type']} ({plan['backend']}, one process per device)"),
+        ("split", "tensor parallel: every device runs all "
+                  f"{shards['layers']} layers on its share of the heads (eager decode path only)"),
+        ("per device", heads),
+        ("replicated", "embeddings, lm_head, norms, draft"),
+        ("dtype", str(plan["dtype"])),
+        ("target weights", f"{_size(plan['target_weights_bytes'])} in all"),
+        ("weights per device", f"{_size(plan['sharded_weights_bytes_per_device'])} split + "
+                               f"{_size(plan['replicated_weights_bytes'])} replicated + "
+                               f"{_size(plan['draft_weights_bytes'])} draft"),
+        (f"KV per device ({tokens} tokens)", _size(kv)),
+        ("tree state per device", f"{_size(plan['tree_state_bytes_per_device'])} "
+                                  f"(budget {plan['assumed_tree_budget']})"),
+        ("estimated per device", _size(plan["estimated_bytes_per_device"])),
+        ("device memory", _size(plan.get("device_memory_bytes")) + " each"),
+        ("fits", "yes (estimate; not loaded)"),
+    ]

@@ -312,3 +312,124 @@ def generate_job(rank: int, world: int, device_type: str, target: str, draft: st
     return the output token ids (every rank decodes; rank 0's list is what ``launch`` returns)."""
     engine = load_sharded(rank, world, device_type, target, draft, dtype=dtype)
     return [list(engine.generate_ids(**request).token_ids) for request in requests]
+
+
+# ----------------------------------------------------------------------------------------------
+# The split of a target over N devices, from its config alone (``engine-info --devices N``)
+
+PLAN_TOKENS = 8192  # the sequence the per-device fit assumes (KV cache and draft cache)
+PLAN_BUDGET = 64  # the tree budget it assumes (per-node Gated DeltaNet state)
+HEADROOM = 0.9  # the share of a device's memory the plan may fill (activations, allocator, CUDA context)
+
+
+def _is_sharded(name: str) -> bool:
+    """Decoder-layer weights are split (norms excepted); embeddings, final norm, lm_head are not."""
+    return ".layers." in name and "norm" not in name
+
+
+def split_plan(target: str, gguf_file: str | None, draft: str | None, device: str | None, dtype: str | None,
+               world: int) -> dict[str, Any]:
+    """How the target would split over ``world`` devices and the memory each would hold,
+    computed from the configs (the models are built on the meta device: nothing is loaded).
+    Refuses in one line (UsageError) a split that does not divide or does not fit."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ddtree_diag.engine import arch as arch_
+    from ddtree_diag.engine.gdn import per_node_state_bytes
+    from ddtree_diag.engine.load import _target_location, resolve_device, resolve_dtype
+
+    directory, gguf_name = _target_location(target, gguf_file)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_name is not None:
+        kwargs["gguf_file"] = gguf_name
+    try:
+        config = AutoConfig.from_pretrained(directory, **kwargs)
+    except Exception as exc:  # transformers raises many types for unknown/broken files
+        raise UsageError(f"transformers cannot read the config in {directory}: {str(exc).splitlines()[0]}") from exc
+    arch_.check_supported(config)
+    plan = plan_shards(config, world)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    size = torch.empty(0, dtype=torch_dtype).element_size()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    sharded = replicated = 0
+    for name, param in model.named_parameters():
+        if _is_sharded(name):
+            sharded += param.numel() * size
+        else:
+            replicated += param.numel() * size
+    draft_bytes = draft_kv = 0
+    if draft is not None:
+        draft_bytes, draft_kv = _draft_bytes(draft, size)
+    cfg = arch_.text_config(config)
+    layer_types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
+    attention_layers = sum(1 for kind in layer_types if kind != "linear_attention")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = 2 * attention_layers * plan.kv_heads * head_dim * size
+    tree_state = per_node_state_bytes(config, PLAN_BUDGET, torch_dtype) // world if arch_.is_hybrid(config) else 0
+    per_device = sharded // world + replicated + draft_bytes + (kv_per_token + draft_kv) * PLAN_TOKENS + tree_state
+    data: dict[str, Any] = {
+        "devices": world,
+        "device_type": torch_device.type,
+        "backend": "nccl" if torch_device.type == "cuda" else "gloo",
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "plan": plan.as_dict(),
+        "target_weights_bytes": sharded + replicated,
+        "sharded_weights_bytes_per_device": sharded // world,
+        "replicated_weights_bytes": replicated,  # embeddings, final norm, lm_head, layer norms
+        "draft_weights_bytes": draft_bytes,  # replicated on every device
+        "kv_cache_bytes_per_token_per_device": kv_per_token,
+        "draft_kv_cache_bytes_per_token": draft_kv,
+        "tree_state_bytes_per_device": tree_state,
+        "assumed_tokens": PLAN_TOKENS,
+        "assumed_tree_budget": PLAN_BUDGET,
+        "estimated_bytes_per_device": per_device,
+    }
+    capacity = _device_capacity(torch_device, world)
+    data["device_memory_bytes"] = capacity
+    if capacity is not None and per_device > HEADROOM * capacity:
+        where = "per GPU" if torch_device.type == "cuda" else f"each (the available RAM shared by {world} processes)"
+        have = capacity / 2**30
+        raise UsageError(
+            f"the split does not fit: {world} devices need an estimated {per_device / 2**30:.1f} GiB each "
+            f"({PLAN_TOKENS} tokens of KV, {HEADROOM:.0%} of memory usable), {have:.1f} GiB {where}: use more devices"
+        )
+    return data
+
+
+def _draft_bytes(draft: str, size: int) -> tuple[int, int]:
+    """(weights, KV cache bytes per token) of a draft, from its config.json."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
+
+    path = Path(draft).expanduser() / "config.json"
+    try:
+        config = DraftConfig.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"draft config.json unreadable: {path}") from exc
+    with torch.device("meta"):
+        model = DFlashDraft(config)
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.dim_per_head * size
+    return sum(p.numel() for p in model.parameters()) * size, kv
+
+
+def _device_capacity(device: Any, world: int) -> int | None:
+    """Memory per device: the smallest of the first ``world`` GPUs (refused in one line when there
+    are fewer), or on the CPU the available RAM divided among the ``world`` processes."""
+    import torch
+
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count < world:
+            raise UsageError(f"--devices {world} needs {world} GPUs, this machine has {count}")
+        return min(torch.cuda.get_device_properties(i).total_memory for i in range(world))
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // world
+    except (ValueError, OSError, AttributeError):
+        return None
