@@ -146,3 +146,27 @@ def test_engine_info_refuses_a_split_that_does_not_fit(tmp_path, capsys):
         run_engine_info(str(big), None, None, "cpu", "fp32", False, devices=2)
     assert str(err.value).startswith("the split does not fit: 2 devices need an estimated")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.e2e
+def test_serve_with_two_devices_answers_as_one(models):
+    """``serve --devices 2`` (this process rank 0, one spawned follower): the T=0 answer equals the
+    1-process engine's, over HTTP, streamed and not; the followers end with the server."""
+    import httpx
+
+    from tests.support.processes import stop_serve
+
+    engine = load_engine(models["hybrid"], draft=models["draft"], device="cpu", dtype="fp32", decode_path="eager")
+    messages = [{"role": "user", "content": "hi there"}]
+    expected = engine.generate(messages=messages, tree_budget=8, max_tokens=16)
+    process, url = fx.start_server(models["hybrid"], models["draft"], "--devices", "2", "--tree-budget", "8")
+    try:
+        body = {"model": models["hybrid"].name, "messages": messages, "max_tokens": 16, "temperature": 0}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+        assert reply["choices"][0]["message"]["content"] == expected.text
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+            chunks = [line for line in r.iter_lines() if line.startswith("data: {")]
+        streamed = "".join((json.loads(c[6:])["choices"][0]["delta"].get("content") or "") for c in chunks)
+        assert streamed == expected.text
+    finally:
+        stop_serve(process)

@@ -40,13 +40,15 @@ def register(app: typer.Typer) -> None:
             None, "--request-timeout",
             help="Seconds of generation per request; past it the request gets a 408. "
             "\\[default: 120 on CPU, 600 on CUDA]"),
+        devices: int = typer.Option(1, "--devices", help="Split the target over N devices (tensor parallel, "
+                                    "one process per device, eager decode path)."),
         debug: bool = DEBUG,
     ) -> None:
         """Serve the in-process engine as an OpenAI-compatible server (the reference to compare with)."""
         run_serve(target=target, gguf=gguf, draft=draft, no_draft=no_draft, device=device, dtype=dtype,
                   host=host, port=port, api_key=api_key, model_name=model_name, tree_budget=tree_budget,
                   max_tree_budget=max_tree_budget, max_context=max_context,
-                  request_timeout=request_timeout)
+                  request_timeout=request_timeout, devices=devices)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -78,8 +80,11 @@ def run_serve(
     max_tree_budget: int | None = None,
     max_context: int | None = None,
     request_timeout: float | None = None,
+    devices: int = 1,
 ) -> None:
     budget.check_serve_flags(tree_budget, max_tree_budget)
+    if devices < 1:
+        raise UsageError(f"--devices must be >= 1, got {devices}")
     if max_context is not None and max_context < 2:
         raise UsageError("--max-context must be >= 2 tokens")
     if request_timeout is not None and not 0 < request_timeout < float("inf"):
@@ -97,12 +102,13 @@ def run_serve(
     choice = choose_models(target, draft, gguf, use_draft=not no_draft)
     if no_draft:
         choice.draft = None
-    engine = load_chosen(choice, device=device, dtype=dtype)
+    engine = load_chosen(choice, device=device, dtype=dtype, devices=devices)
     info = engine.info()
+    where = f"{info.get('device')}" + (f" × {devices} (tensor parallel)" if devices > 1 else "")
     description = {
         "target": choice.target if not choice.embedded else "embedded:" + choice.name,
         "draft": choice.draft,
-        "device": info.get("device"),
+        "device": where,
         "dtype": info.get("dtype"),
         "block_size": (info.get("draft") or {}).get("block_size"),
     }
@@ -114,7 +120,7 @@ def run_serve(
     name = model_name or choice.name
     sys.stderr.write(
         f"ddtree-diag serve: http://{host}:{port} · model {name} · draft "
-        f"{'none' if choice.draft is None else choice.draft} · {info.get('device')} {info.get('dtype')}\n"
+        f"{'none' if choice.draft is None else choice.draft} · {where} {info.get('dtype')}\n"
     )
     sys.stderr.flush()
     serve(engine, model_name=name, host=host, port=port, api_key=api_key,

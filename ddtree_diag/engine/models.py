@@ -63,8 +63,16 @@ def choose_models(
     return ModelChoice(target, draft, gguf, model_id(target, gguf), False)
 
 
-def load_chosen(choice: ModelChoice, device: str | None = None, dtype: str | None = None) -> Any:
-    """Load the engine for a ModelChoice (imports torch: call only on engine paths)."""
+def load_chosen(choice: ModelChoice, device: str | None = None, dtype: str | None = None, devices: int = 1) -> Any:
+    """Load the engine for a ModelChoice (imports torch: call only on engine paths). ``devices`` > 1:
+    the target split over that many devices (``parallel.ParallelEngine``; this process is rank 0)."""
+    if devices != 1:
+        from ddtree_diag.engine.load import resolve_device
+        from ddtree_diag.engine.parallel import ParallelEngine, plan_shards_of
+
+        plan_shards_of(choice.target, choice.gguf_file, devices)  # one line at once when the split cannot be
+        return ParallelEngine(devices, resolve_device(device).type, choice.target, choice.draft, choice.gguf_file,
+                              dtype, choice.name)
     from ddtree_diag.engine import load_engine
 
     return load_engine(choice.target, draft=choice.draft, gguf_file=choice.gguf_file, device=device, dtype=dtype,

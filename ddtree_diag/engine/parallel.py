@@ -27,6 +27,7 @@ The fast path (``engine/fast``, CUDA graphs) is not sharded: a parallel engine r
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -75,6 +76,23 @@ def plan_shards(config: Any, world: int) -> ShardPlan:
         lk = _divides("Gated DeltaNet key heads", cfg.linear_num_key_heads, world)
         lv = _divides("Gated DeltaNet value heads", cfg.linear_num_value_heads, world)
     return ShardPlan(world, cfg.num_hidden_layers, heads, kv_heads, intermediate, lk, lv)
+
+
+def plan_shards_of(target: str, gguf_file: str | None, world: int) -> ShardPlan:
+    """``plan_shards`` of a target on disk (its config only)."""
+    from transformers import AutoConfig
+
+    from ddtree_diag.engine.load import _target_location
+
+    directory, gguf_name = _target_location(target, gguf_file)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_name is not None:
+        kwargs["gguf_file"] = gguf_name
+    try:
+        config = AutoConfig.from_pretrained(directory, **kwargs)
+    except Exception as exc:  # transformers raises many types for unknown/broken files
+        raise UsageError(f"transformers cannot read the config in {directory}: {str(exc).splitlines()[0]}") from exc
+    return plan_shards(config, world)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -433,3 +451,139 @@ def _device_capacity(device: Any, world: int) -> int | None:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // world
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# ----------------------------------------------------------------------------------------------
+# One process drives: rank 0 is the caller (serve, probe --engine), ranks 1..N-1 follow
+
+
+def _follower(rank: int, world: int, device_type: str, init_method: str, load_args: tuple, conn: Any) -> None:
+    """Ranks 1..N-1 of a ``ParallelEngine``: load the shard, then decode every request rank 0
+    sends down ``conn`` (None: stop), following rank 0's stop decision after every round. The pipe,
+    not a collective, carries the requests: when rank 0's process ends, this one ends too (EOF)."""
+    import torch
+    import torch.distributed as dist
+
+    if device_type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    init_group(rank, world, device_type, init_method)
+    try:
+        engine = load_sharded(rank, world, device_type, *load_args)
+    except Exception as exc:
+        conn.send(("error", f"rank {rank}: {type(exc).__name__}: {exc}".splitlines()[0]))
+        os._exit(1)
+    engine.check_tree_fits = lambda budget: None  # rank 0 decides for every rank
+    conn.send(("ready", None))
+    decision = torch.zeros(1, dtype=torch.int64, device=engine.device)
+
+    def follow(_ids: list[int], _text: str) -> bool:
+        dist.broadcast(decision, src=0)
+        return int(decision.item()) == 0
+
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            break
+        if request is None:
+            break
+        try:
+            engine.generate_ids(**request, on_token=follow)
+        except Exception:  # rank 0 raises the same error (same inputs) and reports it
+            continue
+    dist.destroy_process_group()
+
+
+class ParallelEngine:
+    """Rank 0 of a target split over ``world`` devices, in the calling process: an ``Engine``
+    (everything but ``generate_ids`` is the local rank-0 engine's) whose every request is also
+    decoded by the followers. Close with ``close()`` (also at exit: the followers are daemons)."""
+
+    def __init__(self, world: int, device_type: str, target: str, draft: str | None = None,
+                 gguf_file: str | None = None, dtype: str | None = None, model_name: str | None = None) -> None:
+        import torch
+        import torch.multiprocessing as mp
+
+        if device_type == "cuda" and torch.cuda.device_count() < world:
+            raise UsageError(f"--devices {world} needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+        plan_args = (target, draft, gguf_file, dtype, model_name)
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        ctx = mp.get_context("spawn")
+        self._pipes = []
+        self._processes = []
+        for rank in range(1, world):
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=_follower, args=(rank, world, device_type, init_method, plan_args, child),
+                                  daemon=True)
+            process.start()
+            child.close()
+            self._pipes.append(parent)
+            self._processes.append(process)
+        init_group(0, world, device_type, init_method)
+        self.engine = load_sharded(0, world, device_type, target, draft, gguf_file, dtype, model_name)
+        for pipe in self._pipes:
+            status, message = pipe.recv()
+            if status != "ready":
+                self.close()
+                raise RuntimeError(message)
+        self.world = world
+        self._local_generate = self.engine.generate_ids
+        self.engine.generate_ids = self.generate_ids  # Engine.generate goes through the followers too
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.engine.generate(*args, **kwargs)
+
+    def generate_ids(self, prompt_ids: list[int], on_token: Any = None, deadline: float | None = None,
+                     seed: int | None = None, **kwargs: Any) -> Any:
+        """``Engine.generate_ids`` on every rank. Rank 0 alone streams, cancels and watches the
+        deadline; after every round it broadcasts whether to stop, so all ranks end together."""
+        import pickle
+        import random
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        if seed is None and kwargs.get("temperature", 0.0) > 0:
+            seed = random.randrange(2**63)  # one seed for every rank: the same samples
+        request = dict(prompt_ids=list(prompt_ids), seed=seed, **kwargs)
+        try:
+            pickle.dumps(request)
+        except Exception as exc:
+            raise UsageError(f"this request cannot be sent to the other devices ({type(exc).__name__}): "
+                             "structured output is not supported with --devices > 1 yet") from None
+        for pipe in self._pipes:
+            pipe.send(request)
+        timed_out = False
+        decision = torch.zeros(1, dtype=torch.int64, device=self.engine.device)
+
+        def lead(ids: list[int], text: str) -> bool:
+            nonlocal timed_out
+            stop = on_token is not None and on_token(ids, text) is False
+            if not stop and deadline is not None and time.perf_counter() >= deadline:
+                stop = timed_out = True
+            decision.fill_(1 if stop else 0)
+            dist.broadcast(decision, src=0)
+            return not stop
+
+        generation = self._local_generate(**request, on_token=lead)
+        if timed_out and generation.finish_reason == "cancelled":
+            generation.finish_reason = "timeout"
+        return generation
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        for pipe in self._pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+        for process in self._processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+        self._pipes, self._processes = [], []
+        if dist.is_initialized():
+            dist.destroy_process_group()
