@@ -170,3 +170,15 @@ def test_serve_with_two_devices_answers_as_one(models):
         assert streamed == expected.text
     finally:
         stop_serve(process)
+
+
+@pytest.mark.e2e
+def test_probe_engine_with_two_devices(models, cli):
+    """``probe --engine --devices 2``: every budget's answer is identical to the split engine's own AR."""
+    probe = cli("probe", "--engine", "--target", str(models["dense"]), "--draft", str(models["draft"]), "--device",
+                "cpu", "--dtype", "fp32", "--devices", "2", "--budget", "0,16", "--thinking", "off",
+                "--max-tokens", "12", "--baseline", "budget0", "--json", "-", timeout=300)
+    report = probe.json()
+    assert [r["status"] for r in report["results"]] == ["ok", "ok"], probe.stderr
+    assert all(r["baseline"]["verdict"] == "identical" for r in report["results"])
+    assert report["results"][1]["spec"]["decode_rounds"] >= 1

@@ -63,6 +63,7 @@ class EngineTarget:
     timeout: float = 120.0  # seconds of generation per case
     use_draft: bool = True  # False: the target alone (a non-speculative baseline)
     concurrency: int = 1
+    devices: int = 1  # > 1: the target split over that many devices (engine.parallel); the baseline stays on 1
 
     def replace(self, **changes: Any) -> EngineTarget:
         return dataclasses.replace(self, **changes)
@@ -191,6 +192,7 @@ def _engine_backend(target: EngineTarget) -> Backend:
     return EngineBackend(
         target=choice.target, draft=choice.draft if target.use_draft else None, gguf_file=choice.gguf_file,
         device=target.device, dtype=target.dtype, model_name=choice.name, timeout=target.timeout,
+        devices=target.devices,
     )
 
 

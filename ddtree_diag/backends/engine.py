@@ -41,9 +41,13 @@ class EngineBackend:
         dtype: str | None = None,
         model_name: str | None = None,
         timeout: float | None = None,
+        devices: int = 1,
     ) -> None:
         if timeout is not None and not 0 < timeout < float("inf"):  # NaN fails this too
             raise UsageError("--timeout must be a number of seconds > 0")
+        if devices < 1:
+            raise UsageError(f"--devices must be >= 1, got {devices}")
+        self.devices = devices  # > 1: tensor parallel (engine.parallel), this process rank 0
         self.timeout = timeout  # seconds of generation per case (None: no limit)
         self.target = target
         self.model = model_name  # the id results and the report show (None: the engine's own)
@@ -86,10 +90,17 @@ class EngineBackend:
             from ddtree_diag.engine import load_engine
 
             started = time.perf_counter()
-            self.engine = load_engine(
-                self.target, draft=self.draft, gguf_file=self.gguf_file, device=self.device, dtype=self.dtype,
-                model_name=self.model,
-            )
+            if self.devices > 1:
+                from ddtree_diag.engine.models import ModelChoice, load_chosen
+
+                choice = ModelChoice(str(self.target), None if self.draft is None else str(self.draft),
+                                     self.gguf_file, self.model or str(self.target), False)
+                self.engine = load_chosen(choice, device=self.device, dtype=self.dtype, devices=self.devices)
+            else:
+                self.engine = load_engine(
+                    self.target, draft=self.draft, gguf_file=self.gguf_file, device=self.device, dtype=self.dtype,
+                    model_name=self.model,
+                )
             self.load_seconds = time.perf_counter() - started
         return self.engine
 
@@ -97,7 +108,8 @@ class EngineBackend:
         engine = self.load()
         info = engine.info()
         loaded = f"loaded in {self.load_seconds:.1f}s"
-        notes = [f"engine: {info['model']} on {info['device']} ({info['dtype']}), {loaded}"]
+        split = f" × {self.devices} (tensor parallel)" if self.devices > 1 else ""
+        notes = [f"engine: {info['model']} on {info['device']}{split} ({info['dtype']}), {loaded}"]
         if engine.draft is None:
             notes.append("engine: no draft loaded, every case decodes autoregressively (tree_budget 0)")
         return notes

@@ -123,6 +123,7 @@ class RunFlags:
     draft: str | None = None
     device: str | None = None
     dtype: str | None = None
+    devices: int = 1
     score_with: str | None = None
     debug: bool = False
 
@@ -229,6 +230,9 @@ _RUN_OPTIONS: list[tuple[str, Any, Any]] = [
     ("draft", str | None, draft_option(ENGINE_PANEL)),
     ("device", str | None, device_option(ENGINE_PANEL)),
     ("dtype", str | None, dtype_option(ENGINE_PANEL)),
+    ("devices", int, typer.Option(
+        1, "--devices", rich_help_panel=ENGINE_PANEL,
+        help="Split the engine's target over N devices (tensor parallel, one process per device, eager path).")),
     ("score_with", str | None, typer.Option(
         None, "--score-with", rich_help_panel=CHECKS_PANEL,
         help="Also score every answer with a model, teacher-forced in one forward (needs the engine extra): "

@@ -86,7 +86,7 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool, spec: TargetSp
         )
         baseline = spec.baseline
     weights = EngineTarget(target=flags.target, gguf=flags.gguf, draft=flags.draft, device=flags.device,
-                           dtype=flags.dtype, timeout=flags.timeout, concurrency=concurrency)
+                           dtype=flags.dtype, timeout=flags.timeout, concurrency=concurrency, devices=flags.devices)
     # --engine runs the cases in process; the other kind's flags serve the baseline and the scorer.
     target, other = (weights, {"http": http}) if flags.engine else (http, {"weights": weights})
     request = MatrixRequest(
