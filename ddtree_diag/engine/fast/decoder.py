@@ -8,7 +8,9 @@ GPU, gpt-fast style:
   ``index_copy_`` at slot tensors, and attention over a window [0, window) of the preallocated
   cache (the used slots rounded up to ``WINDOW``) with a mask built on the device from a
   cache-length tensor. Shapes change only when the window grows, so kernels do not re-plan and
-  every stage is captured once per window as a CUDA graph.
+  every stage is captured once per window as a CUDA graph. Where the fused kernels run, the
+  verify/AR rows' attention is one split-key Triton kernel (``triton_attention``) reading the
+  cache length and the ancestor mask itself instead of SDPA with a bias.
 - q|k|v and gate|up projections run as one GEMM each (``FusedWeights``).
 - Trees padded to budget buckets (multiples of 16): the verify batch has the same shape every round.
 - The best-first tree is built with tensor ops (``build_tree_tensors``), reproducing
@@ -274,8 +276,10 @@ class FastDecoder:
             key_pos.index_copy_(0, slots, positions)
             mask &= key_pos[None, :] > positions[:, None] - t.sliding_window
         # GQA without copying the cache: the query heads of one KV head become extra query rows.
-        # The boolean mask becomes an additive bias once here rather than inside SDPA in every layer.
-        bias = additive_mask(mask.repeat(self.rep, 1)[None, None], t.dtype)
+        # The boolean mask becomes an additive bias once here rather than inside SDPA in every layer
+        # (built on first use: the verify/AR rows on CUDA go through the split-key kernel instead,
+        # ``triton_attention``, which reads ``start`` and ``anc`` itself; the prefill never does).
+        bias = None
         hidden = t.embed(tokens[None])
         cos, sin = t.rope(hidden, positions)
         wanted = set(self.feature_layers) if with_features else set()
@@ -292,9 +296,16 @@ class FastDecoder:
                 gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm,
             )
             cache_k, cache_v = t.kv.write(t.cache_slot[index], slots, k, v)
-            q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
-            out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
-            out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
+            kernel = kernels.attention_kernel(q, cache_k) if parents is not None and t.sliding_window is None else None
+            if kernel is not None:
+                scale = t.head_dim**-0.5 if t.scaling is None else t.scaling
+                out = kernel.tree_attention(q, cache_k, cache_v, anc, self.start, window, scale)
+            else:
+                if bias is None:
+                    bias = additive_mask(mask.repeat(self.rep, 1)[None, None], t.dtype)
+                q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
+                out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
+                out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
             hidden = post(layer, hidden, out, fused, gate)
             if index in wanted and index != t.num_layers - 1:
                 features[index] = hidden

@@ -14,6 +14,10 @@ tests do that under Triton's interpreter, ``TRITON_INTERPRET=1``); ``off`` never
 The draft tree build (``triton_tree``, one program running the heap) follows the same setting;
 ``DDTREE_DIAG_TREE_KERNEL=off`` turns off that one alone (the tensor build then runs: for
 before/after measurements).
+
+So does the verify rounds' attention (``triton_attention``: the keys split across thread blocks,
+flash-decoding style, where SDPA's memory-efficient kernel runs 16 blocks);
+``DDTREE_DIAG_ATTENTION_KERNEL=off`` turns off that one alone (SDPA with the additive mask runs).
 """
 
 from __future__ import annotations
@@ -59,6 +63,32 @@ def tree_kernel(device: torch.device):
     if setting == "off" or (setting == "auto" and device.type != "cuda") or torch.compiler.is_compiling():
         return None
     return _triton_tree()
+
+
+@functools.cache
+def _triton_attention():
+    """The verify attention kernel's module, or None where Triton cannot be imported."""
+    try:
+        from ddtree_diag.engine.fast import triton_attention
+    except Exception:
+        return None
+    return triton_attention
+
+
+def attention_kernel(q: torch.Tensor, cache_k: torch.Tensor):
+    """The verify attention kernel's module when tree rows ``q`` [1, heads, rows, head_dim] attend to
+    ``cache_k`` [1, kv_heads, capacity, head_dim] through it, else None (SDPA runs)."""
+    if os.environ.get("DDTREE_DIAG_ATTENTION_KERNEL", "").strip().lower() == "off":
+        return None
+    if _use(q) is None or cache_k.dtype != q.dtype or cache_k.device != q.device:
+        return None
+    if q.dim() != 4 or q.shape[0] != 1 or q.stride(-1) != 1 or cache_k.stride(-1) != 1:
+        return None
+    # head_dim <= 128: the shapes measured (the 8B's 128); Qwen3.6-27B's 256 (a 64 x 256 fp32
+    # accumulator per program) is unmeasured and keeps SDPA
+    if q.shape[1] % cache_k.shape[1] != 0 or q.shape[3] > 128:
+        return None
+    return _triton_attention()
 
 
 def available() -> bool:

@@ -1,0 +1,103 @@
+"""Verify attention alone on a GPU: the SDPA path (``FastDecoder._target_forward``: GQA reshape,
+memory-efficient SDPA with the additive bias, transpose back) against the split-key Triton kernel
+(``triton_attention``), 8B shape (32 query heads, 8 KV heads, head_dim 128, bf16), per verify
+bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; at several
+TARGET_PROGRAMS. Also checks the kernel against SDPA on the same inputs (bf16 steps).
+
+    python -m bench.attention_kernel_speed [--start 176] [--rows 1,32,80,272]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+
+from ddtree_diag.engine.fast import triton_attention
+from ddtree_diag.engine.fast.decoder import attention_window
+from ddtree_diag.engine.fast.layers import additive_mask, attend
+from ddtree_diag.engine.tree import ancestor_mask
+
+LAYERS, REPLAYS = 36, 20
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+
+
+def graph_us(fn) -> float:
+    """us per call of ``fn`` (LAYERS calls captured in one CUDA graph, replayed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAYERS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / REPLAYS / LAYERS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--start", type=int, default=176, help="committed slots (prompt 128 + ~48 decoded)")
+    parser.add_argument("--rows", default="1,32,80,272")
+    args = parser.parse_args()
+    start = args.start
+    print(f"{torch.cuda.get_device_name()}  start={start}  (us per layer call)")
+    print("rows  window  sdpa    kernel@64  kernel@128  kernel@256  max bf16 steps")
+    for rows in (int(r) for r in args.rows.split(",")):
+        print(measure(rows, start, torch.device("cuda"), torch.bfloat16))
+
+
+def measure(rows: int, start: int, dev: torch.device, dtype: torch.dtype) -> str:
+    """One table line: the verify bucket of ``rows`` rows after ``start`` committed slots."""
+    window = attention_window(start + rows, 1 << 16)
+    rep = HEADS // KV_HEADS
+    gen = torch.Generator(device=dev).manual_seed(rows)
+    q = torch.randn(1, rows, HEADS, HEAD_DIM, device=dev, generator=gen).to(dtype).transpose(1, 2)
+    cache_k = torch.randn(1, KV_HEADS, window + 64, HEAD_DIM, device=dev, generator=gen).to(dtype)
+    cache_v = torch.randn(1, KV_HEADS, window + 64, HEAD_DIM, device=dev, generator=gen).to(dtype)
+    rng = random.Random(rows)
+    nodes = max(1, rows - 15)
+    anc = torch.eye(rows, dtype=torch.bool)
+    anc[:nodes, :nodes] = ancestor_mask([-1] + [rng.randrange(i) for i in range(1, nodes)])
+    anc = anc.to(dev)
+    start_t = torch.tensor(start, device=dev)
+    slot_index = torch.arange(window, device=dev)
+    mask = (slot_index < start_t).unsqueeze(0).expand(rows, window).clone()
+    mask.index_copy_(1, start_t + torch.arange(rows, device=dev), anc)
+    bias = additive_mask(mask.repeat(rep, 1)[None, None], dtype)
+    scale = HEAD_DIM**-0.5
+
+    def sdpa():
+        qq = q.reshape(1, KV_HEADS, rep * rows, HEAD_DIM)
+        out = attend(qq, cache_k[:, :, :window], cache_v[:, :, :window], bias, scale)
+        return out.reshape(1, HEADS, rows, HEAD_DIM).transpose(1, 2).reshape(1, rows, HEADS * HEAD_DIM)
+
+    def kernel(q=q, cache_k=cache_k, cache_v=cache_v):
+        return triton_attention.tree_attention(q, cache_k, cache_v, anc, start_t, window, scale)
+
+    exact = kernel(q.float(), cache_k.float(), cache_v.float())  # fp32 (IEEE products)
+    unit = exact.abs().clamp(min=1.0) * 2**-7
+    steps = ((kernel().float() - exact).abs() / unit).max().item()
+    sdpa_steps = ((sdpa().float() - exact).abs() / unit).max().item()
+    times = [graph_us(sdpa)]
+    for target in (64, 128, 256):
+        triton_attention.TARGET_PROGRAMS = target
+        times.append(graph_us(kernel))
+    triton_attention.TARGET_PROGRAMS = 128
+    cells = "  ".join(f"{t:8.2f}" for t in times)
+    return f"{rows:4d}  {window:6d}  {cells}  kernel {steps:.2f} / sdpa {sdpa_steps:.2f}"
+
+
+if __name__ == "__main__":
+    main()

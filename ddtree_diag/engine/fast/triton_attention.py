@@ -1,0 +1,207 @@
+"""Verify-round attention as a split-key (flash-decoding) Triton kernel (imported only where Triton is).
+
+A verify round attends ~17-272 tree rows (times the query heads of a KV head) to the committed
+cache plus their tree ancestors. PyTorch's memory-efficient SDPA kernel tiles the queries only:
+at the 8B shape, budget 16, that is 8 KV heads x 2 query tiles = 16 thread blocks on a 132-SM
+card, ~14 us per layer for a few hundred keys. Here the keys are split too:
+
+- ``_split_kernel``: grid (KV head x query block, key split). A program takes BLOCK_M query rows
+  of one KV head's group (GQA: the query heads of a KV head are extra rows, row m = r * rows + i
+  for query head kv * rep + r and tree row i, as the SDPA path's ``reshape`` lays them out) and
+  one slice of the keys, and writes the slice's unnormalised output with its running max and sum
+  (fp32 partials).
+- ``_combine_kernel``: one program per (KV head, 16 group rows) merges the splits' partials and writes
+  the output in the model dtype straight into the [rows, heads * head_dim] layout o_proj reads
+  (no transpose copy).
+
+The visibility rule is the SDPA path's mask (``FastDecoder._target_forward``): key slot j is
+visible to tree row i when j < start (committed) or start <= j < start + rows and anc[i, j - start]
+(the row's ancestors and itself; padding rows see themselves). Nothing at or past start + rows is
+read. ``start`` is read from the device tensor, so one captured CUDA graph serves every round of a
+window; the grid depends only on (rows, window), which are static per graph.
+
+Math as SDPA: scores q.k in fp32 times ``scale``, softmax in fp32, probabilities rounded to the
+value dtype for the p.v product (the memory-efficient kernel does the same), fp32 accumulation,
+output cast to the model dtype. fp32 inputs use IEEE fp32 products (no TF32), so the fp32 engine
+tests stay equal to eager.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ddtree_diag.engine.fast.triton_kernels import _rounded
+
+# Triton's interpreter (the CPU tests) multiplies bf16 tl.dot operands wrongly (3.9: garbage of
+# order 1e10); there the kernel feeds the dots the same bf16 values as fp32 (exact products, fp32
+# sums: what a tensor core's bf16 MMA computes too), rounding p to bf16 with integer ops first.
+UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
+# Key tile per loop step, and the number of programs the split count aims for: enough to cover the
+# H200's 132 SMs about once without writing more fp32 partials than the keys themselves weigh. The
+# interpreter runs programs one after another, so there it aims for one split (a whole decode
+# under it would otherwise take minutes); the tests set it to exercise the splits.
+BLOCK_N = 32
+TARGET_PROGRAMS = 1 if UPCAST else 128
+# Group rows per combine program (8B budget 16: 8 KV heads x 8 = 64 programs).
+COMBINE_ROWS = 16
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, anc_ptr, start_ptr, part_o_ptr, part_ml_ptr,
+    rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
+    q_head_stride, q_row_stride, k_head_stride, k_slot_stride, v_head_stride, v_slot_stride,
+    anc_row_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    kv = tl.program_id(0) // q_blocks
+    block = tl.program_id(0) % q_blocks
+    split = tl.program_id(1)
+    m = block * BLOCK_M + tl.arange(0, BLOCK_M)  # row in the KV head's group
+    m_ok = m < group_rows
+    head = kv * rep + m // rows  # query head
+    row = m % rows  # tree row
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    q = tl.load(
+        q_ptr + head[:, None] * q_head_stride + row[:, None] * q_row_stride + d[None, :],
+        mask=m_ok[:, None] & d_ok[None, :], other=0.0,
+    )
+    start = tl.load(start_ptr).to(tl.int32)
+    # This split's keys, cut at the last tree slot: slots past start + rows are never visible.
+    lo = split * split_len
+    hi = tl.minimum(tl.minimum(lo + split_len, window), start + rows)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    k_base = k_ptr + kv * k_head_stride
+    v_base = v_ptr + kv * v_head_stride
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        k = tl.load(k_base + n[:, None] * k_slot_stride + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:  # the interpreter: the same products of the same values, in fp32 (see UPCAST)
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        # committed slots are visible to every row; a tree slot only to the rows anc says
+        tree = (n >= start) & n_ok
+        anc = tl.load(
+            anc_ptr + row[:, None] * anc_row_stride + (n - start)[None, :],
+            mask=m_ok[:, None] & tree[None, :], other=0,
+        )
+        visible = ((n < start)[None, :] | (anc != 0)) & n_ok[None, :] & m_ok[:, None]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # a row with nothing visible yet keeps max -inf: subtract 0 there (exp(-inf) = 0, no NaN)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - shift[:, None])
+        alpha = tl.exp(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + n[:, None] * v_slot_stride + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            pv = tl.dot(_rounded(p, v.dtype), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    # partials: [kv, group_rows, splits, head_dim] and [kv, group_rows, splits, 2] (max, sum)
+    at = (kv * group_rows + m) * splits + split
+    tl.store(part_o_ptr + at[:, None] * head_dim + d[None, :], acc, mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(part_ml_ptr + at * 2, m_i, mask=m_ok)
+    tl.store(part_ml_ptr + at * 2 + 1, l_i, mask=m_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    part_o_ptr, part_ml_ptr, out_ptr, rows, heads, rep, group_rows, splits, head_dim,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    kv = tl.program_id(0)
+    m = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows of the KV head's group
+    m_ok = m < group_rows
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    top = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    at = (kv * group_rows + m) * splits
+    # the splits merged as one more online softmax (an empty split has max -inf and weighs 0)
+    for split in range(0, splits):
+        m_s = tl.load(part_ml_ptr + (at + split) * 2, mask=m_ok, other=float("-inf"))
+        l_s = tl.load(part_ml_ptr + (at + split) * 2 + 1, mask=m_ok, other=0.0)
+        o_s = tl.load(part_o_ptr + (at + split)[:, None] * head_dim + d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                      other=0.0)
+        new = tl.maximum(top, m_s)
+        shift = tl.where(new == float("-inf"), 0.0, new)
+        old_w = tl.exp(top - shift)
+        w = tl.exp(m_s - shift)
+        total = total * old_w + l_s * w
+        acc = acc * old_w[:, None] + o_s * w[:, None]
+        top = new
+    # a row that sees no key (only the grid's spare rows here: a tree row sees itself) gives 0
+    o = acc / tl.where(total > 0, total, 1.0)[:, None]
+    # out [rows, heads * head_dim]: group row m is query head kv * rep + m // rows of tree row m % rows
+    head = kv * rep + m // rows
+    row = m % rows
+    tl.store(out_ptr + (row * heads + head)[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & d_ok[None, :])
+
+
+def plan(rows: int, rep: int, kv_heads: int, window: int) -> tuple[int, int, int]:
+    """(BLOCK_M, splits, split_len) for a shape: query blocks of up to 64 group rows (at least 16,
+    tl.dot's minimum), and as many key splits of BLOCK_N multiples as bring the grid to about
+    TARGET_PROGRAMS (one split when the query blocks alone fill it, budget 256)."""
+    group_rows = rep * rows
+    block_m = min(64, max(16, triton.next_power_of_2(group_rows)))
+    programs = kv_heads * triton.cdiv(group_rows, block_m)
+    key_blocks = triton.cdiv(window, BLOCK_N)
+    splits = max(1, min(key_blocks, triton.cdiv(TARGET_PROGRAMS, programs)))
+    split_len = triton.cdiv(key_blocks, splits) * BLOCK_N
+    return block_m, triton.cdiv(window, split_len), split_len
+
+
+def tree_attention(
+    q: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    anc: torch.Tensor,
+    start: torch.Tensor,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of tree rows over the cache slots [0, window). q [1, heads, rows, head_dim] (any
+    row/head strides); cache_k/v [1, kv_heads, capacity, head_dim]; anc [rows, rows] bool; start: a
+    0-d int64 device tensor (committed slots; the rows' K/V sit at slots start..start+rows).
+    Returns [1, rows, heads * head_dim] in q's dtype: what the SDPA path feeds o_proj."""
+    _, heads, rows, head_dim = q.shape
+    kv_heads = cache_k.shape[1]
+    rep = heads // kv_heads
+    group_rows = rep * rows
+    block_m, splits, split_len = plan(rows, rep, kv_heads, window)
+    q_blocks = triton.cdiv(group_rows, block_m)
+    part_o = torch.empty(kv_heads * group_rows * splits * head_dim, device=q.device, dtype=torch.float32)
+    part_ml = torch.empty(kv_heads * group_rows * splits * 2, device=q.device, dtype=torch.float32)
+    out = torch.empty(1, rows, heads * head_dim, device=q.device, dtype=q.dtype)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused for bf16 operands
+    anc = anc.contiguous()  # the kernel steps along a row of anc by 1 (the tree buffers are)
+    anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
+    _split_kernel[(kv_heads * q_blocks, splits)](
+        q, cache_k, cache_v, anc_bytes, start, part_o, part_ml,
+        rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
+        q.stride(1), q.stride(2), cache_k.stride(1), cache_k.stride(2), cache_v.stride(1), cache_v.stride(2),
+        anc_bytes.stride(0),
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST,
+        num_warps=4,
+    )
+    _combine_kernel[(kv_heads, triton.cdiv(group_rows, COMBINE_ROWS))](
+        part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
+        BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, num_warps=4,
+    )
+    return out

@@ -1,0 +1,165 @@
+"""The verify rounds' split-key attention kernel (engine/fast/triton_attention.py) against the SDPA
+path it replaces (``FastDecoder._target_forward``'s mask, GQA reshape and additive bias).
+
+Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
+on a GPU the same checks run the compiled kernel on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("triton")
+
+from ddtree_diag.engine import load_engine  # noqa: E402
+from ddtree_diag.engine.fast import kernels  # noqa: E402
+from ddtree_diag.engine.fast.layers import additive_mask, attend  # noqa: E402
+from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+if DEVICE == "cuda":
+    pytestmark.append(pytest.mark.gpu)
+
+
+@pytest.fixture
+def attention(monkeypatch):
+    """The kernel module with the kernels on (CPU tensors too); counts its calls in ``calls``."""
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("compiled Triton kernels need CUDA")
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    monkeypatch.delenv("DDTREE_DIAG_ATTENTION_KERNEL", raising=False)
+    module = kernels._triton_attention()
+    assert module is not None, "triton is installed but the attention kernel did not import"
+    original = module.tree_attention
+    module.calls = 0
+
+    def counted(*args, **kwargs):
+        module.calls += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "tree_attention", counted)
+    monkeypatch.setattr(module, "TARGET_PROGRAMS", 128)  # the GPU's split counts (the interpreter aims for 1)
+    return module
+
+
+def tree_anc(rows: int, nodes: int, rng: random.Random) -> torch.Tensor:
+    """[rows, rows] as the fast path's tree buffers hold it: a random tree of ``nodes`` nodes (node
+    0 the root, each parent earlier), then padding rows that see only themselves."""
+    parents = [-1] + [rng.randrange(i) for i in range(1, nodes)]
+    anc = torch.eye(rows, dtype=torch.bool)
+    anc[:nodes, :nodes] = ancestor_mask(parents)
+    return anc
+
+
+def reference(q, cache_k, cache_v, anc, start: int, window: int, scale: float) -> torch.Tensor:
+    """The SDPA path exactly as ``_target_forward`` runs it (mask, GQA rows, bias, reshapes)."""
+    _, heads, rows, head_dim = q.shape
+    kv_heads = cache_k.shape[1]
+    rep = heads // kv_heads
+    slot_index = torch.arange(window)
+    slots = start + torch.arange(rows)
+    mask = (slot_index < start).unsqueeze(0).expand(rows, window).clone()
+    mask.index_copy_(1, slots, anc)
+    bias = additive_mask(mask.repeat(rep, 1)[None, None], q.dtype)
+    q = q.reshape(1, kv_heads, rep * rows, head_dim)
+    out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, scale)
+    return out.reshape(1, heads, rows, head_dim).transpose(1, 2).reshape(1, rows, heads * head_dim)
+
+
+def case(heads: int, kv_heads: int, rows: int, nodes: int, start: int, head_dim: int, dtype, seed: int):
+    """Random q (strided, as the layer halves leave it), a cache with the rows' K/V at slots
+    start..start+rows and junk past them, the tree mask, and the window the decoder would use."""
+    gen = torch.Generator().manual_seed(seed)
+    capacity = start + rows + 40
+    window = min(capacity, -(-(start + rows) // 64) * 64)
+    q = torch.randn(1, rows, heads, head_dim, generator=gen).to(dtype).transpose(1, 2)
+    cache_k = torch.randn(1, kv_heads, capacity, head_dim, generator=gen).to(dtype)
+    cache_v = torch.randn(1, kv_heads, capacity, head_dim, generator=gen).to(dtype)
+    anc = tree_anc(rows, nodes, random.Random(seed))
+    return q, cache_k, cache_v, anc, window
+
+
+def run_kernel(module, q, cache_k, cache_v, anc, start: int, window: int, scale: float) -> torch.Tensor:
+    on = lambda x: x.to(DEVICE)  # noqa: E731
+    start_t = torch.tensor(start, dtype=torch.long, device=DEVICE)
+    return module.tree_attention(on(q), on(cache_k), on(cache_v), on(anc), start_t, window, scale).cpu()
+
+
+SHAPES = [  # heads, kv_heads, rows, tree nodes, committed prefix
+    (2, 2, 5, 5, 0),  # GQA 1, no prefix
+    (8, 2, 17, 12, 37),  # GQA 4, padding rows, a prefix not a multiple of the key tile
+    (4, 1, 1, 1, 70),  # one row (the AR round)
+    (8, 2, 32, 17, 100),  # budget 16's bucket: 17 nodes in 32 rows, 64-row query blocks
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_equals_the_sdpa_path_fp32(attention, shape):
+    heads, kv_heads, rows, nodes, start = shape
+    q, cache_k, cache_v, anc, window = case(heads, kv_heads, rows, nodes, start, 16, torch.float32, seed=rows + start)
+    got = run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.25)
+    want = reference(q, cache_k, cache_v, anc, start, window, 0.25)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:3])
+def test_kernel_bf16_within_one_step(attention, shape):
+    """bf16: the kernel's output is within one bf16 step of the exact (fp32) attention of the same
+    bf16 inputs (steps taken at the outputs' unit scale: the values are N(0, 1))."""
+    heads, kv_heads, rows, nodes, start = shape
+    q, cache_k, cache_v, anc, window = case(heads, kv_heads, rows, nodes, start, 32, torch.bfloat16, seed=start)
+    got = run_kernel(attention, q, cache_k, cache_v, anc, start, window, 32**-0.5)
+    want = reference(q.float(), cache_k.float(), cache_v.float(), anc, start, window, 32**-0.5)
+    assert got.dtype == torch.bfloat16
+    step = want.abs().clamp(min=1.0) * 2**-7
+    assert ((got.float() - want).abs() <= step).all()
+
+
+def test_several_key_tiles_per_split_and_a_head_dim_not_a_power_of_two(attention, monkeypatch):
+    """Fewer programs wanted: each split loops over several key tiles, the last one partial."""
+    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 2)
+    assert attention.plan(rows=9, rep=2, kv_heads=1, window=192)[1:] == (2, 96)
+    q, cache_k, cache_v, anc, window = case(2, 1, 9, 6, 150, 24, torch.float32, seed=3)
+    got = run_kernel(attention, q, cache_k, cache_v, anc, 150, window, 0.2)
+    torch.testing.assert_close(got, reference(q, cache_k, cache_v, anc, 150, window, 0.2), rtol=1e-5, atol=1e-5)
+
+
+def test_the_switch_turns_it_off(attention, monkeypatch):
+    q = torch.zeros(1, 4, 3, 16, device=DEVICE)
+    cache = torch.zeros(1, 2, 8, 16, device=DEVICE)
+    assert kernels.attention_kernel(q, cache) is attention
+    monkeypatch.setenv("DDTREE_DIAG_ATTENTION_KERNEL", "off")
+    assert kernels.attention_kernel(q, cache) is None
+    monkeypatch.setenv("DDTREE_DIAG_ATTENTION_KERNEL", "")
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "off")
+    assert kernels.attention_kernel(q, cache) is None
+
+
+def test_fast_rounds_with_the_kernel_equal_eager(attention, tmp_path, monkeypatch):
+    """A whole fast decode (fp32, T=0) with the verify attention in the kernel: the eager path's
+    tokens and acceptance, at budget 16 (tests/test_engine_kernels.py's fused decodes run it at
+    budgets 0-16 too, AR rounds included). One key split per query block: the interpreter runs
+    programs one by one (the splits are checked above)."""
+    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 1)
+    target = fx.make_target(tmp_path / "t")
+    engine = load_engine(target, fx.make_draft(tmp_path / "d", block_size=4), device=DEVICE, dtype="fp32")
+    previous = engine.decode_path
+    try:
+        for budget in (16,):
+            runs = {}
+            for path in ("eager", "fast-nograph"):
+                engine.use_path(path)
+                runs[path] = engine.generate_ids(fx.PROMPTS[1], stop_token_ids=[], max_tokens=12, tree_budget=budget)
+            eager, quick = runs["eager"], runs["fast-nograph"]
+            assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
+    finally:
+        engine.use_path(previous)
+    assert attention.calls > 0
