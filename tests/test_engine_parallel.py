@@ -25,6 +25,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("parallel")
     return {
         "dense": fx.make_target(root / "dense"),
+        "llama": fx.make_target(root / "llama", model_type="llama"),  # q/k/v/o biases: o_proj's added once
         "hybrid": fx.make_hybrid_target(root / "hybrid", pattern="LLAL"),
         "draft": fx.make_draft(root / "draft", block_size=4, layer_ids=(0, 2)),
     }
@@ -87,7 +88,7 @@ def _requests(budgets, modes=("tree",)):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("kind", "budgets"), [("dense", (0, 1, 4, 16, 64)), ("hybrid", (0, 2, 16))]
+    ("kind", "budgets"), [("dense", (0, 1, 4, 16, 64)), ("hybrid", (0, 2, 16)), ("llama", (0, 4))]
 )
 def test_two_gloo_processes_decode_as_one(models, kind, budgets):
     """T=0, fp32: the 2-process output (each rank half the heads and MLP) equals the 1-process output."""
@@ -182,3 +183,35 @@ def test_probe_engine_with_two_devices(models, cli):
     assert [r["status"] for r in report["results"]] == ["ok", "ok"], probe.stderr
     assert all(r["baseline"]["verdict"] == "identical" for r in report["results"])
     assert report["results"][1]["spec"]["decode_rounds"] >= 1
+
+
+@pytest.mark.e2e
+def test_rank_zero_stops_every_rank(models):
+    """Cancel, deadline, a failing callback: rank 0 decides and the follower stops with it, so the
+    next request still decodes in step (and equals the 1-process output)."""
+    import time
+
+    engine = load_engine(models["dense"], draft=models["draft"], device="cpu", dtype="fp32", decode_path="eager")
+    split = parallel.ParallelEngine(2, "cpu", str(models["dense"]), str(models["draft"]), dtype="fp32")
+    try:
+        prompt = fx.PROMPTS[1]
+        rounds = []
+        cancelled = split.generate_ids(prompt, tree_budget=4, max_tokens=24,
+                                       on_token=lambda ids, text: rounds.append(ids) or len(rounds) < 2)
+        assert cancelled.finish_reason == "cancelled" and len(rounds) == 2
+        late = split.generate_ids(prompt, tree_budget=4, max_tokens=24, deadline=time.perf_counter())
+        assert late.finish_reason == "timeout"
+
+        def boom(ids, text):
+            raise KeyError("callback")
+
+        with pytest.raises(KeyError):
+            split.generate_ids(prompt, tree_budget=4, max_tokens=24, on_token=boom)
+        with pytest.raises(UsageError, match="the prompt is empty"):
+            split.generate_ids([], max_tokens=4)
+        for budget in (0, 16):
+            expected = engine.generate_ids(prompt, tree_budget=budget, max_tokens=24).token_ids
+            assert split.generate_ids(prompt, tree_budget=budget, max_tokens=24).token_ids == expected
+        assert split.info()["parallel"]["plan"]["heads"] == 2
+    finally:
+        split.close()

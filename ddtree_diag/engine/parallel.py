@@ -230,9 +230,10 @@ def init_group(rank: int, world: int, device_type: str, init_method: str) -> Non
 
 def load_sharded(rank: int, world: int, device_type: str, target: str, draft: str | None = None,
                  gguf_file: str | None = None, dtype: str | None = None, model_name: str | None = None) -> Any:
-    """Load the engine on rank ``rank`` (inside a joined group): read the weights on the CPU
-    (transformers maps safetensors files, so only the kept shard is copied), shard the target,
-    then move target and draft to this rank's device. The engine decodes eagerly."""
+    """Load the engine on rank ``rank`` (inside a joined group): load the whole target on the CPU,
+    keep this rank's shard, then move target and draft to this rank's device. The engine decodes
+    eagerly. (Each rank holds the whole checkpoint in CPU memory while it loads: loading only the
+    shard's slices of the safetensors files is not done yet.)"""
     import torch
 
     from ddtree_diag.engine.load import load_engine, resolve_dtype
@@ -528,6 +529,9 @@ class ParallelEngine:
                 raise RuntimeError(message)
         self.world = world
         self._local_generate = self.engine.generate_ids
+        # The one check that may differ between ranks (free memory) runs here, before any rank starts.
+        self._check_tree_fits = self.engine.check_tree_fits
+        self.engine.check_tree_fits = lambda budget: None
         self.engine.generate_ids = self.generate_ids  # Engine.generate goes through the followers too
 
     def __getattr__(self, name: str) -> Any:
@@ -550,6 +554,13 @@ class ParallelEngine:
         if seed is None and kwargs.get("temperature", 0.0) > 0:
             seed = random.randrange(2**63)  # one seed for every rank: the same samples
         request = dict(prompt_ids=list(prompt_ids), seed=seed, **kwargs)
+        if self.engine.target.hybrid:
+            from ddtree_diag.budget import resolve as resolve_budget
+
+            tree_budget = kwargs.get("tree_budget")
+            budget = resolve_budget(None if tree_budget is None else int(tree_budget), self.engine.default_tree_budget)
+            if budget > 0 and self.engine._resolve_mode(kwargs.get("mode", "auto"), budget) != "ar":
+                self._check_tree_fits(budget)
         try:
             pickle.dumps(request)
         except Exception as exc:
@@ -562,7 +573,12 @@ class ParallelEngine:
 
         def lead(ids: list[int], text: str) -> bool:
             nonlocal timed_out
-            stop = on_token is not None and on_token(ids, text) is False
+            try:
+                stop = on_token is not None and on_token(ids, text) is False
+            except BaseException:  # the caller's callback failed: stop every rank, then let it raise
+                decision.fill_(1)
+                dist.broadcast(decision, src=0)
+                raise
             if not stop and deadline is not None and time.perf_counter() >= deadline:
                 stop = timed_out = True
             decision.fill_(1 if stop else 0)
