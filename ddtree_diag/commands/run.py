@@ -18,7 +18,7 @@ import typer
 from ddtree_diag.commands.options import CHECKS_PANEL, RunFlags, run_options
 
 if TYPE_CHECKING:
-    from ddtree_diag.records import RunReport
+    from ddtree_diag.records import FleetReport, RunReport
     from ddtree_diag.targets import TargetSpec
 
 
@@ -156,7 +156,6 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool, against: str 
         raise UsageError("--deadline is for fleets (--targets FILE or several --url): one run's requests each "
                          "time out at --timeout")
     from ddtree_diag import orchestrator
-    from ddtree_diag.errors import Terminated
     from ddtree_diag.output.console import make_console, progress, render_report, silence_stdout
     from ddtree_diag.output.reportfile import is_stdout, write_report
     from ddtree_diag.records import RunReport
@@ -199,40 +198,35 @@ def run_matrix(flags: RunFlags, matrix: str | None, *, gate: bool, against: str 
                 write_report(report, "-")
         except BrokenPipeError:
             silence_stdout()
-    if stopped_by is not None and not isinstance(stopped_by, KeyboardInterrupt):
-        for failure in failures:
-            sys.stderr.write(f"ddtree-diag: error: {failure}\n")
-        raise stopped_by  # the CLI prints it as one line, with its exit code
-    if isinstance(stopped_by, Terminated):
-        sys.stderr.write(f"ddtree-diag: terminated by {stopped_by.name}\n")
-    if late.signal is not None:
-        code = 128 + late.signal
-    if failures:
-        from ddtree_diag.errors import UsageError
-
-        # nothing passes a CI gate whose report could not be written (exit 2, every failure named)
-        raise UsageError("; ".join(failures))
-    return code
+    return _ended(stopped_by, late, failures, code)
 
 
-def write_outputs(report: RunReport, flags: RunFlags, code: int, *, gate: bool) -> list[str]:
-    """Write the report files a run asked for (JSON, JUnit, Markdown summary, HTML). Every one is
-    attempted; returns the one-line errors of those that could not be written."""
+def write_outputs(report: RunReport | FleetReport, flags: RunFlags, code: int, *, gate: bool) -> list[str]:
+    """Write the report files a run or a fleet asked for (JSON, JUnit, Markdown summary, HTML).
+    Every one is attempted; returns the one-line errors of those that could not be written."""
     from ddtree_diag.errors import DiagError
-    from ddtree_diag.output import junit, markdown
     from ddtree_diag.output.reportfile import is_stdout, write_report
+    from ddtree_diag.records import FleetReport
 
+    if isinstance(report, FleetReport):
+        from ddtree_diag.output import fleetview
+
+        junit, summary, html = fleetview.write_fleet_junit, fleetview.write_fleet_summary, fleetview.write_html_fleet
+    else:
+        from ddtree_diag.output import junit as junit_module
+        from ddtree_diag.output import markdown
+        from ddtree_diag.output.html import write_html
+
+        junit, summary, html = junit_module.write_junit, markdown.write_summary, write_html
     writers = []
     if flags.json_path and not is_stdout(flags.json_path):
         writers.append(lambda: write_report(report, flags.json_path))
     if flags.junit:
-        writers.append(lambda: junit.write_junit(report, flags.junit))
+        writers.append(lambda: junit(report, flags.junit))
     if gate or flags.summary:
-        writers.append(lambda: markdown.write_summary(report, flags.summary, code))
+        writers.append(lambda: summary(report, flags.summary, code))
     if flags.html:
-        from ddtree_diag.output.html import write_html
-
-        writers.append(lambda: write_html(report, flags.html, code))
+        writers.append(lambda: html(report, flags.html, code))
     failures: list[str] = []
     for write in writers:
         try:
@@ -240,6 +234,25 @@ def write_outputs(report: RunReport, flags: RunFlags, code: int, *, gate: bool) 
         except DiagError as exc:
             failures.append(str(exc))
     return failures
+
+
+def _ended(stopped_by: BaseException | None, late: _SignalWatch, failures: list[str], code: int) -> int:
+    """After the reports are written: re-raise a stop that was not Ctrl-C or a signal (the CLI
+    prints it as one line, with its exit code), say a signal ended the run, and fail a run whose
+    reports could not be written (exit 2: nothing passes a CI gate without its report)."""
+    from ddtree_diag.errors import Terminated, UsageError
+
+    if stopped_by is not None and not isinstance(stopped_by, KeyboardInterrupt):
+        for failure in failures:
+            sys.stderr.write(f"ddtree-diag: error: {failure}\n")
+        raise stopped_by
+    if isinstance(stopped_by, Terminated):
+        sys.stderr.write(f"ddtree-diag: terminated by {stopped_by.name}\n")
+    if late.signal is not None:
+        code = 128 + late.signal
+    if failures:
+        raise UsageError("; ".join(failures))
+    return code
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,45 +315,11 @@ def run_fleet(flags: RunFlags, matrix: str | None, *, gate: bool, against: str |
         first_gate = prepared.targets[0].run.gate if prepared.targets else None
         fleet.judge(report, gate=gate, fail_on=first_gate.fail_on_findings if first_gate is not None else None)
         code = fleet.exit_code_for(report)
-        failures = write_fleet_outputs(report, flags, code, gate=gate)
+        failures = write_outputs(report, flags, code, gate=gate)
         try:
             fleetview.render_fleet(console, report, code, detail=flags.detail)
             if json_to_stdout:
                 write_report(report, "-")
         except BrokenPipeError:
             silence_stdout()
-    from ddtree_diag.errors import Terminated, UsageError
-
-    if isinstance(stopped_by, Terminated):
-        sys.stderr.write(f"ddtree-diag: terminated by {stopped_by.name}\n")
-    elif stopped_by is not None and not isinstance(stopped_by, KeyboardInterrupt):
-        raise stopped_by
-    if late.signal is not None:
-        code = 128 + late.signal
-    if failures:
-        raise UsageError("; ".join(failures))
-    return code
-
-
-def write_fleet_outputs(report: object, flags: RunFlags, code: int, *, gate: bool) -> list[str]:
-    """The fleet's report files (JSON, JUnit, Markdown, HTML); returns the one-line errors."""
-    from ddtree_diag.errors import DiagError
-    from ddtree_diag.output import fleetview
-    from ddtree_diag.output.reportfile import is_stdout, write_report
-
-    writers = []
-    if flags.json_path and not is_stdout(flags.json_path):
-        writers.append(lambda: write_report(report, flags.json_path))  # type: ignore[arg-type]
-    if flags.junit:
-        writers.append(lambda: fleetview.write_fleet_junit(report, flags.junit))
-    if gate or flags.summary:
-        writers.append(lambda: fleetview.write_fleet_summary(report, flags.summary, code))
-    if flags.html:
-        writers.append(lambda: fleetview.write_html_fleet(report, flags.html, code))
-    failures: list[str] = []
-    for write in writers:
-        try:
-            write()
-        except DiagError as exc:
-            failures.append(str(exc))
-    return failures
+    return _ended(stopped_by, late, failures, code)
