@@ -159,7 +159,7 @@ def load_engine(
 def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str | Path | None,
           gguf_file: str | None, device: str | None, dtype: str | None, decode_path: str | None,
           name: str) -> Any:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from ddtree_diag.engine.draft import load_draft
@@ -172,14 +172,8 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if gguf_name is not None:
-        kwargs["gguf_file"] = gguf_name
-    try:
-        config = AutoConfig.from_pretrained(directory, **kwargs)
-    except Exception as exc:  # transformers raises many types for unknown/broken files
-        what = f"GGUF file {gguf_name}" if gguf_name else f"config in {directory}"
-        raise UsageError(f"transformers cannot load the {what}: {_first_line(exc)}") from exc
+    kwargs = hf_kwargs(gguf_name)
+    config = target_config(directory, gguf_name)
     check_supported(config)
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, **kwargs)
@@ -214,6 +208,26 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
             where = "decode path" if decode_path else "DDTREE_DIAG_DECODE"
             raise UsageError(f"{where}: {exc}") from exc
     return engine
+
+
+def hf_kwargs(gguf_name: str | None) -> dict[str, Any]:
+    """What every transformers ``from_pretrained`` of the target takes: local files only, and the
+    GGUF file's name when the target is one."""
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_name is not None:
+        kwargs["gguf_file"] = gguf_name
+    return kwargs
+
+
+def target_config(directory: Path, gguf_name: str | None) -> Any:
+    """The target's transformers config (``_target_location``'s result); UsageError, one line."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(directory, **hf_kwargs(gguf_name))
+    except Exception as exc:  # transformers raises many types for unknown/broken files
+        what = f"GGUF file {gguf_name}" if gguf_name else f"config in {directory}"
+        raise UsageError(f"transformers cannot load the {what}: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:

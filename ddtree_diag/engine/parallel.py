@@ -80,19 +80,9 @@ def plan_shards(config: Any, world: int) -> ShardPlan:
 
 def plan_shards_of(target: str, gguf_file: str | None, world: int) -> ShardPlan:
     """``plan_shards`` of a target on disk (its config only)."""
-    from transformers import AutoConfig
+    from ddtree_diag.engine.load import _target_location, target_config
 
-    from ddtree_diag.engine.load import _target_location
-
-    directory, gguf_name = _target_location(target, gguf_file)
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if gguf_name is not None:
-        kwargs["gguf_file"] = gguf_name
-    try:
-        config = AutoConfig.from_pretrained(directory, **kwargs)
-    except Exception as exc:  # transformers raises many types for unknown/broken files
-        raise UsageError(f"transformers cannot read the config in {directory}: {str(exc).splitlines()[0]}") from exc
-    return plan_shards(config, world)
+    return plan_shards(target_config(*_target_location(target, gguf_file)), world)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,20 +342,13 @@ def split_plan(target: str, gguf_file: str | None, draft: str | None, device: st
     computed from the configs (the models are built on the meta device: nothing is loaded).
     Refuses in one line (UsageError) a split that does not divide or does not fit."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from ddtree_diag.engine import arch as arch_
     from ddtree_diag.engine.gdn import per_node_state_bytes
-    from ddtree_diag.engine.load import _target_location, resolve_device, resolve_dtype
+    from ddtree_diag.engine.load import _target_location, resolve_device, resolve_dtype, target_config
 
-    directory, gguf_name = _target_location(target, gguf_file)
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if gguf_name is not None:
-        kwargs["gguf_file"] = gguf_name
-    try:
-        config = AutoConfig.from_pretrained(directory, **kwargs)
-    except Exception as exc:  # transformers raises many types for unknown/broken files
-        raise UsageError(f"transformers cannot read the config in {directory}: {str(exc).splitlines()[0]}") from exc
+    config = target_config(*_target_location(target, gguf_file))
     arch_.check_supported(config)
     plan = plan_shards(config, world)
     torch_device = resolve_device(device)
