@@ -36,7 +36,7 @@ from ddtree_diag.output.cells import (
     workload_cell,
 )
 from ddtree_diag.output.depth import depth_table
-from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
+from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables, print_tables
 from ddtree_diag.output.loadview import load_table
 from ddtree_diag.records import Finding, GateResult, ProbeResult, RunReport, budget_label, thinking_label
 from ddtree_diag.redaction import redact, redacted_report
@@ -191,10 +191,7 @@ def render_report(console: Console, report: RunReport, exit_code: int | None = N
     tables = results_tables(console, report, on_dropped=dropped.append) if report.results else []
     tables += [t for t in (pivot_table(report), context_table(report), depth_table(report)) if t is not None]
     tables += [t for t in (load_table(report),) if t is not None]  # the load sweep
-    for table in tables:
-        if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:
-            table.box = box.ASCII  # plain, stable layout for logs and pipes
-        console.print(table)
+    print_tables(console, tables)
     legend = []
     if dropped:
         legend.append(f"left out at {console.width} columns: {dropped[0]} (see --json or --html for everything)")

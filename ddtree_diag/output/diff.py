@@ -149,12 +149,10 @@ def diff_runs(a: RunReport, b: RunReport, tolerances: Tolerances | None = None) 
 def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
     """A table of the cases that changed (fitted to the console's width), then regressions and a
     summary. When the runs share no case, that comes first."""
-    from rich import box
-    from rich.table import Table
     from rich.text import Text
 
     from ddtree_diag.output.cells import DASH, visible
-    from ddtree_diag.output.fit import TEXT, Column, fit_tables
+    from ddtree_diag.output.fit import TEXT, Column, fit_tables, print_tables
 
     def fmt(value: float | None, spec: str = ".2f") -> str:
         return DASH if value is None else format(value, spec)
@@ -177,10 +175,7 @@ def render_diff(console: Any, diff: RunDiff, a_name: str, b_name: str) -> None:
         for column, value in zip(columns, values, strict=True):
             column.cells.append(value)
     if changed:
-        for table in fit_tables(console, columns, f"{a_name} → {b_name}"):
-            if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:
-                table.box = box.ASCII
-            console.print(table)
+        print_tables(console, fit_tables(console, columns, f"{a_name} → {b_name}"))
     else:
         console.print("no case changed")
     for line in diff.regressions:

@@ -247,3 +247,12 @@ def fit_tables(
     if len(tables) > 1 and title:
         return [Text(title), *tables]
     return tables
+
+
+def print_tables(console: Console, tables: list[Table | Text]) -> None:
+    """Print ``tables``; off a terminal (a log, a pipe) every boxed table gets the plain ASCII box,
+    a stable layout for logs."""
+    for table in tables:
+        if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:
+            table.box = box.ASCII
+        console.print(table)

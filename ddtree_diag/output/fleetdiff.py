@@ -121,12 +121,10 @@ def render_fleet_diff(console: Any, diff: FleetDiff, a_name: str, b_name: str) -
     """A table with one row per target (shared cases, regressions, the first one), then each
     regressed target's own case table under a rule naming it, then the fleet's regressions that
     belong to no target (a missing one) and the summary."""
-    from rich import box
-    from rich.table import Table
     from rich.text import Text
 
     from ddtree_diag.output.cells import DASH, visible
-    from ddtree_diag.output.fit import TEXT, Column, fit_tables
+    from ddtree_diag.output.fit import TEXT, Column, fit_tables, print_tables
 
     if diff.single == "A":
         console.print(Text(f"{a_name} is a single run: every target of {b_name} is judged against it"))
@@ -149,10 +147,7 @@ def render_fleet_diff(console: Any, diff: FleetDiff, a_name: str, b_name: str) -
         for column, value in zip(columns, values, strict=True):
             column.cells.append(value)
     if names:
-        for table in fit_tables(console, columns, f"{a_name} → {b_name}: targets"):
-            if isinstance(table, Table) and not console.is_terminal and table.box is not None and not table.box.ascii:
-                table.box = box.ASCII
-            console.print(table)
+        print_tables(console, fit_tables(console, columns, f"{a_name} → {b_name}: targets"))
     for name, run in diff.targets.items():
         if not run.regressed:
             continue

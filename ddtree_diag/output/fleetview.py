@@ -14,9 +14,7 @@ import html
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ddtree_diag.checks.fleetstats import (
@@ -33,10 +31,10 @@ from ddtree_diag.checks.fleetstats import (
 )
 from ddtree_diag.output.cells import DASH, Cell, acceptance_style, fmt, visible
 from ddtree_diag.output.console import print_findings, print_gate, render_report
-from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables
+from ddtree_diag.output.fit import FREE, NUMBER, TEXT, Column, fit_tables, print_tables
 from ddtree_diag.output.html import _page, check_table, finding_blocks, run_header, run_sections
 from ddtree_diag.output.junit import _xml_safe, add_suite, findings_text, set_totals
-from ddtree_diag.output.markdown import _cell, checks_for, markdown_summary, publish
+from ddtree_diag.output.markdown import _cell, checks_for, finding_lines, markdown_summary, publish
 from ddtree_diag.output.reportfile import write_output
 from ddtree_diag.output.svg import esc, grouped_bars
 from ddtree_diag.records import SEVERITIES, FleetMember, FleetReport, RunReport
@@ -207,13 +205,9 @@ def render_fleet(console: Console, fleet: FleetReport, exit_code: int | None, *,
     rule naming it,) the fleet gate and the summary line."""
     fleet = redacted_report(fleet)
     rows = target_rows(fleet)
-    plain = not console.is_terminal
     dropped: list[str] = []
     if rows:
-        for table in fit_tables(console, fleet_columns(rows), _title(fleet, rows), on_dropped=dropped.append):
-            if isinstance(table, Table) and plain and table.box is not None and not table.box.ascii:
-                table.box = box.ASCII  # plain, stable layout for logs and pipes
-            console.print(table)
+        print_tables(console, fit_tables(console, fleet_columns(rows), _title(fleet, rows), on_dropped=dropped.append))
     else:
         console.print(Text("the fleet has no target", style="bold red"))
     if dropped:
@@ -247,16 +241,7 @@ def _demoted(markdown: str) -> str:
 
 
 def _md_findings(fleet: FleetReport) -> list[str]:
-    lines = ["### Cross-target findings", ""]
-    if not fleet.findings:
-        lines.append("No cross-target findings.")
-    for item in fleet.findings:
-        lines.append(f"- **{item.severity}** — {_cell(item.title)} (`{_cell(item.id)}`)")
-        if item.evidence:
-            lines.append(f"  - evidence: {_cell(item.evidence)}")
-        if item.check:
-            lines.append(f"  - check: {_cell(item.check)}")
-    return [*lines, ""]
+    return ["### Cross-target findings", "", *finding_lines(fleet.findings, "No cross-target findings."), ""]
 
 
 def _md_table(rows: list[TargetRow]) -> list[str]:

@@ -25,7 +25,7 @@ from ddtree_diag.output.cells import (
     workload_cell,
 )
 from ddtree_diag.output.reportfile import append_output, write_output
-from ddtree_diag.records import GateResult, RunReport
+from ddtree_diag.records import Finding, GateResult, RunReport
 from ddtree_diag.redaction import redacted_report
 
 OUTPUT_CHARS = 60
@@ -43,6 +43,18 @@ def checks_for(report: RunReport) -> GateResult:
 def _cell(text: Any) -> str:
     """One Markdown table cell: no newlines, pipes escaped, control characters visible."""
     return visible(str(text), 10_000).replace("|", "\\|").replace("`", "'")
+
+
+def finding_lines(findings: list[Finding], none: str) -> list[str]:
+    """Findings as a Markdown list (severity, title, id, then evidence and check), or ``none``."""
+    lines = [] if findings else [none]
+    for item in findings:
+        lines.append(f"- **{item.severity}** — {_cell(item.title)} (`{_cell(item.id)}`)")
+        if item.evidence:
+            lines.append(f"  - evidence: {_cell(item.evidence)}")
+        if item.check:
+            lines.append(f"  - check: {_cell(item.check)}")
+    return lines
 
 
 def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
@@ -85,14 +97,7 @@ def markdown_summary(report: RunReport, exit_code: int | None = None) -> str:
 
     lines.append("### Findings")
     lines.append("")
-    if not report.findings:
-        lines.append("No findings.")
-    for item in report.findings:
-        lines.append(f"- **{item.severity}** — {_cell(item.title)} (`{item.id}`)")
-        if item.evidence:
-            lines.append(f"  - evidence: {_cell(item.evidence)}")
-        if item.check:
-            lines.append(f"  - check: {_cell(item.check)}")
+    lines += finding_lines(report.findings, "No findings.")
     lines.append("")
 
     lines.append("### Cases")
