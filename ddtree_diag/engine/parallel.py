@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -273,12 +274,11 @@ def _worker(rank: int, world: int, device_type: str, init_method: str, job: Any,
         os._exit(1)  # the other ranks may be blocked in a collective: the launcher ends them
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def rendezvous(folder: str) -> str:
+    """Where the ranks meet: a file in ``folder`` (a store that lives as long as the folder). A
+    free TCP port would be picked here and bound later by rank 0: another process may take it
+    in between (seen in a parallel test run)."""
+    return "file://" + os.path.join(folder, "rendezvous")
 
 
 def launch(job: Any, world: int, device_type: str = "cpu", args: tuple = ()) -> Any:
@@ -286,15 +286,14 @@ def launch(job: Any, world: int, device_type: str = "cpu", args: tuple = ()) -> 
     group; return rank 0's result (the others' are dropped). ``job`` must be picklable (a module-
     level function). A failing rank raises RuntimeError here with its one-line error."""
     import pickle
-    import tempfile
 
     import torch
     import torch.multiprocessing as mp
 
     if device_type == "cuda" and torch.cuda.device_count() < world:
         raise UsageError(f"--devices {world} needs {world} GPUs, this machine has {torch.cuda.device_count()}")
-    init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="ddtree-tp-") as out:
+        init_method = rendezvous(out)
         failure = None
         try:
             mp.start_processes(_worker, args=(world, device_type, init_method, job, args, out), nprocs=world,
@@ -491,7 +490,8 @@ class ParallelEngine:
         if device_type == "cuda" and torch.cuda.device_count() < world:
             raise UsageError(f"--devices {world} needs {world} GPUs, this machine has {torch.cuda.device_count()}")
         plan_args = (target, draft, gguf_file, dtype, model_name)
-        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self._folder = tempfile.TemporaryDirectory(prefix="ddtree-tp-")  # the ranks' store, until close()
+        init_method = rendezvous(self._folder.name)
         ctx = mp.get_context("spawn")
         self._pipes = []
         self._processes = []
@@ -586,3 +586,4 @@ class ParallelEngine:
         self._pipes, self._processes = [], []
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._folder.cleanup()
