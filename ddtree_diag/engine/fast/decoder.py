@@ -323,13 +323,13 @@ class FastDecoder:
             self.linear_state[index].copy_(state)
             self.linear_conv[index].copy_(conv)
             return out[None]
-        out, parts, windows = linear_attention_rows(
-            module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index]
-        )
         kept = self.linear_parts[x.shape[0]][index]
-        kept["keys"].copy_(parts.keys)
-        kept["updates"].copy_(parts.updates)
-        kept["path_decay"].copy_(parts.path_decay)
+        out, parts, windows = linear_attention_rows(
+            module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index], kept
+        )
+        for name, value in (("keys", parts.keys), ("updates", parts.updates), ("path_decay", parts.path_decay)):
+            if value is not kept[name]:  # the fused solve wrote them in place already
+                kept[name].copy_(value)
         kept["windows"].copy_(windows)
         return out[None]
 

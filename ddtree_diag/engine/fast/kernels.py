@@ -18,6 +18,10 @@ before/after measurements).
 So does the verify rounds' attention (``triton_attention``: the keys split across thread blocks,
 flash-decoding style, where SDPA's memory-efficient kernel runs 16 blocks);
 ``DDTREE_DIAG_ATTENTION_KERNEL=off`` turns off that one alone (SDPA with the additive mask runs).
+
+So does a hybrid target's Gated DeltaNet tree solve (``triton_gdn``: one kernel per layer where
+``gdn.parallel_gated_delta`` runs about forty); ``DDTREE_DIAG_GDN_KERNEL=off`` turns off that
+one alone.
 """
 
 from __future__ import annotations
@@ -89,6 +93,31 @@ def attention_kernel(q: torch.Tensor, cache_k: torch.Tensor):
     if q.shape[1] % cache_k.shape[1] != 0 or q.shape[3] > 128:
         return None
     return _triton_attention()
+
+
+@functools.cache
+def _triton_gdn():
+    """The Gated DeltaNet solve kernel's module, or None where Triton cannot be imported."""
+    try:
+        from ddtree_diag.engine.fast import triton_gdn
+    except Exception:
+        return None
+    return triton_gdn
+
+
+def gdn_solver(conv_out: torch.Tensor, module: torch.nn.Module, a: torch.Tensor, b: torch.Tensor):
+    """The Gated DeltaNet solve kernel's module when ``module``'s tree rows (conv output
+    ``conv_out`` [N, conv_dim], gate inputs ``a``, ``b`` [N, Hv]) are solved by it, else None
+    (``gdn.parallel_gated_delta`` runs)."""
+    if os.environ.get("DDTREE_DIAG_GDN_KERNEL", "").strip().lower() == "off":
+        return None
+    if _use(conv_out) is None or conv_out.dim() != 2 or conv_out.stride(-1) != 1:
+        return None
+    if a.stride(-1) != 1 or b.stride(-1) != 1 or not hasattr(module, "A_log") or not hasattr(module, "dt_bias"):
+        return None
+    if module.num_v_heads % module.num_k_heads or module.head_k_dim > 256 or module.head_v_dim > 256:
+        return None
+    return _triton_gdn()
 
 
 def available() -> bool:

@@ -151,12 +151,16 @@ def linear_attention_rows(
     state: torch.Tensor,
     conv_state: torch.Tensor,
     fused: FusedWeights | None = None,
+    kept: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, gdn.ParallelParts, torch.Tensor]:
     """A Gated DeltaNet layer over tree rows in one parallel solve (``gdn.parallel_gated_delta``),
     static shapes and no host sync. hidden [N, H] (after input_layernorm); parents [N] (-1: the
     committed state; padding rows too); ancestors [N, N]. Returns (out [N, H], the parts that
     rebuild the state after any node, conv windows [N, conv_dim, K-1] to commit from). ``fused``: the
-    layer's ``FusedWeights`` (one GEMM for the four input projections)."""
+    layer's ``FusedWeights`` (one GEMM for the four input projections). ``kept``: fp32 buffers
+    keys [Hv, N, dk], updates [Hv, N, dv], path_decay [Hv, N] that the fused solve
+    (``triton_gdn``, where the kernels run) writes the parts into; the returned parts are then
+    those very buffers."""
     n = hidden.shape[0]
     kernel = module.conv_kernel_size
     if fused is not None and fused.linear_in_weight is not None:
@@ -166,12 +170,22 @@ def linear_attention_rows(
         mixed, z, b, a = gdn.gdn_projections(module, hidden)
     windows = gdn.conv_windows(mixed, parents, conv_state, kernel)
     conv_out = gdn.conv_from_windows(windows, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation)
-    q, k, v = torch.split(conv_out.to(hidden.dtype), [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-    g, beta = gdn.gdn_gates(module, b, a)
-    core, parts = gdn.parallel_gated_delta(
-        q.reshape(n, module.num_k_heads, module.head_k_dim), k.reshape(n, module.num_k_heads, module.head_k_dim),
-        v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
-    )
+    conv_out = conv_out.to(hidden.dtype)
+    solver = kernels.gdn_solver(conv_out, module, a, b) if kept is not None else None
+    if solver is not None:  # the whole solve in one kernel, its parts written where commit reads them
+        keys, updates, path_decay = kept["keys"], kept["updates"], kept["path_decay"]
+        core = solver.tree_solve(
+            conv_out, a, b, module.A_log, module.dt_bias, ancestors, state, keys, updates, path_decay,
+            module.num_k_heads, module.head_k_dim,
+        )
+        parts = gdn.ParallelParts(keys, updates, path_decay, ancestors, state)
+    else:
+        q, k, v = torch.split(conv_out, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+        g, beta = gdn.gdn_gates(module, b, a)
+        core, parts = gdn.parallel_gated_delta(
+            q.reshape(n, module.num_k_heads, module.head_k_dim), k.reshape(n, module.num_k_heads, module.head_k_dim),
+            v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
+        )
     normed = kernels.gated_rms_norm(module.norm, core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(normed.reshape(n, module.value_dim)), parts, windows[:, :, 1:]
 

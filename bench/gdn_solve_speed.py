@@ -1,0 +1,95 @@
+"""The Gated DeltaNet tree solve alone on a GPU: the PyTorch solve (``gdn.gdn_gates`` +
+``gdn.parallel_gated_delta``, about forty kernels) against the one-kernel Triton solve
+(``triton_gdn.tree_solve``) at several tiles, per row count, each captured in a CUDA graph and
+replayed (device time per layer call). Shape: one Qwen3.6-27B Gated DeltaNet layer (16 key heads,
+48 value heads, head dims 128) in bf16. Also prints the kernel's worst difference from the
+PyTorch solve.
+
+    python -m bench.gdn_solve_speed [--rows 1,32,80,272]
+
+Rows 1 runs the one-row kernel whatever the tile (the tiles apply from 2 rows up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from bench.tree_kernel_speed import graph_ms
+from ddtree_diag.engine import gdn
+from ddtree_diag.engine.fast import triton_gdn
+from ddtree_diag.engine.tree import ancestor_mask
+
+KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
+# (block_n, block_v, warps, dot precision)
+TILES = [
+    (16, 32, 4, "ieee"), (16, 32, 4, "tf32x3"), (16, 32, 4, "tf32"), (16, 64, 4, "tf32"), (16, 128, 4, "tf32"),
+    (16, 128, 8, "tf32"), (32, 64, 4, "tf32"), (32, 128, 8, "tf32"),
+]
+
+
+def inputs(rows: int, generator: torch.Generator) -> dict:
+    parents = [-1] + [int(torch.randint(max(-1, i - 4), i, (1,), generator=generator)) for i in range(1, rows)]
+    width = 2 * KEY_HEADS * DK + VALUE_HEADS * DV
+    dev = "cuda"
+    return dict(
+        conv_out=torch.randn(rows, width, generator=generator).to(dev, torch.bfloat16),
+        gates=torch.randn(rows, 2 * VALUE_HEADS, generator=generator).to(dev, torch.bfloat16),
+        a_log=(torch.randn(VALUE_HEADS, generator=generator) * 0.5).to(dev),
+        dt_bias=torch.randn(VALUE_HEADS, generator=generator).to(dev, torch.bfloat16),
+        anc=ancestor_mask(parents).to(dev),
+        state=(torch.randn(VALUE_HEADS, DK, DV, generator=generator) * 0.2).to(dev),
+    )
+
+
+def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float]:
+    """(us per call: the PyTorch solve, then each tile), worst |kernel - PyTorch| over the tiles."""
+    x = inputs(rows, generator)
+    a, b = x["gates"][:, :VALUE_HEADS], x["gates"][:, VALUE_HEADS:]
+    q, k, v = x["conv_out"].split([KEY_HEADS * DK, KEY_HEADS * DK, VALUE_HEADS * DV], dim=-1)
+
+    def pytorch():
+        g = -x["a_log"].exp() * F.softplus(a.float() + x["dt_bias"])
+        return gdn.parallel_gated_delta(
+            q.reshape(rows, KEY_HEADS, DK), k.reshape(rows, KEY_HEADS, DK), v.reshape(rows, VALUE_HEADS, DV),
+            g, b.sigmoid(), x["anc"], x["state"],
+        )[0]
+
+    parts = [torch.empty(VALUE_HEADS, rows, size, device="cuda") for size in (DK, DV)]
+    decay = torch.empty(VALUE_HEADS, rows, device="cuda")
+
+    def kernel(tile):
+        return triton_gdn.tree_solve(x["conv_out"], a, b, x["a_log"], x["dt_bias"], x["anc"], x["state"], *parts,
+                                     decay, KEY_HEADS, DK, *tile)
+
+    times, worst = [graph_ms(pytorch) * 1000], 0.0
+    for tile in TILES:
+        try:
+            times.append(graph_ms(lambda tile=tile: kernel(tile)) * 1000)
+            diff = (kernel(tile).float().reshape(rows, VALUE_HEADS, DV) - pytorch().float()).abs().max()
+            worst = max(worst, float(diff))
+        except Exception as exc:  # a tile that does not compile here: report and go on
+            print(f"tile {tile}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+            times.append(float("nan"))
+    return times, worst
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,32,80,272")
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(0)
+    print(f"gdn_solve_speed: {torch.cuda.get_device_name()}, us per layer call (CUDA graph replays)")
+    names = " ".join(f"{f'{n}/{v}/{w}/{p[:2]}':>11}" for n, v, w, p in TILES)
+    print(f"{'rows':>5} {'pytorch':>8} {names}  max |diff|")
+    for rows in [int(r) for r in args.rows.split(",")]:
+        times, worst = time_rows(rows, generator)
+        print(f"{rows:>5} {times[0]:>8.1f} " + " ".join(f"{t:>11.1f}" for t in times[1:]) + f"  {worst:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

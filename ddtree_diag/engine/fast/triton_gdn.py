@@ -1,0 +1,245 @@
+"""The Gated DeltaNet tree solve as one Triton kernel (imported only where Triton is).
+
+``gdn.parallel_gated_delta`` solves a Gated DeltaNet layer over the tree rows of a verify round
+in about forty small PyTorch kernels (head repeat, l2 norms, gates, the path decays, three batched
+matmuls, a triangular solve, the output), each a few microseconds on a handful of kilobytes: on
+an H200 the 48 such layers of a 27B hybrid round spend more time launching and finishing those
+kernels than reading their weights. Here one program per (value head, slice of value columns)
+does the whole layer from the conv output:
+
+1. a first pass over the rows writes each row's prepared key (head-repeated, l2-normed, fp32)
+   and its path log-decay G_i = sum of g over the row's ancestors (``anc``) to the outputs the
+   commit reads anyway (``keys``, ``path_decay``);
+2. a second pass takes the rows in blocks of BLOCK_N, in order: a block's right-hand side
+   beta_i (v_i - e^{G_i} k_i S0) minus what the earlier blocks' updates contribute through
+   L[i, j] = beta_i e^{G_i - G_j} k_i . k_j (j a strict ancestor of i), then forward substitution
+   inside the block, row by row; the block's updates u_i go to ``updates`` and its output
+   o_i = e^{G_i} q_i S0 + sum over ancestors j (itself included) of e^{G_i - G_j} (q_i . k_j) u_j
+   straight to the [rows, heads * head_dim] layout the gated norm reads.
+
+The columns of the updates are independent of each other (the system's matrix has no value
+dimension), so the value columns split across programs; each program recomputes the same L, which
+costs far less than it saves in parallelism. Programs of one head write the same keys and decays,
+bit for bit, so their overlapping stores are harmless.
+
+A one-row tree (the AR rounds) is a single step of the recurrence: ``_one_row_kernel`` does it
+with row-by-matrix sums instead of 16-row tiles (4 us a layer on an H200 against 78 us for the
+PyTorch solve, 27B shape; ``bench/gdn_solve_speed.py``).
+
+The same math as ``gdn.parallel_gated_delta``, in another summation order. fp32 models: IEEE
+fp32 products, so results agree with the PyTorch solve to float rounding (not bit for bit). bf16
+models: the tiles' products run on TF32 tensor cores (IEEE fp32 dots were 2-3x slower than the
+whole PyTorch solve); TF32 keeps 10 mantissa bits of the fp32 operands, more than the bf16 values
+they come from. Gates as
+``gdn.gdn_gates``: g = -exp(A_log) * softplus(a + dt_bias) in fp32, beta = sigmoid(b) rounded to
+the model dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ddtree_diag.engine.fast.triton_kernels import _rounded
+
+
+@triton.jit
+def _softplus(x):
+    # torch's softplus (beta 1, threshold 20): x itself above 20, else log(1 + e^x), written as
+    # max(x, 0) + log(1 + e^-|x|) so that a very negative x keeps its digits
+    smooth = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+    return tl.where(x > 20.0, x, smooth)
+
+
+@triton.jit
+def _gates(a_ptr, b_ptr, rows, row_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias, dtype: tl.constexpr):
+    """(g, beta) of ``rows`` for value head ``head`` (fp32; beta rounded to the model dtype)."""
+    a = tl.load(a_ptr + rows * a_row_stride + head, mask=row_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + rows * b_row_stride + head, mask=row_ok, other=0.0).to(tl.float32)
+    g = neg_rate * _softplus(a + dt_bias)
+    beta = _rounded(1.0 / (1.0 + tl.exp(-b)), dtype)
+    return g, beta
+
+
+@triton.jit
+def _normed(x_ptr, rows, row_ok, row_stride, column, d, d_ok, divisor):
+    """Rows of one key head from the conv output, l2-normed in fp32 (then divided: q's scale)."""
+    x = tl.load(x_ptr + rows[:, None] * row_stride + column + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                other=0.0).to(tl.float32)
+    x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]  # gdn.L2NORM_EPS, inside the rsqrt
+    return x / divisor
+
+
+@triton.jit
+def _tree_solve_kernel(
+    conv_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, state_ptr,
+    out_ptr, keys_ptr, updates_ptr, decay_ptr,
+    n_rows, conv_row_stride, a_row_stride, b_row_stride, anc_row_stride,
+    key_dim, heads_per_key, dk, dv, q_divisor,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+):
+    head = tl.program_id(0)  # value head
+    v0 = tl.program_id(1) * BLOCK_V  # first value column of this program
+    key_head = head // heads_per_key  # a key head serves heads_per_key consecutive value heads
+    dtype = out_ptr.dtype.element_ty
+    d = tl.arange(0, BLOCK_K)
+    d_ok = d < dk
+    e = v0 + tl.arange(0, BLOCK_V)
+    e_ok = e < dv
+    heads = tl.num_programs(0)
+    neg_rate = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    local = tl.arange(0, BLOCK_N)
+    keys_base = keys_ptr + head * n_rows * dk
+    decay_base = decay_ptr + head * n_rows
+
+    # pass 1: prepared keys and path decays of every row
+    for i0 in range(0, n_rows, BLOCK_N):
+        rows = i0 + local
+        row_ok = rows < n_rows
+        k = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_dim + key_head * dk, d, d_ok, 1.0)
+        tl.store(keys_base + rows[:, None] * dk + d[None, :], k, mask=row_ok[:, None] & d_ok[None, :])
+        total = tl.zeros((BLOCK_N,), tl.float32)
+        for j0 in range(0, i0 + BLOCK_N, BLOCK_N):  # ancestors come first: nothing past this block
+            cols = j0 + local
+            col_ok = cols < n_rows
+            g, _ = _gates(a_ptr, b_ptr, cols, col_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias, dtype)
+            anc = tl.load(anc_ptr + rows[:, None] * anc_row_stride + cols[None, :],
+                          mask=row_ok[:, None] & col_ok[None, :], other=0)
+            total += tl.sum(tl.where(anc != 0, g[None, :], 0.0), axis=1)
+        tl.store(decay_base + rows, total, mask=row_ok)
+    tl.debug_barrier()  # this program reads back what all of its threads stored above
+
+    # the committed state's columns this program needs: S0[:, v0:v0+BLOCK_V]
+    state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :], mask=d_ok[:, None] & e_ok[None, :],
+                    other=0.0)
+    updates_base = updates_ptr + head * n_rows * dv
+    for i0 in range(0, n_rows, BLOCK_N):
+        rows = i0 + local
+        row_ok = rows < n_rows
+        k_i = tl.load(keys_base + rows[:, None] * dk + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        q_i = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_head * dk, d, d_ok, q_divisor)
+        decay_i = tl.load(decay_base + rows, mask=row_ok, other=0.0)
+        _, beta = _gates(a_ptr, b_ptr, rows, row_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias, dtype)
+        v = tl.load(conv_ptr + rows[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :],
+                    mask=row_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+        grow = tl.exp(decay_i)[:, None]
+        rhs = beta[:, None] * (v - grow * tl.dot(k_i, state, input_precision=PRECISION))
+        out = grow * tl.dot(q_i, state, input_precision=PRECISION)
+        # earlier blocks: their updates are final
+        for j0 in range(0, i0, BLOCK_N):
+            cols = j0 + local
+            k_j = tl.load(keys_base + cols[:, None] * dk + d[None, :], mask=d_ok[None, :], other=0.0)
+            decay_j = tl.load(decay_base + cols)
+            u_j = tl.load(updates_base + cols[:, None] * dv + e[None, :], mask=e_ok[None, :], other=0.0)
+            anc = tl.load(anc_ptr + rows[:, None] * anc_row_stride + cols[None, :], mask=row_ok[:, None], other=0)
+            path = tl.exp(tl.where(anc != 0, decay_i[:, None] - decay_j[None, :], float("-inf")))
+            system = beta[:, None] * path * tl.dot(k_i, tl.trans(k_j), input_precision=PRECISION)
+            rhs -= tl.dot(system, u_j, input_precision=PRECISION)
+            out += tl.dot(path * tl.dot(q_i, tl.trans(k_j), input_precision=PRECISION), u_j, input_precision=PRECISION)
+        # this block: forward substitution, one row at a time (row r needs rows < r of the block)
+        anc = tl.load(anc_ptr + rows[:, None] * anc_row_stride + rows[None, :],
+                      mask=row_ok[:, None] & row_ok[None, :], other=0)
+        path = tl.exp(tl.where(anc != 0, decay_i[:, None] - decay_i[None, :], float("-inf")))
+        strict = path * (local[:, None] != local[None, :])
+        system = beta[:, None] * strict * tl.dot(k_i, tl.trans(k_i), input_precision=PRECISION)
+        solved = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
+        for r in range(0, BLOCK_N):
+            pick = local == r
+            coefficients = tl.sum(tl.where(pick[:, None], system, 0.0), axis=0)  # row r of the system
+            row = tl.sum(tl.where(pick[:, None], rhs, 0.0), axis=0) - tl.sum(coefficients[:, None] * solved, axis=0)
+            solved = tl.where(pick[:, None], row[None, :], solved)
+        tl.store(updates_base + rows[:, None] * dv + e[None, :], solved, mask=row_ok[:, None] & e_ok[None, :])
+        out += tl.dot(path * tl.dot(q_i, tl.trans(k_i), input_precision=PRECISION), solved, input_precision=PRECISION)
+        tl.store(out_ptr + rows[:, None] * (heads * dv) + head * dv + e[None, :], out.to(dtype),
+                 mask=row_ok[:, None] & e_ok[None, :])
+        tl.debug_barrier()  # the next blocks read these updates back
+
+
+@triton.jit
+def _one_row_kernel(
+    conv_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, out_ptr, keys_ptr, updates_ptr, decay_ptr,
+    key_dim, heads_per_key, dk, dv, q_divisor, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    # A one-row "tree" (the AR rounds): the solve is one step of the recurrence, and every product
+    # a row-by-matrix sum; no tiles of 16 rows for one.
+    head = tl.program_id(0)
+    v0 = tl.program_id(1) * BLOCK_V
+    key_head = head // heads_per_key
+    dtype = out_ptr.dtype.element_ty
+    d = tl.arange(0, BLOCK_K)
+    d_ok = d < dk
+    e = v0 + tl.arange(0, BLOCK_V)
+    e_ok = e < dv
+    k = tl.load(conv_ptr + key_dim + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+    q = tl.load(conv_ptr + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
+    neg_rate = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+    a = tl.load(a_ptr + head).to(tl.float32)
+    b = tl.load(b_ptr + head).to(tl.float32)
+    g = neg_rate * _softplus(a + tl.load(dt_bias_ptr + head).to(tl.float32))
+    beta = _rounded(1.0 / (1.0 + tl.exp(-b)), dtype)
+    state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :], mask=d_ok[:, None] & e_ok[None, :],
+                    other=0.0)
+    v = tl.load(conv_ptr + 2 * key_dim + head * dv + e, mask=e_ok, other=0.0).to(tl.float32)
+    grow = tl.exp(g)
+    update = beta * (v - grow * tl.sum(k[:, None] * state, axis=0))
+    out = grow * tl.sum(q[:, None] * state, axis=0) + tl.sum(q * k, axis=0) * update
+    tl.store(out_ptr + head * dv + e, out.to(dtype), mask=e_ok)
+    tl.store(updates_ptr + head * dv + e, update, mask=e_ok)
+    tl.store(keys_ptr + head * dk + d, k, mask=d_ok)  # every value-column program: the same bits
+    tl.store(decay_ptr + head, g)
+
+
+def tree_solve(
+    conv_out: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ancestors: torch.Tensor,
+    state: torch.Tensor,
+    keys: torch.Tensor,
+    updates: torch.Tensor,
+    path_decay: torch.Tensor,
+    key_heads: int,
+    dk: int,
+    block_n: int = 16,
+    block_v: int = 64,
+    warps: int = 4,
+    precision: str = "tf32",
+) -> torch.Tensor:
+    """One Gated DeltaNet layer's core over N tree rows: conv_out [N, 2 * key_heads * dk + Hv * dv]
+    (q | k | v after the conv, model dtype, unit column stride); a, b [N, Hv] (views with a row
+    stride); a_log, dt_bias [Hv]; ancestors [N, N] bool (diagonal set); state [Hv, dk, dv] fp32.
+    Writes the commit's parts into ``keys`` [Hv, N, dk], ``updates`` [Hv, N, dv] and ``path_decay``
+    [Hv, N] (fp32, contiguous) and returns the output [N, Hv * dv] in conv_out's dtype. ``block_n``
+    rows per block (the substitution inside a block goes row by row), ``block_v`` value columns
+    per program, ``warps`` per program: the tile (``bench/gdn_solve_speed.py`` compares them)."""
+    n_rows = conv_out.shape[0]
+    value_heads, _, dv = state.shape
+    out = torch.empty(n_rows, value_heads * dv, device=conv_out.device, dtype=conv_out.dtype)
+    anc = ancestors.contiguous()
+    anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
+    block_k = max(16, triton.next_power_of_2(dk))
+    if n_rows == 1:
+        _one_row_kernel[(value_heads, triton.cdiv(dv, 32))](
+            conv_out, a, b, a_log, dt_bias, state.contiguous(), out, keys, updates, path_decay,
+            key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5), BLOCK_K=block_k, BLOCK_V=32,
+            num_warps=4,
+        )
+        return out
+    block_v = min(block_v, max(16, triton.next_power_of_2(dv)))
+    # fp32 models: IEEE products (the fp32 tests compare with the PyTorch solve); else TF32 tensor
+    # cores on the fp32 operands, closer to fp32 than the bf16 inputs themselves
+    precision = "ieee" if conv_out.dtype == torch.float32 else precision
+    _tree_solve_kernel[(value_heads, triton.cdiv(dv, block_v))](
+        conv_out, a, b, a_log, dt_bias, anc_bytes, state.contiguous(),
+        out, keys, updates, path_decay,
+        n_rows, conv_out.stride(0), a.stride(0), b.stride(0), anc_bytes.stride(0),
+        key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
+        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision, num_warps=warps,
+    )
+    return out

@@ -1,0 +1,158 @@
+"""The one-kernel Gated DeltaNet tree solve (engine/fast/triton_gdn.py) against the PyTorch solve
+it replaces (``gdn.parallel_gated_delta`` with ``gdn.gdn_gates``), then inside whole fast decodes
+of hybrid targets (== the full-forward greedy, token for token).
+
+Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
+on a GPU the same checks run the compiled kernel on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("triton")
+
+import torch.nn.functional as F  # noqa: E402
+
+from ddtree_diag.engine import gdn, load_engine  # noqa: E402
+from ddtree_diag.engine.fast import kernels  # noqa: E402
+from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.engine_fixtures import PROMPTS  # noqa: E402
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+if DEVICE == "cuda":
+    pytestmark.append(pytest.mark.gpu)
+TOKENS = 10  # per decode: every norm runs under the interpreter too, ~1 s a token on CPU
+
+
+@pytest.fixture
+def solver(monkeypatch):
+    """The solve kernel on (CPU tensors too); returns a list of the row counts it solved."""
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the compiled kernel needs CUDA")
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    monkeypatch.delenv("DDTREE_DIAG_GDN_KERNEL", raising=False)
+    module = kernels._triton_gdn()
+    assert module is not None, "triton is installed but the solve kernel did not import"
+    solved = []
+    original = module.tree_solve
+
+    def counted(conv_out, *args, **kwargs):
+        solved.append(conv_out.shape[0])
+        return original(conv_out, *args, **kwargs)
+
+    monkeypatch.setattr(module, "tree_solve", counted)
+    return solved
+
+
+def random_parents(n: int, shape: str, generator: torch.Generator) -> list[int]:
+    if shape == "chain":
+        return list(range(-1, n - 1))
+    if shape == "padded":  # a small tree, then padding rows that only see themselves (parent -1)
+        used = max(1, n // 2)
+        return [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, used)] + [-1] * (n - used)
+    return [-1] + [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(1, n)]
+
+
+def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0):
+    """(kernel's out, keys, updates, path decay), (the same from the PyTorch solve)."""
+    generator = torch.Generator().manual_seed(seed)
+    parents = random_parents(n, shape, generator)
+    anc = ancestor_mask(parents).to(DEVICE)
+    width = 2 * key_heads * dk + value_heads * dv
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=generator) * scale).to(DEVICE)
+
+    conv_out = rand(n, width).to(dtype)
+    gates = rand(n, 2 * value_heads + 5, scale=2.0).to(dtype)  # a and b as strided column slices
+    a, b = gates[:, :value_heads], gates[:, value_heads + 3 : 2 * value_heads + 3]
+    a_log, dt_bias = rand(value_heads, scale=0.5), rand(value_heads).to(dtype)
+    state = rand(value_heads, dk, dv, scale=0.2)
+    q, k, v = conv_out.split([key_heads * dk, key_heads * dk, value_heads * dv], dim=-1)
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    reference, parts = gdn.parallel_gated_delta(
+        q.reshape(n, key_heads, dk), k.reshape(n, key_heads, dk), v.reshape(n, value_heads, dv), g, b.sigmoid(),
+        anc, state,
+    )
+    fp32 = dict(device=DEVICE, dtype=torch.float32)
+    keys, updates = torch.full((value_heads, n, dk), 7.0, **fp32), torch.full((value_heads, n, dv), 7.0, **fp32)
+    decay = torch.full((value_heads, n), 7.0, **fp32)
+    out = kernels._triton_gdn().tree_solve(conv_out, a, b, a_log, dt_bias, anc, state, keys, updates, decay,
+                                           key_heads, dk)
+    return (out.reshape(n, value_heads, dv), keys, updates, decay), (
+        reference, parts.keys, parts.updates, parts.path_decay,
+    )
+
+
+@pytest.mark.parametrize(
+    "n, shape", [(1, "tree"), (5, "chain"), (17, "tree"), (40, "bushy"), (33, "padded"), (16, "chain")]
+)
+def test_solve_equals_the_parallel_solve_in_fp32(solver, n, shape):
+    (out, keys, updates, decay), (ref_out, ref_keys, ref_updates, ref_decay) = solve_both(n, shape, torch.float32)
+    # the same fp32 math in another summation order: float rounding apart, never more
+    torch.testing.assert_close(keys, ref_keys, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(decay, ref_decay, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(updates, ref_updates, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("key_heads, value_heads, dk, dv", [(1, 3, 24, 40), (2, 2, 16, 64), (4, 8, 32, 16)])
+def test_solve_handles_head_ratios_and_dims_that_are_not_tile_sized(solver, key_heads, value_heads, dk, dv):
+    got, want = solve_both(19, "tree", torch.float32, key_heads, value_heads, dk, dv, seed=3)
+    for mine, theirs in zip(got, want, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_solve_in_bf16_is_within_a_rounding_step_of_the_parallel_solve(solver):
+    (out, _, updates, _), (ref_out, _, ref_updates, _) = solve_both(24, "tree", torch.bfloat16, seed=5)
+    assert out.dtype == torch.bfloat16
+    # fp32 inside either way; on a GPU the kernel's products run on TF32 tensor cores (10-bit
+    # mantissas, finer than the bf16 inputs)
+    torch.testing.assert_close(updates, ref_updates, rtol=1e-2, atol=1e-3)
+    step = ref_out.float().abs().clamp(min=2**-8) * 2**-7  # one bf16 step at each value's scale
+    assert ((out.float() - ref_out.float()).abs() <= 2 * step).all()
+
+
+def test_solve_is_used_only_where_the_kernels_run(monkeypatch):
+    x = torch.zeros(3, 8, device=DEVICE)
+    module = type("Linear", (), {"A_log": 0, "dt_bias": 0, "num_v_heads": 4, "num_k_heads": 2,
+                                 "head_k_dim": 16, "head_v_dim": 16})()
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    monkeypatch.setenv("DDTREE_DIAG_GDN_KERNEL", "off")
+    assert kernels.gdn_solver(x, module, x[:, :4], x[:, 4:]) is None
+    monkeypatch.delenv("DDTREE_DIAG_GDN_KERNEL")
+    assert kernels.gdn_solver(x, module, x[:, :4], x[:, 4:]) is not None
+    assert kernels.gdn_solver(x.t(), module, x[:, :4], x[:, 4:]) is None  # columns not contiguous
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "off")
+    assert kernels.gdn_solver(x, module, x[:, :4], x[:, 4:]) is None
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
+def test_hybrid_fast_decode_with_the_solve_kernel_equals_the_full_forward_greedy(solver, monkeypatch, tmp_path, kind):
+    # only this kernel under the interpreter: the others have their own decode tests
+    monkeypatch.setenv("DDTREE_DIAG_TREE_KERNEL", "off")
+    monkeypatch.setenv("DDTREE_DIAG_ATTENTION_KERNEL", "off")
+    target = fx.make_hybrid_target(tmp_path / "target", kind=kind, pattern="LLAL")
+    draft = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=1)
+    engine = load_engine(target, draft, device=DEVICE, dtype="fp32")
+    engine.use_path("fast")
+    prompt = PROMPTS[0]
+    stages = engine.decoder("fast").stages  # captured graphs keep the solve they were captured with
+    monkeypatch.setenv("DDTREE_DIAG_GDN_KERNEL", "off")
+    plain = {b: engine.generate_ids(prompt, tree_budget=b, max_tokens=TOKENS, stop_token_ids=[]) for b in (0, 8)}
+    assert solver == []  # the off switch keeps the PyTorch solve
+    assert plain[0].token_ids == plain[8].token_ids  # lossless without the kernel (a sanity check)
+    monkeypatch.delenv("DDTREE_DIAG_GDN_KERNEL")
+    stages.clear()
+    for budget in (0, 8):
+        quick = engine.generate_ids(prompt, tree_budget=budget, max_tokens=TOKENS, stop_token_ids=[])
+        assert quick.token_ids == plain[budget].token_ids, budget
+        assert quick.acceptance_lengths == plain[budget].acceptance_lengths, budget
+    assert 1 in solver and max(solver) > 1, solver  # AR rows and tree rows both went through it
