@@ -132,6 +132,19 @@ def test_several_key_tiles_per_split_and_a_head_dim_not_a_power_of_two(attention
     torch.testing.assert_close(got, reference(q, cache_k, cache_v, anc, 150, window, 0.2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_heads_of_256_dims_in_32_row_query_blocks(attention, dtype):
+    """Qwen3.6-27B's attention heads are 256 wide: the kernel takes them in 32-row query blocks."""
+    assert attention.plan(rows=32, rep=6, kv_heads=4, window=256, head_dim=256)[0] == 32
+    q, cache_k, cache_v, anc, window = case(6, 1, 9, 7, 40, 256, dtype, seed=11)
+    got = run_kernel(attention, q, cache_k, cache_v, anc, 40, window, 256**-0.5)
+    want = reference(q.float(), cache_k.float(), cache_v.float(), anc, 40, window, 256**-0.5)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert ((got.float() - want).abs() <= want.abs().clamp(min=1.0) * 2**-7).all()
+
+
 def test_the_switch_turns_it_off(attention, monkeypatch):
     q = torch.zeros(1, 4, 3, 16, device=DEVICE)
     cache = torch.zeros(1, 2, 8, 16, device=DEVICE)

@@ -88,9 +88,9 @@ def attention_kernel(q: torch.Tensor, cache_k: torch.Tensor):
         return None
     if q.dim() != 4 or q.shape[0] != 1 or q.stride(-1) != 1 or cache_k.stride(-1) != 1:
         return None
-    # head_dim <= 128: the shapes measured (the 8B's 128); Qwen3.6-27B's 256 (a 64 x 256 fp32
-    # accumulator per program) is unmeasured and keeps SDPA
-    if q.shape[1] % cache_k.shape[1] != 0 or q.shape[3] > 128:
+    # head_dim <= 256: the 8B's 128 and Qwen3.6-27B's 256 (32-row query blocks there); wider
+    # heads keep SDPA
+    if q.shape[1] % cache_k.shape[1] != 0 or q.shape[3] > 256:
         return None
     return _triton_attention()
 

@@ -153,12 +153,13 @@ def _combine_kernel(
              mask=m_ok[:, None] & d_ok[None, :])
 
 
-def plan(rows: int, rep: int, kv_heads: int, window: int) -> tuple[int, int, int]:
-    """(BLOCK_M, splits, split_len) for a shape: query blocks of up to 64 group rows (at least 16,
-    tl.dot's minimum), and as many key splits of BLOCK_N multiples as bring the grid to about
+def plan(rows: int, rep: int, kv_heads: int, window: int, head_dim: int = 128) -> tuple[int, int, int]:
+    """(BLOCK_M, splits, split_len) for a shape: query blocks of up to 64 group rows (32 for heads
+    wider than 128: a program's fp32 accumulator is BLOCK_M x head_dim; at least 16, tl.dot's
+    minimum), and as many key splits of BLOCK_N multiples as bring the grid to about
     TARGET_PROGRAMS (one split when the query blocks alone fill it, budget 256)."""
     group_rows = rep * rows
-    block_m = min(64, max(16, triton.next_power_of_2(group_rows)))
+    block_m = min(64 if head_dim <= 128 else 32, max(16, triton.next_power_of_2(group_rows)))
     programs = kv_heads * triton.cdiv(group_rows, block_m)
     key_blocks = triton.cdiv(window, BLOCK_N)
     splits = max(1, min(key_blocks, triton.cdiv(TARGET_PROGRAMS, programs)))
@@ -183,7 +184,7 @@ def tree_attention(
     kv_heads = cache_k.shape[1]
     rep = heads // kv_heads
     group_rows = rep * rows
-    block_m, splits, split_len = plan(rows, rep, kv_heads, window)
+    block_m, splits, split_len = plan(rows, rep, kv_heads, window, head_dim)
     q_blocks = triton.cdiv(group_rows, block_m)
     part_o = torch.empty(kv_heads * group_rows * splits * head_dim, device=q.device, dtype=torch.float32)
     part_ml = torch.empty(kv_heads * group_rows * splits * 2, device=q.device, dtype=torch.float32)
@@ -198,7 +199,7 @@ def tree_attention(
         q.stride(1), q.stride(2), cache_k.stride(1), cache_k.stride(2), cache_v.stride(1), cache_v.stride(2),
         anc_bytes.stride(0),
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST,
-        num_warps=4,
+        num_warps=4 if block_d <= 128 else 8,
     )
     _combine_kernel[(kv_heads, triton.cdiv(group_rows, COMBINE_ROWS))](
         part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
