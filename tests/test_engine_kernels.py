@@ -55,7 +55,7 @@ def fused(monkeypatch):
     module = kernels._triton()
     assert module is not None, "triton is installed but the kernel module did not import"
     calls: dict[str, int] = {}
-    for name in ("rms_norm", "norm_rope", "silu_mul"):
+    for name in ("rms_norm", "norm_rope", "silu_mul", "norm_rope_cache"):
         original = getattr(module, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):
@@ -164,6 +164,73 @@ def test_norm_rope_equals_the_norm_then_rotary_on_strided_heads(fused, dtype, ro
     assert fused["norm_rope"] == 12
 
 
+class QKNorms(torch.nn.Module):
+    """An attention module's q/k norms, as ``norm_rope_cache`` finds them."""
+
+    def __init__(self, q_norm: torch.nn.Module, k_norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.q_norm, self.k_norm = q_norm, k_norm
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("rotary", (16, 4))
+def test_norm_rope_cache_equals_two_norm_ropes_and_the_cache_write(fused, dtype, rotary):
+    """q and k normed and turned, k and v written into the cache at start.. in one kernel: bit for
+    bit what norm_rope twice and KVCache.write give (the same math, shared), for q/k/v as views of
+    one fused q|k|v output, a gated query, and rotary alone; nothing else in the cache moves."""
+    from ddtree_diag.engine.target import KVCache
+
+    rows, heads, kv_heads, head_dim, capacity = 6, 4, 2, 16, 20
+    generator = torch.Generator().manual_seed(rotary + 1)
+    qkv = torch.randn(1, rows, (heads + 2 * kv_heads) * head_dim, generator=generator).to(DEVICE, dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = q.view(1, rows, heads, head_dim), k.view(1, rows, kv_heads, head_dim), v.view(1, rows, kv_heads, head_dim)
+    gated = torch.randn(1, rows, heads, 2 * head_dim, generator=generator).to(DEVICE, dtype).chunk(2, dim=-1)[0]
+    positions = torch.arange(3, 3 + rows, dtype=torch.float32)[:, None]
+    angles = positions * (1.0 / 10000 ** (torch.arange(0, rotary, 2) / rotary))
+    emb = torch.cat([angles, angles], dim=-1)[None, None]
+    cos, sin = emb.cos().to(DEVICE, dtype), emb.sin().to(DEVICE, dtype)
+    start = torch.tensor(5, device=DEVICE)
+    slots = start + torch.arange(rows, device=DEVICE)
+    calls = 0
+    for style, module in [*norm_modules(head_dim).items(), ("rotary alone", None)]:
+        attn = None if module is None else QKNorms(module, module).to(DEVICE, dtype)
+        for query in (q, gated):
+            want_cache = KVCache(2, kv_heads, head_dim, capacity, torch.device(DEVICE), dtype)
+            got_cache = KVCache(2, kv_heads, head_dim, capacity, torch.device(DEVICE), dtype)
+            for cache in (want_cache, got_cache):  # what was there before must stay
+                cache.k.normal_(generator=None)
+                cache.v.copy_(cache.k * 2)
+            got_cache.k.copy_(want_cache.k)
+            got_cache.v.copy_(want_cache.v)
+            if attn is None:
+                want_q, want_k = kernels.rope(query, cos, sin), kernels.rope(k, cos, sin)
+            else:
+                want_q = kernels.norm_rope(attn.q_norm, query, cos, sin)
+                want_k = kernels.norm_rope(attn.k_norm, k, cos, sin)
+            want_cache.write(1, slots, want_k, v.transpose(1, 2))
+            got_q = kernels.norm_rope_cache(attn, query, k, v, cos, sin, got_cache.k[1], got_cache.v[1], start)
+            calls += 1
+            assert got_q is not None and torch.equal(got_q, want_q), style
+            assert torch.equal(got_cache.k, want_cache.k) and torch.equal(got_cache.v, want_cache.v), style
+    assert fused["norm_rope_cache"] == calls
+
+
+def test_norm_rope_cache_declines_what_it_cannot_write(fused, monkeypatch):
+    """A cache of another dtype, or the switch off: None, nothing written (the caller writes)."""
+    rows, heads, kv_heads, head_dim = 3, 2, 1, 8
+    q = torch.randn(1, rows, heads, head_dim, device=DEVICE)
+    k = v = torch.randn(1, rows, kv_heads, head_dim, device=DEVICE)
+    cos, sin = torch.ones(1, 1, rows, head_dim, device=DEVICE), torch.zeros(1, 1, rows, head_dim, device=DEVICE)
+    start = torch.tensor(0, device=DEVICE)
+    other = torch.zeros(1, kv_heads, 8, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    assert kernels.norm_rope_cache(None, q, k, v, cos, sin, other, other.clone(), start) is None
+    cache = torch.zeros(1, kv_heads, 8, head_dim, device=DEVICE)
+    monkeypatch.setenv("DDTREE_DIAG_QKV_KERNEL", "off")
+    assert kernels.norm_rope_cache(None, q, k, v, cos, sin, cache, cache.clone(), start) is None
+    assert not cache.any() and fused.get("norm_rope_cache", 0) == 0
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_silu_mul_equals_the_activation_times_up(fused, dtype):
     from transformers.activations import ACT2FN
@@ -219,6 +286,57 @@ def generate(engine, path, prompt, **kwargs):
         engine.use_path(previous)
 
 
+@pytest.mark.parametrize("dtype", ("fp32", "bf16"))
+@pytest.mark.parametrize("model_type", ("qwen3", "llama", "hybrid"))
+def test_folded_residual_and_cache_write_equal_the_unfolded_layer(fused, tmp_path, dtype, model_type):
+    """A target attention layer as the fast rounds now run it: the previous MLP's residual added in
+    the input norm's kernel, q/k norm + rotary and the K/V write in one kernel; bit for bit the
+    layer as it ran before (add, norm, two norm_ropes, KVCache.write), in bf16 too. Qwen3 (q/k
+    norms), Llama (rotary alone), Qwen3.5 (a gated query, offset norms, partial rotary)."""
+    from ddtree_diag.engine.fast import layers as fast_layers
+    from ddtree_diag.engine.fast.layers import FusedWeights
+
+    if model_type == "hybrid":
+        path = fx.make_hybrid_target(tmp_path / "t", pattern="LA")
+    else:
+        path = fx.make_target(tmp_path / "t", model_type=model_type)
+    t = load_engine(path, device=DEVICE, dtype=dtype).target
+    index = t.attention_layers[0]
+    layer, rows = t.layers[index], 5
+    fused_weights = FusedWeights.for_layer(layer)
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(1, rows, t.hidden_size, generator=generator).to(DEVICE, t.dtype)
+    residual = torch.randn(1, rows, t.hidden_size, generator=generator).to(DEVICE, t.dtype)
+    cos, sin = t.rope(hidden, torch.arange(3, 3 + rows, device=DEVICE))
+    start = torch.tensor(7, device=DEVICE)
+    slot = t.cache_slot[index]
+    shape, flags = (t.heads, t.kv_heads, t.head_dim), {"gated_query": t.arch.gated_query, "qk_norm": t.arch.qk_norm}
+    with torch.no_grad():
+        t.kv.k.normal_()
+        t.kv.v.normal_()
+        before_k, before_v = t.kv.k.clone(), t.kv.v.clone()
+        q, k, v, gate, total = fast_layers.target_pre_attention(
+            layer, hidden + residual, cos, sin, *shape, fused_weights, **flags
+        )
+        t.kv.write(slot, start + torch.arange(rows, device=DEVICE), k, v)
+        want_k, want_v = t.kv.k.clone(), t.kv.v.clone()
+        t.kv.k.copy_(before_k)
+        t.kv.v.copy_(before_v)
+        got_q, got_k, got_v, got_gate, got_total = fast_layers.target_pre_attention(
+            layer, hidden, cos, sin, *shape, fused_weights, **flags, residual=residual,
+            cache=(t.kv.k[slot], t.kv.v[slot], start),
+        )
+        assert got_k is None and got_v is None  # written into the cache
+        assert torch.equal(got_q, q) and torch.equal(got_total, total)
+        assert (gate is None) == (got_gate is None) and (gate is None or torch.equal(got_gate, gate))
+        assert torch.equal(t.kv.k, want_k) and torch.equal(t.kv.v, want_v)
+        # the MLP half's residual left for the next norm: the same sum once added
+        attn_out = torch.randn(1, rows, t.heads * t.head_dim, generator=generator).to(DEVICE, t.dtype)
+        kept, delta = fast_layers.target_post_attention(layer, total, attn_out, fused_weights, gate, defer=True)
+        assert torch.equal(kept + delta, fast_layers.target_post_attention(layer, total, attn_out, fused_weights, gate))
+    assert fused["norm_rope_cache"] == 1
+
+
 @pytest.mark.parametrize("model_type", ("qwen3", "llama"))
 def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, model_type):
     """Every norm, q/k norm + rotary (Llama: rotary alone) and SwiGLU of the target and the draft
@@ -233,6 +351,7 @@ def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, model_type):
         assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
         assert quick.extras["fused_kernels"] is True and "fused_kernels" not in eager.extras
     assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
+    assert fused["norm_rope_cache"]  # the target's q/k norm + rotary and K/V write: one kernel
     engine.use_path("fast-nograph")
     rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": "d"}))
     assert rows["decode path"] == "fast-nograph, fused Triton kernels"
@@ -251,4 +370,5 @@ def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path):
         quick = generate(engine, "fast-nograph", prompt, tree_budget=budget)
         assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
     assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
-    assert fused["rms_norm_offset"] and fused["norm_rope_offset"] and fused["gated"]
+    # the target's attention layers: q/k norm + rotary and the K/V write in one kernel (a gated query)
+    assert fused["rms_norm_offset"] and fused["norm_rope_cache_offset"] and fused["gated"]

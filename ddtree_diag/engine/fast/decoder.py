@@ -284,18 +284,35 @@ class FastDecoder:
         cos, sin = t.rope(hidden, positions)
         wanted = set(self.feature_layers) if with_features else set()
         features: dict[int, torch.Tensor] = {}
+        # The last MLP's output, not yet added to ``hidden``: the next attention layer's input norm
+        # adds it in its own kernel (``mlp_half``'s defer); anything else that reads the hidden
+        # state adds it first. Also the q/k norm + rotary and K/V write as one kernel (``cache``).
+        # Not in the compiled layer halves: torch.compile fuses those steps itself, and a first
+        # layer without a residual would be one more graph per row count.
+        residual = None
+        fold = not (compiled and self.torch_compile)
         for index, layer in enumerate(t.layers):
             fused = self.fused[index]
             if index in self.linear_state:
-                hidden = mlp_half(layer, hidden, fused, delta=self._linear_layer(index, layer, hidden, parents, anc))
+                if residual is not None:
+                    hidden, residual = hidden + residual, None
+                hidden, residual = mlp_half(
+                    layer, hidden, fused, delta=self._linear_layer(index, layer, hidden, parents, anc), defer=True
+                )
                 if index in wanted and index != t.num_layers - 1:
+                    hidden, residual = hidden + residual, None
                     features[index] = hidden
                 continue
-            q, k, v, gate = pre(
+            slot = t.cache_slot[index]
+            cache = (t.kv.k[slot], t.kv.v[slot], self.start) if fold else None
+            q, k, v, gate, hidden = pre(
                 layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused,
-                gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm,
+                gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm, residual=residual, cache=cache,
             )
-            cache_k, cache_v = t.kv.write(t.cache_slot[index], slots, k, v)
+            if k is None:  # q/k norm, rotary and the K/V write ran as one kernel
+                cache_k, cache_v = cache[0], cache[1]
+            else:
+                cache_k, cache_v = t.kv.write(slot, slots, k, v)
             kernel = kernels.attention_kernel(q, cache_k) if parents is not None and t.sliding_window is None else None
             if kernel is not None:
                 scale = t.head_dim**-0.5 if t.scaling is None else t.scaling
@@ -306,9 +323,16 @@ class FastDecoder:
                 q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
                 out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
                 out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
-            hidden = post(layer, hidden, out, fused, gate)
+            if fold:
+                hidden, residual = post(layer, hidden, out, fused, gate, defer=True)
+            else:
+                hidden = post(layer, hidden, out, fused, gate)
             if index in wanted and index != t.num_layers - 1:
+                if residual is not None:
+                    hidden, residual = hidden + residual, None
                 features[index] = hidden
+        if residual is not None:
+            hidden = hidden + residual
         return t.head(hidden, features, self.feature_layers if with_features else None)
 
     def _linear_layer(

@@ -22,6 +22,10 @@ flash-decoding style, where SDPA's memory-efficient kernel runs 16 blocks);
 So does a hybrid target's Gated DeltaNet tree solve (``triton_gdn``: one kernel per layer where
 ``gdn.parallel_gated_delta`` runs about forty); ``DDTREE_DIAG_GDN_KERNEL=off`` turns off that
 one alone.
+
+So does the target's q/k norm + rotary with the K/V cache write (``norm_rope_cache``: one kernel
+per attention layer where two ``norm_rope`` calls and two ``index_copy_`` ran);
+``DDTREE_DIAG_QKV_KERNEL=off`` turns off that one alone.
 """
 
 from __future__ import annotations
@@ -210,6 +214,46 @@ def norm_rope(module: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: 
     if params is None:
         return apply_rope(module(x).transpose(1, 2), cos, sin)
     return kernels.norm_rope(x, *params, cos, sin).transpose(1, 2)
+
+
+def norm_rope_cache(
+    attn: torch.nn.Module | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    start: torch.Tensor,
+) -> torch.Tensor | None:
+    """``norm_rope`` (``attn`` None: ``rope``) of q and k in one kernel that also writes k and v
+    [1, rows, kv_heads, head_dim] into the cache layer ``cache_k`` / ``cache_v`` [1, kv_heads,
+    capacity, head_dim] at slots start + row (``start`` a 0-d device tensor: ``KVCache.write`` at
+    contiguous slots). ``attn``: the attention module holding ``q_norm`` / ``k_norm``. Returns q
+    [1, heads, rows, head_dim], bit-identical to ``norm_rope``'s; None where this kernel does not
+    apply (nothing written: the caller runs ``norm_rope`` and ``KVCache.write``)."""
+    kernels = _use(q)
+    if kernels is None or os.environ.get("DDTREE_DIAG_QKV_KERNEL", "").strip().lower() == "off":
+        return None
+    if not (_rope_fits(q, cos, sin) and _rope_fits(k, cos, sin)) or v.shape != k.shape or v.stride(-1) != 1:
+        return None
+    if q.shape[1] > cache_k.shape[2] or cache_k.shape[1] != k.shape[2] or cache_k.shape[3] != k.shape[3]:
+        return None
+    same = (k.dtype, v.dtype, cache_k.dtype, cache_v.dtype, k.device, v.device, cache_k.device, cache_v.device)
+    if same != (q.dtype,) * 4 + (q.device,) * 4 or cache_k.stride() != cache_v.stride() or cache_k.stride(-1) != 1:
+        return None
+    if start.dim() != 0 or start.device != q.device or start.dtype != torch.long:
+        return None
+    q_norm = k_norm = None
+    offset = False
+    if attn is not None:
+        q_params, k_params = _norm_params(attn.q_norm, q), _norm_params(attn.k_norm, k)
+        if q_params is None or k_params is None or q_params[2] != k_params[2]:
+            return None
+        q_norm, k_norm, offset = q_params[:2], k_params[:2], q_params[2]
+    out = kernels.norm_rope_cache(q, k, v, offset, q_norm, k_norm, cos, sin, cache_k, cache_v, start)
+    return out.transpose(1, 2)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -15,17 +15,27 @@ from ddtree_diag.engine.rope import apply_rope
 
 
 def target_pre_attention(
-    layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None, *, gated_query: bool, qk_norm: bool
+    layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None, *, gated_query: bool, qk_norm: bool,
+    residual=None, cache=None,
 ):
     """A decoder layer up to attention: norm, q/k/v projections, q/k norms, rotary. Returns q, k, v
-    as [1, heads, rows, head_dim] and the output gate [1, rows, heads * head_dim] of a gated query,
-    else None (``gated_query``, ``qk_norm``: the target's ``arch.Arch``).
+    as [1, heads, rows, head_dim], the output gate [1, rows, heads * head_dim] of a gated query,
+    else None (``gated_query``, ``qk_norm``: the target's ``arch.Arch``), and the layer's input
+    hidden state.
+    ``residual``: the previous layer's MLP output, not yet added to ``hidden`` (``mlp_half`` with
+    ``defer``): the add runs in the input norm's kernel, and the sum is the hidden state returned.
+    ``cache``: (cache_k, cache_v, start) of this layer: where the one-kernel path applies
+    (``kernels.norm_rope_cache``), k and v go straight into the cache at slots start.. and come
+    back as None; the caller writes them otherwise.
     A pure function of its inputs, so on CUDA it can be compiled once and reused by every layer (the
     layer's weights are inputs, not constants). ``fused``: the layer's ``FusedWeights`` (one q|k|v
     GEMM instead of three). Norms, rotary and SwiGLU go through ``kernels`` (fused on CUDA)."""
     attn = layer.self_attn
     rows = hidden.shape[1]
-    x = kernels.rms_norm(layer.input_layernorm, hidden)
+    if residual is None:
+        x = kernels.rms_norm(layer.input_layernorm, hidden)
+    else:
+        hidden, x = kernels.add_rms_norm(layer.input_layernorm, hidden, residual)
     if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
     else:
@@ -37,23 +47,29 @@ def target_pre_attention(
     q = q.reshape(1, rows, heads, head_dim)
     k = k.view(1, rows, kv_heads, head_dim)
     v = v.view(1, rows, kv_heads, head_dim)
+    if cache is not None:
+        written = kernels.norm_rope_cache(attn if qk_norm else None, q, k, v, cos, sin, *cache)
+        if written is not None:
+            return written, None, None, gate, hidden
     if qk_norm:
         q, k = kernels.norm_rope(attn.q_norm, q, cos, sin), kernels.norm_rope(attn.k_norm, k, cos, sin)
     else:
         q, k = kernels.rope(q, cos, sin), kernels.rope(k, cos, sin)
-    return q, k, v.transpose(1, 2), gate
+    return q, k, v.transpose(1, 2), gate, hidden
 
 
-def target_post_attention(layer, hidden, attn_out, fused=None, gate=None):
+def target_post_attention(layer, hidden, attn_out, fused=None, gate=None, defer: bool = False):
     """The rest of a decoder layer: (gated) output projection, residual, then ``mlp_half``."""
     if gate is not None:
         attn_out = attn_out * torch.sigmoid(gate)
-    return mlp_half(layer, hidden, fused, delta=layer.self_attn.o_proj(attn_out))
+    return mlp_half(layer, hidden, fused, delta=layer.self_attn.o_proj(attn_out), defer=defer)
 
 
-def mlp_half(layer, hidden, fused=None, delta=None):
+def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
     """Residual ``hidden + delta`` (when given), norm, MLP (one gate|up GEMM when fused; the module
-    itself otherwise, MoE included), residual."""
+    itself otherwise, MoE included), residual. ``defer``: return (hidden, MLP output) instead of
+    their sum, for the next norm to add in its own kernel (``add_rms_norm``): one elementwise
+    kernel less per layer, the same sum."""
     norm = layer.post_attention_layernorm
     if delta is None:
         x = kernels.rms_norm(norm, hidden)
@@ -61,8 +77,10 @@ def mlp_half(layer, hidden, fused=None, delta=None):
         hidden, x = kernels.add_rms_norm(norm, hidden, delta)
     if fused is None or fused.gate_up_weight is None:
         out = layer.mlp(x)
-        return hidden + (out[0] if isinstance(out, tuple) else out)
-    return hidden + layer.mlp.down_proj(kernels.silu_mul(layer.mlp.act_fn, F.linear(x, fused.gate_up_weight)))
+        out = out[0] if isinstance(out, tuple) else out
+    else:
+        out = layer.mlp.down_proj(kernels.silu_mul(layer.mlp.act_fn, F.linear(x, fused.gate_up_weight)))
+    return (hidden, out) if defer else hidden + out
 
 
 class FusedWeights(torch.nn.Module):

@@ -68,17 +68,13 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
-    pairs, heads, x_row_stride, x_head_stride, cos_row_stride, head_dim, rotary, eps,
-    NORM: tl.constexpr, OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
+def _norm_rope_heads(
+    base, w_ptr, cos_ptr, sin_ptr, row, offs, inside, cos_row_stride, head_dim, rotary, eps,
+    dtype: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr,
 ):
-    # a tile of PAIRS (row, head) pairs, each head normed on its own (NORM; else rotary alone)
-    pair = tl.program_id(0).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)[:, None]
-    row, head = pair // heads, pair % heads
-    offs = tl.arange(0, BLOCK)[None, :]
-    inside = (pair < pairs) & (offs < head_dim)
-    base = x_ptr + row * x_row_stride + head * x_head_stride
+    """Per-head RMSNorm (NORM) then rotary for a tile of heads, each at ``base`` (a column of
+    pointers, one per (row, head) pair) + ``offs``; returns the result in fp32, rounded to
+    ``dtype``. Shared by both kernels below, so their outputs are bit-identical."""
     x = tl.load(base + offs, mask=inside, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / head_dim + eps)[:, None]
     # rotate_half pairs dim i with i ± rotary/2 (dims past `rotary` do not turn): read the partner
@@ -86,7 +82,6 @@ def _norm_rope_kernel(
     half = rotary // 2
     partner = tl.where(offs < half, offs + half, tl.where(offs < rotary, offs - half, offs))
     xp = tl.load(base + partner, mask=inside, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
     if NORM:
         w = tl.load(w_ptr + offs, mask=offs < head_dim, other=0.0).to(tl.float32)
         wp = tl.load(w_ptr + partner, mask=offs < head_dim, other=0.0).to(tl.float32)
@@ -104,8 +99,61 @@ def _norm_rope_kernel(
     rotated = tl.where(offs < half, -yp, yp)
     # x*cos + rotate_half(x)*sin, each product rounded to the dtype first as in apply_rope
     out = _rounded(_rounded(y * cos, dtype) + _rounded(rotated * sin, dtype), dtype)
-    out = tl.where(offs < rotary, out, y)
+    return tl.where(offs < rotary, out, y)
+
+
+@triton.jit
+def _norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
+    pairs, heads, x_row_stride, x_head_stride, cos_row_stride, head_dim, rotary, eps,
+    NORM: tl.constexpr, OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # a tile of PAIRS (row, head) pairs, each head normed on its own (NORM; else rotary alone)
+    pair = tl.program_id(0).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)[:, None]
+    row, head = pair // heads, pair % heads
+    offs = tl.arange(0, BLOCK)[None, :]
+    inside = (pair < pairs) & (offs < head_dim)
+    dtype = out_ptr.dtype.element_ty
+    out = _norm_rope_heads(
+        x_ptr + row * x_row_stride + head * x_head_stride, w_ptr, cos_ptr, sin_ptr, row, offs, inside,
+        cos_row_stride, head_dim, rotary, eps, dtype, NORM, OFFSET,
+    )
     tl.store(out_ptr + pair * head_dim + offs, out.to(dtype), mask=inside)
+
+
+@triton.jit
+def _norm_rope_cache_kernel(
+    q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, start_ptr,
+    rows, heads, kv_heads, q_row_stride, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
+    cache_head_stride, cache_slot_stride, cos_row_stride, head_dim, rotary, q_eps, k_eps,
+    NORM: tl.constexpr, OFFSET: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # axis 1 picks the work: 0 = q's (row, head) pairs into q_out; 1 = k's pairs normed and turned
+    # into the key cache, with v's same pairs copied raw into the value cache. Both at slot
+    # start + row, start read here so a captured graph serves every round.
+    pair = tl.program_id(0).to(tl.int64) * PAIRS + tl.arange(0, PAIRS)[:, None]
+    offs = tl.arange(0, BLOCK)[None, :]
+    dtype = q_out_ptr.dtype.element_ty
+    if tl.program_id(1) == 0:
+        row, head = pair // heads, pair % heads
+        inside = (pair < rows * heads) & (offs < head_dim)
+        out = _norm_rope_heads(
+            q_ptr + row * q_row_stride + head * q_head_stride, qw_ptr, cos_ptr, sin_ptr, row, offs, inside,
+            cos_row_stride, head_dim, rotary, q_eps, dtype, NORM, OFFSET,
+        )
+        tl.store(q_out_ptr + pair * head_dim + offs, out.to(dtype), mask=inside)
+    else:
+        row, head = pair // kv_heads, pair % kv_heads
+        inside = (pair < rows * kv_heads) & (offs < head_dim)
+        out = _norm_rope_heads(
+            k_ptr + row * k_row_stride + head * k_head_stride, kw_ptr, cos_ptr, sin_ptr, row, offs, inside,
+            cos_row_stride, head_dim, rotary, k_eps, dtype, NORM, OFFSET,
+        )
+        slot = tl.load(start_ptr).to(tl.int64) + row
+        at = head * cache_head_stride + slot * cache_slot_stride + offs
+        tl.store(k_cache_ptr + at, out.to(dtype), mask=inside)
+        v = tl.load(v_ptr + row * v_row_stride + head * v_head_stride + offs, mask=inside, other=0.0)
+        tl.store(v_cache_ptr + at, v, mask=inside)
 
 
 @triton.jit
@@ -168,6 +216,42 @@ def norm_rope(
         num_warps=_warps(block * tile_pairs),
     )
     return out
+
+
+def norm_rope_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offset: bool,
+    q_norm: tuple[torch.Tensor, float] | None,
+    k_norm: tuple[torch.Tensor, float] | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    start: torch.Tensor,
+) -> torch.Tensor:
+    """``norm_rope`` of q and of k, in one launch that also stores k (normed, turned) and v (as
+    is) into ``cache_k`` / ``cache_v`` [1, kv_heads, capacity, head_dim] at slots start + row
+    (``start`` a 0-d int64 device tensor). q [1, rows, heads, head_dim], k and v [1, rows, kv_heads,
+    head_dim]: any row/head strides, unit stride within a head. ``q_norm`` / ``k_norm``: (weight,
+    eps) of the per-head norms, both None for rotary alone. Returns q's result, contiguous
+    [1, rows, heads, head_dim]."""
+    _, rows, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    rotary = cos.shape[-1]
+    cos2, sin2 = cos.reshape(rows, rotary), sin.reshape(rows, rotary)
+    q_out = torch.empty((1, rows, heads, head_dim), dtype=q.dtype, device=q.device)
+    (q_weight, q_eps), (k_weight, k_eps) = q_norm or (q, 0.0), k_norm or (k, 0.0)
+    block = triton.next_power_of_2(head_dim)
+    tile_pairs = max(1, TILE // block)
+    _norm_rope_cache_kernel[(triton.cdiv(rows * max(heads, kv_heads), tile_pairs), 2)](
+        q, k, v, q_weight, k_weight, cos2, sin2, q_out, cache_k, cache_v, start,
+        rows, heads, kv_heads, q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+        cache_k.stride(1), cache_k.stride(2), cos2.stride(0), head_dim, rotary, q_eps, k_eps,
+        NORM=q_norm is not None, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block, num_warps=_warps(block * tile_pairs),
+    )
+    return q_out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
