@@ -1,0 +1,176 @@
+"""The Gated DeltaNet conv and commit kernels (engine/fast/triton_gdn_state.py) against the PyTorch
+functions they replace: ``gdn.conv_windows`` + ``gdn.conv_from_windows`` (the tree-row conv) and
+``gdn.state_after`` + ``windows[last]`` (the commit), on chains, bushy trees, trees padded with
+parent -1 rows, and single rows.
+
+Without a GPU the kernels run through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
+on a GPU the same checks run the compiled kernels on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from ddtree_diag.engine import gdn  # noqa: E402
+from ddtree_diag.engine.fast import triton_gdn_state  # noqa: E402
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+if DEVICE == "cuda":
+    pytestmark.append(pytest.mark.gpu)
+
+WIDTH = 4  # the conv kernel size of every Qwen3.5 / Qwen3-Next checkpoint
+
+
+@pytest.fixture(autouse=True)
+def _needs_device():
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the compiled kernels need CUDA")
+
+
+def random_parents(n: int, shape: str, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Topological parents for ``n`` real rows then ``padding`` rows of -1: a chain, a bushy tree
+    (each node's parent anywhere earlier) or a forest (some nodes hang off the committed state)."""
+    parents = []
+    for i in range(n):
+        if i == 0:
+            parents.append(-1)
+        elif shape == "chain":
+            parents.append(i - 1)
+        elif shape == "bushy":
+            parents.append(int(torch.randint(0, i, (1,), generator=generator)))
+        else:  # forest
+            parents.append(int(torch.randint(-1, i, (1,), generator=generator)))
+    return torch.tensor(parents + [-1] * padding, dtype=torch.long)
+
+
+def ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """[N, N] bool: j is i or an ancestor of i."""
+    n = parents.shape[0]
+    anc = torch.eye(n, dtype=torch.bool)
+    for i in range(n):
+        if parents[i] >= 0:
+            anc[i] |= anc[int(parents[i])]
+    return anc
+
+
+CASES = [
+    (1, "chain", 0),
+    (17, "chain", 0),
+    (17, "bushy", 0),
+    (13, "forest", 4),
+    (40, "bushy", 0),
+    (30, "chain", 10),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "shape", "padding"), CASES)
+def test_conv_rows_matches_reference(n, shape, padding, dtype):
+    generator = torch.Generator().manual_seed(n * 31 + padding + len(shape))
+    channels = 200  # not a multiple of the channel block: the edge masks run
+    parents = random_parents(n, shape, padding, generator)
+    rows = parents.shape[0]
+    # mixed is a column slice of a wider projection output, as the fused GEMM hands it over
+    wide = torch.randn(rows, channels + 24, generator=generator).to(dtype)
+    mixed = wide[:, 8 : 8 + channels]
+    conv_state = torch.randn(channels, WIDTH - 1, generator=generator).to(dtype)
+    weight = (0.5 * torch.randn(channels, WIDTH, generator=generator)).to(dtype)
+    bias = torch.randn(channels, generator=generator).to(dtype)
+    for use_bias, activation in ((False, "silu"), (True, "silu"), (True, None)):
+        b = bias if use_bias else None
+        windows = gdn.conv_windows(mixed, parents, conv_state, WIDTH)
+        expected = gdn.conv_from_windows(windows, weight, b, activation).to(dtype)
+        out, kept = triton_gdn_state.conv_rows(
+            mixed.to(DEVICE), parents.to(DEVICE), conv_state.to(DEVICE), weight.to(DEVICE),
+            None if b is None else b.to(DEVICE), activation,
+        )
+        assert out.dtype == dtype and kept.dtype == dtype
+        assert torch.equal(kept.cpu(), windows[:, :, 1:])  # copies: exact
+        if dtype == torch.float32:
+            torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+        else:  # the sum's order may move a value across a rounding boundary: one bf16 step
+            torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=8e-3, atol=8e-3)
+            assert (out.cpu() != expected).float().mean() < 0.05
+
+
+def test_conv_rows_writes_windows_into_a_buffer_and_pads_a_short_state():
+    """A caller's buffer receives the windows; a conv state narrower than K-1 reads zeros past its
+    oldest column, as the reference left-pads it."""
+    generator = torch.Generator().manual_seed(3)
+    parents = torch.tensor([-1, 0, 1, 0, -1])
+    mixed = torch.randn(5, 64, generator=generator)
+    conv_state = torch.randn(64, 1, generator=generator)
+    weight = torch.randn(64, WIDTH, generator=generator)
+    windows = gdn.conv_windows(mixed, parents, conv_state, WIDTH)
+    expected = gdn.conv_from_windows(windows, weight, None, "silu")
+    buffer = torch.full((5, 64, WIDTH - 1), 7.0, device=DEVICE)
+    out, kept = triton_gdn_state.conv_rows(
+        mixed.to(DEVICE), parents.to(DEVICE), conv_state.to(DEVICE), weight.to(DEVICE), None, "silu", buffer
+    )
+    assert kept is buffer
+    assert torch.equal(buffer.cpu(), windows[:, :, 1:])
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def commit_inputs(n: int, shape: str, padding: int, heads: int, dk: int, dv: int, channels: int, dtype):
+    generator = torch.Generator().manual_seed(n * 7 + padding)
+    parents = random_parents(n, shape, padding, generator)
+    rows = parents.shape[0]
+    anc = ancestors(parents)
+    g = -torch.rand(rows, heads, generator=generator)  # log decays are <= 0
+    return {
+        "state": torch.randn(heads, dk, dv, generator=generator),
+        "conv_state": torch.randn(channels, WIDTH - 1, generator=generator).to(dtype),
+        "keys": torch.randn(heads, rows, dk, generator=generator),
+        "updates": torch.randn(heads, rows, dv, generator=generator),
+        "path_decay": (anc.float() @ g).transpose(0, 1).contiguous(),
+        "windows": torch.randn(rows, channels, WIDTH - 1, generator=generator).to(dtype),
+        "anc": anc,
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "shape", "padding"), CASES)
+def test_commit_states_matches_state_after(n, shape, padding, dtype):
+    # dk, dv not multiples of the tile: edge masks; several heads and tiles per head
+    inputs = commit_inputs(n, shape, padding, heads=3, dk=80, dv=72, channels=50, dtype=dtype)
+    for last in sorted({0, n - 1, n // 2}):
+        parts = gdn.ParallelParts(
+            inputs["keys"], inputs["updates"], inputs["path_decay"], inputs["anc"], inputs["state"]
+        )
+        expected = gdn.state_after(parts, last)
+        on_device = {name: value.to(DEVICE) for name, value in inputs.items()}
+        for ok in (True, False):
+            state, conv_state = on_device["state"].clone(), on_device["conv_state"].clone()
+            triton_gdn_state.commit_states(
+                state, conv_state, on_device["keys"], on_device["updates"], on_device["path_decay"],
+                on_device["windows"], on_device["anc"], torch.tensor([last], device=DEVICE),
+                torch.tensor(ok, device=DEVICE),
+            )
+            if ok:
+                torch.testing.assert_close(state.cpu(), expected, rtol=1e-5, atol=1e-5)
+                assert torch.equal(conv_state.cpu(), inputs["windows"][last])
+            else:  # nothing moves
+                assert torch.equal(state.cpu(), inputs["state"])
+                assert torch.equal(conv_state.cpu(), inputs["conv_state"])
+
+
+def test_commit_states_full_head_size():
+    """128 x 128 heads (the real checkpoints' size: two 64-wide tiles each way) on a padded tree."""
+    inputs = commit_inputs(9, "bushy", 7, heads=2, dk=128, dv=128, channels=96, dtype=torch.bfloat16)
+    parts = gdn.ParallelParts(inputs["keys"], inputs["updates"], inputs["path_decay"], inputs["anc"], inputs["state"])
+    expected = gdn.state_after(parts, 8)
+    on_device = {name: value.to(DEVICE) for name, value in inputs.items()}
+    triton_gdn_state.commit_states(
+        on_device["state"], on_device["conv_state"], on_device["keys"], on_device["updates"],
+        on_device["path_decay"], on_device["windows"], on_device["anc"], torch.tensor([8], device=DEVICE),
+        torch.tensor(True, device=DEVICE),
+    )
+    torch.testing.assert_close(on_device["state"].cpu(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(on_device["conv_state"].cpu(), inputs["windows"][8])
