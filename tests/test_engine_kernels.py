@@ -338,12 +338,20 @@ def test_folded_residual_and_cache_write_equal_the_unfolded_layer(fused, tmp_pat
 
 
 @pytest.mark.parametrize("model_type", ("qwen3", "llama"))
-def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, model_type):
+def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, monkeypatch, model_type):
     """Every norm, q/k norm + rotary (Llama: rotary alone) and SwiGLU of the target and the draft
     through the kernels: the fast rounds still give the eager path's tokens and acceptance (fp32,
     T=0)."""
     target = fx.make_target(tmp_path / "t", model_type=model_type)
     engine = load_engine(target, fx.make_draft(tmp_path / "d", block_size=4), device=DEVICE, dtype="fp32")
+    written: set[int] = set()  # the storages the one-kernel K/V write wrote into
+    module, counted = kernels._triton(), kernels._triton().norm_rope_cache
+
+    def recording(*args, **kwargs):
+        written.add(args[8].untyped_storage().data_ptr())
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(module, "norm_rope_cache", recording)
     prompt = fx.PROMPTS[1]
     for budget in (0, 4, 16) if model_type == "qwen3" else (4,):
         eager = generate(engine, "eager", prompt, tree_budget=budget)
@@ -352,6 +360,9 @@ def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, model_type):
         assert quick.extras["fused_kernels"] is True and "fused_kernels" not in eager.extras
     assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
     assert fused["norm_rope_cache"]  # the target's q/k norm + rotary and K/V write: one kernel
+    decoder = engine.decoder("fast-nograph")
+    # the target's cache and the draft's noise block both
+    assert written == {engine.target.kv.k.untyped_storage().data_ptr(), decoder.draft_k.untyped_storage().data_ptr()}
     engine.use_path("fast-nograph")
     rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": "d"}))
     assert rows["decode path"] == "fast-nograph, fused Triton kernels"

@@ -351,10 +351,10 @@ class FastDecoder:
         out, parts, windows = linear_attention_rows(
             module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index], kept
         )
-        for name, value in (("keys", parts.keys), ("updates", parts.updates), ("path_decay", parts.path_decay)):
-            if value is not kept[name]:  # the fused solve wrote them in place already
+        written = (("keys", parts.keys), ("updates", parts.updates), ("path_decay", parts.path_decay))
+        for name, value in (*written, ("windows", windows)):
+            if value is not kept[name]:  # the Gated DeltaNet kernels wrote them in place already
                 kept[name].copy_(value)
-        kept["windows"].copy_(windows)
         return out[None]
 
     def _verify(self, padded: int, with_features: bool, window: int) -> None:
@@ -405,17 +405,28 @@ class FastDecoder:
         hidden = self.target.embed(noise_ids[None])
         rope = d.rope(self.start + self.slot_index[:block], 1, hidden.dtype)
         heads, kv_heads, head_dim = self.d_heads, self.d_kv_heads, self.d_head_dim
+        # as in _target_forward, outside the compiled halves: the residual after each MLP added by
+        # the next norm's kernel, and one kernel for q/k norm + rotary and the K/V write
+        residual = None
         for index, layer in enumerate(d.layers):
             fused = self.draft_fused[index]
-            q, k, v = self._draft_pre_attention(layer, hidden, *rope, heads, head_dim, fused)
-            self.draft_k[index].index_copy_(2, noise_slots, k)
-            self.draft_v[index].index_copy_(2, noise_slots, v)
+            cache = None if self.torch_compile else (self.draft_k[index], self.draft_v[index], noise_slots[0])
+            q, k, v, hidden = self._draft_pre_attention(layer, hidden, *rope, heads, head_dim, fused, cache, residual)
+            if k is not None:
+                self.draft_k[index].index_copy_(2, noise_slots, k)
+                self.draft_v[index].index_copy_(2, noise_slots, v)
             q = q.reshape(1, kv_heads, (heads // kv_heads) * block, head_dim)
             layer_mask = sliding.get(d.config.layer_window(index), mask)
             out = attend(q, self.draft_k[index][:, :, :window], self.draft_v[index][:, :, :window], layer_mask)
             out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
-            hidden = self._post_attention(layer, hidden, out, fused)
-        hidden = kernels.rms_norm(d.norm, hidden)
+            if self.torch_compile:
+                hidden = self._post_attention(layer, hidden, out, fused)
+            else:
+                hidden, residual = self._post_attention(layer, hidden, out, fused, None, True)
+        if residual is None:
+            hidden = kernels.rms_norm(d.norm, hidden)
+        else:
+            hidden = kernels.add_rms_norm(d.norm, hidden, residual)[1]
         logits = self.target.lm_head(hidden[0, 1:])
         self.logprobs.copy_(torch.log_softmax(logits.float(), dim=-1))
 
@@ -500,6 +511,13 @@ class FastDecoder:
             last = keep.gather(0, (count - 1)[None])  # the deepest accepted row
             for index, state in self.linear_state.items():
                 kept = self.linear_parts[padded][index]
+                state_kernels = kernels.gdn_state_kernels(state)
+                if state_kernels is not None:  # the state and conv window after `last`, one kernel
+                    state_kernels.commit_states(
+                        state, self.linear_conv[index], kept["keys"], kept["updates"], kept["path_decay"],
+                        kept["windows"], tree["anc"], last, ok,
+                    )
+                    continue
                 parts = gdn.ParallelParts(kept["keys"], kept["updates"], kept["path_decay"], tree["anc"], state)
                 new_state = gdn.state_after(parts, last)
                 new_conv = kept["windows"].index_select(0, last)[0]
