@@ -88,8 +88,8 @@ def time_rows(rows: int, generator: torch.Generator) -> list[float]:
 
 
 # tiles the sweep tries: conv (block_n, block_c, warps), commit (block_k, block_v, warps)
-CONV_TILES = [(4, 256, 4), (2, 256, 4), (2, 512, 4), (4, 512, 4), (4, 512, 8), (2, 1024, 8), (8, 256, 4)]
-COMMIT_TILES = [(64, 64, 4), (32, 64, 4), (16, 64, 2), (32, 64, 2), (32, 32, 2), (16, 128, 4)]
+CONV_TILES = [(2, 256, 4), (4, 256, 4), (2, 128, 4), (2, 512, 4), (4, 128, 4), (8, 128, 4)]
+COMMIT_TILES = [(32, 64, 4), (64, 64, 4), (16, 64, 2), (32, 64, 2), (32, 32, 2), (16, 128, 4)]
 
 
 def sweep(rows: int, generator: torch.Generator) -> None:

@@ -41,7 +41,8 @@ def _conv_rows_kernel(
     conv_dtype = w_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
     # the kept windows [N, C, K-1] gather in registers and go out in one store at the end: slot by
-    # slot, each store would touch every (K-1)-th element (measured 1.3x slower on the H200)
+    # slot, each store would touch every (K-1)-th element (measured 1.3x slower on the H200; so
+    # was reading each kept value back into one contiguous [BLOCK_C * (K-1)] store)
     slot_ids = tl.arange(0, SLOTS)[None, None, :]
     kept = tl.zeros([BLOCK_N, BLOCK_C, SLOTS], dtype=x_ptr.dtype.element_ty)
     if HAS_BIAS:
@@ -91,7 +92,7 @@ def conv_rows(
     bias: torch.Tensor | None,
     activation: str | None,
     windows_out: torch.Tensor | None = None,
-    block_n: int = 4,
+    block_n: int = 2,
     block_c: int = 256,
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +104,8 @@ def conv_rows(
     first; weight [C, K]; bias [C] or None; activation "silu" / "swish" / None. Returns
     (conv_out [N, C] in mixed's dtype, windows [N, C, K-1] in mixed's dtype, oldest first).
     ``windows_out``: a contiguous [N, C, K-1] buffer to write the windows into (returned).
-    block_n / block_c / num_warps: the tile (rows x channels, powers of two) and its warps."""
+    block_n / block_c / num_warps: the tile (rows x channels, powers of two) and its warps; the
+    defaults were the fastest of those tried on the H200 at the 27B shape (bench.gdn_kernel_speed)."""
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"unsupported conv activation {activation!r}")
     rows, channels = mixed.shape
@@ -192,7 +194,7 @@ def commit_states(
     anc: torch.Tensor,
     last: torch.Tensor,
     ok: torch.Tensor,
-    block_k: int = 64,
+    block_k: int = 32,
     block_v: int = 64,
     num_warps: int = 4,
 ) -> None:
