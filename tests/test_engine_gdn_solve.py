@@ -1,6 +1,7 @@
 """The one-kernel Gated DeltaNet tree solve (engine/fast/triton_gdn.py) against the PyTorch solve
-it replaces (``gdn.parallel_gated_delta`` with ``gdn.gdn_gates``), then inside whole fast decodes
-of hybrid targets (== the full-forward greedy, token for token).
+it replaces (``gdn.parallel_gated_delta`` with ``gdn.gdn_gates``), then, with the conv and commit
+kernels (triton_gdn_state), inside whole fast decodes of hybrid targets (== the PyTorch layers,
+token for token).
 
 Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
 on a GPU the same checks run the compiled kernel on CUDA tensors.
@@ -135,8 +136,20 @@ def test_solve_is_used_only_where_the_kernels_run(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
-def test_hybrid_fast_decode_with_the_solve_kernel_equals_the_full_forward_greedy(solver, monkeypatch, tmp_path, kind):
-    # only this kernel under the interpreter: the others have their own decode tests
+def test_hybrid_fast_decode_with_the_gdn_kernels_equals_the_pytorch_layers(solver, monkeypatch, tmp_path, kind):
+    """The solve, the tree rows' conv and the commit kernels together in whole decodes."""
+    state_module = kernels._triton_gdn_state()
+    assert state_module is not None
+    state_calls = []
+    for name in ("conv_rows", "commit_states"):
+        original = getattr(state_module, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            state_calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(state_module, name, counted)
+    # only the Gated DeltaNet kernels under the interpreter: the others have their own decode tests
     monkeypatch.setenv("DDTREE_DIAG_TREE_KERNEL", "off")
     monkeypatch.setenv("DDTREE_DIAG_ATTENTION_KERNEL", "off")
     target = fx.make_hybrid_target(tmp_path / "target", kind=kind, pattern="LLAL")
@@ -147,7 +160,7 @@ def test_hybrid_fast_decode_with_the_solve_kernel_equals_the_full_forward_greedy
     stages = engine.decoder("fast").stages  # captured graphs keep the solve they were captured with
     monkeypatch.setenv("DDTREE_DIAG_GDN_KERNEL", "off")
     plain = {b: engine.generate_ids(prompt, tree_budget=b, max_tokens=TOKENS, stop_token_ids=[]) for b in (0, 8)}
-    assert solver == []  # the off switch keeps the PyTorch solve
+    assert solver == [] and state_calls == []  # the off switch keeps the PyTorch layers
     assert plain[0].token_ids == plain[8].token_ids  # lossless without the kernel (a sanity check)
     monkeypatch.delenv("DDTREE_DIAG_GDN_KERNEL")
     stages.clear()
@@ -156,3 +169,4 @@ def test_hybrid_fast_decode_with_the_solve_kernel_equals_the_full_forward_greedy
         assert quick.token_ids == plain[budget].token_ids, budget
         assert quick.acceptance_lengths == plain[budget].acceptance_lengths, budget
     assert 1 in solver and max(solver) > 1, solver  # AR rows and tree rows both went through it
+    assert {"conv_rows", "commit_states"} == set(state_calls)

@@ -351,10 +351,10 @@ class FastDecoder:
         out, parts, windows = linear_attention_rows(
             module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index], kept
         )
-        for name, value in (("keys", parts.keys), ("updates", parts.updates), ("path_decay", parts.path_decay)):
-            if value is not kept[name]:  # the fused solve wrote them in place already
+        written = (("keys", parts.keys), ("updates", parts.updates), ("path_decay", parts.path_decay))
+        for name, value in (*written, ("windows", windows)):
+            if value is not kept[name]:  # the Gated DeltaNet kernels wrote them in place already
                 kept[name].copy_(value)
-        kept["windows"].copy_(windows)
         return out[None]
 
     def _verify(self, padded: int, with_features: bool, window: int) -> None:
@@ -511,6 +511,13 @@ class FastDecoder:
             last = keep.gather(0, (count - 1)[None])  # the deepest accepted row
             for index, state in self.linear_state.items():
                 kept = self.linear_parts[padded][index]
+                state_kernels = kernels.gdn_state_kernels(state)
+                if state_kernels is not None:  # the state and conv window after `last`, one kernel
+                    state_kernels.commit_states(
+                        state, self.linear_conv[index], kept["keys"], kept["updates"], kept["path_decay"],
+                        kept["windows"], tree["anc"], last, ok,
+                    )
+                    continue
                 parts = gdn.ParallelParts(kept["keys"], kept["updates"], kept["path_decay"], tree["anc"], state)
                 new_state = gdn.state_after(parts, last)
                 new_conv = kept["windows"].index_select(0, last)[0]

@@ -19,9 +19,9 @@ So does the verify rounds' attention (``triton_attention``: the keys split acros
 flash-decoding style, where SDPA's memory-efficient kernel runs 16 blocks);
 ``DDTREE_DIAG_ATTENTION_KERNEL=off`` turns off that one alone (SDPA with the additive mask runs).
 
-So does a hybrid target's Gated DeltaNet tree solve (``triton_gdn``: one kernel per layer where
-``gdn.parallel_gated_delta`` runs about forty); ``DDTREE_DIAG_GDN_KERNEL=off`` turns off that
-one alone.
+So do a hybrid target's Gated DeltaNet layers: the tree solve (``triton_gdn``: one kernel per
+layer where ``gdn.parallel_gated_delta`` runs about forty), the tree rows' conv and the state
+commit (``triton_gdn_state``); ``DDTREE_DIAG_GDN_KERNEL=off`` turns off those alone.
 
 So does the target's q/k norm + rotary with the K/V cache write (``norm_rope_cache``: one kernel
 per attention layer where two ``norm_rope`` calls and two ``index_copy_`` ran);
@@ -122,6 +122,27 @@ def gdn_solver(conv_out: torch.Tensor, module: torch.nn.Module, a: torch.Tensor,
     if module.num_v_heads % module.num_k_heads or module.head_k_dim > 256 or module.head_v_dim > 256:
         return None
     return _triton_gdn()
+
+
+@functools.cache
+def _triton_gdn_state():
+    """The Gated DeltaNet conv and commit kernels' module, or None where Triton cannot be imported."""
+    try:
+        from ddtree_diag.engine.fast import triton_gdn_state
+    except Exception:
+        return None
+    return triton_gdn_state
+
+
+def gdn_state_kernels(x: torch.Tensor, activation: str | None = "silu"):
+    """The Gated DeltaNet conv / commit kernels' module when a layer's tree rows (``x``: its
+    pre-conv inputs, or its recurrent state at commit) go through them, else None (``gdn``'s
+    PyTorch functions run). Same switch as the solve: ``DDTREE_DIAG_GDN_KERNEL``."""
+    if os.environ.get("DDTREE_DIAG_GDN_KERNEL", "").strip().lower() == "off":
+        return None
+    if activation not in (None, "silu", "swish") or _use(x) is None:
+        return None
+    return _triton_gdn_state()
 
 
 def available() -> bool:

@@ -175,10 +175,10 @@ def linear_attention_rows(
     static shapes and no host sync. hidden [N, H] (after input_layernorm); parents [N] (-1: the
     committed state; padding rows too); ancestors [N, N]. Returns (out [N, H], the parts that
     rebuild the state after any node, conv windows [N, conv_dim, K-1] to commit from). ``fused``: the
-    layer's ``FusedWeights`` (one GEMM for the four input projections). ``kept``: fp32 buffers
-    keys [Hv, N, dk], updates [Hv, N, dv], path_decay [Hv, N] that the fused solve
-    (``triton_gdn``, where the kernels run) writes the parts into; the returned parts are then
-    those very buffers."""
+    layer's ``FusedWeights`` (one GEMM for the four input projections). ``kept``: the buffers
+    commit reads (fp32 keys [Hv, N, dk], updates [Hv, N, dv], path_decay [Hv, N]; windows
+    [N, conv_dim, K-1]) that the Gated DeltaNet kernels (``triton_gdn``, ``triton_gdn_state``,
+    where the kernels run) write into; what they wrote comes back as those very buffers."""
     n = hidden.shape[0]
     kernel = module.conv_kernel_size
     if fused is not None and fused.linear_in_weight is not None:
@@ -186,9 +186,16 @@ def linear_attention_rows(
         z = z.reshape(n, module.num_v_heads, module.head_v_dim)
     else:
         mixed, z, b, a = gdn.gdn_projections(module, hidden)
-    windows = gdn.conv_windows(mixed, parents, conv_state, kernel)
-    conv_out = gdn.conv_from_windows(windows, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation)
-    conv_out = conv_out.to(hidden.dtype)
+    weight = module.conv1d.weight.squeeze(1)
+    state_kernels = kernels.gdn_state_kernels(mixed, module.activation) if kept is not None else None
+    if state_kernels is not None:  # windows gathered and convolved in one kernel, kept where commit reads them
+        conv_out, tails = state_kernels.conv_rows(
+            mixed, parents, conv_state, weight, module.conv1d.bias, module.activation, windows_out=kept["windows"]
+        )
+    else:
+        windows = gdn.conv_windows(mixed, parents, conv_state, kernel)
+        conv_out = gdn.conv_from_windows(windows, weight, module.conv1d.bias, module.activation).to(hidden.dtype)
+        tails = windows[:, :, 1:]
     solver = kernels.gdn_solver(conv_out, module, a, b) if kept is not None else None
     if solver is not None:  # the whole solve in one kernel, its parts written where commit reads them
         keys, updates, path_decay = kept["keys"], kept["updates"], kept["path_decay"]
@@ -205,7 +212,7 @@ def linear_attention_rows(
             v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
         )
     normed = kernels.gated_rms_norm(module.norm, core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
-    return module.out_proj(normed.reshape(n, module.value_dim)), parts, windows[:, :, 1:]
+    return module.out_proj(normed.reshape(n, module.value_dim)), parts, tails
 
 
 def _fuse(linears: list[torch.nn.Linear], name: str) -> torch.Tensor:
