@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via bench-fleet demo pyz clean
+.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via bench-fleet bench-kernels demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -63,6 +63,13 @@ fuzz: install
 
 bench-tree: install
 	$(PYTHON) -m bench.tree_build
+
+# GPU only: the engine's Triton kernels alone against the PyTorch ops they replace (us per call).
+bench-kernels: install
+	$(PYTHON) -m bench.tree_kernel_speed
+	$(PYTHON) -m bench.attention_kernel_speed
+	$(PYTHON) -m bench.gdn_solve_speed
+	$(PYTHON) -m bench.gdn_kernel_speed
 
 demo: install
 	$(BIN)/ddtree-diag demo
