@@ -10,7 +10,9 @@ GPU, gpt-fast style:
   cache-length tensor. Shapes change only when the window grows, so kernels do not re-plan and
   every stage is captured once per window as a CUDA graph. Where the fused kernels run, the
   verify/AR rows' attention is one split-key Triton kernel (``triton_attention``) reading the
-  cache length and the ancestor mask itself instead of SDPA with a bias.
+  cache length and the ancestor mask itself instead of SDPA with a bias, and a hybrid target's
+  Gated DeltaNet layers run their tree rows' conv, parallel solve and state commit as one Triton
+  kernel each (``triton_gdn_state``, ``triton_gdn``) instead of ~60 small PyTorch ops.
 - q|k|v and gate|up projections run as one GEMM each (``FusedWeights``).
 - Trees padded to budget buckets (multiples of 16): the verify batch has the same shape every round.
 - The best-first tree is built with tensor ops (``build_tree_tensors``), reproducing
