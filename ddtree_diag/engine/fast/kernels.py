@@ -31,6 +31,7 @@ per attention layer where two ``norm_rope`` calls and two ``index_copy_`` ran);
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 
 import torch
@@ -44,49 +45,54 @@ def mode() -> str:
 
 
 @functools.cache
+def _kernel_module(name: str):
+    """``ddtree_diag.engine.fast.<name>`` (a Triton kernels module), or None where Triton cannot be
+    imported: the PyTorch ops run instead."""
+    try:
+        return importlib.import_module(f"ddtree_diag.engine.fast.{name}")
+    except Exception:  # no triton, or one that cannot load here
+        return None
+
+
 def _triton():
-    """The kernels module, or None where Triton cannot be imported."""
-    try:
-        from ddtree_diag.engine.fast import triton_kernels
-    except Exception:  # no triton, or one that cannot load here: the modules run instead
-        return None
-    return triton_kernels
+    return _kernel_module("triton_kernels")
 
 
-@functools.cache
 def _triton_tree():
-    """The tree kernel's module, or None where Triton cannot be imported."""
-    try:
-        from ddtree_diag.engine.fast import triton_tree
-    except Exception:
-        return None
-    return triton_tree
+    return _kernel_module("triton_tree")
+
+
+def _triton_attention():
+    return _kernel_module("triton_attention")
+
+
+def _triton_gdn():
+    return _kernel_module("triton_gdn")
+
+
+def _triton_gdn_state():
+    return _kernel_module("triton_gdn_state")
+
+
+def _switched_off(variable: str) -> bool:
+    """Whether the environment turns one kernel off (``DDTREE_DIAG_<NAME>_KERNEL=off``)."""
+    return os.environ.get(variable, "").strip().lower() == "off"
 
 
 def tree_kernel(device: torch.device):
     """The tree kernel's module when the draft tree on ``device`` is built by it, else None."""
     setting = mode()
-    if os.environ.get("DDTREE_DIAG_TREE_KERNEL", "").strip().lower() == "off":
+    if _switched_off("DDTREE_DIAG_TREE_KERNEL"):
         return None
     if setting == "off" or (setting == "auto" and device.type != "cuda") or torch.compiler.is_compiling():
         return None
     return _triton_tree()
 
 
-@functools.cache
-def _triton_attention():
-    """The verify attention kernel's module, or None where Triton cannot be imported."""
-    try:
-        from ddtree_diag.engine.fast import triton_attention
-    except Exception:
-        return None
-    return triton_attention
-
-
 def attention_kernel(q: torch.Tensor, cache_k: torch.Tensor):
     """The verify attention kernel's module when tree rows ``q`` [1, heads, rows, head_dim] attend to
     ``cache_k`` [1, kv_heads, capacity, head_dim] through it, else None (SDPA runs)."""
-    if os.environ.get("DDTREE_DIAG_ATTENTION_KERNEL", "").strip().lower() == "off":
+    if _switched_off("DDTREE_DIAG_ATTENTION_KERNEL"):
         return None
     if _use(q) is None or cache_k.dtype != q.dtype or cache_k.device != q.device:
         return None
@@ -99,21 +105,11 @@ def attention_kernel(q: torch.Tensor, cache_k: torch.Tensor):
     return _triton_attention()
 
 
-@functools.cache
-def _triton_gdn():
-    """The Gated DeltaNet solve kernel's module, or None where Triton cannot be imported."""
-    try:
-        from ddtree_diag.engine.fast import triton_gdn
-    except Exception:
-        return None
-    return triton_gdn
-
-
 def gdn_solver(conv_out: torch.Tensor, module: torch.nn.Module, a: torch.Tensor, b: torch.Tensor):
     """The Gated DeltaNet solve kernel's module when ``module``'s tree rows (conv output
     ``conv_out`` [N, conv_dim], gate inputs ``a``, ``b`` [N, Hv]) are solved by it, else None
     (``gdn.parallel_gated_delta`` runs)."""
-    if os.environ.get("DDTREE_DIAG_GDN_KERNEL", "").strip().lower() == "off":
+    if _switched_off("DDTREE_DIAG_GDN_KERNEL"):
         return None
     if _use(conv_out) is None or conv_out.dim() != 2 or conv_out.stride(-1) != 1:
         return None
@@ -124,21 +120,11 @@ def gdn_solver(conv_out: torch.Tensor, module: torch.nn.Module, a: torch.Tensor,
     return _triton_gdn()
 
 
-@functools.cache
-def _triton_gdn_state():
-    """The Gated DeltaNet conv and commit kernels' module, or None where Triton cannot be imported."""
-    try:
-        from ddtree_diag.engine.fast import triton_gdn_state
-    except Exception:
-        return None
-    return triton_gdn_state
-
-
 def gdn_state_kernels(x: torch.Tensor, activation: str | None = "silu"):
     """The Gated DeltaNet conv / commit kernels' module when a layer's tree rows (``x``: its
     pre-conv inputs, or its recurrent state at commit) go through them, else None (``gdn``'s
     PyTorch functions run). Same switch as the solve: ``DDTREE_DIAG_GDN_KERNEL``."""
-    if os.environ.get("DDTREE_DIAG_GDN_KERNEL", "").strip().lower() == "off":
+    if _switched_off("DDTREE_DIAG_GDN_KERNEL"):
         return None
     if activation not in (None, "silu", "swish") or _use(x) is None:
         return None
@@ -255,7 +241,7 @@ def norm_rope_cache(
     [1, heads, rows, head_dim], bit-identical to ``norm_rope``'s; None where this kernel does not
     apply (nothing written: the caller runs ``norm_rope`` and ``KVCache.write``)."""
     kernels = _use(q)
-    if kernels is None or os.environ.get("DDTREE_DIAG_QKV_KERNEL", "").strip().lower() == "off":
+    if kernels is None or _switched_off("DDTREE_DIAG_QKV_KERNEL"):
         return None
     if not (_rope_fits(q, cos, sin) and _rope_fits(k, cos, sin)) or v.shape != k.shape or v.stride(-1) != 1:
         return None
