@@ -333,3 +333,17 @@ def test_hybrid_fast_path_with_cuda_graphs_is_lossless_in_fp32(tmp_path):
             assert quick.extras["cuda_graph_errors"] == [] and quick.extras["cuda_graphs"]
         eager = run_path(engine, "eager", prompt, tree_budget=64, max_tokens=MAX_TOKENS)
         assert eager.token_ids == reference
+
+
+def test_compiled_fast_path_equals_the_full_forward_greedy(hybrid, monkeypatch):
+    """fast-compile on a hybrid target (the CPU twin: aot_eager traces the compiled layer halves):
+    an attention layer after a Gated DeltaNet layer takes that layer's deferred MLP output once."""
+    engine, references = hybrid[("qwen3_5", "linear-first")]
+    monkeypatch.setenv("DDTREE_DIAG_COMPILE_BACKEND", "aot_eager")
+    engine._decoders.pop("fast-compile", None)  # built afresh, with that backend
+    try:
+        for budget in (0, 4):
+            quick = run_path(engine, "fast-compile", PROMPTS[0], tree_budget=budget, max_tokens=MAX_TOKENS)
+            assert quick.token_ids == references[tuple(PROMPTS[0])], budget
+    finally:
+        engine._decoders.pop("fast-compile", None)

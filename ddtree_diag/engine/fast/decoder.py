@@ -64,6 +64,7 @@ from ddtree_diag.engine.fast.layers import (
     draft_pre_attention,
     linear_attention_rows,
     mlp_half,
+    residual_norm,
     target_post_attention,
     target_pre_attention,
 )
@@ -93,6 +94,11 @@ def use_persistent_compile_cache() -> None:
     from ddtree_diag.engine.embedded import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
+def _settle(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """The hidden state with a deferred MLP output (``mlp_half``'s defer) added, where one waits."""
+    return hidden if residual is None else hidden + residual
 
 
 def attention_window(needed: int, max_len: int) -> int:
@@ -296,59 +302,60 @@ class FastDecoder:
         for index, layer in enumerate(t.layers):
             fused = self.fused[index]
             if index in self.linear_state:
-                if residual is not None:
-                    hidden, residual = hidden + residual, None
-                hidden, residual = mlp_half(
-                    layer, hidden, fused, delta=self._linear_layer(index, layer, hidden, parents, anc), defer=True
+                delta, hidden = self._linear_layer(index, layer, hidden, residual, parents, anc)
+                hidden, residual = mlp_half(layer, hidden, fused, delta=delta, defer=True)
+            else:
+                slot = t.cache_slot[index]
+                cache = (t.kv.k[slot], t.kv.v[slot], self.start) if fold else None
+                q, k, v, gate, hidden = pre(
+                    layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused,
+                    gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm, residual=residual, cache=cache,
                 )
-                if index in wanted and index != t.num_layers - 1:
-                    hidden, residual = hidden + residual, None
-                    features[index] = hidden
-                continue
-            slot = t.cache_slot[index]
-            cache = (t.kv.k[slot], t.kv.v[slot], self.start) if fold else None
-            q, k, v, gate, hidden = pre(
-                layer, hidden, cos, sin, t.heads, t.kv_heads, t.head_dim, fused,
-                gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm, residual=residual, cache=cache,
-            )
-            if k is None:  # q/k norm, rotary and the K/V write ran as one kernel
-                cache_k, cache_v = cache[0], cache[1]
-            else:
-                cache_k, cache_v = t.kv.write(slot, slots, k, v)
-            kernel = kernels.attention_kernel(q, cache_k) if parents is not None and t.sliding_window is None else None
-            if kernel is not None:
-                scale = t.head_dim**-0.5 if t.scaling is None else t.scaling
-                out = kernel.tree_attention(q, cache_k, cache_v, anc, self.start, window, scale)
-            else:
-                if bias is None:
-                    bias = additive_mask(mask.repeat(self.rep, 1)[None, None], t.dtype)
-                q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
-                out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
-                out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2).reshape(1, rows, t.heads * t.head_dim)
-            if fold:
-                hidden, residual = post(layer, hidden, out, fused, gate, defer=True)
-            else:
-                hidden = post(layer, hidden, out, fused, gate)
+                if k is None:  # q/k norm, rotary and the K/V write ran as one kernel
+                    cache_k, cache_v = cache[0], cache[1]
+                else:
+                    cache_k, cache_v = t.kv.write(slot, slots, k, v)
+                tree_rows = parents is not None and t.sliding_window is None
+                kernel = kernels.attention_kernel(q, cache_k) if tree_rows else None
+                if kernel is not None:
+                    scale = t.head_dim**-0.5 if t.scaling is None else t.scaling
+                    out = kernel.tree_attention(q, cache_k, cache_v, anc, self.start, window, scale)
+                else:
+                    if bias is None:
+                        bias = additive_mask(mask.repeat(self.rep, 1)[None, None], t.dtype)
+                    q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
+                    out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
+                    out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2)
+                    out = out.reshape(1, rows, t.heads * t.head_dim)
+                hidden, residual = post(layer, hidden, out, fused, gate, defer=True) if fold else (
+                    post(layer, hidden, out, fused, gate), None
+                )
             if index in wanted and index != t.num_layers - 1:
-                if residual is not None:
-                    hidden, residual = hidden + residual, None
+                hidden, residual = _settle(hidden, residual), None
                 features[index] = hidden
-        if residual is not None:
-            hidden = hidden + residual
+        hidden = _settle(hidden, residual)
         return t.head(hidden, features, self.feature_layers if with_features else None)
 
     def _linear_layer(
-        self, index: int, layer: torch.nn.Module, hidden: torch.Tensor, parents: torch.Tensor | None, anc: torch.Tensor
-    ) -> torch.Tensor:
-        """One Gated DeltaNet layer's output [1, rows, H]: the prompt (``parents`` None; committed at
-        once) or tree rows (the parallel solve, kept for ``_commit``)."""
-        x = kernels.rms_norm(layer.input_layernorm, hidden)[0]
+        self,
+        index: int,
+        layer: torch.nn.Module,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        parents: torch.Tensor | None,
+        anc: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Gated DeltaNet layer's output [1, rows, H] and its input hidden state (``hidden`` +
+        ``residual``, the add inside the input norm's kernel): the prompt (``parents`` None;
+        committed at once) or tree rows (the parallel solve, kept for ``_commit``)."""
+        hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
+        x = x[0]
         module = layer.linear_attn
         if parents is None:
             out, state, conv = gdn.gdn_layer_prefill(module, x, None, None)
             self.linear_state[index].copy_(state)
             self.linear_conv[index].copy_(conv)
-            return out[None]
+            return out[None], hidden
         kept = self.linear_parts[x.shape[0]][index]
         out, parts, windows = linear_attention_rows(
             module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index], kept
@@ -357,7 +364,7 @@ class FastDecoder:
         for name, value in (*written, ("windows", windows)):
             if value is not kept[name]:  # the Gated DeltaNet kernels wrote them in place already
                 kept[name].copy_(value)
-        return out[None]
+        return out[None], hidden
 
     def _verify(self, padded: int, with_features: bool, window: int) -> None:
         tree, out = self.trees[padded], self.outputs[padded]
@@ -425,10 +432,7 @@ class FastDecoder:
                 hidden = self._post_attention(layer, hidden, out, fused)
             else:
                 hidden, residual = self._post_attention(layer, hidden, out, fused, None, True)
-        if residual is None:
-            hidden = kernels.rms_norm(d.norm, hidden)
-        else:
-            hidden = kernels.add_rms_norm(d.norm, hidden, residual)[1]
+        hidden = residual_norm(d.norm, hidden, residual)[1]
         logits = self.target.lm_head(hidden[0, 1:])
         self.logprobs.copy_(torch.log_softmax(logits.float(), dim=-1))
 

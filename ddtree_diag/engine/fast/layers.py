@@ -14,6 +14,16 @@ from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.rope import apply_rope
 
 
+def residual_norm(
+    norm: torch.nn.Module, hidden: torch.Tensor, delta: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden + delta, norm of it); without a delta (hidden, norm(hidden)). The add runs inside the
+    norm's kernel (``kernels.add_rms_norm``)."""
+    if delta is None:
+        return hidden, kernels.rms_norm(norm, hidden)
+    return kernels.add_rms_norm(norm, hidden, delta)
+
+
 def target_pre_attention(
     layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None, *, gated_query: bool, qk_norm: bool,
     residual=None, cache=None,
@@ -32,10 +42,7 @@ def target_pre_attention(
     GEMM instead of three). Norms, rotary and SwiGLU go through ``kernels`` (fused on CUDA)."""
     attn = layer.self_attn
     rows = hidden.shape[1]
-    if residual is None:
-        x = kernels.rms_norm(layer.input_layernorm, hidden)
-    else:
-        hidden, x = kernels.add_rms_norm(layer.input_layernorm, hidden, residual)
+    hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
     if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
     else:
@@ -70,11 +77,7 @@ def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
     itself otherwise, MoE included), residual. ``defer``: return (hidden, MLP output) instead of
     their sum, for the next norm to add in its own kernel (``add_rms_norm``): one elementwise
     kernel less per layer, the same sum."""
-    norm = layer.post_attention_layernorm
-    if delta is None:
-        x = kernels.rms_norm(norm, hidden)
-    else:
-        hidden, x = kernels.add_rms_norm(norm, hidden, delta)
+    hidden, x = residual_norm(layer.post_attention_layernorm, hidden, delta)
     if fused is None or fused.gate_up_weight is None:
         out = layer.mlp(x)
         out = out[0] if isinstance(out, tuple) else out
@@ -233,10 +236,7 @@ def draft_pre_attention(layer, hidden, cos, sin, heads: int, head_dim: int, fuse
     (draft_k, draft_v, first slot) of this layer, k and v then come back as None where the
     one-kernel write ran)."""
     attn = layer.self_attn
-    if residual is None:
-        x = kernels.rms_norm(layer.input_layernorm, hidden)
-    else:
-        hidden, x = kernels.add_rms_norm(layer.input_layernorm, hidden, residual)
+    hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
     rows = hidden.shape[1]
     if fused is None or fused.qkv_weight is None:
         q = attn.q_norm(attn.q_proj(x).view(1, rows, heads, head_dim)).transpose(1, 2)
