@@ -221,12 +221,11 @@ def tree_solve(
     n_rows = conv_out.shape[0]
     value_heads, _, dv = state.shape
     out = torch.empty(n_rows, value_heads * dv, device=conv_out.device, dtype=conv_out.dtype)
-    anc = ancestors.contiguous()
-    anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
+    state = state.contiguous()
     block_k = max(16, triton.next_power_of_2(dk))
     if n_rows == 1:
         _one_row_kernel[(value_heads, triton.cdiv(dv, 32))](
-            conv_out, a, b, a_log, dt_bias, state.contiguous(), out, keys, updates, path_decay,
+            conv_out, a, b, a_log, dt_bias, state, out, keys, updates, path_decay,
             key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5), BLOCK_K=block_k, BLOCK_V=32,
             num_warps=4,
         )
@@ -235,8 +234,10 @@ def tree_solve(
     # fp32 models: IEEE products (the fp32 tests compare with the PyTorch solve); else TF32 tensor
     # cores on the fp32 operands, closer to fp32 than the bf16 inputs themselves
     precision = "ieee" if conv_out.dtype == torch.float32 else precision
+    anc = ancestors.contiguous()
+    anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
     _tree_solve_kernel[(value_heads, triton.cdiv(dv, block_v))](
-        conv_out, a, b, a_log, dt_bias, anc_bytes, state.contiguous(),
+        conv_out, a, b, a_log, dt_bias, anc_bytes, state,
         out, keys, updates, path_decay,
         n_rows, conv_out.stride(0), a.stride(0), b.stride(0), anc_bytes.stride(0),
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
