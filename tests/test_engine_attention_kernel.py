@@ -7,7 +7,6 @@ on a GPU the same checks run the compiled kernel on CUDA tensors.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -21,11 +20,9 @@ from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.fast.layers import additive_mask, attend  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
 
-DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
-if DEVICE == "cuda":
-    pytestmark.append(pytest.mark.gpu)
+pytestmark = MARKS
 
 
 @pytest.fixture
@@ -37,14 +34,8 @@ def attention(monkeypatch):
     monkeypatch.delenv("DDTREE_DIAG_ATTENTION_KERNEL", raising=False)
     module = kernels._triton_attention()
     assert module is not None, "triton is installed but the attention kernel did not import"
-    original = module.tree_attention
-    module.calls = 0
-
-    def counted(*args, **kwargs):
-        module.calls += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, "tree_attention", counted)
+    monkeypatch.setattr(module, "calls", 0, raising=False)
+    record_calls(monkeypatch, module, "tree_attention", lambda *_, **__: setattr(module, "calls", module.calls + 1))
     monkeypatch.setattr(module, "TARGET_PROGRAMS", 128)  # the GPU's split counts (the interpreter aims for 1)
     return module
 

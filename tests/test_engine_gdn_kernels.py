@@ -9,8 +9,6 @@ on a GPU the same checks run the compiled kernels on CUDA tensors.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,11 +16,9 @@ pytest.importorskip("triton")
 
 from ddtree_diag.engine import gdn  # noqa: E402
 from ddtree_diag.engine.fast import triton_gdn_state  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS  # noqa: E402
 
-DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
-if DEVICE == "cuda":
-    pytestmark.append(pytest.mark.gpu)
+pytestmark = MARKS
 
 WIDTH = 4  # the conv kernel size of every Qwen3.5 / Qwen3-Next checkpoint
 

@@ -9,8 +9,6 @@ on a GPU the same checks run the compiled kernel on CUDA tensors.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -24,11 +22,9 @@ from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 from tests.support.engine_fixtures import PROMPTS  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
 
-DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
-if DEVICE == "cuda":
-    pytestmark.append(pytest.mark.gpu)
+pytestmark = MARKS
 TOKENS = 10  # per decode: every norm runs under the interpreter too, ~1 s a token on CPU
 
 
@@ -42,13 +38,7 @@ def solver(monkeypatch):
     module = kernels._triton_gdn()
     assert module is not None, "triton is installed but the solve kernel did not import"
     solved = []
-    original = module.tree_solve
-
-    def counted(conv_out, *args, **kwargs):
-        solved.append(conv_out.shape[0])
-        return original(conv_out, *args, **kwargs)
-
-    monkeypatch.setattr(module, "tree_solve", counted)
+    record_calls(monkeypatch, module, "tree_solve", lambda conv_out, *_, **__: solved.append(conv_out.shape[0]))
     return solved
 
 
@@ -142,13 +132,7 @@ def test_hybrid_fast_decode_with_the_gdn_kernels_equals_the_pytorch_layers(solve
     assert state_module is not None
     state_calls = []
     for name in ("conv_rows", "commit_states"):
-        original = getattr(state_module, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            state_calls.append(_name)
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(state_module, name, counted)
+        record_calls(monkeypatch, state_module, name, lambda *_, _name=name, **__: state_calls.append(_name))
     # only the Gated DeltaNet kernels under the interpreter: the others have their own decode tests
     monkeypatch.setenv("DDTREE_DIAG_TREE_KERNEL", "off")
     monkeypatch.setenv("DDTREE_DIAG_ATTENTION_KERNEL", "off")

@@ -8,8 +8,6 @@ token, dense and hybrid). On a GPU the same checks run the compiled kernels on C
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,13 +20,9 @@ from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
 from ddtree_diag.engine.rope import apply_rope  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS  # noqa: E402
 
-# Interpreted kernels take CPU tensors, compiled ones CUDA tensors.
-DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-# On a GPU these compile real kernels (Triton runs ptxas): gpu tests, not unit tests.
-pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
-if DEVICE == "cuda":
-    pytestmark.append(pytest.mark.gpu)
+pytestmark = MARKS
 
 
 def norm_modules(size: int) -> dict:

@@ -9,8 +9,6 @@ The interpreter takes ~1 s per budget-256 build, so those cases are few.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -23,11 +21,9 @@ from ddtree_diag.engine.fast import tree as fast_tree  # noqa: E402
 from ddtree_diag.engine.tree import build_tree  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 from tests.support.engine_fixtures import MAX_TOKENS, PROMPTS  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
 
-DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
-if DEVICE == "cuda":
-    pytestmark.append(pytest.mark.gpu)
+pytestmark = MARKS
 
 
 @pytest.fixture
@@ -40,13 +36,7 @@ def tree_kernel(monkeypatch):
     module = kernels.tree_kernel(torch.device(DEVICE))
     assert module is not None, "triton is installed but the tree kernel module did not import"
     builds = []
-    original = module.build_tree
-
-    def counted(*args, **kwargs):
-        builds.append(args[2])  # the budget
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, "build_tree", counted)
+    record_calls(monkeypatch, module, "build_tree", lambda *args, **_: builds.append(args[2]))  # the budget
     return builds
 
 
