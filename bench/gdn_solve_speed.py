@@ -26,8 +26,8 @@ from ddtree_diag.engine.tree import ancestor_mask
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
 # (block_n, block_v, warps, dot precision)
 TILES = [
-    (16, 32, 4, "ieee"), (16, 32, 4, "tf32x3"), (16, 32, 4, "tf32"), (16, 64, 4, "tf32"), (16, 128, 4, "tf32"),
-    (16, 128, 8, "tf32"), (32, 64, 4, "tf32"), (32, 128, 8, "tf32"),
+    (16, 32, 4, "tf32"), (16, 64, 4, "tf32"), (16, 128, 4, "tf32"), (16, 64, 8, "tf32"), (32, 32, 4, "tf32"),
+    (32, 64, 4, "tf32"), (32, 64, 8, "tf32"), (32, 128, 8, "tf32"), (64, 64, 8, "tf32"),
 ]
 
 

@@ -83,7 +83,9 @@ def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0
 
 
 @pytest.mark.parametrize(
-    "n, shape", [(1, "tree"), (5, "chain"), (17, "tree"), (40, "bushy"), (33, "padded"), (16, "chain")]
+    "n, shape",
+    [(1, "tree"), (5, "chain"), (17, "tree"), (40, "bushy"), (33, "padded"), (16, "chain"), (150, "tree"),
+     (130, "chain")],
 )
 def test_solve_equals_the_parallel_solve_in_fp32(solver, n, shape):
     (out, keys, updates, decay), (ref_out, ref_keys, ref_updates, ref_decay) = solve_both(n, shape, torch.float32)
@@ -99,6 +101,46 @@ def test_solve_handles_head_ratios_and_dims_that_are_not_tile_sized(solver, key_
     got, want = solve_both(19, "tree", torch.float32, key_heads, value_heads, dk, dv, seed=3)
     for mine, theirs in zip(got, want, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_solve_of_a_badly_conditioned_chain_matches_the_solve_in_float64(solver, block_n):
+    """The worst case of the in-block solve: a chain (every earlier row an ancestor), nearly equal
+    keys, beta near 1 and no decay, so the system is close to the all-ones lower triangle and its
+    inverse's series sums terms of alternating sign up to C(BLOCK_N-1, BLOCK_N/2) times the result.
+    The kernel must stay as close to the float64 solve as the PyTorch fp32 solve does."""
+    n, key_heads, value_heads, dk, dv = 48, 1, 2, 16, 16
+    generator = torch.Generator().manual_seed(11)
+    anc = ancestor_mask(list(range(-1, n - 1))).to(DEVICE)
+    direction = torch.randn(dk, generator=generator)
+    keys = direction + 0.05 * torch.randn(n, key_heads, dk, generator=generator)
+    q = torch.randn(n, key_heads, dk, generator=generator)
+    v = torch.randn(n, value_heads, dv, generator=generator)
+    conv_out = torch.cat([q.reshape(n, -1), keys.reshape(n, -1), v.reshape(n, -1)], dim=-1).to(DEVICE)
+    a = torch.zeros(n, value_heads, device=DEVICE)
+    b = torch.full((n, value_heads), 6.0, device=DEVICE)  # beta = sigmoid(6) ~ 0.9975
+    a_log = torch.full((value_heads,), -20.0, device=DEVICE)  # g ~ -1e-9: no decay
+    dt_bias = torch.zeros(value_heads, device=DEVICE)
+    state = (torch.randn(value_heads, dk, dv, generator=generator) * 0.2).to(DEVICE)
+    fp32 = dict(device=DEVICE, dtype=torch.float32)
+    parts = [torch.empty(value_heads, n, size, **fp32) for size in (dk, dv)]
+    decay = torch.empty(value_heads, n, **fp32)
+    out = kernels._triton_gdn().tree_solve(conv_out, a, b, a_log, dt_bias, anc, state, *parts, decay, key_heads, dk,
+                                           block_n=block_n)
+
+    def pytorch(dtype):
+        g = -a_log.to(dtype).exp() * F.softplus(a.to(dtype) + dt_bias.to(dtype))
+        x = conv_out.to(dtype)
+        qs, ks, vs = x.split([key_heads * dk, key_heads * dk, value_heads * dv], dim=-1)
+        return gdn.parallel_gated_delta(qs.reshape(n, key_heads, dk), ks.reshape(n, key_heads, dk),
+                                        vs.reshape(n, value_heads, dv), g, b.to(dtype).sigmoid(), anc,
+                                        state.to(dtype))[0]
+
+    exact, fp32_solve = pytorch(torch.float64), pytorch(torch.float32)
+    scale = exact.abs().max()
+    kernel_error = float((out.reshape(exact.shape).double() - exact).abs().max() / scale)
+    pytorch_error = float((fp32_solve.double() - exact).abs().max() / scale)
+    assert kernel_error <= max(8 * pytorch_error, 1e-5), (kernel_error, pytorch_error)
 
 
 def test_solve_in_bf16_is_within_a_rounding_step_of_the_parallel_solve(solver):
