@@ -46,6 +46,7 @@ DRAFT_HEADS = {"qwen3.6-27b": (32, 8, 128), "hybrid-small": (4, 2, 64)}
 HBM_BYTES_PER_S = 4.8e12  # H200
 WARMUP_TOKENS = 24  # per config before the timed run (small runs: the whole run, shapes fully warm)
 LINES: list[str] = []
+COMPILES: list[tuple[str, float]] = []  # (kernel, seconds) of every Triton compile seen, in order
 RECORDS: list[dict] = []
 EAGER_TOKENS: dict[tuple[str, int], list[int]] = {}
 
@@ -146,8 +147,14 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
+        compiled_before = len(COMPILES)
         engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[])
         first_s = time.perf_counter() - started
+        compiles = COMPILES[compiled_before:]
+        if compiles:
+            slowest = ", ".join(f"{name} {s:.2f}" for name, s in sorted(compiles, key=lambda c: -c[1])[:6])
+            say(f"  (first request, budget {budget}: {len(compiles)} Triton compiles, "
+                f"{sum(s for _, s in compiles):.1f} s; slowest: {slowest})")
         result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=new_tokens, stop_token_ids=[])
         # tokens vs the eager path's at this budget (bf16: an exact near-tie may flip; fp32: must match)
         key = (shape, budget)
@@ -180,7 +187,36 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             "tokens_per_second": result.decode_tokens_per_second, "ttft_ms": 1000 * result.ttft_s,
             "verify_bandwidth_share": share / 100, "tree_fallbacks": fallbacks, "same_as_eager": same,
             "first_request_s": first_s, "peak_gib": peak_gib,
+            "triton_compiles": len(compiles), "triton_compile_s": sum(s for _, s in compiles),
         })
+
+
+def log_triton_compiles() -> bool:
+    """Record each Triton compile's kernel and seconds in COMPILES through Triton's JIT hooks (the
+    pre-compile hook starts a clock, the post-compile hook stops it): what a first request spends
+    compiling. False where this Triton has no such hooks."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+        return False
+    started: dict[str, float] = {}
+
+    def before(*, key: object, fn: object, **_: object) -> bool:
+        started[str(key)] = time.perf_counter()
+        return False  # False: go on and compile
+
+    def after(*, key: object, fn: object, **_: object) -> bool:
+        begun = started.pop(str(key), None)
+        if begun is not None:
+            COMPILES.append((getattr(fn, "name", "?"), time.perf_counter() - begun))
+        return False
+
+    runtime.jit_cache_hook = before
+    runtime.jit_post_compile_hook = after
+    return True
 
 
 def run_official(engine: Engine, prompt: list[int], args: argparse.Namespace, shape: str) -> None:
@@ -336,6 +372,8 @@ def main() -> int:
         global WARMUP_TOKENS
         WARMUP_TOKENS = args.new_tokens
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    if args.device.startswith("cuda"):
+        log_triton_compiles()
     say(f"engine_speed: torch {torch.__version__}, device {name}, stage columns in ms per round")
     started = time.perf_counter()
     for shape in args.shapes:
