@@ -1,7 +1,9 @@
 """Tree build alone on a GPU: the tensor build (``build_tree_tensors``) against the one-program
 Triton kernel (``triton_tree``), per budget, each captured in a CUDA graph and replayed (device
 time per build, launches included as a graph replays them), at several warp counts for the kernel.
-Also checks the kernel's tree against the host heap on the same (bf16-logit) rows.
+Also checks the kernel's tree against the host heap on the same (bf16-logit) rows, and times the
+per-depth top-k both ways: ``torch.topk`` on int64 keys and the Triton top-k (``triton_topk``) at
+several (first-pass chunk, merge size, warps), checking that they are equal.
 
     python -m bench.tree_kernel_speed [--budgets 16,64,256] [--vocab 151936]
 """
@@ -10,15 +12,31 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 
 import torch
 
 from ddtree_diag.engine.fast import tree as fast_tree
-from ddtree_diag.engine.fast import triton_tree
+from ddtree_diag.engine.fast import triton_topk, triton_tree
 from ddtree_diag.engine.tree import build_tree
 
 REPLAYS = 50
+# (chunk, merge, warps) plans of the Triton top-k to time
+TOPK_PLANS = [(c, m, w) for c in (2048, 4096, 8192) for m in (4096, 16384) for w in (4, 8)]
+
+
+def torch_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ranked_top_k``'s torch path (the kernel switched off while it is captured)."""
+    setting = os.environ.get("DDTREE_DIAG_TOPK_KERNEL")
+    os.environ["DDTREE_DIAG_TOPK_KERNEL"] = "off"
+    try:
+        return fast_tree.ranked_top_k(values, k)
+    finally:
+        if setting is None:
+            del os.environ["DDTREE_DIAG_TOPK_KERNEL"]
+        else:
+            os.environ["DDTREE_DIAG_TOPK_KERNEL"] = setting
 
 
 def graph_ms(fn) -> float:
@@ -78,6 +96,16 @@ def main() -> int:
             f"budget {budget:4d}: tensor build {tensors:.3f} | kernel path {whole:.3f} "
             f"(ranked_top_k {topk:.3f}; kernel alone {kernel}) | equals heap: {same}"
         )
+        want = torch_top_k(logprobs, top_k)
+        equal = all(
+            all(map(torch.equal, triton_topk.ranked_top_k(logprobs, top_k, c, m, w), want)) for c, m, w in TOPK_PLANS
+        )
+        plans = " ".join(
+            f"c{c}/m{m}/w{w} {graph_ms(functools.partial(triton_topk.ranked_top_k, logprobs, top_k, c, m, w)):.3f}"
+            for c, m, w in TOPK_PLANS
+        )
+        reference = graph_ms(lambda k=top_k: torch_top_k(logprobs, k))
+        print(f"  top-k {top_k}: torch {reference:.3f} | triton {plans} | equal: {equal}")
     return 0
 
 

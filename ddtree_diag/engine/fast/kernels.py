@@ -26,6 +26,12 @@ commit (``triton_gdn_state``); ``DDTREE_DIAG_GDN_KERNEL=off`` turns off those al
 So does the target's q/k norm + rotary with the K/V cache write (``norm_rope_cache``: one kernel
 per attention layer where two ``norm_rope`` calls and two ``index_copy_`` ran);
 ``DDTREE_DIAG_QKV_KERNEL=off`` turns off that one alone.
+
+So does the tree build's per-depth top-k (``triton_topk``: two launches at k = 16 on a 152k
+vocabulary, where ``tree.ranked_top_k``'s key build and ``torch.topk`` run about eight kernels);
+``DDTREE_DIAG_TOPK_KERNEL=off`` turns off that one alone. On CPU tensors it runs only with
+``DDTREE_DIAG_TOPK_KERNEL=on`` besides ``DDTREE_DIAG_KERNELS=on``: under Triton's interpreter it
+takes seconds per call at the tree tests' shapes, which would slow every other kernel test.
 """
 
 from __future__ import annotations
@@ -72,6 +78,10 @@ def _triton_gdn():
 
 def _triton_gdn_state():
     return _kernel_module("triton_gdn_state")
+
+
+def _triton_topk():
+    return _kernel_module("triton_topk")
 
 
 def _switched_off(variable: str) -> bool:
@@ -129,6 +139,22 @@ def gdn_state_kernels(x: torch.Tensor, activation: str | None = "silu"):
     if activation not in (None, "silu", "swish") or _use(x) is None:
         return None
     return _triton_gdn_state()
+
+
+def topk_kernel(values: torch.Tensor, k: int):
+    """The top-k kernel's module when ``tree.ranked_top_k(values, k)`` runs through it, else None
+    (``torch.topk`` on int64 keys runs)."""
+    if _switched_off("DDTREE_DIAG_TOPK_KERNEL") or _use(values) is None or values.dtype != torch.float32:
+        return None
+    if not values.is_cuda and os.environ.get("DDTREE_DIAG_TOPK_KERNEL", "").strip().lower() != "on":
+        return None  # the interpreter: only where asked for (the module docstring says why)
+    if values.dim() != 2 or values.stride(-1) != 1 or values.shape[0] == 0:
+        return None
+    # the tree budgets go to 256; a larger k would make every program's sorting network large.
+    # Indices are int32 in the kernel.
+    if not 1 <= k <= min(values.shape[1], 1024) or values.shape[1] >= 2**31:
+        return None
+    return _triton_topk()
 
 
 def available() -> bool:

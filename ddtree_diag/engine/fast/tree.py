@@ -34,7 +34,13 @@ def tree_node_count(budget: int, depth: int, vocab: int) -> int:
 def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``k`` of a stable descending sort of each row (equal values: lower index first),
     via ``topk`` on unique int64 keys (order-preserving float bits, then the inverted index) —
-    a full sort of a 150k vocabulary per depth is what this avoids."""
+    a full sort of a 150k vocabulary per depth is what this avoids. Where the kernels run, the
+    same keys go through a Triton top-k instead (``triton_topk``: a few launches)."""
+    from ddtree_diag.engine.fast import kernels
+
+    kernel = kernels.topk_kernel(values, k)
+    if kernel is not None:
+        return kernel.ranked_top_k(values, k)
     bits = (values.float() + 0.0).contiguous().view(torch.int32).long()  # + 0.0: -0.0 ties 0.0, as in sort
     ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # float order as signed ints
     # inverted index (vocab-1-index, not 2**32-1-index: a constant over int32 breaks Triton codegen)

@@ -1,0 +1,102 @@
+"""``tree.ranked_top_k`` in a few Triton launches (imported only where Triton is).
+
+The PyTorch path builds int64 keys over the whole [rows, vocab] block and runs ``torch.topk``:
+about eight small kernels, ~0.19 ms per round at the 8B shape (15 rows x 151936, k = 16) on the
+H200. Here the same keys are formed in registers and reduced with Triton's bitonic ``tl.topk``:
+
+- a chunk pass, grid (row, chunk of ``BLOCK`` entries): each program keeps its chunk's k largest
+  keys (the first pass forms the keys from the fp32 values; later passes read keys);
+- a final pass, grid (row,): the k largest of the row's remaining candidates, decoded to ids, and
+  the values gathered from the input (so -0.0 comes back as -0.0, as ``gather`` returns it).
+
+The key is the one ``tree.ranked_top_k`` sorts: the float's bits as an order-preserving signed int
+(-0.0 first made 0.0, so the two tie) in the high 32 bits, ``vocab - 1 - index`` in the low ones.
+Keys are unique, so the k largest in descending order are exactly the first k of a stable
+descending sort, whatever the sorting network does with equal keys. A chunk keeps min(k, its
+entries) real keys, so at least k real keys reach the final pass; the padding keys (int64 min) sort
+below every real one (no NaN among the values).
+
+The grid and the scratch sizes depend only on (rows, vocab, k), and nothing is read back on the
+host, so it is captured in a CUDA graph like the rest of the tree stage.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Entries per program in the first pass, and the most candidates one program takes in the later
+# ones (both rounded up to 2 * next_pow2(k), so every chunk pass at least halves the candidates).
+# Starting points for the H200: 15 x 151936 at k = 16 is 38 chunks of 4096, then one final pass
+# over 608 candidates (two launches); k = 256 takes one more pass (9728 candidates > MERGE), k =
+# 1024 two more.
+CHUNK = 4096
+MERGE = 4096
+
+
+@triton.jit
+def _top_k_pass(
+    src_ptr, dst_ptr, values_ptr, ids_ptr,
+    n, row_stride, vocab, k,
+    BLOCK: tl.constexpr, K_POW: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
+):
+    """One program: the k largest keys of entries [chunk * BLOCK, (chunk + 1) * BLOCK) of a row of
+    ``n``. FIRST: the row is fp32 values (``row_stride`` apart), else int64 keys (``n`` apart).
+    LAST (one chunk per row): writes ids and values [rows, k]; else keys to ``dst`` [rows, chunks * k]."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    lowest = tl.full([BLOCK], 1, tl.int64) << 63  # int64 min: below every real key
+    if FIRST:
+        x = tl.load(src_ptr + row * row_stride + offs, mask=inside, other=0.0)
+        bits = x.to(tl.int32, bitcast=True)
+        bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties 0.0 (an fadd of 0.0 may be folded)
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)  # float order as ints
+        key = (ordered << 32) | (vocab - 1 - offs).to(tl.int64)
+    else:
+        key = tl.load(src_ptr + row * n + offs, mask=inside, other=0)
+    key = tl.where(inside, key, lowest)
+    top = tl.topk(key, K_POW)  # descending
+    lane = tl.arange(0, K_POW)
+    keep = lane < k
+    if LAST:
+        # the low 32 bits without a 2**32 - 1 constant (typed uint32 by Triton)
+        ids = vocab - 1 - (top - ((top >> 32) << 32))
+        tl.store(ids_ptr + row * k + lane, ids, mask=keep)
+        value = tl.load(values_ptr + row * row_stride + ids, mask=keep, other=0.0)
+        tl.store(dst_ptr + row * k + lane, value, mask=keep)
+    else:
+        tl.store(dst_ptr + (row * tl.num_programs(1) + chunk) * k + lane, top, mask=keep)
+
+
+def ranked_top_k(
+    values: torch.Tensor, k: int, chunk: int = CHUNK, merge: int = MERGE, num_warps: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tree.ranked_top_k`` for fp32 ``values`` [rows, vocab] (last dim contiguous), 1 <= k <= vocab:
+    (values [rows, k] fp32, ids [rows, k] int64), equal to the PyTorch path's. ``chunk`` / ``merge``:
+    entries per program in the first pass / the most candidates one program takes later (powers
+    of two)."""
+    rows, vocab = values.shape
+    k_pow = triton.next_power_of_2(k)
+    src, n, first = values, vocab, True
+    # Chunk passes until one program per row can take the rest. Each keeps k of >= 2 * k_pow
+    # entries per chunk, so n falls to at most n / 2 + k < n while n > 2 * k_pow.
+    while n > max(merge, 2 * k_pow):
+        block = max(chunk if first else merge, 2 * k_pow)
+        chunks = triton.cdiv(n, block)
+        keys = torch.empty(rows, chunks * k, dtype=torch.int64, device=values.device)
+        _top_k_pass[(rows, chunks)](
+            src, keys, values, keys, n, values.stride(0), vocab, k,
+            BLOCK=block, K_POW=k_pow, FIRST=first, LAST=False, num_warps=num_warps,
+        )
+        src, n, first = keys, chunks * k, False
+    out_values = torch.empty(rows, k, dtype=values.dtype, device=values.device)
+    out_ids = torch.empty(rows, k, dtype=torch.int64, device=values.device)
+    block = max(triton.next_power_of_2(n), k_pow)
+    _top_k_pass[(rows, 1)](
+        src, out_values, values, out_ids, n, values.stride(0), vocab, k,
+        BLOCK=block, K_POW=k_pow, FIRST=first, LAST=True, num_warps=num_warps,
+    )
+    return out_values, out_ids
