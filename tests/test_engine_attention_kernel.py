@@ -1,6 +1,5 @@
 """The verify rounds' split-key attention kernel (engine/fast/triton_attention.py) against the SDPA
-path it replaces (``FastDecoder._target_forward``'s mask, GQA reshape and additive bias), and its
-one launch against the two kernels it replaced (split, then a combine kernel: bit for bit).
+path it replaces (``FastDecoder._target_forward``'s mask, GQA reshape and additive bias).
 
 Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
 on a GPU the same checks run the compiled kernel on CUDA tensors.
@@ -14,8 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-triton = pytest.importorskip("triton")
-tl = triton.language
+pytest.importorskip("triton")
 
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.fast import kernels  # noqa: E402
@@ -169,120 +167,3 @@ def test_fast_rounds_with_the_kernel_equal_eager(attention, tmp_path, monkeypatc
     finally:
         engine.use_path(previous)
     assert attention.calls > 0
-
-
-@triton.jit
-def _previous_combine(
-    part_o_ptr, part_ml_ptr, out_ptr, rows, heads, rep, group_rows, splits, head_dim,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """The combine kernel the one launch replaced, verbatim: one program per (KV head, 16 group
-    rows) merges the splits' partials in split order and writes the output."""
-    kv = tl.program_id(0)
-    m = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_ok = m < group_rows
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < head_dim
-    top = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    total = tl.zeros((BLOCK_R,), tl.float32)
-    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    at = (kv * group_rows + m) * splits
-    for split in range(0, splits):
-        m_s = tl.load(part_ml_ptr + (at + split) * 2, mask=m_ok, other=float("-inf"))
-        l_s = tl.load(part_ml_ptr + (at + split) * 2 + 1, mask=m_ok, other=0.0)
-        o_s = tl.load(part_o_ptr + (at + split)[:, None] * head_dim + d[None, :], mask=m_ok[:, None] & d_ok[None, :],
-                      other=0.0)
-        new = tl.maximum(top, m_s)
-        shift = tl.where(new == float("-inf"), 0.0, new)
-        old_w = tl.exp(top - shift)
-        w = tl.exp(m_s - shift)
-        total = total * old_w + l_s * w
-        acc = acc * old_w[:, None] + o_s * w[:, None]
-        top = new
-    o = acc / tl.where(total > 0, total, 1.0)[:, None]
-    head = kv * rep + m // rows
-    row = m % rows
-    tl.store(out_ptr + (row * heads + head)[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & d_ok[None, :])
-
-
-def two_kernels(module, q, cache_k, cache_v, anc, start: int, window: int, scale: float) -> torch.Tensor:
-    """The previous path: the kernel writes its fp32 partials only (even for one split; counters far
-    past any split count, so no program is the last to arrive), then the old combine kernel."""
-    on = lambda x: x.to(DEVICE)  # noqa: E731
-    q, cache_k, cache_v = on(q), on(cache_k), on(cache_v)
-    start_t = torch.tensor(start, dtype=torch.long, device=DEVICE)
-    never = torch.full((4096,), 1 << 20, dtype=torch.int32, device=DEVICE)
-    _, part_o, part_ml = module._launch(q, cache_k, cache_v, on(anc), start_t, window, scale, never, partials=True)
-    assert (never == 1 << 20).sum() < never.numel()  # the kernel did count its arrivals
-    _, heads, rows, head_dim = q.shape
-    rep = heads // cache_k.shape[1]
-    splits = module.plan(rows, rep, cache_k.shape[1], window, head_dim)[1]
-    out = torch.empty(1, rows, heads * head_dim, device=DEVICE, dtype=q.dtype)
-    _previous_combine[(cache_k.shape[1], triton.cdiv(rep * rows, 16))](
-        part_o, part_ml, out, rows, heads, rep, rep * rows, splits, head_dim,
-        BLOCK_R=16, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), num_warps=4,
-    )
-    return out.cpu()
-
-
-def counters_at_zero(module) -> bool:
-    return all(not c.any() for held in module._COUNTERS.values() for c in held)
-
-
-ONE_LAUNCH = [  # heads, kv_heads, rows, tree nodes, committed prefix, head_dim
-    (2, 2, 5, 5, 0, 64),  # GQA 1
-    (8, 2, 17, 12, 37, 128),  # GQA 4, padding rows
-    (4, 1, 1, 1, 70, 128),  # one row (the AR round)
-    (6, 1, 9, 7, 40, 256),  # GQA 6, the 27B's heads (32-row query blocks)
-    (3, 1, 40, 30, 20, 64),  # GQA 3: 120 group rows in two query blocks, one of them partial
-]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("target", [1, 128], ids=["one-split", "splits"])
-@pytest.mark.parametrize("shape", ONE_LAUNCH, ids=lambda s: "h{}-kv{}-r{}-d{}".format(*s[:3], s[5]))
-def test_one_launch_equals_the_two_kernels(attention, monkeypatch, shape, target, dtype):
-    """Bit for bit what the split kernel + combine kernel wrote (same partials, merged in split
-    order), twice in a row on the same counters (the last program sets them back to 0)."""
-    monkeypatch.setattr(attention, "TARGET_PROGRAMS", target)
-    heads, kv_heads, rows, nodes, start, head_dim = shape
-    q, cache_k, cache_v, anc, window = case(heads, kv_heads, rows, nodes, start, head_dim, dtype, seed=rows + head_dim)
-    splits = attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[1]
-    assert (splits == 1) == (target == 1), splits
-    scale = head_dim**-0.5
-    first = run_kernel(attention, q, cache_k, cache_v, anc, start, window, scale)
-    assert counters_at_zero(attention)
-    second = run_kernel(attention, q, cache_k, cache_v, anc, start, window, scale)
-    assert counters_at_zero(attention)
-    previous = two_kernels(attention, q, cache_k, cache_v, anc, start, window, scale)
-    assert first.dtype == dtype and first.shape == previous.shape
-    assert torch.equal(first, previous) and torch.equal(second, previous)
-    want = reference(q.float(), cache_k.float(), cache_v.float(), anc, start, window, scale)
-    if dtype == torch.float32:
-        torch.testing.assert_close(first, want, rtol=1e-5, atol=1e-5)
-    else:
-        assert ((first.float() - want).abs() <= want.abs().clamp(min=1.0) * 2**-7).all()
-
-
-def test_one_split_writes_no_partials(attention, monkeypatch):
-    """One split: the kernel normalises in place; no fp32 partials are allocated or written."""
-    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 1)
-    q, cache_k, cache_v, anc, window = case(8, 2, 17, 12, 37, 64, torch.float32, seed=5)
-    on = lambda x: x.to(DEVICE)  # noqa: E731
-    start_t = torch.tensor(37, dtype=torch.long, device=DEVICE)
-    out, part_o, part_ml = attention._launch(on(q), on(cache_k), on(cache_v), on(anc), start_t, window, 0.125)
-    assert part_o is None and part_ml is None
-    torch.testing.assert_close(out.cpu(), reference(q, cache_k, cache_v, anc, 37, window, 0.125), rtol=1e-5, atol=1e-5)
-
-
-def test_the_counters_are_one_buffer_kept_across_calls_and_shapes(attention):
-    """Captured graphs point at the counters: later calls, other shapes included, reuse the buffer."""
-    buffers = []
-    for shape in ONE_LAUNCH[:2]:
-        heads, kv_heads, rows, nodes, start, head_dim = shape
-        q, cache_k, cache_v, anc, window = case(heads, kv_heads, rows, nodes, start, head_dim, torch.float32, seed=1)
-        run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.25)
-        buffers.append(attention._counters(q.to(DEVICE).device, 1))
-    assert buffers[0] is buffers[1] and buffers[0].numel() >= attention.MIN_COUNTERS
-    assert counters_at_zero(attention)

@@ -5,21 +5,14 @@ cache plus their tree ancestors. PyTorch's memory-efficient SDPA kernel tiles th
 at the 8B shape, budget 16, that is 8 KV heads x 2 query tiles = 16 thread blocks on a 132-SM
 card, ~14 us per layer for a few hundred keys. Here the keys are split too:
 
-- ``_attention_kernel``: grid (KV head x query block, key split). A program takes BLOCK_M query
-  rows of one KV head's group (GQA: the query heads of a KV head are extra rows, row m = r * rows + i
-  for query head kv * rep + r and tree row i, as the SDPA path's ``reshape`` lays them out) and one
-  slice of the keys. With one split it normalises and writes the output in the model dtype straight
-  into the [rows, heads * head_dim] layout o_proj reads (no transpose copy). With several, it writes
-  the slice's unnormalised output with its running max and sum (fp32 partials), and the program that
-  finishes last for its (KV head, query block) merges them: an acq_rel atomic counter per (KV head,
-  query block) tells it the others' partials are there. It merges in split order (not arrival
-  order), so the result does not depend on which program came last, and sets the counter back to
-  0. One launch per layer: a second (combine) kernel cost about as much as the attention itself,
-  mostly launch and tail latency.
-
-The counters live in one zeroed int32 buffer per device, allocated on the first call and kept (a
-captured CUDA graph keeps pointing at it; the warm-up before a capture allocates it). Calls on one
-device must therefore not run concurrently on two streams (the decoder runs them on one).
+- ``_split_kernel``: grid (KV head x query block, key split). A program takes BLOCK_M query rows
+  of one KV head's group (GQA: the query heads of a KV head are extra rows, row m = r * rows + i
+  for query head kv * rep + r and tree row i, as the SDPA path's ``reshape`` lays them out) and
+  one slice of the keys, and writes the slice's unnormalised output with its running max and sum
+  (fp32 partials).
+- ``_combine_kernel``: one program per (KV head, 16 group rows) merges the splits' partials and writes
+  the output in the model dtype straight into the [rows, heads * head_dim] layout o_proj reads
+  (no transpose copy).
 
 The visibility rule is the SDPA path's mask (``FastDecoder._target_forward``): key slot j is
 visible to tree row i when j < start (committed) or start <= j < start + rows and anc[i, j - start]
@@ -53,21 +46,18 @@ UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
 # under it would otherwise take minutes); the tests set it to exercise the splits.
 BLOCK_N = 32
 TARGET_PROGRAMS = 1 if UPCAST else 128
-# Counters allocated at least this many at a time (one per KV head x query block: a few hundred at
-# most for the verify buckets), so a bigger shape rarely needs a second buffer.
-MIN_COUNTERS = 1024
-# device -> counter buffers, newest last; older ones stay alive for the graphs captured with them
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+# Group rows per combine program (8B budget 16: 8 KV heads x 8 = 64 programs).
+COMBINE_ROWS = 16
 
 
 @triton.jit
-def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, anc_ptr, start_ptr, out_ptr, part_o_ptr, part_ml_ptr, count_ptr,
-    rows, heads, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, anc_ptr, start_ptr, part_o_ptr, part_ml_ptr,
+    rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
     q_head_stride, q_row_stride, k_head_stride, k_slot_stride, v_head_stride, v_slot_stride,
     anc_row_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, DIRECT: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     kv = tl.program_id(0) // q_blocks
     block = tl.program_id(0) % q_blocks
@@ -120,45 +110,47 @@ def _attention_kernel(
             pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    # out [rows, heads * head_dim]: group row m is query head ``head`` of tree row ``row``
-    out_at = (row * heads + head)[:, None] * head_dim + d[None, :]
-    out_ok = m_ok[:, None] & d_ok[None, :]
-    if DIRECT:  # one split: normalise here (a row that sees no key, only a spare grid row, gives 0)
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + out_at, o.to(out_ptr.dtype.element_ty), mask=out_ok)
-    else:
-        # partials: [kv, group_rows, splits, head_dim] and [kv, group_rows, splits, 2] (max, sum)
-        at = (kv * group_rows + m) * splits
-        tl.store(part_o_ptr + (at + split)[:, None] * head_dim + d[None, :], acc, mask=out_ok)
-        tl.store(part_ml_ptr + (at + split) * 2, m_i, mask=m_ok)
-        tl.store(part_ml_ptr + (at + split) * 2 + 1, l_i, mask=m_ok)
-        # every thread's stores before the (one thread's) release below, which publishes them to
-        # the program that arrives last; its acquire makes all splits' partials visible to it
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-        if arrived == splits - 1:
-            top = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            total = tl.zeros((BLOCK_M,), tl.float32)
-            merged = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-            # the splits merged as one more online softmax, in split order (an empty split has max
-            # -inf and weighs 0); .cg: read from L2, where the other programs' stores went
-            for s in range(0, splits):
-                m_s = tl.load(part_ml_ptr + (at + s) * 2, mask=m_ok, other=float("-inf"), cache_modifier=".cg")
-                l_s = tl.load(part_ml_ptr + (at + s) * 2 + 1, mask=m_ok, other=0.0, cache_modifier=".cg")
-                o_s = tl.load(part_o_ptr + (at + s)[:, None] * head_dim + d[None, :], mask=out_ok, other=0.0,
-                              cache_modifier=".cg")
-                new = tl.maximum(top, m_s)
-                shift = tl.where(new == float("-inf"), 0.0, new)
-                old_w = tl.exp(top - shift)
-                w = tl.exp(m_s - shift)
-                total = total * old_w + l_s * w
-                merged = merged * old_w[:, None] + o_s * w[:, None]
-                top = new
-            o = merged / tl.where(total > 0, total, 1.0)[:, None]
-            tl.store(out_ptr + out_at, o.to(out_ptr.dtype.element_ty), mask=out_ok)
-            # all splits have arrived: nobody else touches the counter in this launch, and the next
-            # launch (the next layer, or the next replay of a captured graph) finds it at 0
-            tl.store(count_ptr + tl.program_id(0), 0)
+    # partials: [kv, group_rows, splits, head_dim] and [kv, group_rows, splits, 2] (max, sum)
+    at = (kv * group_rows + m) * splits + split
+    tl.store(part_o_ptr + at[:, None] * head_dim + d[None, :], acc, mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(part_ml_ptr + at * 2, m_i, mask=m_ok)
+    tl.store(part_ml_ptr + at * 2 + 1, l_i, mask=m_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    part_o_ptr, part_ml_ptr, out_ptr, rows, heads, rep, group_rows, splits, head_dim,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    kv = tl.program_id(0)
+    m = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows of the KV head's group
+    m_ok = m < group_rows
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    top = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    at = (kv * group_rows + m) * splits
+    # the splits merged as one more online softmax (an empty split has max -inf and weighs 0)
+    for split in range(0, splits):
+        m_s = tl.load(part_ml_ptr + (at + split) * 2, mask=m_ok, other=float("-inf"))
+        l_s = tl.load(part_ml_ptr + (at + split) * 2 + 1, mask=m_ok, other=0.0)
+        o_s = tl.load(part_o_ptr + (at + split)[:, None] * head_dim + d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                      other=0.0)
+        new = tl.maximum(top, m_s)
+        shift = tl.where(new == float("-inf"), 0.0, new)
+        old_w = tl.exp(top - shift)
+        w = tl.exp(m_s - shift)
+        total = total * old_w + l_s * w
+        acc = acc * old_w[:, None] + o_s * w[:, None]
+        top = new
+    # a row that sees no key (only the grid's spare rows here: a tree row sees itself) gives 0
+    o = acc / tl.where(total > 0, total, 1.0)[:, None]
+    # out [rows, heads * head_dim]: group row m is query head kv * rep + m // rows of tree row m % rows
+    head = kv * rep + m // rows
+    row = m % rows
+    tl.store(out_ptr + (row * heads + head)[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & d_ok[None, :])
 
 
 def plan(rows: int, rep: int, kv_heads: int, window: int, head_dim: int = 128) -> tuple[int, int, int]:
@@ -175,18 +167,6 @@ def plan(rows: int, rep: int, kv_heads: int, window: int, head_dim: int = 128) -
     return block_m, triton.cdiv(window, split_len), split_len
 
 
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` zeroed int32 counters on ``device``, the same buffer call after call (the
-    kernel leaves them at 0). Allocated only outside a CUDA-graph capture: inside one, the zero fill
-    would run only at replay."""
-    held = _COUNTERS.setdefault(device, [])
-    if not held or held[-1].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("tree_attention: run this shape once outside CUDA-graph capture first")
-        held.append(torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device))
-    return held[-1]
-
-
 def tree_attention(
     q: torch.Tensor,
     cache_k: torch.Tensor,
@@ -200,49 +180,29 @@ def tree_attention(
     row/head strides); cache_k/v [1, kv_heads, capacity, head_dim]; anc [rows, rows] bool; start: a
     0-d int64 device tensor (committed slots; the rows' K/V sit at slots start..start+rows).
     Returns [1, rows, heads * head_dim] in q's dtype: what the SDPA path feeds o_proj."""
-    return _launch(q, cache_k, cache_v, anc, start, window, scale)[0]
-
-
-def _launch(
-    q: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    anc: torch.Tensor,
-    start: torch.Tensor,
-    window: int,
-    scale: float,
-    counters: torch.Tensor | None = None,
-    partials: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``tree_attention``'s launch: (out, fp32 partials of the outputs, of the max/sum), the
-    partials None for one split. ``partials`` writes them for one split too and ``counters`` replaces
-    the module's: the tests read the partials (with counters that never reach the last arrival)."""
     _, heads, rows, head_dim = q.shape
     kv_heads = cache_k.shape[1]
     rep = heads // kv_heads
     group_rows = rep * rows
     block_m, splits, split_len = plan(rows, rep, kv_heads, window, head_dim)
     q_blocks = triton.cdiv(group_rows, block_m)
-    direct = splits == 1 and not partials
+    part_o = torch.empty(kv_heads * group_rows * splits * head_dim, device=q.device, dtype=torch.float32)
+    part_ml = torch.empty(kv_heads * group_rows * splits * 2, device=q.device, dtype=torch.float32)
     out = torch.empty(1, rows, heads * head_dim, device=q.device, dtype=q.dtype)
-    if direct:
-        part_o = part_ml = None
-    else:
-        part_o = torch.empty(kv_heads * group_rows * splits * head_dim, device=q.device, dtype=torch.float32)
-        part_ml = torch.empty(kv_heads * group_rows * splits * 2, device=q.device, dtype=torch.float32)
-    if counters is None:
-        counters = _counters(q.device, kv_heads * q_blocks)
     block_d = max(16, triton.next_power_of_2(head_dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused for bf16 operands
     anc = anc.contiguous()  # the kernel steps along a row of anc by 1 (the tree buffers are)
     anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
-    _attention_kernel[(kv_heads * q_blocks, splits)](
-        q, cache_k, cache_v, anc_bytes, start, out,
-        out if direct else part_o, out if direct else part_ml, counters,  # (unused when direct)
-        rows, heads, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
+    _split_kernel[(kv_heads * q_blocks, splits)](
+        q, cache_k, cache_v, anc_bytes, start, part_o, part_ml,
+        rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
         q.stride(1), q.stride(2), cache_k.stride(1), cache_k.stride(2), cache_v.stride(1), cache_v.stride(2),
         anc_bytes.stride(0),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST, DIRECT=direct,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST,
         num_warps=4 if block_d <= 128 else 8,
     )
-    return out, part_o, part_ml
+    _combine_kernel[(kv_heads, triton.cdiv(group_rows, COMBINE_ROWS))](
+        part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
+        BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, num_warps=4,
+    )
+    return out
