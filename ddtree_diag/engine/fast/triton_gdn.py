@@ -228,7 +228,7 @@ def tree_solve(
     dk: int,
     block_n: int = 16,
     block_v: int = 64,
-    warps: int = 4,
+    warps: int = 8,
     precision: str = "tf32",
 ) -> torch.Tensor:
     """One Gated DeltaNet layer's core over N tree rows: conv_out [N, 2 * key_heads * dk + Hv * dv]
@@ -236,8 +236,8 @@ def tree_solve(
     stride); a_log, dt_bias [Hv]; ancestors [N, N] bool (diagonal set); state [Hv, dk, dv] fp32.
     Writes the commit's parts into ``keys`` [Hv, N, dk], ``updates`` [Hv, N, dv] and ``path_decay``
     [Hv, N] (fp32, contiguous) and returns the output [N, Hv * dv] in conv_out's dtype. ``block_n``
-    rows per block (the substitution inside a block goes row by row), ``block_v`` value columns
-    per program, ``warps`` per program: the tile (``bench/gdn_solve_speed.py`` compares them)."""
+    rows per block (a power of two: the block's inverse is built by doubling), ``block_v`` value
+    columns per program, ``warps`` per program: the tile (``bench/gdn_solve_speed.py`` compares them)."""
     n_rows = conv_out.shape[0]
     value_heads, _, dv = state.shape
     out = torch.empty(n_rows, value_heads * dv, device=conv_out.device, dtype=conv_out.dtype)
