@@ -115,8 +115,8 @@ def test_ranked_top_k_dispatches_to_the_kernel(topk, monkeypatch):
 def test_what_the_dispatch_leaves_to_torch(topk, monkeypatch):
     rows = hard_rows(2000, 6)
     assert kernels.topk_kernel(rows, 16) is topk
-    assert kernels.topk_kernel(rows, 1024) is topk
-    assert kernels.topk_kernel(rows, 1025) is None  # large k
+    assert kernels.topk_kernel(rows, kernels.TOPK_KERNEL_MAX_K) is topk
+    assert kernels.topk_kernel(rows, kernels.TOPK_KERNEL_MAX_K + 1) is None  # large k: torch
     assert kernels.topk_kernel(rows, 0) is None
     assert kernels.topk_kernel(rows[:, :10], 11) is None  # k past the vocab
     assert kernels.topk_kernel(rows.double(), 16) is None

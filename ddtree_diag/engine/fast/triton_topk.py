@@ -28,10 +28,10 @@ import triton.language as tl
 
 # Entries per program in the first pass, and the most candidates one program takes in the later
 # ones (both rounded up to 2 * next_pow2(k), so every chunk pass at least halves the candidates).
-# Starting points for the H200: 15 x 151936 at k = 16 is 38 chunks of 4096, then one final pass
-# over 608 candidates (two launches); k = 256 takes one more pass (9728 candidates > MERGE), k =
-# 1024 two more.
-CHUNK = 4096
+# On the H200 (``bench/tree_kernel_speed.py``, 15 x 151936) chunks of 2048 were the fastest of
+# 2048 / 4096 / 8192 at k = 16 and 64 (0.044 / 0.090 ms against torch's 0.187 / 0.196): k = 16 is 75
+# chunks, then one final pass over 1200 candidates (two launches); k = 256 takes one more pass.
+CHUNK = 2048
 MERGE = 4096
 
 
@@ -79,7 +79,7 @@ def ranked_top_k(
     entries per program in the first pass / the most candidates one program takes later (powers
     of two)."""
     rows, vocab = values.shape
-    k_pow = triton.next_power_of_2(k)
+    k_pow = max(2, triton.next_power_of_2(k))  # Triton 3.6's tl.topk fails to compile for k = 1
     src, n, first = values, vocab, True
     # Chunk passes until one program per row can take the rest. Each keeps k of >= 2 * k_pow
     # entries per chunk, so n falls to at most n / 2 + k < n while n > 2 * k_pow.
