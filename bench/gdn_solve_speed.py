@@ -24,10 +24,9 @@ from ddtree_diag.engine.fast import triton_gdn
 from ddtree_diag.engine.tree import ancestor_mask
 
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
-# (block_n, block_v, warps, dot precision)
-TILES = [
-    (16, 32, 4, "tf32"), (16, 64, 4, "tf32"), (16, 128, 4, "tf32"), (16, 64, 8, "tf32"), (32, 32, 4, "tf32"),
-    (32, 64, 4, "tf32"), (32, 64, 8, "tf32"), (32, 128, 8, "tf32"), (64, 64, 8, "tf32"),
+TILES = [  # (block_n, block_v, warps, dot precision, block_c)
+    (16, 64, 4, "tf32", 64), (16, 64, 8, "tf32", 64), (16, 64, 8, "tf32", 32), (16, 64, 8, "tf32", 128),
+    (16, 32, 8, "tf32", 64), (16, 128, 8, "tf32", 64), (32, 64, 8, "tf32", 128),
 ]
 
 
@@ -83,7 +82,7 @@ def main() -> int:
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(0)
     print(f"gdn_solve_speed: {torch.cuda.get_device_name()}, us per layer call (CUDA graph replays)")
-    names = " ".join(f"{f'{n}/{v}/{w}/{p[:2]}':>11}" for n, v, w, p in TILES)
+    names = " ".join(f"{f'{n}/{v}/{w}/{c}':>11}" for n, v, w, _, c in TILES)
     print(f"{'rows':>5} {'pytorch':>8} {names}  max |diff|")
     for rows in [int(r) for r in args.rows.split(",")]:
         times, worst = time_rows(rows, generator)

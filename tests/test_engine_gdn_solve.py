@@ -51,7 +51,7 @@ def random_parents(n: int, shape: str, generator: torch.Generator) -> list[int]:
     return [-1] + [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(1, n)]
 
 
-def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0):
+def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0, **tile):
     """(kernel's out, keys, updates, path decay), (the same from the PyTorch solve)."""
     generator = torch.Generator().manual_seed(seed)
     parents = random_parents(n, shape, generator)
@@ -76,7 +76,7 @@ def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0
     keys, updates = torch.full((value_heads, n, dk), 7.0, **fp32), torch.full((value_heads, n, dv), 7.0, **fp32)
     decay = torch.full((value_heads, n), 7.0, **fp32)
     out = kernels._triton_gdn().tree_solve(conv_out, a, b, a_log, dt_bias, anc, state, keys, updates, decay,
-                                           key_heads, dk)
+                                           key_heads, dk, **tile)
     return (out.reshape(n, value_heads, dv), keys, updates, decay), (
         reference, parts.keys, parts.updates, parts.path_decay,
     )
@@ -94,6 +94,13 @@ def test_solve_equals_the_parallel_solve_in_fp32(solver, n, shape):
     torch.testing.assert_close(decay, ref_decay, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(updates, ref_updates, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_n, block_c, block_v", [(16, 32, 16), (16, 128, 32), (32, 64, 64), (16, 16, 16)])
+def test_every_tile_solves_the_same_system(solver, block_n, block_c, block_v):
+    got, want = solve_both(150, "tree", torch.float32, seed=4, block_n=block_n, block_c=block_c, block_v=block_v)
+    for mine, theirs in zip(got, want, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("key_heads, value_heads, dk, dv", [(1, 3, 24, 40), (2, 2, 16, 64), (4, 8, 32, 16)])

@@ -230,6 +230,7 @@ def tree_solve(
     block_v: int = 64,
     warps: int = 8,
     precision: str = "tf32",
+    block_c: int = 64,
 ) -> torch.Tensor:
     """One Gated DeltaNet layer's core over N tree rows: conv_out [N, 2 * key_heads * dk + Hv * dv]
     (q | k | v after the conv, model dtype, unit column stride); a, b [N, Hv] (views with a row
@@ -237,7 +238,8 @@ def tree_solve(
     Writes the commit's parts into ``keys`` [Hv, N, dk], ``updates`` [Hv, N, dv] and ``path_decay``
     [Hv, N] (fp32, contiguous) and returns the output [N, Hv * dv] in conv_out's dtype. ``block_n``
     rows per block (a power of two: the block's inverse is built by doubling), ``block_v`` value
-    columns per program, ``warps`` per program: the tile (``bench/gdn_solve_speed.py`` compares them)."""
+    columns per program, ``warps`` per program, ``block_c`` earlier rows a step: the tile
+    (``bench/gdn_solve_speed.py`` compares them)."""
     n_rows = conv_out.shape[0]
     value_heads, _, dv = state.shape
     out = torch.empty(n_rows, value_heads * dv, device=conv_out.device, dtype=conv_out.dtype)
@@ -261,7 +263,7 @@ def tree_solve(
         out, keys, updates, path_decay,
         n_rows, conv_out.stride(0), a.stride(0), b.stride(0), anc_bytes.stride(0),
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
-        BLOCK_N=block_n, LOG2_BLOCK_N=block_n.bit_length() - 1, BLOCK_C=max(block_n, 64), BLOCK_K=block_k,
+        BLOCK_N=block_n, LOG2_BLOCK_N=block_n.bit_length() - 1, BLOCK_C=max(block_n, block_c), BLOCK_K=block_k,
         BLOCK_V=block_v, PRECISION=precision, num_warps=warps,
     )
     return out
