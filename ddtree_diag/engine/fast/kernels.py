@@ -27,8 +27,8 @@ So does the target's q/k norm + rotary with the K/V cache write (``norm_rope_cac
 per attention layer where two ``norm_rope`` calls and two ``index_copy_`` ran);
 ``DDTREE_DIAG_QKV_KERNEL=off`` turns off that one alone.
 
-So does the tree build's per-depth top-k (``triton_topk``: two launches at k = 16 on a 152k
-vocabulary, where ``tree.ranked_top_k``'s key build and ``torch.topk`` run about eight kernels);
+So does the tree build's per-depth top-k up to k = 64 (``triton_topk``: two launches at k = 16 on
+a 152k vocabulary, where ``tree.ranked_top_k``'s key build and ``torch.topk`` run about eight kernels);
 ``DDTREE_DIAG_TOPK_KERNEL=off`` turns off that one alone. On CPU tensors it runs only with
 ``DDTREE_DIAG_TOPK_KERNEL=on`` besides ``DDTREE_DIAG_KERNELS=on``: under Triton's interpreter it
 takes seconds per call at the tree tests' shapes, which would slow every other kernel test.
