@@ -3,7 +3,7 @@
 Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``)
 on CPU tensors; on a GPU the same checks run the compiled kernel on CUDA tensors. The interpreter
 takes about a second per program for the larger sorts, so the rows are few and small chunk sizes
-stand in for the 4096-entry ones (they make the same passes: chunks, merges, a partial last chunk).
+stand in for the 2048-entry ones (they make the same passes: chunks, merges, a partial last chunk).
 """
 
 from __future__ import annotations
