@@ -14,6 +14,7 @@ import argparse
 import functools
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -22,22 +23,15 @@ from ddtree_diag.engine.fast import triton_topk, triton_tree
 from ddtree_diag.engine.tree import build_tree
 
 REPLAYS = 50
-# (chunk, merge, warps) plans of the Triton top-k to time
-# (chunk, merge, warps); a sweep of all twelve took over two minutes of compiles on the H200
+# (chunk, merge, warps) plans of the Triton top-k to time; a sweep of twelve took over two minutes
+# of compiles on the H200
 TOPK_PLANS = [(2048, 4096, 4), (2048, 16384, 8), (4096, 4096, 4), (8192, 4096, 4)]
 
 
 def torch_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``ranked_top_k``'s torch path (the kernel switched off while it is captured)."""
-    setting = os.environ.get("DDTREE_DIAG_TOPK_KERNEL")
-    os.environ["DDTREE_DIAG_TOPK_KERNEL"] = "off"
-    try:
+    with mock.patch.dict(os.environ, {"DDTREE_DIAG_TOPK_KERNEL": "off"}):
         return fast_tree.ranked_top_k(values, k)
-    finally:
-        if setting is None:
-            del os.environ["DDTREE_DIAG_TOPK_KERNEL"]
-        else:
-            os.environ["DDTREE_DIAG_TOPK_KERNEL"] = setting
 
 
 def graph_ms(fn) -> float:

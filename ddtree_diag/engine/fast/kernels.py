@@ -147,9 +147,10 @@ TOPK_KERNEL_MAX_K = 64
 def topk_kernel(values: torch.Tensor, k: int):
     """The top-k kernel's module when ``tree.ranked_top_k(values, k)`` runs through it, else None
     (``torch.topk`` on int64 keys runs)."""
-    if _switched_off("DDTREE_DIAG_TOPK_KERNEL") or _use(values) is None or values.dtype != torch.float32:
+    setting = os.environ.get("DDTREE_DIAG_TOPK_KERNEL", "").strip().lower()
+    if setting == "off" or _use(values) is None or values.dtype != torch.float32:
         return None
-    if not values.is_cuda and os.environ.get("DDTREE_DIAG_TOPK_KERNEL", "").strip().lower() != "on":
+    if not values.is_cuda and setting != "on":
         return None  # the interpreter: only where asked for (the module docstring says why)
     if values.dim() != 2 or values.stride(-1) != 1 or values.shape[0] == 0:
         return None

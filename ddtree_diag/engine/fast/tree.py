@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ddtree_diag.engine.fast import kernels
+
 BUCKET = 16  # verify batches are padded to a multiple of this
 DOUBLING_STEPS = 4  # pointer-doubling passes over tied pusher chains (settles chains of 2**4)
 REFINE_STEPS = 1  # passes of the heap's tie rule after them (>= 1: the last one proves the order)
@@ -36,8 +38,6 @@ def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     via ``topk`` on unique int64 keys (order-preserving float bits, then the inverted index) —
     a full sort of a 150k vocabulary per depth is what this avoids. Where the kernels run, the
     same keys go through a Triton top-k instead (``triton_topk``: a few launches)."""
-    from ddtree_diag.engine.fast import kernels
-
     kernel = kernels.topk_kernel(values, k)
     if kernel is not None:
         return kernel.ranked_top_k(values, k)
