@@ -1,13 +1,14 @@
 """The Gated DeltaNet tree solve alone on a GPU: the PyTorch solve (``gdn.gdn_gates`` +
-``gdn.parallel_gated_delta``, about forty kernels) against the one-kernel Triton solve
-(``triton_gdn.tree_solve``) at several tiles, per row count, each captured in a CUDA graph and
-replayed (device time per layer call). Shape: one Qwen3.6-27B Gated DeltaNet layer (16 key heads,
-48 value heads, head dims 128) in bf16. Also prints the kernel's worst difference from the
-PyTorch solve.
+``gdn.parallel_gated_delta``, about forty kernels) against the Triton solves
+(``triton_gdn.tree_solve``: the path solve, and the blocked solve at several tiles), per row count,
+each captured in a CUDA graph and replayed (device time per layer call). Shape: one Qwen3.6-27B
+Gated DeltaNet layer (16 key heads, 48 value heads, head dims 128) in bf16, on a random tree of
+depth at most 15 (a block-16 draft's), the path bound given as the decoder gives it. Also prints
+the kernels' worst difference from the PyTorch solve.
 
     python -m bench.gdn_solve_speed [--rows 1,32,80,272]
 
-Rows 1 runs the one-row kernel whatever the tile (the tiles apply from 2 rows up).
+Rows 1 runs the one-row kernel whatever the plan (the plans apply from 2 rows up).
 """
 
 from __future__ import annotations
@@ -24,14 +25,23 @@ from ddtree_diag.engine.fast import triton_gdn
 from ddtree_diag.engine.tree import ancestor_mask
 
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
-TILES = [  # (block_n, block_v, warps, dot precision, block_c)
-    (16, 64, 4, "tf32", 64), (16, 64, 8, "tf32", 64), (16, 64, 8, "tf32", 32), (16, 64, 8, "tf32", 128),
-    (16, 32, 8, "tf32", 64), (16, 128, 8, "tf32", 64), (32, 64, 8, "tf32", 128),
-]
+BLOCK, MAX_DEPTH = 16, 15
+PLANS = {  # name: tree_solve's keywords
+    "path 1w": dict(method="path"),
+    "path 2w": dict(method="path", path_warps=2),
+    "blk c64": dict(method="blocked"),  # block_n 16, block_v 64, 8 warps, tf32
+    "blk c32": dict(method="blocked", block_c=32),
+}
 
 
 def inputs(rows: int, generator: torch.Generator) -> dict:
-    parents = [-1] + [int(torch.randint(max(-1, i - 4), i, (1,), generator=generator)) for i in range(1, rows)]
+    # a random recursive tree (each row's parent drawn from the earlier rows) cut at the draft's depth
+    parents, depths = [-1], [0]
+    for i in range(1, rows):
+        open_rows = [j for j in range(i) if depths[j] < MAX_DEPTH]
+        parent = open_rows[int(torch.randint(0, len(open_rows), (1,), generator=generator))]
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
     width = 2 * KEY_HEADS * DK + VALUE_HEADS * DV
     dev = "cuda"
     return dict(
@@ -60,18 +70,18 @@ def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float
     parts = [torch.empty(VALUE_HEADS, rows, size, device="cuda") for size in (DK, DV)]
     decay = torch.empty(VALUE_HEADS, rows, device="cuda")
 
-    def kernel(tile):
+    def kernel(plan):
         return triton_gdn.tree_solve(x["conv_out"], a, b, x["a_log"], x["dt_bias"], x["anc"], x["state"], *parts,
-                                     decay, KEY_HEADS, DK, *tile)
+                                     decay, KEY_HEADS, DK, max_path=BLOCK, **plan)
 
     times, worst = [graph_ms(pytorch) * 1000], 0.0
-    for tile in TILES:
+    for name, plan in PLANS.items():
         try:
-            times.append(graph_ms(lambda tile=tile: kernel(tile)) * 1000)
-            diff = (kernel(tile).float().reshape(rows, VALUE_HEADS, DV) - pytorch().float()).abs().max()
+            times.append(graph_ms(lambda plan=plan: kernel(plan)) * 1000)
+            diff = (kernel(plan).float().reshape(rows, VALUE_HEADS, DV) - pytorch().float()).abs().max()
             worst = max(worst, float(diff))
-        except Exception as exc:  # a tile that does not compile here: report and go on
-            print(f"tile {tile}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        except Exception as exc:  # a plan that does not compile here: report and go on
+            print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
             times.append(float("nan"))
     return times, worst
 
@@ -82,11 +92,11 @@ def main() -> int:
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(0)
     print(f"gdn_solve_speed: {torch.cuda.get_device_name()}, us per layer call (CUDA graph replays)")
-    names = " ".join(f"{f'{n}/{v}/{w}/{c}':>11}" for n, v, w, _, c in TILES)
+    names = " ".join(f"{name:>10}" for name in PLANS)
     print(f"{'rows':>5} {'pytorch':>8} {names}  max |diff|")
     for rows in [int(r) for r in args.rows.split(",")]:
         times, worst = time_rows(rows, generator)
-        print(f"{rows:>5} {times[0]:>8.1f} " + " ".join(f"{t:>11.1f}" for t in times[1:]) + f"  {worst:.2e}")
+        print(f"{rows:>5} {times[0]:>8.1f} " + " ".join(f"{t:>10.1f}" for t in times[1:]) + f"  {worst:.2e}")
     return 0
 
 

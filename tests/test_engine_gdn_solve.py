@@ -1,10 +1,11 @@
-"""The one-kernel Gated DeltaNet tree solve (engine/fast/triton_gdn.py) against the PyTorch solve
-it replaces (``gdn.parallel_gated_delta`` with ``gdn.gdn_gates``), then, with the conv and commit
+"""The Gated DeltaNet tree solve kernels (engine/fast/triton_gdn.py: the path solve, every row's
+path solved whole, and the blocked solve, the rows in order) against the PyTorch solve they
+replace (``gdn.parallel_gated_delta`` with ``gdn.gdn_gates``), then, with the conv and commit
 kernels (triton_gdn_state), inside whole fast decodes of hybrid targets (== the PyTorch layers,
 token for token).
 
-Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
-on a GPU the same checks run the compiled kernel on CUDA tensors.
+Without a GPU the kernels run through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
+on a GPU the same checks run the compiled kernels on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ TOKENS = 10  # per decode: every norm runs under the interpreter too, ~1 s a tok
 
 @pytest.fixture
 def solver(monkeypatch):
-    """The solve kernel on (CPU tensors too); returns a list of the row counts it solved."""
+    """The solve kernel on (CPU tensors too); returns a list of the (row count, max_path) it was
+    called with."""
     if DEVICE == "cuda" and not torch.cuda.is_available():
         pytest.skip("the compiled kernel needs CUDA")
     monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
@@ -38,7 +40,8 @@ def solver(monkeypatch):
     module = kernels._triton_gdn()
     assert module is not None, "triton is installed but the solve kernel did not import"
     solved = []
-    record_calls(monkeypatch, module, "tree_solve", lambda conv_out, *_, **__: solved.append(conv_out.shape[0]))
+    record_calls(monkeypatch, module, "tree_solve",
+                 lambda conv_out, *_, **kw: solved.append((conv_out.shape[0], kw.get("max_path"))))
     return solved
 
 
@@ -82,13 +85,15 @@ def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0
     )
 
 
-@pytest.mark.parametrize(
-    "n, shape",
-    [(1, "tree"), (5, "chain"), (17, "tree"), (40, "bushy"), (33, "padded"), (16, "chain"), (150, "tree"),
-     (130, "chain")],
-)
-def test_solve_equals_the_parallel_solve_in_fp32(solver, n, shape):
-    (out, keys, updates, decay), (ref_out, ref_keys, ref_updates, ref_decay) = solve_both(n, shape, torch.float32)
+CASES = [(1, "tree"), (5, "chain"), (17, "tree"), (40, "bushy"), (33, "padded"), (16, "chain"), (150, "tree")]
+
+
+# a 130-row chain is past the path solve's limit: blocked only
+@pytest.mark.parametrize("n, shape, method", [(*case, m) for case in CASES for m in ("path", "blocked")]
+                         + [(130, "chain", "auto")])
+def test_solve_equals_the_parallel_solve_in_fp32(solver, n, shape, method):
+    (out, keys, updates, decay), (ref_out, ref_keys, ref_updates, ref_decay) = solve_both(n, shape, torch.float32,
+                                                                                          method=method)
     # the same fp32 math in another summation order: float rounding apart, never more
     torch.testing.assert_close(keys, ref_keys, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(decay, ref_decay, rtol=1e-5, atol=1e-5)
@@ -98,20 +103,23 @@ def test_solve_equals_the_parallel_solve_in_fp32(solver, n, shape):
 
 @pytest.mark.parametrize("block_n, block_c, block_v", [(16, 32, 16), (16, 128, 32), (32, 64, 64), (16, 16, 16)])
 def test_every_tile_solves_the_same_system(solver, block_n, block_c, block_v):
-    got, want = solve_both(150, "tree", torch.float32, seed=4, block_n=block_n, block_c=block_c, block_v=block_v)
+    got, want = solve_both(150, "tree", torch.float32, seed=4, block_n=block_n, block_c=block_c, block_v=block_v,
+                           method="blocked")
     for mine, theirs in zip(got, want, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", ["path", "blocked"])
 @pytest.mark.parametrize("key_heads, value_heads, dk, dv", [(1, 3, 24, 40), (2, 2, 16, 64), (4, 8, 32, 16)])
-def test_solve_handles_head_ratios_and_dims_that_are_not_tile_sized(solver, key_heads, value_heads, dk, dv):
-    got, want = solve_both(19, "tree", torch.float32, key_heads, value_heads, dk, dv, seed=3)
+def test_solve_handles_head_ratios_and_dims_that_are_not_tile_sized(solver, key_heads, value_heads, dk, dv, method):
+    got, want = solve_both(19, "tree", torch.float32, key_heads, value_heads, dk, dv, seed=3, method=method)
     for mine, theirs in zip(got, want, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("block_n", [16, 32])
-def test_solve_of_a_badly_conditioned_chain_matches_the_solve_in_float64(solver, block_n):
+@pytest.mark.parametrize("tile", [dict(method="path"), dict(method="blocked", block_n=16),
+                                  dict(method="blocked", block_n=32)])
+def test_solve_of_a_badly_conditioned_chain_matches_the_solve_in_float64(solver, tile):
     """The worst case of the in-block solve: a chain (every earlier row an ancestor), nearly equal
     keys, beta near 1 and no decay, so the system is close to the all-ones lower triangle and its
     inverse's series sums terms of alternating sign up to C(BLOCK_N-1, BLOCK_N/2) times the result.
@@ -133,7 +141,7 @@ def test_solve_of_a_badly_conditioned_chain_matches_the_solve_in_float64(solver,
     parts = [torch.empty(value_heads, n, size, **fp32) for size in (dk, dv)]
     decay = torch.empty(value_heads, n, **fp32)
     out = kernels._triton_gdn().tree_solve(conv_out, a, b, a_log, dt_bias, anc, state, *parts, decay, key_heads, dk,
-                                           block_n=block_n)
+                                           **tile)
 
     def pytorch(dtype):
         g = -a_log.to(dtype).exp() * F.softplus(a.to(dtype) + dt_bias.to(dtype))
@@ -150,14 +158,34 @@ def test_solve_of_a_badly_conditioned_chain_matches_the_solve_in_float64(solver,
     assert kernel_error <= max(8 * pytorch_error, 1e-5), (kernel_error, pytorch_error)
 
 
-def test_solve_in_bf16_is_within_a_rounding_step_of_the_parallel_solve(solver):
-    (out, _, updates, _), (ref_out, _, ref_updates, _) = solve_both(24, "tree", torch.bfloat16, seed=5)
+@pytest.mark.parametrize("method", ["path", "blocked"])
+def test_solve_in_bf16_is_within_a_rounding_step_of_the_parallel_solve(solver, method):
+    (out, _, updates, _), (ref_out, _, ref_updates, _) = solve_both(24, "tree", torch.bfloat16, seed=5,
+                                                                    method=method)
     assert out.dtype == torch.bfloat16
     # fp32 inside either way; on a GPU the kernel's products run on TF32 tensor cores (10-bit
     # mantissas, finer than the bf16 inputs)
     torch.testing.assert_close(updates, ref_updates, rtol=1e-2, atol=1e-3)
     step = ref_out.float().abs().clamp(min=2**-8) * 2**-7  # one bf16 step at each value's scale
     assert ((out.float() - ref_out.float()).abs() <= 2 * step).all()
+
+
+def test_the_path_solve_takes_paths_up_to_its_limit_and_the_blocked_solve_the_rest(solver, monkeypatch):
+    module = kernels._triton_gdn()
+    took_paths = []
+    record_calls(monkeypatch, module, "_path_solve", lambda *_, max_path, **__: took_paths.append(max_path))
+    limit = module.PATH_LIMIT
+    chain = dict(dk=16, dv=16, value_heads=2, key_heads=1)
+    for n, bound in ((limit, None), (limit + 1, None), (24, limit + 1), (24, 8)):
+        got, want = solve_both(n, "tree" if n == 24 else "chain", torch.float32, **chain, max_path=bound)
+        torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
+    # counted from the mask when not given (limit rows: path; one more: blocked); a caller's bound
+    # decides with no count (past the limit: blocked; 8: path, the tree's rows padded to 16 a path)
+    assert took_paths == [limit, 8], took_paths
+    with pytest.raises(ValueError, match="past the path solve"):
+        solve_both(limit + 1, "chain", torch.float32, **chain, method="path")
+    with pytest.raises(ValueError, match="unknown solve method"):
+        solve_both(3, "chain", torch.float32, method="fast")
 
 
 def test_solve_is_used_only_where_the_kernels_run(monkeypatch):
@@ -201,5 +229,8 @@ def test_hybrid_fast_decode_with_the_gdn_kernels_equals_the_pytorch_layers(solve
         quick = engine.generate_ids(prompt, tree_budget=budget, max_tokens=TOKENS, stop_token_ids=[])
         assert quick.token_ids == plain[budget].token_ids, budget
         assert quick.acceptance_lengths == plain[budget].acceptance_lengths, budget
-    assert 1 in solver and max(solver) > 1, solver  # AR rows and tree rows both went through it
+    rows = [n for n, _ in solver]
+    assert 1 in rows and max(rows) > 1, solver  # AR rows and tree rows both went through it
+    # the decoder bounds the paths (no host sync to count them inside a CUDA graph)
+    assert all(max_path == 4 for n, max_path in solver if n > 1), solver
     assert {"conv_rows", "commit_states"} == set(state_calls)

@@ -358,7 +358,8 @@ class FastDecoder:
             return out[None], hidden
         kept = self.linear_parts[x.shape[0]][index]
         out, parts, windows = linear_attention_rows(
-            module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index], kept
+            module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index], kept,
+            max_path=self.block,  # root + at most block - 1 drafted depths
         )
         written = (("keys", parts.keys), ("updates", parts.updates), ("path_decay", parts.path_decay))
         for name, value in (*written, ("windows", windows)):

@@ -173,6 +173,7 @@ def linear_attention_rows(
     conv_state: torch.Tensor,
     fused: FusedWeights | None = None,
     kept: dict[str, torch.Tensor] | None = None,
+    max_path: int | None = None,
 ) -> tuple[torch.Tensor, gdn.ParallelParts, torch.Tensor]:
     """A Gated DeltaNet layer over tree rows in one parallel solve (``gdn.parallel_gated_delta``),
     static shapes and no host sync. hidden [N, H] (after input_layernorm); parents [N] (-1: the
@@ -181,7 +182,9 @@ def linear_attention_rows(
     layer's ``FusedWeights`` (one GEMM for the four input projections). ``kept``: the buffers
     commit reads (fp32 keys [Hv, N, dk], updates [Hv, N, dv], path_decay [Hv, N]; windows
     [N, conv_dim, K-1]) that the Gated DeltaNet kernels (``triton_gdn``, ``triton_gdn_state``,
-    where the kernels run) write into; what they wrote comes back as those very buffers."""
+    where the kernels run) write into; what they wrote comes back as those very buffers.
+    ``max_path``: a bound on the rows of a root-to-row path (the draft block), which lets the solve
+    kernel pick its method with no host sync."""
     n = hidden.shape[0]
     kernel = module.conv_kernel_size
     if fused is not None and fused.linear_in_weight is not None:
@@ -200,11 +203,11 @@ def linear_attention_rows(
         conv_out = gdn.conv_from_windows(windows, weight, module.conv1d.bias, module.activation).to(hidden.dtype)
         tails = windows[:, :, 1:]
     solver = kernels.gdn_solver(conv_out, module, a, b) if kept is not None else None
-    if solver is not None:  # the whole solve in one kernel, its parts written where commit reads them
+    if solver is not None:  # the whole solve in Triton, its parts written where commit reads them
         keys, updates, path_decay = kept["keys"], kept["updates"], kept["path_decay"]
         core = solver.tree_solve(
             conv_out, a, b, module.A_log, module.dt_bias, ancestors, state, keys, updates, path_decay,
-            module.num_k_heads, module.head_k_dim,
+            module.num_k_heads, module.head_k_dim, max_path=max_path,
         )
         parts = gdn.ParallelParts(keys, updates, path_decay, ancestors, state)
     else:
