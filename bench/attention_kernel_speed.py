@@ -1,8 +1,9 @@
 """Verify attention alone on a GPU: the SDPA path (``FastDecoder._target_forward``: GQA reshape,
 memory-efficient SDPA with the additive bias, transpose back) against the split-key Triton kernel
 (``triton_attention``), 8B shape (32 query heads, 8 KV heads, head_dim 128, bf16), per verify
-bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; at several
-TARGET_PROGRAMS. Also checks the kernel against SDPA on the same inputs (bf16 steps).
+bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; at several plans
+(TARGET_PROGRAMS / BLOCK_N / MIN_SPLIT_BLOCKS). Also checks the kernel against SDPA on the same
+inputs (bf16 steps).
 
     python -m bench.attention_kernel_speed [--start 176] [--rows 1,32,80,272]
 """
@@ -21,6 +22,9 @@ from ddtree_diag.engine.tree import ancestor_mask
 
 LAYERS, REPLAYS = 36, 20
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+PLAN_NAMES = ("TARGET_PROGRAMS", "BLOCK_N", "MIN_SPLIT_BLOCKS")
+DEFAULT = tuple(getattr(triton_attention, name) for name in PLAN_NAMES)
+PLANS = [(128, 32, 1), (256, 32, 1), (256, 32, 2), (256, 32, 4)]
 
 
 def graph_us(fn) -> float:
@@ -53,7 +57,8 @@ def main() -> None:
     args = parser.parse_args()
     start = args.start
     print(f"{torch.cuda.get_device_name()}  start={start}  (us per layer call)")
-    print("rows  window  sdpa    kernel@64  kernel@128  kernel@256  max bf16 steps")
+    names = "  ".join(f"{'k@' + '/'.join(map(str, plan)):>8}" for plan in PLANS)
+    print(f"rows  window  {'sdpa':>8}  {names}  max bf16 steps")
     for rows in (int(r) for r in args.rows.split(",")):
         print(measure(rows, start, torch.device("cuda"), torch.bfloat16))
 
@@ -91,10 +96,12 @@ def measure(rows: int, start: int, dev: torch.device, dtype: torch.dtype) -> str
     steps = ((kernel().float() - exact).abs() / unit).max().item()
     sdpa_steps = ((sdpa().float() - exact).abs() / unit).max().item()
     times = [graph_us(sdpa)]
-    for target in (64, 128, 256):
-        triton_attention.TARGET_PROGRAMS = target
+    for plan in PLANS:
+        for name, value in zip(PLAN_NAMES, plan, strict=True):
+            setattr(triton_attention, name, value)
         times.append(graph_us(kernel))
-    triton_attention.TARGET_PROGRAMS = 128
+    for name, value in zip(PLAN_NAMES, DEFAULT, strict=True):
+        setattr(triton_attention, name, value)
     cells = "  ".join(f"{t:8.2f}" for t in times)
     return f"{rows:4d}  {window:6d}  {cells}  kernel {steps:.2f} / sdpa {sdpa_steps:.2f}"
 

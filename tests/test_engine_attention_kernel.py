@@ -36,7 +36,7 @@ def attention(monkeypatch):
     assert module is not None, "triton is installed but the attention kernel did not import"
     monkeypatch.setattr(module, "calls", 0, raising=False)
     record_calls(monkeypatch, module, "tree_attention", lambda *_, **__: setattr(module, "calls", module.calls + 1))
-    monkeypatch.setattr(module, "TARGET_PROGRAMS", 128)  # the GPU's split counts (the interpreter aims for 1)
+    monkeypatch.setattr(module, "TARGET_PROGRAMS", 256)  # the GPU's split counts (the interpreter aims for 1)
     return module
 
 
@@ -88,6 +88,9 @@ SHAPES = [  # heads, kv_heads, rows, tree nodes, committed prefix
     (8, 2, 17, 12, 37),  # GQA 4, padding rows, a prefix not a multiple of the key tile
     (4, 1, 1, 1, 70),  # one row (the AR round)
     (8, 2, 32, 17, 100),  # budget 16's bucket: 17 nodes in 32 rows, 64-row query blocks
+    # 64-row query blocks that end before the tree's last row (their keys cut there), one across
+    # two query heads (not cut)
+    (2, 1, 80, 70, 20),
 ]
 
 
@@ -116,6 +119,8 @@ def test_kernel_bf16_within_one_step(attention, shape):
 
 def test_several_key_tiles_per_split_and_a_head_dim_not_a_power_of_two(attention, monkeypatch):
     """Fewer programs wanted: each split loops over several key tiles, the last one partial."""
+    # the 8B's budget-16 verify (16 query blocks): 4 splits of 2 key tiles, not 8 of one
+    assert attention.plan(rows=32, rep=4, kv_heads=8, window=256) == (64, 4, 64)
     monkeypatch.setattr(attention, "TARGET_PROGRAMS", 2)
     assert attention.plan(rows=9, rep=2, kv_heads=1, window=192)[1:] == (2, 96)
     q, cache_k, cache_v, anc, window = case(2, 1, 9, 6, 150, 24, torch.float32, seed=3)

@@ -16,9 +16,10 @@ card, ~14 us per layer for a few hundred keys. Here the keys are split too:
 
 The visibility rule is the SDPA path's mask (``FastDecoder._target_forward``): key slot j is
 visible to tree row i when j < start (committed) or start <= j < start + rows and anc[i, j - start]
-(the row's ancestors and itself; padding rows see themselves). Nothing at or past start + rows is
-read. ``start`` is read from the device tensor, so one captured CUDA graph serves every round of a
-window; the grid depends only on (rows, window), which are static per graph.
+(the row's ancestors and itself; padding rows see themselves). Nothing past the last tree row
+of a program's block is read. ``start`` is read from the device tensor, so one captured CUDA
+graph serves every round of a window; the grid depends only on (rows, window), which are static
+per graph.
 
 Math as SDPA: scores q.k in fp32 times ``scale``, softmax in fp32, probabilities rounded to the
 value dtype for the p.v product (the memory-efficient kernel does the same), fp32 accumulation,
@@ -40,12 +41,17 @@ from ddtree_diag.engine.fast.triton_kernels import _rounded
 # order 1e10); there the kernel feeds the dots the same bf16 values as fp32 (exact products, fp32
 # sums: what a tensor core's bf16 MMA computes too), rounding p to bf16 with integer ops first.
 UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
-# Key tile per loop step, and the number of programs the split count aims for: enough to cover the
-# H200's 132 SMs about once without writing more fp32 partials than the keys themselves weigh. The
+# Key tile per loop step, and the number of programs the split count aims for: about two per SM of
+# an H200 (132), so that budget 256's 136 query blocks split in two (8B: 37.3 -> 26.6 us a layer),
+# without writing more fp32 partials than the keys themselves weigh. The
 # interpreter runs programs one after another, so there it aims for one split (a whole decode
 # under it would otherwise take minutes); the tests set it to exercise the splits.
 BLOCK_N = 32
-TARGET_PROGRAMS = 1 if UPCAST else 128
+TARGET_PROGRAMS = 1 if UPCAST else 256
+# Key tiles a split takes at the least: with one, a 32-row verify's splits are one tile each and
+# the combine merges twice as many partials (8B, us per layer: 12.2 -> 11.4 at 32 rows, 7.0 -> 6.5
+# for AR; ``bench/attention_kernel_speed.py``).
+MIN_SPLIT_BLOCKS = 2
 # Group rows per combine program (8B budget 16: 8 KV heads x 8 = 64 programs).
 COMBINE_ROWS = 16
 
@@ -73,9 +79,14 @@ def _split_kernel(
         mask=m_ok[:, None] & d_ok[None, :], other=0.0,
     )
     start = tl.load(start_ptr).to(tl.int32)
-    # This split's keys, cut at the last tree slot: slots past start + rows are never visible.
+    # This split's keys, cut at the block's last tree row: a row's ancestors come before it, so a
+    # tree slot past every row of the block is visible to none of them (budget 256: a block of 64
+    # rows of one query head reads on average half the tree's slots).
+    first = block * BLOCK_M
+    last = tl.minimum(first + BLOCK_M, group_rows) - 1
+    last_row = tl.where(first // rows == last // rows, last % rows, rows - 1)  # rows of two heads: all
     lo = split * split_len
-    hi = tl.minimum(tl.minimum(lo + split_len, window), start + rows)
+    hi = tl.minimum(tl.minimum(lo + split_len, window), start + last_row + 1)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -156,13 +167,13 @@ def _combine_kernel(
 def plan(rows: int, rep: int, kv_heads: int, window: int, head_dim: int = 128) -> tuple[int, int, int]:
     """(BLOCK_M, splits, split_len) for a shape: query blocks of up to 64 group rows (32 for heads
     wider than 128: a program's fp32 accumulator is BLOCK_M x head_dim; at least 16, tl.dot's
-    minimum), and as many key splits of BLOCK_N multiples as bring the grid to about
-    TARGET_PROGRAMS (one split when the query blocks alone fill it, budget 256)."""
+    minimum), and as many key splits of at least MIN_SPLIT_BLOCKS BLOCK_N-key tiles as bring the
+    grid to about TARGET_PROGRAMS (few when the query blocks alone nearly fill it, budget 256)."""
     group_rows = rep * rows
     block_m = min(64 if head_dim <= 128 else 32, max(16, triton.next_power_of_2(group_rows)))
     programs = kv_heads * triton.cdiv(group_rows, block_m)
     key_blocks = triton.cdiv(window, BLOCK_N)
-    splits = max(1, min(key_blocks, triton.cdiv(TARGET_PROGRAMS, programs)))
+    splits = max(1, min(key_blocks // MIN_SPLIT_BLOCKS, triton.cdiv(TARGET_PROGRAMS, programs)))
     split_len = triton.cdiv(key_blocks, splits) * BLOCK_N
     return block_m, triton.cdiv(window, split_len), split_len
 
