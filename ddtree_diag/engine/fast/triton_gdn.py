@@ -13,13 +13,13 @@ written straight to the [rows, heads * head_dim] layout the gated norm reads. Tw
 - **The path solve** (default; a draft tree's paths are at most its block long): a row's
   ancestors are a chain closed under the system (an ancestor's ancestors are the row's too), so
   every row solves its own path whole, in parallel with every other. ``_path_prep_kernel``
-  (per value head, 16 rows, 64 value columns) writes each row's own parts: prepared key
-  (head-repeated, l2-normed, fp32), path decay, beta, depth, right-hand side and the committed
-  state's share of the output. ``_path_solve_kernel`` (per row and value head) finds the row's
-  path from ``anc`` and the depths, builds the path's [PATH, PATH] system from gathered keys, and
-  back-substitutes for the two row vectors it needs (see there): a 27B layer at 272 rows in 120
-  us on an H200 where the blocked solve takes 244 (``bench/gdn_solve_speed.py``). Ancestors'
-  rows are solved again by each descendant's program: far cheaper than waiting for them.
+  (per value head, 16 rows, 64 value columns) writes what is each row's own: prepared key
+  (head-repeated, l2-normed, fp32), gate, beta, k S0 and q S0. ``_path_solve_kernel`` (per row
+  and value head) finds the row's path by a running count over its own ``anc`` row, sums the
+  gates along it into the path decays, builds the path's [PATH, PATH] system from gathered keys,
+  and back-substitutes for the two row vectors it needs (see there): a 27B layer at 272 rows in
+  about half the blocked solve's time on an H200 (``bench/gdn_solve_speed.py``). Ancestors' rows
+  are solved again by each descendant's program: far cheaper than waiting for them.
 - **The blocked solve** (any tree; paths past ``PATH_LIMIT`` rows): one program per (value head,
   slice of value columns) takes the rows in blocks of BLOCK_N, in order: a first pass writes the
   prepared keys and path decays; then each block's right-hand side minus what the earlier blocks'
@@ -186,64 +186,44 @@ def _tree_solve_kernel(
 
 @triton.jit
 def _path_prep_kernel(
-    conv_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, state_ptr,
-    keys_ptr, decay_ptr, beta_ptr, depth_ptr, rhs_ptr, base_ptr,
-    n_rows, conv_row_stride, a_row_stride, b_row_stride, anc_row_stride,
+    conv_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr,
+    keys_ptr, gate_ptr, beta_ptr, k_state_ptr, q_state_ptr,
+    n_rows, conv_row_stride, a_row_stride, b_row_stride,
     key_dim, heads_per_key, dk, dv, q_divisor,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # one program per (value head, block of rows, slice of value columns): everything of a row
-    # that needs no other row's update
+    # one program per (value head, block of rows, slice of value columns): each row's own parts,
+    # nothing of any other row
     head = tl.program_id(0)
-    i0 = tl.program_id(1) * BLOCK_N
-    v0 = tl.program_id(2) * BLOCK_V
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    e = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    e_ok = e < dv
     key_head = head // heads_per_key
-    dtype = conv_ptr.dtype.element_ty
     d = tl.arange(0, BLOCK_K)
     d_ok = d < dk
-    e = v0 + tl.arange(0, BLOCK_V)
-    e_ok = e < dv
-    rows = i0 + tl.arange(0, BLOCK_N)
-    row_ok = rows < n_rows
     neg_rate = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    g, beta = _gates(a_ptr, b_ptr, rows, row_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias,
+                     conv_ptr.dtype.element_ty)
     k = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_dim + key_head * dk, d, d_ok, 1.0)
     q = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_head * dk, d, d_ok, q_divisor)
-    # path log-decay (sum of g over the ancestors) and depth (ancestor count - 1); ancestors come
-    # first, so nothing past this block
-    decay = tl.zeros((BLOCK_N,), tl.float32)
-    count = tl.zeros((BLOCK_N,), tl.int32)
-    wide = tl.arange(0, BLOCK_C)
-    for j0 in range(0, i0 + BLOCK_N, BLOCK_C):
-        cols = j0 + wide
-        col_ok = (cols < n_rows) & (cols < i0 + BLOCK_N)
-        g, _ = _gates(a_ptr, b_ptr, cols, col_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias, dtype)
-        anc = tl.load(anc_ptr + rows[:, None] * anc_row_stride + cols[None, :],
-                      mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
-        decay += tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)
-        count += tl.sum(anc.to(tl.int32), axis=1)
-    _, beta = _gates(a_ptr, b_ptr, rows, row_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias, dtype)
-    # programs of one head (or one row block) store the same bits here: harmless
+    # programs of one head store the same keys and gates: harmless
     tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + d[None, :], k, mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(decay_ptr + head * n_rows + rows, decay, mask=row_ok)
+    tl.store(gate_ptr + head * n_rows + rows, g, mask=row_ok)
     tl.store(beta_ptr + head * n_rows + rows, beta, mask=row_ok)
-    tl.store(depth_ptr + rows, count - 1, mask=row_ok)
     state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :], mask=d_ok[:, None] & e_ok[None, :],
                     other=0.0)
-    v = tl.load(conv_ptr + rows[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :],
-                mask=row_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
-    grow = tl.exp(decay)[:, None]
     here = head * n_rows * dv + rows[:, None] * dv + e[None, :]
     ok = row_ok[:, None] & e_ok[None, :]
-    tl.store(rhs_ptr + here, beta[:, None] * (v - grow * tl.dot(k, state, input_precision=PRECISION)), mask=ok)
-    tl.store(base_ptr + here, grow * tl.dot(q, state, input_precision=PRECISION), mask=ok)
+    tl.store(k_state_ptr + here, tl.dot(k, state, input_precision=PRECISION), mask=ok)
+    tl.store(q_state_ptr + here, tl.dot(q, state, input_precision=PRECISION), mask=ok)
 
 
 @triton.jit
 def _path_solve_kernel(
-    conv_ptr, anc_ptr, keys_ptr, decay_ptr, beta_ptr, depth_ptr, rhs_ptr, base_ptr, out_ptr, updates_ptr,
-    n_rows, conv_row_stride, anc_row_stride, heads_per_key, dk, dv, q_divisor,
+    conv_ptr, anc_ptr, keys_ptr, gate_ptr, beta_ptr, k_state_ptr, q_state_ptr, out_ptr, updates_ptr, decay_ptr,
+    n_rows, conv_row_stride, anc_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
     PATH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -257,51 +237,61 @@ def _path_solve_kernel(
     dtype = out_ptr.dtype.element_ty
     d = tl.arange(0, BLOCK_K)
     d_ok = d < dk
-    step = tl.arange(0, PATH)  # position along the path = depth
-    depth = tl.load(depth_ptr + row)
-    on_path = step <= depth
-    q = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
-    # the path's rows: the ancestor at each depth (an ancestor's depth is its place on the path)
+    step = tl.arange(0, PATH)  # place along the path = depth
+    # the path's rows from the row's own ancestor mask: ancestors come first, in path order, so the
+    # ancestor at place t is the one with t ancestors before it (a running count)
     path = tl.zeros((PATH,), tl.int32)
+    count = 0
     wide = tl.arange(0, BLOCK_C)
     for j0 in range(0, row + 1, BLOCK_C):
         cols = j0 + wide
-        col_ok = cols <= row
-        anc = tl.load(anc_ptr + row * anc_row_stride + cols, mask=col_ok, other=0) != 0
-        col_depth = tl.load(depth_ptr + cols, mask=col_ok, other=-1)
-        hit = anc[None, :] & (col_depth[None, :] == step[:, None])
+        anc = (tl.load(anc_ptr + row * anc_row_stride + cols, mask=cols <= row, other=0) != 0).to(tl.int32)
+        place = count + tl.cumsum(anc, axis=0) - 1
+        hit = (anc[None, :] != 0) & (place[None, :] == step[:, None])
         path += tl.sum(tl.where(hit, cols[None, :], 0), axis=1)
+        count += tl.sum(anc, axis=0)
+    depth = count - 1
+    on_path = step <= depth
+    at_row = step == depth
     k = tl.load(keys_ptr + head * n_rows * dk + path[:, None] * dk + d[None, :],
                 mask=on_path[:, None] & d_ok[None, :], other=0.0)
-    decay = tl.load(decay_ptr + head * n_rows + path, mask=on_path, other=0.0)
     beta = tl.load(beta_ptr + head * n_rows + path, mask=on_path, other=0.0)
+    # path log-decays: G_t = g summed from the root to place t
+    decay = tl.cumsum(tl.load(gate_ptr + head * n_rows + path, mask=on_path, other=0.0), axis=0)
+    own_decay = tl.sum(tl.where(at_row, decay, 0.0), axis=0)
+    tl.store(decay_ptr + head * n_rows + row, own_decay)
     # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every earlier
-    # row of a path is an ancestor). The row needs two sums over the path's x: its own update
-    # (x at its depth) and its output's sum_t e^{G - G_t} (q . k_t) x_t, i.e. r x for two row
-    # vectors r. So solve y (I + L) = r for those two r instead of x: depth steps of back
-    # substitution on [2, PATH] vectors, no [PATH, PATH] products (x = (I + L)^-1 rhs, so r x =
-    # y rhs). Back substitution is as stable as the forward one it replaces.
+    # row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row needs two sums
+    # over the path's x: its own update (x at its depth) and its output's
+    # sum_t e^{G - G_t} (q . k_t) x_t, i.e. r x for two row vectors r. So solve y (I + L) = r for
+    # those two r instead of x: depth steps of back substitution on [2, PATH] vectors, no
+    # [PATH, PATH] products (x = (I + L)^-1 rhs, so r x = y rhs). Back substitution is as stable as
+    # the forward one it replaces.
     lower = (step[:, None] > step[None, :]) & on_path[:, None] & on_path[None, :]
     gram = tl.dot(k, tl.trans(k), input_precision=PRECISION)
     system = tl.where(lower, beta[:, None] * tl.exp(decay[:, None] - decay[None, :]) * gram, 0.0)
+    q = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
-    own_decay = tl.sum(tl.where(step == depth, decay, 0.0), axis=0)
     weight = tl.where(on_path, tl.exp(own_decay - decay) * tl.sum(k * q[None, :], axis=1), 0.0)
     pick = tl.arange(0, 2)[:, None]  # 0: the update, 1: the output
-    solved = tl.where(pick == 0, (step == depth).to(tl.float32)[None, :], weight[None, :])
+    solved = tl.where(pick == 0, at_row.to(tl.float32)[None, :], weight[None, :])
     for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
         t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
         column = tl.sum(tl.where(step[None, :] == t, system, 0.0), axis=1)
         solved -= tl.where(step[None, :] == t, tl.sum(solved * column[None, :], axis=1)[:, None], 0.0)
     own = tl.sum(tl.where(pick == 0, solved, 0.0), axis=0)
     through = tl.sum(tl.where(pick == 1, solved, 0.0), axis=0)
+    grow = tl.exp(decay)
     for v0 in range(0, dv, BLOCK_V):
         e = v0 + tl.arange(0, BLOCK_V)
         e_ok = e < dv
-        rhs = tl.load(rhs_ptr + head * n_rows * dv + path[:, None] * dv + e[None, :],
-                      mask=on_path[:, None] & e_ok[None, :], other=0.0)
+        ok = on_path[:, None] & e_ok[None, :]
+        v = tl.load(conv_ptr + path[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :], mask=ok,
+                    other=0.0).to(tl.float32)
+        k_state = tl.load(k_state_ptr + head * n_rows * dv + path[:, None] * dv + e[None, :], mask=ok, other=0.0)
+        rhs = beta[:, None] * (v - grow[:, None] * k_state)
         tl.store(updates_ptr + head * n_rows * dv + row * dv + e, tl.sum(own[:, None] * rhs, axis=0), mask=e_ok)
-        out = tl.load(base_ptr + head * n_rows * dv + row * dv + e, mask=e_ok, other=0.0)
+        out = tl.exp(own_decay) * tl.load(q_state_ptr + head * n_rows * dv + row * dv + e, mask=e_ok, other=0.0)
         out += tl.sum(through[:, None] * rhs, axis=0)
         tl.store(out_ptr + row * (heads * dv) + head * dv + e, out.to(dtype), mask=e_ok)
 
@@ -423,27 +413,25 @@ def tree_solve(
 
 def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
                 key_heads, dk, max_path, precision, warps) -> None:
-    """The path solve: a first kernel prepares every row's own parts (key, decay, beta, depth,
-    right-hand side, the committed state's share of the output), a second solves each row's path."""
+    """The path solve: a first kernel prepares every row's own parts (key, gate, beta, k S0, q S0),
+    a second solves each row's path."""
     n_rows = conv_out.shape[0]
     value_heads, _, dv = state.shape
     block_k = max(16, triton.next_power_of_2(dk))
     fp32 = dict(device=conv_out.device, dtype=torch.float32)
-    beta = torch.empty(value_heads, n_rows, **fp32)
-    depth = torch.empty(n_rows, device=conv_out.device, dtype=torch.int32)
-    rhs, base = torch.empty(value_heads, n_rows, dv, **fp32), torch.empty(value_heads, n_rows, dv, **fp32)
-    # 16 rows, 64 value columns, 4 warps: 32 rows, 128 columns or 8 warps measured the same
+    gate, beta = torch.empty(value_heads, n_rows, **fp32), torch.empty(value_heads, n_rows, **fp32)
+    k_state, q_state = (torch.empty(value_heads, n_rows, dv, **fp32) for _ in range(2))
     prep_v = min(64, max(16, triton.next_power_of_2(dv)))
     _path_prep_kernel[(value_heads, triton.cdiv(n_rows, 16), triton.cdiv(dv, prep_v))](
-        conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, path_decay, beta, depth, rhs, base,
-        n_rows, conv_out.stride(0), a.stride(0), b.stride(0), anc_bytes.stride(0),
+        conv_out, a, b, a_log, dt_bias, state, keys, gate, beta, k_state, q_state,
+        n_rows, conv_out.stride(0), a.stride(0), b.stride(0),
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
-        BLOCK_N=16, BLOCK_C=64, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=4,
+        BLOCK_N=16, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=4,
     )
     path = max(16, triton.next_power_of_2(max_path))
     _path_solve_kernel[(n_rows, value_heads)](
-        conv_out, anc_bytes, keys, path_decay, beta, depth, rhs, base, out, updates,
-        n_rows, conv_out.stride(0), anc_bytes.stride(0), value_heads // key_heads, dk, dv, float(dk**0.5),
-        PATH=path, BLOCK_C=256, BLOCK_K=block_k, BLOCK_V=min(128, max(16, triton.next_power_of_2(dv))),
+        conv_out, anc_bytes, keys, gate, beta, k_state, q_state, out, updates, path_decay,
+        n_rows, conv_out.stride(0), anc_bytes.stride(0), key_heads * dk, value_heads // key_heads, dk, dv,
+        float(dk**0.5), PATH=path, BLOCK_C=256, BLOCK_K=block_k, BLOCK_V=min(128, max(16, triton.next_power_of_2(dv))),
         PRECISION=precision, num_warps=warps,
     )
