@@ -21,10 +21,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from ddtree_diag.engine.divergence import first_divergence
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
 from ddtree_diag.engine.generate import DECODE_PATHS, Engine
 from ddtree_diag.engine.target import TargetModel
@@ -156,16 +158,16 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             say(f"  (first request, budget {budget}: {len(compiles)} Triton compiles, "
                 f"{sum(s for _, s in compiles):.1f} s; slowest: {slowest})")
         result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=new_tokens, stop_token_ids=[])
-        # tokens vs the eager path's at this budget (bf16: an exact near-tie may flip; fp32: must match)
+        # tokens vs the eager path's at this budget (fp32: must match; bf16: may part where the
+        # target's top two are a rounding step apart: "@i~" a near-tie at output token i, "@i!" not)
         key = (shape, budget)
         if path == "eager":
             EAGER_TOKENS[key] = result.token_ids
         reference = EAGER_TOKENS.get(key)
-        same = "-"
+        same, divergence = "-", None
         if reference is not None and path != "eager":
-            n = min(len(reference), len(result.token_ids))
-            diverge = next((i for i in range(n) if reference[i] != result.token_ids[i]), None)
-            same = "yes" if diverge is None else f"@{diverge}"
+            divergence = first_divergence(engine.target.hf, prompt, reference, result.token_ids)
+            same = "yes" if divergence is None else f"@{divergence.index}{'~' if divergence.near_tie else '!'}"
         peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
         rounds = max(result.decode_rounds, 1)
         per = {k: 1000 * v / rounds for k, v in result.stage_times.items()}
@@ -175,6 +177,8 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
         fallbacks = result.extras.get("fast_tree_fallbacks", "-")
         for error in result.extras.get("cuda_graph_errors", []):
             say(f"  (a stage ran without a CUDA graph: {error})")
+        if divergence is not None:
+            say(f"  ({path} at budget {budget} against eager: {divergence.describe()})")
         say(
             f"{path:>12} {budget if budget else 'AR':>6} {result.decode_rounds:>6} {tau:>5.2f} "
             f"{ms_round:>9.2f} {per['draft']:>7.2f} {per['tree']:>7.2f} {per['verify']:>7.2f} "
@@ -186,6 +190,7 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             "ms_per_round": ms_round, "stage_ms_per_round": per,
             "tokens_per_second": result.decode_tokens_per_second, "ttft_ms": 1000 * result.ttft_s,
             "verify_bandwidth_share": share / 100, "tree_fallbacks": fallbacks, "same_as_eager": same,
+            "divergence": asdict(divergence) if divergence is not None else None,
             "first_request_s": first_s, "peak_gib": peak_gib,
             "triton_compiles": len(compiles), "triton_compile_s": sum(s for _, s in compiles),
         })

@@ -1,0 +1,72 @@
+"""Where two greedy decodes of one engine part, and whether that is a numerics near-tie.
+
+Two decode paths of the same weights (the eager loop and the fast path, or the fast path with and
+without a kernel) are equal token for token in fp32. In bf16 their kernels sum in other orders, so
+where the target's top two tokens are closer than bf16 can tell apart, either may win: a near-tie,
+not a bug. ``first_divergence`` finds the first differing position and asks the plain model (the
+HF module's own full forward over the prompt and the shared prefix, no cache, no speculation) how
+far apart the two tokens are there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ddtree_diag.checks.lossless import DEFAULT_NEAR_TIE_GAP
+
+
+@dataclass(frozen=True)
+class Divergence:
+    index: int  # first output position where the two decodes differ
+    reference_token: int
+    other_token: int
+    gap_nats: float  # log p(reference token) - log p(other token) in the plain forward
+    threshold_nats: float  # the widest gap still called a near-tie here
+    near_tie: bool  # the two tokens are the plain forward's top two, within the threshold
+
+    def describe(self) -> str:
+        kind = "a near-tie" if self.near_tie else "NOT a near-tie"
+        return (f"first differs at output token {self.index} ({self.reference_token} vs {self.other_token}): "
+                f"{kind}, {abs(self.gap_nats):.4f} nats apart in the plain forward "
+                f"(near-tie: top two within {self.threshold_nats:.4f})")
+
+
+def rounding_step(value: float, dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s numbers at ``value``'s magnitude (one unit in the last place)."""
+    if not dtype.is_floating_point:
+        return 0.0
+    info = torch.finfo(dtype)
+    exponent = math.frexp(max(abs(value), info.tiny))[1]  # magnitude in [2^(exponent-1), 2^exponent)
+    return math.ldexp(info.eps, exponent - 1)
+
+
+@torch.inference_mode()
+def first_divergence(
+    model: torch.nn.Module,
+    prompt_ids: list[int],
+    reference: list[int],
+    other: list[int],
+    near_tie_gap: float = DEFAULT_NEAR_TIE_GAP,
+) -> Divergence | None:
+    """The first position where ``other`` leaves ``reference`` (both greedy outputs after
+    ``prompt_ids``), judged by ``model`` (an HF causal LM) at that position; None when they agree
+    over their common length. A near-tie: the two tokens are the model's top two there and their
+    log-probs are within ``near_tie_gap`` nats or two rounding steps of the model's dtype at the
+    top logit's magnitude (bf16 logits of ~20 are 0.125 apart), whichever is wider."""
+    common = min(len(reference), len(other))
+    index = next((i for i in range(common) if reference[i] != other[i]), None)
+    if index is None:
+        return None
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(reference[:index])], device=device)
+    logits = model(input_ids=ids, use_cache=False).logits[0, -1]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    first, second = logprobs.topk(2).indices.tolist()
+    ref_token, other_token = reference[index], other[index]
+    gap = float(logprobs[ref_token] - logprobs[other_token])
+    threshold = max(near_tie_gap, 2 * rounding_step(float(logits.max()), logits.dtype))
+    near = {ref_token, other_token} == {first, second} and abs(gap) <= threshold
+    return Divergence(index, ref_token, other_token, gap, threshold, near)
