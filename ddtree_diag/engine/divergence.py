@@ -25,13 +25,13 @@ class Divergence:
     other_token: int
     gap_nats: float  # log p(reference token) - log p(other token) in the plain forward
     threshold_nats: float  # the widest gap still called a near-tie here
-    near_tie: bool  # the two tokens are the plain forward's top two, within the threshold
+    near_tie: bool  # both tokens are within the threshold of the plain forward's best
 
     def describe(self) -> str:
         kind = "a near-tie" if self.near_tie else "NOT a near-tie"
         return (f"first differs at output token {self.index} ({self.reference_token} vs {self.other_token}): "
                 f"{kind}, {abs(self.gap_nats):.4f} nats apart in the plain forward "
-                f"(near-tie: top two within {self.threshold_nats:.4f})")
+                f"(near-tie: both within {self.threshold_nats:.4f} of the best)")
 
 
 def rounding_step(value: float, dtype: torch.dtype) -> float:
@@ -53,9 +53,12 @@ def first_divergence(
 ) -> Divergence | None:
     """The first position where ``other`` leaves ``reference`` (both greedy outputs after
     ``prompt_ids``), judged by ``model`` (an HF causal LM) at that position; None when they agree
-    over their common length. A near-tie: the two tokens are the model's top two there and their
-    log-probs are within ``near_tie_gap`` nats or two rounding steps of the model's dtype at the
-    top logit's magnitude (bf16 logits of ~20 are 0.125 apart), whichever is wider."""
+    over their common length. A near-tie: both tokens' log-probs are within ``near_tie_gap`` nats
+    of the best token's there, or within four rounding steps of the model's dtype at the top
+    logit's magnitude, whichever is wider. Each bf16 layer rounds its sums, so two bf16
+    implementations of one network end with logits a few steps apart (on an H200, 27B hybrid
+    shape: 3 steps, 0.094 nats, between the fast path and the eager loop); random-weight logits
+    are flat enough that three or more tokens often tie, so the two need not be the top two."""
     common = min(len(reference), len(other))
     index = next((i for i in range(common) if reference[i] != other[i]), None)
     if index is None:
@@ -64,9 +67,9 @@ def first_divergence(
     ids = torch.tensor([list(prompt_ids) + list(reference[:index])], device=device)
     logits = model(input_ids=ids, use_cache=False).logits[0, -1]
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    first, second = logprobs.topk(2).indices.tolist()
     ref_token, other_token = reference[index], other[index]
     gap = float(logprobs[ref_token] - logprobs[other_token])
-    threshold = max(near_tie_gap, 2 * rounding_step(float(logits.max()), logits.dtype))
-    near = {ref_token, other_token} == {first, second} and abs(gap) <= threshold
+    threshold = max(near_tie_gap, 4 * rounding_step(float(logits.max()), logits.dtype))
+    best = float(logprobs.max())
+    near = best - float(logprobs[ref_token]) <= threshold and best - float(logprobs[other_token]) <= threshold
     return Divergence(index, ref_token, other_token, gap, threshold, near)
