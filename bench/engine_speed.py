@@ -159,16 +159,17 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
                 f"{sum(s for _, s in compiles):.1f} s; slowest: {slowest})")
         result = engine.generate_ids(prompt, tree_budget=budget, max_tokens=new_tokens, stop_token_ids=[])
         # tokens vs the eager path's at this budget (fp32: must match; bf16: may part where the
-        # target's top two are a rounding step apart: "@i~" a near-tie at output token i, "@i!" not)
+        # target's best tokens are a few rounding steps apart: "@i~" a near-tie at output token i,
+        # "@i!" not; engine/divergence.py's rule)
         key = (shape, budget)
         if path == "eager":
             EAGER_TOKENS[key] = result.token_ids
         reference = EAGER_TOKENS.get(key)
+        peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0  # before the judging forward
         same, divergence = "-", None
         if reference is not None and path != "eager":
             divergence = first_divergence(engine.target.hf, prompt, reference, result.token_ids)
             same = "yes" if divergence is None else f"@{divergence.index}{'~' if divergence.near_tie else '!'}"
-        peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
         rounds = max(result.decode_rounds, 1)
         per = {k: 1000 * v / rounds for k, v in result.stage_times.items()}
         ms_round = 1000 * (result.e2e_s - result.ttft_s) / rounds

@@ -1,6 +1,6 @@
 """The Gated DeltaNet tree solve alone on a GPU: the PyTorch solve (``gdn.gdn_gates`` +
 ``gdn.parallel_gated_delta``, about forty kernels) against the Triton solves
-(``triton_gdn.tree_solve``: the path solve, and the blocked solve at several tiles), per row count,
+(``triton_gdn.tree_solve``: the path solve and the blocked solve, two plans each), per row count,
 each captured in a CUDA graph and replayed (device time per layer call). Shape: one Qwen3.6-27B
 Gated DeltaNet layer (16 key heads, 48 value heads, head dims 128) in bf16, on a random tree of
 depth at most 15 (a block-16 draft's), the path bound given as the decoder gives it. Also prints
@@ -55,7 +55,7 @@ def inputs(rows: int, generator: torch.Generator) -> dict:
 
 
 def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float]:
-    """(us per call: the PyTorch solve, then each tile), worst |kernel - PyTorch| over the tiles."""
+    """(us per call: the PyTorch solve, then each plan), worst |kernel - PyTorch| over the plans."""
     x = inputs(rows, generator)
     a, b = x["gates"][:, :VALUE_HEADS], x["gates"][:, VALUE_HEADS:]
     q, k, v = x["conv_out"].split([KEY_HEADS * DK, KEY_HEADS * DK, VALUE_HEADS * DV], dim=-1)

@@ -86,5 +86,8 @@ def test_a_bf16_model_is_judged_with_its_logits_rounding_step(model):
     reference = greedy(half, PROMPT, 3)
     with torch.inference_mode():
         top = float(half(input_ids=torch.tensor([PROMPT])).logits[0, -1].max())
-    found = first_divergence(half, PROMPT, reference, [reference[0] + 1, *reference[1:]], near_tie_gap=0.0)
-    assert found.threshold_nats == 4 * rounding_step(top, torch.bfloat16) > 0
+    other = [(reference[0] + 1) % half.config.vocab_size, *reference[1:]]
+    found = first_divergence(half, PROMPT, reference, other, near_tie_gap=0.0)
+    assert found.step_nats == rounding_step(top, torch.bfloat16) > 0
+    assert found.threshold_nats == 4 * found.step_nats
+    assert "rounding steps" in found.describe()

@@ -85,12 +85,12 @@ def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0
     )
 
 
-CASES = [(1, "tree"), (5, "chain"), (17, "tree"), (40, "bushy"), (33, "padded"), (16, "chain"), (150, "tree")]
+CASES = [(5, "chain"), (17, "tree"), (40, "bushy"), (33, "padded"), (16, "chain"), (150, "tree")]
 
 
-# a 130-row chain is past the path solve's limit: blocked only
+# one row: the one-row kernel whatever the method; a 130-row chain is past the path solve's limit
 @pytest.mark.parametrize("n, shape, method", [(*case, m) for case in CASES for m in ("path", "blocked")]
-                         + [(130, "chain", "auto")])
+                         + [(1, "tree", "auto"), (130, "chain", "auto")])
 def test_solve_equals_the_parallel_solve_in_fp32(solver, n, shape, method):
     (out, keys, updates, decay), (ref_out, ref_keys, ref_updates, ref_decay) = solve_both(n, shape, torch.float32,
                                                                                           method=method)
@@ -120,10 +120,11 @@ def test_solve_handles_head_ratios_and_dims_that_are_not_tile_sized(solver, key_
 @pytest.mark.parametrize("tile", [dict(method="path"), dict(method="blocked", block_n=16),
                                   dict(method="blocked", block_n=32)])
 def test_solve_of_a_badly_conditioned_chain_matches_the_solve_in_float64(solver, tile):
-    """The worst case of the in-block solve: a chain (every earlier row an ancestor), nearly equal
+    """The worst case of a triangular solve: a chain (every earlier row an ancestor), nearly equal
     keys, beta near 1 and no decay, so the system is close to the all-ones lower triangle and its
-    inverse's series sums terms of alternating sign up to C(BLOCK_N-1, BLOCK_N/2) times the result.
-    The kernel must stay as close to the float64 solve as the PyTorch fp32 solve does."""
+    inverse's series sums terms of alternating sign up to C(BLOCK_N-1, BLOCK_N/2) times the result
+    (the blocked solve's in-block inverse; the path solve back-substitutes 48 steps at a 64-row
+    path). The kernel must stay as close to the float64 solve as the PyTorch fp32 solve does."""
     n, key_heads, value_heads, dk, dv = 48, 1, 2, 16, 16
     generator = torch.Generator().manual_seed(11)
     anc = ancestor_mask(list(range(-1, n - 1))).to(DEVICE)
@@ -178,7 +179,8 @@ def test_the_path_solve_takes_paths_up_to_its_limit_and_the_blocked_solve_the_re
     chain = dict(dk=16, dv=16, value_heads=2, key_heads=1)
     for n, bound in ((limit, None), (limit + 1, None), (24, limit + 1), (24, 8)):
         got, want = solve_both(n, "tree" if n == 24 else "chain", torch.float32, **chain, max_path=bound)
-        torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
+        for mine, theirs in zip(got, want, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
     # counted from the mask when not given (limit rows: path; one more: blocked); a caller's bound
     # decides with no count (past the limit: blocked; 8: path, the tree's rows padded to 16 a path)
     assert took_paths == [limit, 8], took_paths
@@ -186,6 +188,17 @@ def test_the_path_solve_takes_paths_up_to_its_limit_and_the_blocked_solve_the_re
         solve_both(limit + 1, "chain", torch.float32, **chain, method="path")
     with pytest.raises(ValueError, match="unknown solve method"):
         solve_both(3, "chain", torch.float32, method="fast")
+
+
+def test_a_path_longer_than_the_callers_bound_comes_out_nan_not_wrong(solver):
+    """A 20-row chain with a bound of 4 (a 16-row path kernel): rows 16-19 cannot be solved there
+    and say so; the rows whose paths fit are still right."""
+    (out, _, updates, decay), (ref_out, _, ref_updates, ref_decay) = solve_both(
+        20, "chain", torch.float32, dk=16, dv=16, value_heads=2, key_heads=1, max_path=4)
+    assert decay[:, 16:].isnan().all() and updates[:, 16:].isnan().all() and out[16:].isnan().all()
+    torch.testing.assert_close(decay[:, :16], ref_decay[:, :16], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(updates[:, :16], ref_updates[:, :16], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out[:16], ref_out[:16], rtol=1e-4, atol=1e-5)
 
 
 def test_solve_is_used_only_where_the_kernels_run(monkeypatch):

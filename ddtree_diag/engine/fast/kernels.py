@@ -19,7 +19,7 @@ So does the verify rounds' attention (``triton_attention``: the keys split acros
 flash-decoding style, where SDPA's memory-efficient kernel runs 16 blocks);
 ``DDTREE_DIAG_ATTENTION_KERNEL=off`` turns off that one alone (SDPA with the additive mask runs).
 
-So do a hybrid target's Gated DeltaNet layers: the tree solve (``triton_gdn``: two kernels per
+So do a hybrid target's Gated DeltaNet layers: the tree solve (``triton_gdn``: one or two kernels per
 layer where ``gdn.parallel_gated_delta`` runs about forty), the tree rows' conv and the state
 commit (``triton_gdn_state``); ``DDTREE_DIAG_GDN_KERNEL=off`` turns off those alone.
 

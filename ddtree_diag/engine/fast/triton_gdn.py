@@ -251,6 +251,9 @@ def _path_solve_kernel(
         path += tl.sum(tl.where(hit, cols[None, :], 0), axis=1)
         count += tl.sum(anc, axis=0)
     depth = count - 1
+    # a path longer than PATH (a caller's bound too small) cannot be solved here: NaN, not a quiet
+    # wrong answer
+    lost = tl.where(count > PATH, float("nan"), 0.0)
     on_path = step <= depth
     at_row = step == depth
     k = tl.load(keys_ptr + head * n_rows * dk + path[:, None] * dk + d[None, :],
@@ -258,7 +261,7 @@ def _path_solve_kernel(
     beta = tl.load(beta_ptr + head * n_rows + path, mask=on_path, other=0.0)
     # path log-decays: G_t = g summed from the root to place t
     decay = tl.cumsum(tl.load(gate_ptr + head * n_rows + path, mask=on_path, other=0.0), axis=0)
-    own_decay = tl.sum(tl.where(at_row, decay, 0.0), axis=0)
+    own_decay = tl.sum(tl.where(at_row, decay, 0.0), axis=0) + lost
     tl.store(decay_ptr + head * n_rows + row, own_decay)
     # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every earlier
     # row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row needs two sums
@@ -279,7 +282,7 @@ def _path_solve_kernel(
         t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
         column = tl.sum(tl.where(step[None, :] == t, system, 0.0), axis=1)
         solved -= tl.where(step[None, :] == t, tl.sum(solved * column[None, :], axis=1)[:, None], 0.0)
-    own = tl.sum(tl.where(pick == 0, solved, 0.0), axis=0)
+    own = tl.sum(tl.where(pick == 0, solved, 0.0), axis=0) + lost
     through = tl.sum(tl.where(pick == 1, solved, 0.0), axis=0)
     grow = tl.exp(decay)
     for v0 in range(0, dv, BLOCK_V):
@@ -364,13 +367,16 @@ def tree_solve(
     [Hv, N] (fp32, contiguous) and returns the output [N, Hv * dv] in conv_out's dtype.
 
     ``max_path``: a bound on the rows of any root-to-row path (a draft tree's: its block size);
-    None counts it from ``ancestors`` (a host sync: not inside a CUDA graph). ``method``: "path"
+    None counts it from ``ancestors`` (a host sync: not inside a CUDA graph). The path solve
+    writes NaN for a row whose path is longer than the bound (rounded up to a power of two). ``method``: "path"
     (every row's path solved whole by its own program: paths up to ``PATH_LIMIT`` rows), "blocked"
     (the rows in order, blocks of ``block_n``: any tree) or "auto" (path where it applies).
     ``block_n`` (a power of two: the block's inverse is built by doubling), ``block_v`` value
     columns per program, ``warps`` per program, ``block_c`` earlier rows a step: the blocked
     solve's tile; ``path_warps``: the path solve's warps per program (``bench/gdn_solve_speed.py``
     compares them)."""
+    if method not in ("auto", "path", "blocked"):
+        raise ValueError(f"unknown solve method {method!r}")
     n_rows = conv_out.shape[0]
     value_heads, _, dv = state.shape
     out = torch.empty(n_rows, value_heads * dv, device=conv_out.device, dtype=conv_out.dtype)
@@ -388,8 +394,6 @@ def tree_solve(
     precision = "ieee" if conv_out.dtype == torch.float32 else precision
     anc = ancestors.contiguous()
     anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
-    if method not in ("auto", "path", "blocked"):
-        raise ValueError(f"unknown solve method {method!r}")
     if method != "blocked":
         if max_path is None:
             max_path = int(anc_bytes.sum(dim=1).max())
