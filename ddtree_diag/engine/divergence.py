@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtree_diag.checks.lossless import DEFAULT_NEAR_TIE_GAP
+from ddtree_diag.checks.lossless import DEFAULT_NEAR_TIE_GAP, first_difference_list
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def first_divergence(
     shape: 3 steps, 0.094 nats, between the fast path and the eager loop); random-weight logits
     are flat enough that three or more tokens often tie, so the two need not be the top two."""
     common = min(len(reference), len(other))
-    index = next((i for i in range(common) if reference[i] != other[i]), None)
+    index = first_difference_list(reference[:common], other[:common])
     if index is None:
         return None
     device = next(model.parameters()).device

@@ -368,9 +368,11 @@ def tree_solve(
 
     ``max_path``: a bound on the rows of any root-to-row path (a draft tree's: its block size);
     None counts it from ``ancestors`` (a host sync: not inside a CUDA graph). The path solve
-    writes NaN for a row whose path is longer than the bound (rounded up to a power of two). ``method``: "path"
-    (every row's path solved whole by its own program: paths up to ``PATH_LIMIT`` rows), "blocked"
-    (the rows in order, blocks of ``block_n``: any tree) or "auto" (path where it applies).
+    writes NaN for a row whose path is longer than the bound (rounded up to a power of two).
+
+    ``method``: "path" (every row's path solved whole by its own program: paths up to
+    ``PATH_LIMIT`` rows), "blocked" (the rows in order, blocks of ``block_n``: any tree) or "auto"
+    (path where it applies).
     ``block_n`` (a power of two: the block's inverse is built by doubling), ``block_v`` value
     columns per program, ``warps`` per program, ``block_c`` earlier rows a step: the blocked
     solve's tile; ``path_warps``: the path solve's warps per program (``bench/gdn_solve_speed.py``
