@@ -150,10 +150,19 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         compiled_before = len(COMPILES)
-        engine.generate_ids(prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[])
+        warm = engine.generate_ids(
+            prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[]
+        )
         first_s = time.perf_counter() - started
         compiles = COMPILES[compiled_before:]
-        if compiles:
+        ahead = warm.extras.get("compile_ahead")
+        if ahead and ahead.get("skipped"):
+            say(f"  (first request, budget {budget}: no compile-ahead pass: one ran for these stages before)")
+        elif ahead:  # the kernels compiled in parallel before the stages ran (engine/fast/ahead.py)
+            failed = f"; {ahead['error']}" if "error" in ahead else ""
+            say(f"  (first request, budget {budget}: compiled ahead {ahead['kernels']} kernels of "
+                f"{ahead['launches']} launches in {ahead['seconds']:.1f} s{failed})")
+        if compiles:  # ahead: hooks time submit to finish; else each kernel's compile at its launch
             slowest = ", ".join(f"{name} {s:.2f}" for name, s in sorted(compiles, key=lambda c: -c[1])[:6])
             say(f"  (first request, budget {budget}: {len(compiles)} Triton compiles, "
                 f"{sum(s for _, s in compiles):.1f} s; slowest: {slowest})")
@@ -194,6 +203,7 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             "divergence": asdict(divergence) if divergence is not None else None,
             "first_request_s": first_s, "peak_gib": peak_gib,
             "triton_compiles": len(compiles), "triton_compile_s": sum(s for _, s in compiles),
+            "compile_ahead": ahead,
         })
 
 

@@ -54,7 +54,7 @@ import torch
 
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.decode import DecodeContext, DecodeRequest, Generation, GenerationRecorder, make_generator
-from ddtree_diag.engine.fast import kernels
+from ddtree_diag.engine.fast import ahead, kernels
 from ddtree_diag.engine.fast.graphs import Stage, StageTimer
 from ddtree_diag.engine.fast.layers import (
     FusedWeights,
@@ -101,6 +101,11 @@ def _settle(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor
     return hidden if residual is None else hidden + residual
 
 
+def _without_window(key: tuple) -> tuple:
+    """A stage key with its attention window left out (the draft and verify stages end with it)."""
+    return key[:-1] if key[0] in ("draft", "verify") else key
+
+
 def attention_window(needed: int, max_len: int) -> int:
     """Cache slots a round attends over when its highest used slot is below ``needed``."""
     return min(max_len, -(-needed // WINDOW) * WINDOW)
@@ -127,6 +132,11 @@ class FastDecoder:
         self._pool = None
         self.capturing = False
         self.capture_broken = False  # a failed capture: capture nothing more (see Stage)
+        # Before a request's new stages first run (on CUDA: their capture), compile their Triton
+        # kernels in parallel (``ahead.py``); torch.compile's own kernels are not Triton launches
+        # of ours. DDTREE_DIAG_COMPILE_AHEAD=off: each kernel compiles at its first launch, as
+        # before. The CPU tests switch it on to check the pass against the real rounds.
+        self.compile_ahead = self.graphs and not torch_compile and not kernels.switched_off("DDTREE_DIAG_COMPILE_AHEAD")
         # torch_compile: torch.compile the two halves of a decoder layer (norms, rotary, SwiGLU
         # fused into a few kernels) and the tree build. One compiled graph per row count serves
         # every layer, since the layer is an input (inlined nn.Modules). The compiled kernels then
@@ -299,7 +309,13 @@ class FastDecoder:
         # layer without a residual would be one more graph per row count.
         residual = None
         fold = not (compiled and self.torch_compile)
+        repeats = ahead.Repeats()  # a dry pass (ahead.py) runs one layer of each kind
         for index, layer in enumerate(t.layers):
+            if repeats.skip(layer, residual is None, index in wanted, index == t.num_layers - 1):
+                if index in wanted and index != t.num_layers - 1:  # the head still reads its features
+                    hidden, residual = _settle(hidden, residual), None
+                    features[index] = hidden
+                continue
             fused = self.fused[index]
             if index in self.linear_state:
                 delta, hidden = self._linear_layer(index, layer, hidden, residual, parents, anc)
@@ -384,7 +400,10 @@ class FastDecoder:
         slots = first_slot + self.slot_index[:count]
         ctx = kernels.rms_norm(d.hidden_norm, d.fc(features[None].to(self.target.dtype)))
         rope = d.rope(slots, 1, ctx.dtype)
+        repeats = ahead.Repeats()
         for index, layer in enumerate(d.layers):
+            if repeats.skip(layer):
+                continue
             k, v = draft_context_kv(layer.self_attn, ctx, *rope)
             self.draft_k[index].index_copy_(2, slots, k)
             self.draft_v[index].index_copy_(2, slots, v)
@@ -418,7 +437,10 @@ class FastDecoder:
         # as in _target_forward, outside the compiled halves: the residual after each MLP added by
         # the next norm's kernel, and one kernel for q/k norm + rotary and the K/V write
         residual = None
+        repeats = ahead.Repeats()
         for index, layer in enumerate(d.layers):
+            if repeats.skip(layer, residual is None, d.config.layer_window(index)):
+                continue
             fused = self.draft_fused[index]
             cache = None if self.torch_compile else (self.draft_k[index], self.draft_v[index], noise_slots[0])
             q, k, v, hidden = self._draft_pre_attention(layer, hidden, *rope, heads, head_dim, fused, cache, residual)
@@ -516,7 +538,10 @@ class FastDecoder:
             self.pending_count.copy_(torch.where(ok, count, self.pending_count))
         if self.linear_state:
             last = keep.gather(0, (count - 1)[None])  # the deepest accepted row
+            repeats = ahead.Repeats()
             for index, state in self.linear_state.items():
+                if repeats.skip(self.target.layers[index]):
+                    continue
                 kept = self.linear_parts[padded][index]
                 state_kernels = kernels.gdn_state_kernels(state)
                 if state_kernels is not None:  # the state and conv window after `last`, one kernel
@@ -579,8 +604,15 @@ class FastDecoder:
         first_window = attention_window(prompt_len + reach, self.max_len)
         last_window = attention_window(prompt_len + request.max_tokens + reach, self.max_len)
         windows = range(first_window, last_window + 1, WINDOW)
-        steady = {w: self._stages_for(padded, budget, mode, temperature, with_features, w) for w in windows}
-        last = {w: self._stages_for(1, budget, "ar", temperature, with_features, w) for w in windows}
+        steady_plans = {w: self._stage_plans(padded, budget, mode, temperature, with_features, w) for w in windows}
+        last_plans = {w: self._stage_plans(1, budget, "ar", temperature, with_features, w) for w in windows}
+        ahead_report = None
+        if self.compile_ahead:
+            ahead_report = self._compile_ahead(
+                [*steady_plans.values(), *last_plans.values()], padded, temperature, request.prompt_ids, with_features
+            )
+        steady = {w: self._stages_from(plans) for w, plans in steady_plans.items()}
+        last = {w: self._stages_from(plans) for w, plans in last_plans.items()}
         self.capturing = False
 
         sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -677,6 +709,8 @@ class FastDecoder:
             "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
             "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
             "fast_tree_fallbacks": fallbacks,
+            # what compiling this request's new Triton kernels ahead took (a pass ran: see ahead.py)
+            **({"compile_ahead": ahead_report} if ahead_report is not None else {}),
             **(grammar.extras() if grammar is not None else {}),
         })
 
@@ -720,20 +754,19 @@ class FastDecoder:
             self._choose(padded, rows, temperature, generator)
             self._commit(padded)
 
-    def _stages_for(
+    def _stage_plans(
         self, padded: int, budget: int, mode: str, temperature: float, with_features: bool, window: int
-    ) -> dict[str, Stage]:
-        """The stage callables of one round shape and attention window (created, and captured on
-        CUDA, on first use)."""
+    ) -> dict[str, tuple[tuple, Callable[[], None]]]:
+        """The stages of one round shape and attention window: name -> (key, function)."""
         self._tree_buffers(padded)
-        stages: dict[str, Stage] = {}
+        plans: dict[str, tuple[tuple, Callable[[], None]]] = {}
         if mode != "ar":
-            stages["draft"] = self._stage(("draft", window), lambda: self._draft(window))
+            plans["draft"] = (("draft", window), lambda: self._draft(window))
         if mode == "ar":
-            stages["tree"] = self._stage(("tree-ar", padded), lambda: self._ar_tree(padded))
+            plans["tree"] = (("tree-ar", padded), lambda: self._ar_tree(padded))
         else:
-            stages["tree"] = self._stage(("tree", mode, budget, padded), lambda: self._tree(padded, budget, mode))
-        stages["verify"] = self._stage(
+            plans["tree"] = (("tree", mode, budget, padded), lambda: self._tree(padded, budget, mode))
+        plans["verify"] = (
             ("verify", padded, with_features, window), lambda: self._verify(padded, with_features, window)
         )
         if temperature <= 0:
@@ -742,8 +775,61 @@ class FastDecoder:
                 self._choose(padded, padded, 0.0, None)
                 self._commit(padded)
 
-            stages["commit"] = self._stage(("commit", padded), commit)
-        return stages
+            plans["commit"] = (("commit", padded), commit)
+        return plans
+
+    def _stages_from(self, plans: dict[str, tuple[tuple, Callable[[], None]]]) -> dict[str, Stage]:
+        """The stages of ``plans`` (created, and captured on CUDA, on first use)."""
+        return {name: self._stage(key, fn) for name, (key, fn) in plans.items()}
+
+    def _stages_for(
+        self, padded: int, budget: int, mode: str, temperature: float, with_features: bool, window: int
+    ) -> dict[str, Stage]:
+        return self._stages_from(self._stage_plans(padded, budget, mode, temperature, with_features, window))
+
+    def _compile_ahead(
+        self,
+        plans: list[dict[str, tuple[tuple, Callable[[], None]]]],
+        padded: int,
+        temperature: float,
+        prompt_ids: list[int],
+        with_features: bool,
+    ) -> dict | None:
+        """Compile the Triton kernels of the stages this request creates, in parallel, before any of
+        them runs (``ahead.compile_ahead``: a cold Triton cache's first request). One window per
+        stage suffices (the window changes no kernel's specialization), plus the prefill and, at
+        T>0, the commit (both run outside the stages). Returns the pass's report, None where none ran."""
+        fresh: dict[tuple, Callable[[], None]] = {}
+        for stage_plans in plans:
+            for key, fn in stage_plans.values():
+                if key not in self.stages:
+                    fresh.setdefault(_without_window(key), fn)
+        if not fresh or not kernels.active(self.device, self.target.dtype):
+            return None
+        fns = list(fresh.values())
+        if temperature > 0:
+            fns.append(lambda: self._commit(padded))
+        prompt_len = len(prompt_ids)
+        prompt = torch.zeros(prompt_len, dtype=torch.long, device=self.device)
+
+        def prefill() -> None:
+            positions = torch.arange(prompt_len, device=self.device)
+            causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
+            _logits, features = self._target_forward(
+                prompt, positions, causal, with_features, attention_window(prompt_len, self.max_len), compiled=False
+            )
+            if with_features:
+                self._write_context(features, 0)
+
+        touched = [obj for obj in (self, self.target, self.target.kv, self.draft) if obj is not None]
+        # what these kernels' specializations follow: the stages, the prompt's length class (a
+        # multiple of 16 or not, one row), the model's shapes and dtype, the GPU
+        identity = repr((
+            sorted(map(repr, fresh)), temperature > 0, prompt_len % 16 == 0, prompt_len == 1, str(self.target.dtype),
+            self.target.config.to_json_string(use_diff=False), repr(getattr(self.draft, "config", None)),
+            torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None,
+        ))
+        return ahead.compile_ahead([prefill, *fns], keep=touched, identity=identity).as_dict()
 
     def _ar_tree(self, padded: int) -> None:
         """Root only (an AR step, or the last round when no draft node could be committed)."""

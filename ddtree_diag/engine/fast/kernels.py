@@ -84,7 +84,7 @@ def _triton_topk():
     return _kernel_module("triton_topk")
 
 
-def _switched_off(variable: str) -> bool:
+def switched_off(variable: str) -> bool:
     """Whether the environment turns one kernel off (``DDTREE_DIAG_<NAME>_KERNEL=off``)."""
     return os.environ.get(variable, "").strip().lower() == "off"
 
@@ -92,7 +92,7 @@ def _switched_off(variable: str) -> bool:
 def tree_kernel(device: torch.device):
     """The tree kernel's module when the draft tree on ``device`` is built by it, else None."""
     setting = mode()
-    if _switched_off("DDTREE_DIAG_TREE_KERNEL"):
+    if switched_off("DDTREE_DIAG_TREE_KERNEL"):
         return None
     if setting == "off" or (setting == "auto" and device.type != "cuda") or torch.compiler.is_compiling():
         return None
@@ -102,7 +102,7 @@ def tree_kernel(device: torch.device):
 def attention_kernel(q: torch.Tensor, cache_k: torch.Tensor):
     """The verify attention kernel's module when tree rows ``q`` [1, heads, rows, head_dim] attend to
     ``cache_k`` [1, kv_heads, capacity, head_dim] through it, else None (SDPA runs)."""
-    if _switched_off("DDTREE_DIAG_ATTENTION_KERNEL"):
+    if switched_off("DDTREE_DIAG_ATTENTION_KERNEL"):
         return None
     if _use(q) is None or cache_k.dtype != q.dtype or cache_k.device != q.device:
         return None
@@ -119,7 +119,7 @@ def gdn_solver(conv_out: torch.Tensor, module: torch.nn.Module, a: torch.Tensor,
     """The Gated DeltaNet solve kernel's module when ``module``'s tree rows (conv output
     ``conv_out`` [N, conv_dim], gate inputs ``a``, ``b`` [N, Hv]) are solved by it, else None
     (``gdn.parallel_gated_delta`` runs)."""
-    if _switched_off("DDTREE_DIAG_GDN_KERNEL"):
+    if switched_off("DDTREE_DIAG_GDN_KERNEL"):
         return None
     if _use(conv_out) is None or conv_out.dim() != 2 or conv_out.stride(-1) != 1:
         return None
@@ -134,7 +134,7 @@ def gdn_state_kernels(x: torch.Tensor, activation: str | None = "silu"):
     """The Gated DeltaNet conv / commit kernels' module when a layer's tree rows (``x``: its
     pre-conv inputs, or its recurrent state at commit) go through them, else None (``gdn``'s
     PyTorch functions run). Same switch as the solve: ``DDTREE_DIAG_GDN_KERNEL``."""
-    if _switched_off("DDTREE_DIAG_GDN_KERNEL"):
+    if switched_off("DDTREE_DIAG_GDN_KERNEL"):
         return None
     if activation not in (None, "silu", "swish") or _use(x) is None:
         return None
@@ -273,7 +273,7 @@ def norm_rope_cache(
     [1, heads, rows, head_dim], bit-identical to ``norm_rope``'s; None where this kernel does not
     apply (nothing written: the caller runs ``norm_rope`` and ``KVCache.write``)."""
     kernels = _use(q)
-    if kernels is None or _switched_off("DDTREE_DIAG_QKV_KERNEL"):
+    if kernels is None or switched_off("DDTREE_DIAG_QKV_KERNEL"):
         return None
     if not (_rope_fits(q, cos, sin) and _rope_fits(k, cos, sin)) or v.shape != k.shape or v.stride(-1) != 1:
         return None

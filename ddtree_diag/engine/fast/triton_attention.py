@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_diag.engine.fast.ahead import launch
 from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 # Triton's interpreter (the CPU tests) multiplies bf16 tl.dot operands wrongly (3.9: garbage of
@@ -204,7 +205,8 @@ def tree_attention(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused for bf16 operands
     anc = anc.contiguous()  # the kernel steps along a row of anc by 1 (the tree buffers are)
     anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
-    _split_kernel[(kv_heads * q_blocks, splits)](
+    launch(
+        _split_kernel, (kv_heads * q_blocks, splits),
         q, cache_k, cache_v, anc_bytes, start, part_o, part_ml,
         rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
         q.stride(1), q.stride(2), cache_k.stride(1), cache_k.stride(2), cache_v.stride(1), cache_v.stride(2),
@@ -212,7 +214,8 @@ def tree_attention(
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST,
         num_warps=4 if block_d <= 128 else 8,
     )
-    _combine_kernel[(kv_heads, triton.cdiv(group_rows, COMBINE_ROWS))](
+    launch(
+        _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),
         part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
         BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, num_warps=4,
     )

@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_diag.engine.fast.ahead import launch
 from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 
@@ -385,7 +386,8 @@ def tree_solve(
     state = state.contiguous()
     block_k = max(16, triton.next_power_of_2(dk))
     if n_rows == 1:
-        _one_row_kernel[(value_heads, triton.cdiv(dv, 32))](
+        launch(
+            _one_row_kernel, (value_heads, triton.cdiv(dv, 32)),
             conv_out, a, b, a_log, dt_bias, state, out, keys, updates, path_decay,
             key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5), BLOCK_K=block_k, BLOCK_V=32,
             num_warps=4,
@@ -406,7 +408,8 @@ def tree_solve(
         if method == "path":
             raise ValueError(f"a {max_path}-row path is past the path solve's {PATH_LIMIT}")
     block_v = min(block_v, max(16, triton.next_power_of_2(dv)))
-    _tree_solve_kernel[(value_heads, triton.cdiv(dv, block_v))](
+    launch(
+        _tree_solve_kernel, (value_heads, triton.cdiv(dv, block_v)),
         conv_out, a, b, a_log, dt_bias, anc_bytes, state,
         out, keys, updates, path_decay,
         n_rows, conv_out.stride(0), a.stride(0), b.stride(0), anc_bytes.stride(0),
@@ -428,14 +431,16 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
     gate, beta = torch.empty(value_heads, n_rows, **fp32), torch.empty(value_heads, n_rows, **fp32)
     k_state, q_state = (torch.empty(value_heads, n_rows, dv, **fp32) for _ in range(2))
     prep_v = min(64, max(16, triton.next_power_of_2(dv)))
-    _path_prep_kernel[(value_heads, triton.cdiv(n_rows, 16), triton.cdiv(dv, prep_v))](
+    launch(
+        _path_prep_kernel, (value_heads, triton.cdiv(n_rows, 16), triton.cdiv(dv, prep_v)),
         conv_out, a, b, a_log, dt_bias, state, keys, gate, beta, k_state, q_state,
         n_rows, conv_out.stride(0), a.stride(0), b.stride(0),
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
         BLOCK_N=16, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=4,
     )
     path = max(16, triton.next_power_of_2(max_path))
-    _path_solve_kernel[(n_rows, value_heads)](
+    launch(
+        _path_solve_kernel, (n_rows, value_heads),
         conv_out, anc_bytes, keys, gate, beta, k_state, q_state, out, updates, path_decay,
         n_rows, conv_out.stride(0), anc_bytes.stride(0), key_heads * dk, value_heads // key_heads, dk, dv,
         float(dk**0.5), PATH=path, BLOCK_C=256, BLOCK_K=block_k, BLOCK_V=min(128, max(16, triton.next_power_of_2(dv))),

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_diag.engine.fast.ahead import launch
 from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 
@@ -119,7 +120,8 @@ def conv_rows(
         return out, windows_out
     block_n = min(block_n, max(2, triton.next_power_of_2(rows)))
     grid = (triton.cdiv(rows, block_n), triton.cdiv(channels, block_c))
-    _conv_rows_kernel[grid](
+    launch(
+        _conv_rows_kernel, grid,
         mixed, parents, conv_state, weight, weight if bias is None else bias, out, windows_out,
         rows, channels, conv_state.shape[-1],
         mixed.stride(0), mixed.stride(1), conv_state.stride(0), conv_state.stride(1), weight.stride(0),
@@ -215,7 +217,8 @@ def commit_states(
     programs = heads * triton.cdiv(dk, block_k) * triton.cdiv(dv, block_v)
     conv_total = conv_state.numel()
     span = max(16, triton.next_power_of_2(triton.cdiv(conv_total, programs)))
-    _commit_kernel[(programs,)](
+    launch(
+        _commit_kernel, (programs,),
         state, keys, updates, path_decay, anc.view(torch.int8), last.reshape(1), ok.reshape(1).view(torch.int8),
         conv_state, windows,
         rows, dk, dv, conv_total,

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_diag.engine.fast.ahead import launch
+
 
 @triton.jit
 def _rounded(x, dtype: tl.constexpr):
@@ -190,7 +192,8 @@ def rms_norm(
     g2 = x2 if gate is None else gate.reshape(rows, cols)
     block = triton.next_power_of_2(cols)
     tile_rows = max(1, TILE // block)
-    _rms_norm_kernel[(triton.cdiv(rows, tile_rows),)](
+    launch(
+        _rms_norm_kernel, (triton.cdiv(rows, tile_rows),),
         x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), g2.stride(0), cols, eps,
         OFFSET=offset, HAS_DELTA=delta is not None, HAS_GATE=gate is not None, ROWS=tile_rows, BLOCK=block,
         num_warps=_warps(block * tile_rows),
@@ -210,7 +213,8 @@ def norm_rope(
     out = torch.empty((1, rows, heads, head_dim), dtype=x.dtype, device=x.device)
     block = triton.next_power_of_2(head_dim)
     tile_pairs = max(1, TILE // block)
-    _norm_rope_kernel[(triton.cdiv(rows * heads, tile_pairs),)](
+    launch(
+        _norm_rope_kernel, (triton.cdiv(rows * heads, tile_pairs),),
         x, x if weight is None else weight, cos2, sin2, out, rows * heads, heads, x.stride(1), x.stride(2),
         cos2.stride(0), head_dim, rotary, eps, NORM=weight is not None, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block,
         num_warps=_warps(block * tile_pairs),
@@ -245,7 +249,8 @@ def norm_rope_cache(
     (q_weight, q_eps), (k_weight, k_eps) = q_norm or (q, 0.0), k_norm or (k, 0.0)
     block = triton.next_power_of_2(head_dim)
     tile_pairs = max(1, TILE // block)
-    _norm_rope_cache_kernel[(triton.cdiv(rows * max(heads, kv_heads), tile_pairs), 2)](
+    launch(
+        _norm_rope_cache_kernel, (triton.cdiv(rows * max(heads, kv_heads), tile_pairs), 2),
         q, k, v, q_weight, k_weight, cos2, sin2, q_out, cache_k, cache_v, start,
         rows, heads, kv_heads, q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         cache_k.stride(1), cache_k.stride(2), cos2.stride(0), head_dim, rotary, q_eps, k_eps,
@@ -261,7 +266,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     flat = gate_up.reshape(rows, 2 * width)
     out = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(triton.cdiv(rows * width, block),)](
+    launch(
+        _silu_mul_kernel, (triton.cdiv(rows * width, block),),
         flat, out, rows * width, width, flat.stride(0), BLOCK=block, num_warps=4
     )
     return out

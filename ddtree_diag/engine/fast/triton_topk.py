@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_diag.engine.fast.ahead import launch
+
 # Entries per program in the first pass, and the most candidates one program takes in the later
 # ones (both rounded up to 2 * next_pow2(k), so every chunk pass at least halves the candidates).
 # On the H200 (``bench/tree_kernel_speed.py``, 15 x 151936) chunks of 2048 were the fastest of
@@ -87,7 +89,8 @@ def ranked_top_k(
         block = max(chunk if first else merge, 2 * k_pow)
         chunks = triton.cdiv(n, block)
         keys = torch.empty(rows, chunks * k, dtype=torch.int64, device=values.device)
-        _top_k_pass[(rows, chunks)](
+        launch(
+            _top_k_pass, (rows, chunks),
             src, keys, values, keys, n, values.stride(0), vocab, k,
             BLOCK=block, K_POW=k_pow, FIRST=first, LAST=False, num_warps=num_warps,
         )
@@ -95,7 +98,8 @@ def ranked_top_k(
     out_values = torch.empty(rows, k, dtype=values.dtype, device=values.device)
     out_ids = torch.empty(rows, k, dtype=torch.int64, device=values.device)
     block = max(triton.next_power_of_2(n), k_pow)
-    _top_k_pass[(rows, 1)](
+    launch(
+        _top_k_pass, (rows, 1),
         src, out_values, values, out_ids, n, values.stride(0), vocab, k,
         BLOCK=block, K_POW=k_pow, FIRST=first, LAST=True, num_warps=num_warps,
     )

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_diag.engine.fast.ahead import launch
+
 # An entry's parent node, depth and rank packed in one int64 (parent, depth and rank < 2**21):
 # one reduction reads all three back for the popped entry instead of three.
 FIELD = 1 << 21
@@ -111,7 +113,8 @@ def build_tree(
     if budget > 0 and max_depth > 0:
         # at most 1 + 2 * budget pushes (the first entry, then a sibling and a child per pop)
         frontier = max(16, triton.next_power_of_2(2 * budget + 1))
-        _build_tree_kernel[(1,)](
+        launch(
+            _build_tree_kernel, (1,),
             values.float().contiguous(), ids.contiguous(), depth_limit.reshape(1),
             tokens, parents, depths, valid.view(torch.int8), count,
             budget, top_k, max_depth,

@@ -1,0 +1,208 @@
+"""Compiling a request's Triton kernels ahead (engine/fast/ahead.py).
+
+The pass runs the decoder's stage functions on fake tensors and turns every Triton launch into a
+compile. What it must get right, checked here with the kernels under Triton's interpreter (CPU):
+it reaches every kernel specialization the real rounds launch (same kernel, dtypes, alignment,
+integer arguments and meta-parameters), it writes nothing real (the decode after it is still the
+eager path's, token for token), and no fake tensor outlives it. Whether the parallel compiles pay
+is a GPU measurement (``bench.engine_speed``'s first-request column on a cold Triton cache).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("triton")
+
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+
+from ddtree_diag.engine import load_engine  # noqa: E402
+from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS  # noqa: E402
+
+pytestmark = MARKS
+
+
+@pytest.fixture
+def kernels_on(monkeypatch):
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("compiled Triton kernels need CUDA")
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    monkeypatch.setenv("DDTREE_DIAG_TOPK_KERNEL", "on")  # the tree's top-k too (small vocabulary here)
+    assert kernels._triton() is not None
+
+
+def tensors_in(root: object, depth: int = 4) -> dict[str, torch.Tensor]:
+    """Tensors under ``root`` (objects' attributes, dict values, list items; not inside modules)
+    by attribute path."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(value: object, path: str, left: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found[path] = value
+        elif left == 0 or isinstance(value, (str, bytes, int, float)):
+            return
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}[{key!r}]", left - 1)
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]", left - 1)
+        elif hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+            for name, item in vars(value).items():
+                walk(item, f"{path}.{name}", left - 1)
+
+    walk(root, "root", depth)
+    return found
+
+
+def fake_tensors_in(root: object) -> list[str]:
+    return [path for path, tensor in tensors_in(root).items() if isinstance(tensor, FakeTensor)]
+
+
+@pytest.mark.parametrize("hybrid", (False, True), ids=("dense", "hybrid"))
+def test_the_pass_reaches_every_launch_of_the_real_rounds_and_writes_nothing(kernels_on, tmp_path, monkeypatch, hybrid):
+    if hybrid:  # layers 1 and 4 are both linear, read for the draft and entered alike: the pass
+        # runs one of them, and must still give the draft the other's features
+        target = fx.make_hybrid_target(tmp_path / "t", pattern="LLALLA")
+        draft = fx.make_draft(tmp_path / "d", block_size=4, layer_ids=(1, 4), layers=1)
+    else:
+        target, draft = fx.make_target(tmp_path / "t"), fx.make_draft(tmp_path / "d", block_size=4)
+    engine = load_engine(target, draft, device=DEVICE, dtype="fp32")
+    # On a GPU every weight is an allocation of its own (16-byte aligned, as the pass assumes of a
+    # tensor it only knows by its storage offset); on CPU safetensors may map a weight at any offset.
+    with torch.no_grad():
+        for module in (engine.target.hf, engine.draft):
+            for parameter in module.parameters():
+                parameter.data = parameter.data.clone()
+    prompt = fx.PROMPTS[0]
+    engine.use_path("eager")
+    eager = engine.generate_ids(prompt, tree_budget=8, max_tokens=6, stop_token_ids=[])
+    engine.use_path("fast-nograph")
+    decoder = engine.decoder("fast-nograph")
+    decoder.compile_ahead = True  # what CUDA does; here the pass records instead of compiling
+    passes: list[list[tuple]] = []
+    identities: list[str] = []
+
+    def dry(stage_fns, keep=(), workers=None, identity=None):
+        identities.append(identity)
+        def buffers() -> dict[str, torch.Tensor]:
+            return {f"{i}{path}": t for i, obj in enumerate(keep) for path, t in tensors_in(obj).items()}
+
+        before = {path: tensor.clone() for path, tensor in buffers().items()}
+        launches = ahead.dry_run(stage_fns, keep)
+        after = buffers()
+        assert after.keys() == before.keys()
+        changed = [path for path, tensor in before.items() if not torch.equal(after[path], tensor)]
+        assert not changed, f"the pass wrote real buffers: {changed[:5]}"
+        passes.append(launches)
+        return ahead.AheadReport(launches=len(launches), kernels=len(set(launches)))
+
+    monkeypatch.setattr(ahead, "compile_ahead", dry)
+    result = None
+
+    def decode() -> None:
+        nonlocal result
+        result = engine.generate_ids(prompt, tree_budget=8, max_tokens=6, stop_token_ids=[])
+
+    real = ahead.record_launches(decode)
+    assert len(passes) == 1 and real, "one pass for the request's new stages; the rounds launch kernels"
+    seen = set(passes[0])
+    missed = set(real) - seen
+    assert not missed, f"launches the pass never saw: {sorted(missed, key=repr)[:3]}"
+    names = {signature[0] for signature in real}
+    assert {"_rms_norm_kernel", "_top_k_pass", "_build_tree_kernel"} <= names
+    if hybrid:
+        assert {"_conv_rows_kernel", "_commit_kernel", "_path_solve_kernel"} <= names
+    assert result.extras["compile_ahead"] == {"launches": len(passes[0]), "kernels": len(seen), "seconds": 0.0}
+    # nothing real was written: the rounds after the pass are the eager path's
+    assert (result.token_ids, result.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths)
+    for owner in (decoder, engine.target, engine.target.kv, engine.draft):
+        assert not fake_tensors_in(owner), fake_tensors_in(owner)
+    # a second request of the same shapes creates no stage: no pass
+    again = engine.generate_ids(prompt, tree_budget=8, max_tokens=3, stop_token_ids=[])
+    assert len(passes) == 1 and "compile_ahead" not in again.extras
+    if not hybrid:  # another process with the same model and request names the same kernels
+        other = load_engine(target, draft, device=DEVICE, dtype="fp32")
+        other.use_path("fast-nograph")
+        other.decoder("fast-nograph").compile_ahead = True
+        other.generate_ids(prompt, tree_budget=8, max_tokens=2, stop_token_ids=[])
+        other.generate_ids(prompt, tree_budget=4, max_tokens=2, stop_token_ids=[])  # a new tree stage
+        assert len(identities) == 3 and identities[1] == identities[0] != identities[2]
+
+
+def test_the_fake_pass_puts_back_attributes_and_leaves_real_buffers_alone():
+    class Holder:
+        def __init__(self) -> None:
+            self.table = torch.arange(4.0)
+            self.buffer = torch.zeros(3)
+
+    holder = Holder()
+    table = holder.table
+
+    def stage() -> None:
+        holder.table = holder.table * 2  # a lazily replaced attribute: fake inside the pass
+        holder.extra = torch.ones(2)  # a new one
+        holder.buffer.add_(holder.table[:3])  # an in-place write to a real buffer: lands on a fake
+        holder.buffer.index_copy_(0, torch.tensor([1]), torch.ones(1))
+
+    assert ahead.dry_run([stage], keep=[holder]) == []
+    assert holder.table is table and not hasattr(holder, "extra")
+    assert torch.equal(holder.buffer, torch.zeros(3))
+
+
+def test_a_launch_signature_says_what_triton_specializes_on():
+    class Kernel:
+        __name__ = "_k"
+
+    base = torch.zeros(64, dtype=torch.bfloat16)
+    aligned, offset = base[8:], base[1:]  # 16 bytes in, and 2
+    args = (aligned, offset, 7, 64, 1, 2**40, True, 1.5, None)
+    signature = ahead.launch_signature(Kernel(), args, {"BLOCK": 16})
+    assert signature == (
+        "_k",
+        (
+            ("tensor", "torch.bfloat16", True), ("tensor", "torch.bfloat16", False),
+            ("int", False, False), ("int", True, False), 1, ("int", True, True), True, ("float",), None,
+        ),
+        (("BLOCK", 16),),
+    )
+    assert ahead.launch_signature(Kernel(), (aligned, offset, 9, 128, *args[4:]), {"BLOCK": 16}) == signature
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):  # the same from a fake tensor's storage offset
+        fake = torch.zeros(64, dtype=torch.bfloat16)
+        assert ahead.launch_signature(Kernel(), (fake[8:], fake[1:], *args[2:]), {"BLOCK": 16}) == signature
+
+
+def test_a_failing_pass_is_reported_not_raised(monkeypatch):
+    report = ahead.compile_ahead([lambda: 1 / 0])
+    assert report.error is not None and report.error.startswith("ZeroDivisionError")
+    import triton
+
+    monkeypatch.delattr(triton, "AsyncCompileMode", raising=False)
+    report = ahead.compile_ahead([lambda: None])
+    assert report.error is not None and "AsyncCompileMode" in report.error
+    assert set(report.as_dict()) == {"launches", "kernels", "seconds", "error"}
+
+
+def test_a_pass_that_compiled_its_kernels_is_not_run_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path))
+    ran: list[str] = []
+    first = ahead.compile_ahead([lambda: ran.append("a")], identity="stages A")
+    assert ran == ["a"] and not first.skipped and first.error is None
+    again = ahead.compile_ahead([lambda: ran.append("a")], identity="stages A")
+    assert ran == ["a"] and again.skipped and again.as_dict()["skipped"] is True
+    assert not ahead.compile_ahead([lambda: ran.append("b")], identity="stages B").skipped  # other stages
+    assert not ahead.compile_ahead([lambda: ran.append("c")]).skipped  # no identity: always runs
+    assert ran == ["a", "b", "c"]
+    # a pass that failed leaves no marker: the next one runs
+    assert ahead.compile_ahead([lambda: 1 / 0], identity="stages C").error
+    assert not ahead.compile_ahead([lambda: ran.append("d")], identity="stages C").skipped
+    # another Triton cache directory is another marker
+    monkeypatch.setattr(ahead, "_triton_cache_dir", lambda: str(tmp_path / "elsewhere"))
+    assert not ahead.compile_ahead([lambda: ran.append("e")], identity="stages A").skipped
+    assert ran == ["a", "b", "c", "d", "e"]
