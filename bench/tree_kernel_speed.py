@@ -25,7 +25,7 @@ from ddtree_diag.engine.tree import build_tree
 REPLAYS = 50
 # (chunk, merge, warps) plans of the Triton top-k to time; a sweep of twelve took over two minutes
 # of compiles on the H200
-TOPK_PLANS = [(2048, 4096, 4), (2048, 16384, 8), (4096, 4096, 4), (8192, 4096, 4)]
+TOPK_PLANS = [(2048, 4096, 4), (2048, 2048, 4), (2048, 16384, 8), (4096, 4096, 4), (8192, 4096, 4)]
 
 
 def torch_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +61,13 @@ def main() -> int:
     parser.add_argument("--budgets", default="16,64,256")
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--depth", type=int, default=15)
+    parser.add_argument(
+        "--topk-plans", default=None, help="chunk:merge:warps,... of the Triton top-k to time (default: TOPK_PLANS)"
+    )
     args = parser.parse_args()
+    plans_to_time = TOPK_PLANS
+    if args.topk_plans:
+        plans_to_time = [tuple(int(x) for x in plan.split(":")) for plan in args.topk_plans.split(",")]
     gen = torch.Generator().manual_seed(0)
     logits = (torch.randn(args.depth, args.vocab, generator=gen) * 3).bfloat16()
     logprobs = torch.log_softmax(logits.cuda().float(), -1)
@@ -93,11 +99,11 @@ def main() -> int:
         )
         want = torch_top_k(logprobs, top_k)
         equal = all(
-            all(map(torch.equal, triton_topk.ranked_top_k(logprobs, top_k, c, m, w), want)) for c, m, w in TOPK_PLANS
+            all(map(torch.equal, triton_topk.ranked_top_k(logprobs, top_k, c, m, w), want)) for c, m, w in plans_to_time
         )
         plans = " ".join(
             f"c{c}/m{m}/w{w} {graph_ms(functools.partial(triton_topk.ranked_top_k, logprobs, top_k, c, m, w)):.3f}"
-            for c, m, w in TOPK_PLANS
+            for c, m, w in plans_to_time
         )
         reference = graph_ms(lambda k=top_k: torch_top_k(logprobs, k))
         print(f"  top-k {top_k}: torch {reference:.3f} | triton {plans} | equal: {equal}")

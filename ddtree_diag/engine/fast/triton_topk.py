@@ -32,9 +32,12 @@ from ddtree_diag.engine.fast.ahead import launch
 # ones (both rounded up to 2 * next_pow2(k), so every chunk pass at least halves the candidates).
 # On the H200 (``bench/tree_kernel_speed.py``, 15 x 151936) chunks of 2048 were the fastest of
 # 2048 / 4096 / 8192 at k = 16 and 64 (0.044 / 0.090 ms against torch's 0.187 / 0.196): k = 16 is 75
-# chunks, then one final pass over 1200 candidates (two launches); k = 256 takes one more pass.
+# chunks, then one final pass over 1200 candidates (two launches). Merging at most 2048 (not 4096)
+# gives k = 64 one more small pass (4800 candidates: 3 programs a row, then 192) and was faster
+# there (0.079 against 0.091 ms); it also spares the 4096-entry sorting network, whose compile
+# took 5.6 s of a cold first request (2048 entries: 2.4-3.6 s).
 CHUNK = 2048
-MERGE = 4096
+MERGE = 2048
 
 
 @triton.jit
