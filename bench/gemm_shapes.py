@@ -77,8 +77,15 @@ def timed_us(fn, reps: int = 50) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,32,80,272")
+    parser.add_argument(
+        "--layouts", action="store_true",
+        help="instead: cuBLAS on the weight as stored ([out, in], F.linear) against its transpose stored "
+        "contiguously ([in, out], x @ w_t), and the verify's GEMMs of a layer back to back in one graph",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.layouts:
+        return layouts([int(r) for r in args.rows.split(",")])
     print(f"{'gemm':>8} {'rows':>5} {'cublas us':>10} {'bw%':>5} {'triton us':>10} {'bw%':>5} "
           f"{'config':>22} {'maxdiff':>8}")
     for name, k, n in SHAPES_8B:
@@ -104,6 +111,24 @@ def main() -> int:
             diff = (linear(x, w, config).float() - F.linear(x, w).float()).abs().max().item()
             print(f"{name:>8} {m:>5} {cublas:>10.1f} {100 * ideal_us / cublas:>4.0f}% {ours:>10.1f} "
                   f"{100 * ideal_us / ours:>4.0f}% {config!s:>22} {diff:>8.4f}", flush=True)
+    return 0
+
+
+def layouts(rows: list[int]) -> int:
+    """cuBLAS's choice on each weight layout: the engine stores weights [out, in] (F.linear, a "TN"
+    GEMM); the same weights stored [in, out] make it an "NN" GEMM, with other kernels to pick."""
+    print(f"{'gemm':>8} {'rows':>5} {'[out,in] us':>12} {'bw%':>5} {'[in,out] us':>12} {'bw%':>5} {'same':>5}")
+    for name, k, n in SHAPES_8B:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        w_t = w.t().contiguous()
+        ideal_us = 1e6 * (w.numel() * 2) / HBM
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            stored = timed_us(lambda x=x, w=w: F.linear(x, w))
+            transposed = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+            same = torch.equal(F.linear(x, w), x @ w_t)
+            print(f"{name:>8} {m:>5} {stored:>12.1f} {100 * ideal_us / stored:>4.0f}% {transposed:>12.1f} "
+                  f"{100 * ideal_us / transposed:>4.0f}% {same!s:>5}", flush=True)
     return 0
 
 

@@ -482,3 +482,50 @@ def test_compiled_path_keeps_its_compile_cache_in_the_tool_cache(monkeypatch, tm
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
     fast_decoder.use_persistent_compile_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
+
+
+def test_the_cuda_weight_layout_changes_no_token(tmp_path, monkeypatch):
+    """The layout the engine gives weights on CUDA (every linear's weight stored transposed),
+    forced on CPU: the eager and fast paths both compute with it and agree token for token (fp32),
+    the fused projections are stored so too and still share the modules' storage."""
+    target, draft = fx.make_target(tmp_path / "t"), fx.make_draft(tmp_path / "d", block_size=4)
+    plain = load_engine(target, draft, device="cpu", dtype="fp32")  # as loaded
+    assert plain.target.layers[1].mlp.down_proj.weight.is_contiguous()
+    monkeypatch.setattr(fast_layers, "column_major_weights", lambda device: True)
+    monkeypatch.setattr(fast_decoder, "column_major_weights", lambda device: True)
+    engine = load_engine(target, draft, device="cpu", dtype="fp32")
+    layer = engine.target.layers[1]
+    for weight in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight, engine.target.hf.lm_head.weight,
+                   engine.draft.fc.weight, engine.draft.layers[0].mlp.down_proj.weight):
+        assert weight.stride() == (1, weight.shape[0])
+    assert torch.equal(layer.mlp.down_proj.weight, plain.target.layers[1].mlp.down_proj.weight)
+    for budget in (0, 4):
+        eager, quick = both(engine, "fast-nograph", prompt_ids=PROMPTS[0], tree_budget=budget, max_tokens=12,
+                            stop_token_ids=[])
+        assert_same(eager, quick, budget)
+    fused = engine.decoder("fast-nograph").fused[1]
+    assert fused.qkv_weight.stride() == (1, fused.qkv_weight.shape[0])
+    storage = fused.qkv_weight.untyped_storage().data_ptr()
+    assert layer.self_attn.k_proj.weight.untyped_storage().data_ptr() == storage
+    assert torch.equal(layer.self_attn.k_proj.weight, plain.target.layers[1].self_attn.k_proj.weight)
+
+
+def test_a_tied_output_head_keeps_the_embeddings_layout():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ddtree_diag.engine.fast.layers import store_models_column_major
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+    )).eval()
+    ids = torch.tensor([[1, 5, 9]])
+    with torch.no_grad():
+        before = model(ids).logits
+        store_models_column_major(model, None)
+        after = model(ids).logits
+    assert model.lm_head.weight is model.get_input_embeddings().weight and model.lm_head.weight.is_contiguous()
+    o_proj = model.model.layers[0].self_attn.o_proj.weight
+    assert o_proj.stride() == (1, o_proj.shape[0])
+    torch.testing.assert_close(after, before)

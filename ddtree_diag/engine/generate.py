@@ -58,6 +58,13 @@ class Engine:
         # captures as a CUDA graph on the H200), the readable eager loop on CPU.
         self.decode_path = decode_path or ("fast" if self.device.type == "cuda" else "eager")
         self._decoders: dict[str, Decoder] = {}
+        # On CUDA every linear stores its weight transposed (cuBLAS reads it faster at a verify's
+        # few rows; see fast.layers.store_column_major), before any decode path runs, so that
+        # every path, and the HF model itself, computes with one layout.
+        from ddtree_diag.engine.fast.layers import column_major_weights, store_models_column_major
+
+        if column_major_weights(self.device):
+            store_models_column_major(target.hf, draft)
 
     # ---- description -------------------------------------------------------------------------
     @property

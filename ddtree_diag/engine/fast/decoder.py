@@ -60,6 +60,7 @@ from ddtree_diag.engine.fast.layers import (
     FusedWeights,
     additive_mask,
     attend,
+    column_major_weights,
     draft_context_kv,
     draft_pre_attention,
     linear_attention_rows,
@@ -164,10 +165,12 @@ class FastDecoder:
             self._build_tree = torch.compile(build_tree_tensors, dynamic=False, backend=backend)
         t = self.target
         self.rep = t.heads // t.kv_heads
-        self.fused = [FusedWeights.for_layer(layer) for layer in t.layers]
+        # stored transposed as the engine stores the other weights on CUDA (layers.column_major_weights)
+        column_major = column_major_weights(self.device)
+        self.fused = [FusedWeights.for_layer(layer, column_major) for layer in t.layers]
         if self.draft is not None:
             dc = self.draft.config
-            self.draft_fused = [FusedWeights.for_layer(layer) for layer in self.draft.layers]
+            self.draft_fused = [FusedWeights.for_layer(layer, column_major) for layer in self.draft.layers]
             self.block = dc.block_size
             self.feature_layers = list(dc.target_layer_ids)
             self.d_heads, self.d_kv_heads, self.d_head_dim = (

@@ -95,7 +95,7 @@ class FusedWeights(torch.nn.Module):
     layer's own weights: one compiled graph for every layer. A layer without plain-linear
     attention (a Gated DeltaNet layer) fuses its MLP only; a MoE MLP is left alone."""
 
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: torch.nn.Module, column_major: bool = False) -> None:
         super().__init__()
         self.register_buffer("qkv_weight", None, persistent=False)
         self.register_buffer("qkv_bias", None, persistent=False)
@@ -105,10 +105,10 @@ class FusedWeights(torch.nn.Module):
             attn = layer.self_attn
             projections = [attn.q_proj, attn.k_proj, attn.v_proj]
             self.qkv_sizes = [p.out_features for p in projections]
-            self.qkv_weight = _fuse(projections, "weight")  # registered buffers: assignment keeps them
+            self.qkv_weight = _fuse(projections, "weight", column_major)  # registered buffers: assignment keeps them
             self.qkv_bias = _fuse(projections, "bias") if projections[0].bias is not None else None
         if self._mlp_fusable(layer):
-            self.gate_up_weight = _fuse([layer.mlp.gate_proj, layer.mlp.up_proj], "weight")
+            self.gate_up_weight = _fuse([layer.mlp.gate_proj, layer.mlp.up_proj], "weight", column_major)
         # Gated DeltaNet (Qwen3.5 layout): in_proj_qkv | z | b | a as one GEMM. The b and a
         # projections are 48 columns each: as GEMMs of their own they are two launches of a few
         # us per layer that read almost nothing (48 such layers in a 27B round).
@@ -118,15 +118,17 @@ class FusedWeights(torch.nn.Module):
             gdn_module = layer.linear_attn
             projections = [gdn_module.in_proj_qkv, gdn_module.in_proj_z, gdn_module.in_proj_b, gdn_module.in_proj_a]
             self.linear_in_sizes = [p.out_features for p in projections]
-            self.linear_in_weight = _fuse(projections, "weight")
+            self.linear_in_weight = _fuse(projections, "weight", column_major)
 
     @classmethod
-    def for_layer(cls, layer: torch.nn.Module) -> FusedWeights | None:
+    def for_layer(cls, layer: torch.nn.Module, column_major: bool = False) -> FusedWeights | None:
         """The layer's fused weights, made once per layer: a decoder built later (another decode
-        path) reuses them instead of fusing the views again (which would copy the weights)."""
+        path) reuses them instead of fusing the views again (which would copy the weights).
+        ``column_major``: the fused tensors are stored transposed (``store_column_major``), as
+        the engine stores every other linear's weight on CUDA."""
         fused = layer.__dict__.get("_ddtree_fused")
         if fused is None and cls.supported(layer):
-            fused = cls(layer)
+            fused = cls(layer, column_major)
             object.__setattr__(layer, "_ddtree_fused", fused)  # not a registered submodule
         return fused
 
@@ -221,10 +223,47 @@ def linear_attention_rows(
     return module.out_proj(normed.reshape(n, module.value_dim)), parts, tails
 
 
-def _fuse(linears: list[torch.nn.Linear], name: str) -> torch.Tensor:
+def column_major_weights(device: torch.device) -> bool:
+    """Whether a model on ``device`` stores its linears' weights transposed (``store_column_major``):
+    on CUDA, unless ``DDTREE_DIAG_WEIGHT_LAYOUT=rows`` keeps them as loaded."""
+    return device.type == "cuda" and os.environ.get("DDTREE_DIAG_WEIGHT_LAYOUT", "").strip().lower() != "rows"
+
+
+def store_models_column_major(*models: torch.nn.Module | None) -> None:
+    """``store_column_major`` for every plain ``nn.Linear`` of the models, but an output head that
+    shares its weight with the input embedding (the embedding reads rows of it)."""
+    for model in models:
+        if model is None:
+            continue
+        tied = set()
+        embeddings = getattr(model, "get_input_embeddings", None)
+        if embeddings is not None and embeddings() is not None:
+            tied.add(id(embeddings().weight))
+        for module in model.modules():
+            if type(module) is torch.nn.Linear and module.weight.is_contiguous() and id(module.weight) not in tied:
+                store_column_major(module)
+
+
+def store_column_major(linear: torch.nn.Linear) -> None:
+    """Rebind ``linear``'s weight [out, in] to the same values stored transposed (an [in, out]
+    tensor viewed as [out, in]: strides (1, out)). ``F.linear`` then runs cuBLAS's "NN" GEMM instead
+    of "TN", whose kernels read the weight faster at a verify's few dozen rows: on the H200 (8B
+    projections, 32 rows, ``python -m bench.gemm_shapes --layouts``) q|k|v 16.2 -> 14.4 us, gate|up
+    50.6 -> 48.6, o 10.5 -> 10.1, down 30.1 -> 29.6, lm_head 307 -> 287, the same values bit for bit
+    in all but one case of fifteen (down at 272 rows: another kernel, another summation order).
+    The eager path and the HF model compute with this very parameter too. One copy of the weight
+    exists at a time (the old one is freed)."""
+    weight = linear.weight.detach()
+    linear.weight = torch.nn.Parameter(weight.t().contiguous().t(), requires_grad=False)
+
+
+def _fuse(linears: list[torch.nn.Linear], name: str, column_major: bool = False) -> torch.Tensor:
     """Concatenate the linears' ``name`` tensors along the output rows and rebind each linear's
-    parameter to its slice of the result."""
+    parameter to its slice of the result (``column_major``: the result stored transposed, see
+    ``store_column_major``; the slices are then column blocks of that storage)."""
     fused = torch.cat([getattr(lin, name).detach() for lin in linears], dim=0)
+    if column_major and fused.dim() == 2:
+        fused = fused.t().contiguous().t()
     row = 0
     for lin in linears:
         rows = getattr(lin, name).shape[0]
