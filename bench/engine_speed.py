@@ -150,12 +150,12 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         compiled_before = len(COMPILES)
-        warm = engine.generate_ids(
+        first = engine.generate_ids(
             prompt, tree_budget=budget, max_tokens=min(new_tokens, WARMUP_TOKENS), stop_token_ids=[]
         )
         first_s = time.perf_counter() - started
         compiles = COMPILES[compiled_before:]
-        ahead = warm.extras.get("compile_ahead")
+        ahead = first.extras.get("compile_ahead")
         if ahead and ahead.get("skipped"):
             say(f"  (first request, budget {budget}: no compile-ahead pass: one ran for these stages before)")
         elif ahead:  # the kernels compiled in parallel before the stages ran (engine/fast/ahead.py)

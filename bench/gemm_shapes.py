@@ -79,8 +79,8 @@ def main() -> int:
     parser.add_argument("--rows", default="1,32,80,272")
     parser.add_argument(
         "--layouts", action="store_true",
-        help="instead: cuBLAS on the weight as stored ([out, in], F.linear) against its transpose stored "
-        "contiguously ([in, out], x @ w_t), and the verify's GEMMs of a layer back to back in one graph",
+        help="instead: cuBLAS on the weight stored [out, in] (F.linear, a TN GEMM) against the same values "
+        "stored [in, out] (x @ w_t, an NN GEMM)",
     )
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -115,8 +115,9 @@ def main() -> int:
 
 
 def layouts(rows: list[int]) -> int:
-    """cuBLAS's choice on each weight layout: the engine stores weights [out, in] (F.linear, a "TN"
-    GEMM); the same weights stored [in, out] make it an "NN" GEMM, with other kernels to pick."""
+    """cuBLAS's choice on each weight layout: weights as loaded, [out, in] (F.linear, a "TN" GEMM),
+    against the same values stored [in, out] (an "NN" GEMM, other kernels to pick; the layout the
+    engine gives them on CUDA, ``layers.store_column_major``)."""
     print(f"{'gemm':>8} {'rows':>5} {'[out,in] us':>12} {'bw%':>5} {'[in,out] us':>12} {'bw%':>5} {'same':>5}")
     for name, k, n in SHAPES_8B:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02

@@ -63,8 +63,14 @@ def fake_tensors_in(root: object) -> list[str]:
     return [path for path, tensor in tensors_in(root).items() if isinstance(tensor, FakeTensor)]
 
 
-@pytest.mark.parametrize("hybrid", (False, True), ids=("dense", "hybrid"))
-def test_the_pass_reaches_every_launch_of_the_real_rounds_and_writes_nothing(kernels_on, tmp_path, monkeypatch, hybrid):
+@pytest.mark.parametrize(
+    ("hybrid", "temperature"), ((False, 0.0), (True, 0.0), (True, 0.8)), ids=("dense", "hybrid", "hybrid-sampled")
+)
+def test_the_pass_reaches_every_launch_of_the_real_rounds_and_writes_nothing(
+    kernels_on, tmp_path, monkeypatch, hybrid, temperature
+):
+    """At T>0 the commits run outside the stages (a full round's and the last round's, whose Gated
+    DeltaNet commit kernels differ): the pass must run them too."""
     if hybrid:  # layers 1 and 4 are both linear, read for the draft and entered alike: the pass
         # runs one of them, and must still give the draft the other's features
         target = fx.make_hybrid_target(tmp_path / "t", pattern="LLALLA")
@@ -80,7 +86,8 @@ def test_the_pass_reaches_every_launch_of_the_real_rounds_and_writes_nothing(ker
                 parameter.data = parameter.data.clone()
     prompt = fx.PROMPTS[0]
     engine.use_path("eager")
-    eager = engine.generate_ids(prompt, tree_budget=8, max_tokens=6, stop_token_ids=[])
+    sampling = {"temperature": temperature, "seed": 3}
+    eager = engine.generate_ids(prompt, tree_budget=8, max_tokens=6, stop_token_ids=[], **sampling)
     engine.use_path("fast-nograph")
     decoder = engine.decoder("fast-nograph")
     decoder.compile_ahead = True  # what CUDA does; here the pass records instead of compiling
@@ -106,7 +113,7 @@ def test_the_pass_reaches_every_launch_of_the_real_rounds_and_writes_nothing(ker
 
     def decode() -> None:
         nonlocal result
-        result = engine.generate_ids(prompt, tree_budget=8, max_tokens=6, stop_token_ids=[])
+        result = engine.generate_ids(prompt, tree_budget=8, max_tokens=6, stop_token_ids=[], **sampling)
 
     real = ahead.record_launches(decode)
     assert len(passes) == 1 and real, "one pass for the request's new stages; the rounds launch kernels"
@@ -123,8 +130,13 @@ def test_the_pass_reaches_every_launch_of_the_real_rounds_and_writes_nothing(ker
     for owner in (decoder, engine.target, engine.target.kv, engine.draft):
         assert not fake_tensors_in(owner), fake_tensors_in(owner)
     # a second request of the same shapes creates no stage: no pass
-    again = engine.generate_ids(prompt, tree_budget=8, max_tokens=3, stop_token_ids=[])
+    again = engine.generate_ids(prompt, tree_budget=8, max_tokens=3, stop_token_ids=[], **sampling)
     assert len(passes) == 1 and "compile_ahead" not in again.extras
+    # a later request that reaches a wider attention window: the same kernels, no pass
+    padded = next(key[1] for key in decoder.stages if key[0] == "verify" and key[1] > 1)
+    window = max(key[-1] for key in decoder.stages if key[0] == "draft")
+    wider = decoder._stage_plans(padded, 8, "tree", temperature, True, 2 * window)
+    assert decoder._compile_ahead([wider], padded, temperature, len(prompt), True) is None
     if not hybrid:  # another process with the same model and request names the same kernels
         other = load_engine(target, draft, device=DEVICE, dtype="fp32")
         other.use_path("fast-nograph")
@@ -143,11 +155,17 @@ def test_the_fake_pass_puts_back_attributes_and_leaves_real_buffers_alone():
     holder = Holder()
     table = holder.table
 
+    other = torch.arange(3.0)
+
     def stage() -> None:
         holder.table = holder.table * 2  # a lazily replaced attribute: fake inside the pass
         holder.extra = torch.ones(2)  # a new one
         holder.buffer.add_(holder.table[:3])  # an in-place write to a real buffer: lands on a fake
         holder.buffer.index_copy_(0, torch.tensor([1]), torch.ones(1))
+        # every operand real: FakeTensorMode itself would write real memory; the pass skips them
+        assert holder.buffer.add_(5).shape == (3,)
+        holder.buffer.copy_(other)
+        torch.add(other, 1, out=holder.buffer)
 
     assert ahead.dry_run([stage], keep=[holder]) == []
     assert holder.table is table and not hasattr(holder, "extra")
@@ -178,7 +196,15 @@ def test_a_launch_signature_says_what_triton_specializes_on():
         assert ahead.launch_signature(Kernel(), (fake[8:], fake[1:], *args[2:]), {"BLOCK": 16}) == signature
 
 
+def needs_async_compile() -> None:
+    import triton
+
+    if not hasattr(triton, "AsyncCompileMode"):
+        pytest.skip(f"triton {triton.__version__} has no AsyncCompileMode")
+
+
 def test_a_failing_pass_is_reported_not_raised(monkeypatch):
+    needs_async_compile()
     report = ahead.compile_ahead([lambda: 1 / 0])
     assert report.error is not None and report.error.startswith("ZeroDivisionError")
     import triton
@@ -190,6 +216,7 @@ def test_a_failing_pass_is_reported_not_raised(monkeypatch):
 
 
 def test_a_pass_that_compiled_its_kernels_is_not_run_again(monkeypatch, tmp_path):
+    needs_async_compile()
     monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path))
     ran: list[str] = []
     first = ahead.compile_ahead([lambda: ran.append("a")], identity="stages A")
@@ -206,3 +233,8 @@ def test_a_pass_that_compiled_its_kernels_is_not_run_again(monkeypatch, tmp_path
     monkeypatch.setattr(ahead, "_triton_cache_dir", lambda: str(tmp_path / "elsewhere"))
     assert not ahead.compile_ahead([lambda: ran.append("e")], identity="stages A").skipped
     assert ran == ["a", "b", "c", "d", "e"]
+    # a cache the marker cannot be written to: the pass still reports success
+    monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("not a directory")
+    report = ahead.compile_ahead([lambda: ran.append("f")], identity="stages A")
+    assert report.error is None and not report.skipped and ran[-1] == "f"

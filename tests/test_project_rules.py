@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Variables of other tools the code reads or sets on purpose (documented where they are used).
 FOREIGN = {"NO_COLOR", "COLUMNS", "GITHUB_STEP_SUMMARY", "XDG_CACHE_HOME", "OPENAI_API_KEY", "PATH",
-           "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "TRITON_INTERPRET"}
+           "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR"}
 # os.environ["X"], os.environ.get("X"), os.getenv("X"), envvar="X" / envvar=["X", "Y"]
 READ = re.compile(r"""(?:environ(?:\.get)?\(?\[?|getenv\(|envvar=\[?)\s*["']([A-Z][A-Z0-9_]+)["']""")
 LISTED = re.compile(r"envvar=\[([^\]]*)\]")

@@ -16,10 +16,11 @@ pool has compiled every kernel the stages will launch; their first real launches
 Triton's in-memory cache. Layer loops run one layer of each kind in the pass (``Repeats``): a fake
 op costs ~0.1 ms of Python, and 64 layers of them took seconds.
 
-Nothing real is written: an in-place op whose operands include a fake tensor writes only a fake
-copy. (``FakeTensorMode`` does run an in-place op whose only operands are a real tensor and Python
-scalars, such as ``x.add_(1)``; the stage functions have none, and a test checks every buffer of the
-decoder after a pass.) Attributes the stages set (a lazily moved table) are put back afterwards.
+Nothing real is written. An in-place op with a fake operand writes only a fake copy of its target;
+one whose operands are all real (``x.add_(1)``, ``x.copy_(y)``), which ``FakeTensorMode(
+allow_non_fake_inputs=True)`` would run on real memory, the pass skips (``_RealWritesSkipped``):
+its result's shape is its target's. Attributes the stages set (a lazily moved table) are put back
+afterwards; a test checks every buffer of the decoder after a pass.
 
 It is only ever a speed-up: a kernel the pass did not reach, or whose real arguments specialize
 otherwise, compiles at its first launch as before, and a pass that fails is reported and ignored.
@@ -202,9 +203,12 @@ def compile_ahead(
     emptied since, the kernels compile at their first launches, one after another."""
     report, started = AheadReport(), time.perf_counter()
     marker = _marker(identity) if identity is not None else None
-    if marker is not None and marker.exists():
-        report.skipped = True
-        return report
+    try:
+        if marker is not None and marker.exists():
+            report.skipped = True
+            return report
+    except OSError:  # an unreadable cache: run the pass
+        marker = None
     try:
         import triton
 
@@ -218,13 +222,16 @@ def compile_ahead(
         with pool, _with_launchers(mode_class)(pool):  # the mode's exit waits for every compile
             _fake_pass(stage_fns, keep, recorder)
         report.launches, report.kernels = len(recorder.launches), len(set(recorder.launches))
-        if marker is not None:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
     except Exception as exc:  # only ever a speed-up: the real run compiles what is missing
         report.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
     finally:
         report.seconds = time.perf_counter() - started
+    if marker is not None and report.error is None:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:  # a read-only cache: the next process runs the pass again
+            pass
     return report
 
 
@@ -253,9 +260,10 @@ def _triton_cache_dir() -> str:
 
 @functools.cache
 def _kernel_sources_digest() -> str:
-    """A digest of this package's Triton kernel modules: a changed kernel is a new compile."""
+    """A digest of the fast path's modules (the kernels and the code that picks their arguments):
+    changed code may mean new compiles."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("triton_*.py")):
+    for path in sorted(Path(__file__).parent.glob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -266,7 +274,7 @@ def _fake_pass(stage_fns: Iterable[Callable[[], None]], keep: Iterable[object], 
     kept = [(obj, dict(vars(obj))) for obj in keep]
     token = _ACTIVE.set(recorder)
     try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), _real_writes_skipped():
             for fn in stage_fns:
                 fn()
     finally:
@@ -276,6 +284,32 @@ def _fake_pass(stage_fns: Iterable[Callable[[], None]], keep: Iterable[object], 
                 delattr(obj, name)
             vars(obj).update(attributes)
     return recorder
+
+
+def _real_writes_skipped() -> Any:
+    """A dispatch mode (above ``FakeTensorMode``) that skips an op writing into a real tensor when
+    none of its operands is fake: ``FakeTensorMode`` would run it on real memory. The op's result is
+    its written operand, unchanged: the same shape, all a dry pass needs."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class RealWritesSkipped(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if func._schema.is_mutable:
+                tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+                if tensors and not any(isinstance(tensor, FakeTensor) for tensor in tensors):
+                    written = [
+                        kwargs.get(spec.name, args[i] if i < len(args) else None)
+                        for i, spec in enumerate(func._schema.arguments)
+                        if spec.alias_info is not None and spec.alias_info.is_write
+                    ]
+                    if len(written) == 1 and isinstance(written[0], torch.Tensor):
+                        return written[0]
+            return func(*args, **kwargs)
+
+    return RealWritesSkipped()
 
 
 def _with_launchers(mode_class: type) -> type:

@@ -30,7 +30,11 @@ scribble on the caches); ``Stage.run`` replays it. A stage whose capture fails r
 says so in ``Generation.extras["cuda_graph_errors"]``. Everywhere else the very same stage
 functions run eagerly, which is what the CPU tests exercise. ``torch_compile`` (the
 ``fast-compile`` decode path) additionally compiles the decoder-layer halves and the tree build;
-the CPU tests run that too.
+the CPU tests run that too. Before the captures, the Triton kernels of the request's new stages
+are compiled in parallel (``ahead.compile_ahead``: the stages and the prefill run once on fake
+tensors), so a cold Triton cache costs about the slowest compile, not their sum. On CUDA the
+engine stores the weights transposed at load (``layers.store_models_column_major``: cuBLAS reads
+them faster at a verify's few rows), and the fused tensors here are stored so too.
 
 T>0: rows are sampled with ``torch.multinomial`` in the eager path's order; on CPU the generator is
 the eager path's, so a seed gives the same tokens; on CUDA it lives on the GPU (a different, equally
@@ -138,6 +142,7 @@ class FastDecoder:
         # of ours. DDTREE_DIAG_COMPILE_AHEAD=off: each kernel compiles at its first launch, as
         # before. The CPU tests switch it on to check the pass against the real rounds.
         self.compile_ahead = self.graphs and not torch_compile and not kernels.switched_off("DDTREE_DIAG_COMPILE_AHEAD")
+        self.passed: set[tuple] = set()  # stage keys (less the window) a pass compiled: kept when stages clear
         # torch_compile: torch.compile the two halves of a decoder layer (norms, rotary, SwiGLU
         # fused into a few kernels) and the tree build. One compiled graph per row count serves
         # every layer, since the layer is an input (inlined nn.Modules). The compiled kernels then
@@ -371,6 +376,8 @@ class FastDecoder:
         x = x[0]
         module = layer.linear_attn
         if parents is None:
+            if ahead.dry():  # the prompt's recurrence launches no Triton kernel: a pass needs its shape only
+                return x.new_empty(1, x.shape[0], module.out_proj.out_features), hidden
             out, state, conv = gdn.gdn_layer_prefill(module, x, None, None)
             self.linear_state[index].copy_(state)
             self.linear_conv[index].copy_(conv)
@@ -612,7 +619,7 @@ class FastDecoder:
         ahead_report = None
         if self.compile_ahead:
             ahead_report = self._compile_ahead(
-                [*steady_plans.values(), *last_plans.values()], padded, temperature, request.prompt_ids, with_features
+                [*steady_plans.values(), *last_plans.values()], padded, temperature, prompt_len, with_features
             )
         steady = {w: self._stages_from(plans) for w, plans in steady_plans.items()}
         last = {w: self._stages_from(plans) for w, plans in last_plans.items()}
@@ -785,37 +792,34 @@ class FastDecoder:
         """The stages of ``plans`` (created, and captured on CUDA, on first use)."""
         return {name: self._stage(key, fn) for name, (key, fn) in plans.items()}
 
-    def _stages_for(
-        self, padded: int, budget: int, mode: str, temperature: float, with_features: bool, window: int
-    ) -> dict[str, Stage]:
-        return self._stages_from(self._stage_plans(padded, budget, mode, temperature, with_features, window))
-
     def _compile_ahead(
         self,
         plans: list[dict[str, tuple[tuple, Callable[[], None]]]],
         padded: int,
         temperature: float,
-        prompt_ids: list[int],
+        prompt_len: int,
         with_features: bool,
     ) -> dict | None:
         """Compile the Triton kernels of the stages this request creates, in parallel, before any of
         them runs (``ahead.compile_ahead``: a cold Triton cache's first request). One window per
-        stage suffices (the window changes no kernel's specialization), plus the prefill and, at
-        T>0, the commit (both run outside the stages). Returns the pass's report, None where none ran."""
+        stage suffices (the window changes no kernel's specialization), and a stage kind passed
+        once, in any window, is not passed again; plus the prefill and, at T>0, the commits of a
+        full and a last round (both run outside the stages). Returns the pass's report, None where
+        none ran."""
         fresh: dict[tuple, Callable[[], None]] = {}
         for stage_plans in plans:
             for key, fn in stage_plans.values():
-                if key not in self.stages:
-                    fresh.setdefault(_without_window(key), fn)
+                windowless = _without_window(key)
+                if key not in self.stages and windowless not in self.passed:
+                    fresh.setdefault(windowless, fn)
         if not fresh or not kernels.active(self.device, self.target.dtype):
             return None
         fns = list(fresh.values())
         if temperature > 0:
-            fns.append(lambda: self._commit(padded))
-        prompt_len = len(prompt_ids)
-        prompt = torch.zeros(prompt_len, dtype=torch.long, device=self.device)
+            fns += [lambda rows=rows: self._commit(rows) for rows in sorted({padded, 1})]
 
         def prefill() -> None:
+            prompt = torch.zeros(prompt_len, dtype=torch.long, device=self.device)
             positions = torch.arange(prompt_len, device=self.device)
             causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
             _logits, features = self._target_forward(
@@ -825,14 +829,32 @@ class FastDecoder:
                 self._write_context(features, 0)
 
         touched = [obj for obj in (self, self.target, self.target.kv, self.draft) if obj is not None]
-        # what these kernels' specializations follow: the stages, the prompt's length class (a
-        # multiple of 16 or not, one row), the model's shapes and dtype, the GPU
-        identity = repr((
-            sorted(map(repr, fresh)), temperature > 0, prompt_len % 16 == 0, prompt_len == 1, str(self.target.dtype),
-            self.target.config.to_json_string(use_diff=False), repr(getattr(self.draft, "config", None)),
-            torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None,
-        ))
-        return ahead.compile_ahead([prefill, *fns], keep=touched, identity=identity).as_dict()
+        identity = self._ahead_identity(fresh, temperature, prompt_len)
+        report = ahead.compile_ahead([prefill, *fns], keep=touched, identity=identity)
+        if report.error is None:
+            self.passed.update(fresh)
+        return report.as_dict()
+
+    def _ahead_identity(
+        self, fresh: dict[tuple, Callable[[], None]], temperature: float, prompt_len: int
+    ) -> str | None:
+        """What the kernels of a compile-ahead pass follow (its marker's key, with ahead.py's
+        parts): the stages, the prompt's length class (a multiple of 16 or not, one row), the
+        kernel switches, the model's shapes and dtype, the GPU. None where it cannot be told."""
+        try:
+            switches = sorted(
+                (name, value) for name, value in os.environ.items()
+                if name in ("DDTREE_DIAG_KERNELS", "DDTREE_DIAG_WEIGHT_LAYOUT", "DDTREE_DIAG_ATTENTION")
+                or (name.startswith("DDTREE_DIAG_") and name.endswith("_KERNEL"))
+            )
+            return repr((
+                sorted(map(repr, fresh)), temperature > 0, prompt_len % 16 == 0, prompt_len == 1, switches,
+                str(self.target.dtype), self.target.config.to_json_string(use_diff=False),
+                repr(getattr(self.draft, "config", None)),
+                torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None,
+            ))
+        except Exception:  # no marker: the pass runs every time
+            return None
 
     def _ar_tree(self, padded: int) -> None:
         """Root only (an AR step, or the last round when no draft node could be committed)."""

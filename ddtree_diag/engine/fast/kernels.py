@@ -85,7 +85,8 @@ def _triton_topk():
 
 
 def switched_off(variable: str) -> bool:
-    """Whether the environment turns one kernel off (``DDTREE_DIAG_<NAME>_KERNEL=off``)."""
+    """Whether the environment turns a fast-path feature off (``DDTREE_DIAG_<NAME>_KERNEL=off`` for
+    one kernel, ``DDTREE_DIAG_COMPILE_AHEAD=off``)."""
     return os.environ.get(variable, "").strip().lower() == "off"
 
 

@@ -251,8 +251,8 @@ def store_column_major(linear: torch.nn.Linear) -> None:
     projections, 32 rows, ``python -m bench.gemm_shapes --layouts``) q|k|v 16.2 -> 14.4 us, gate|up
     50.6 -> 48.6, o 10.5 -> 10.1, down 30.1 -> 29.6, lm_head 307 -> 287, the same values bit for bit
     in all but one case of fifteen (down at 272 rows: another kernel, another summation order).
-    The eager path and the HF model compute with this very parameter too. One copy of the weight
-    exists at a time (the old one is freed)."""
+    The eager path and the HF model compute with this very parameter too. The old weight is freed
+    once rebound: a model grows by one weight's size, for the copy, while it is relaid."""
     weight = linear.weight.detach()
     linear.weight = torch.nn.Parameter(weight.t().contiguous().t(), requires_grad=False)
 
@@ -261,9 +261,11 @@ def _fuse(linears: list[torch.nn.Linear], name: str, column_major: bool = False)
     """Concatenate the linears' ``name`` tensors along the output rows and rebind each linear's
     parameter to its slice of the result (``column_major``: the result stored transposed, see
     ``store_column_major``; the slices are then column blocks of that storage)."""
-    fused = torch.cat([getattr(lin, name).detach() for lin in linears], dim=0)
-    if column_major and fused.dim() == 2:
-        fused = fused.t().contiguous().t()
+    parts = [getattr(lin, name).detach() for lin in linears]
+    if column_major and parts[0].dim() == 2:  # one copy, made in the transposed layout
+        fused = torch.cat([part.t() for part in parts], dim=1).t()
+    else:
+        fused = torch.cat(parts, dim=0)
     row = 0
     for lin in linears:
         rows = getattr(lin, name).shape[0]
