@@ -3,9 +3,9 @@
 On a cold cache, the first run of a stage compiles each of its Triton kernels when it is first
 launched, one after another: on an H200 a top-k pass takes 1.5-5.6 s, and each new kernel
 signature also builds a C launcher with gcc (~0.35 s). A first request of a Qwen3.6-27B shape spent
-9-11 s so. Most of that work can run in parallel (Triton's MLIR passes, ptxas and gcc run outside
-the GIL), but a compile needs the kernel's arguments, and those only exist once the stage runs up
-to it.
+9-11 s so. Much of that work runs in parallel in threads (six top-k compiles: 20.6 s one after
+another, 8.5 s in a pool; the compiler passes, ptxas and gcc do not hold the GIL throughout), but a
+compile needs the kernel's arguments, and those only exist once the stage runs up to it.
 
 So ``compile_ahead`` runs the stage functions once without running anything: under
 ``FakeTensorMode`` the PyTorch ops only compute shapes, strides and dtypes, and every Triton launch
