@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-default bench-via bench-fleet bench-kernels demo pyz clean
+.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-first-request bench-default bench-via bench-fleet bench-kernels demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -46,6 +46,10 @@ bench-likelihood: install
 
 bench-engine: install
 	$(PYTHON) -m bench.engine_speed
+
+# A fresh process's first request per shape: cold and warm Triton caches, kernels compiled ahead or not.
+bench-first-request: install
+	$(PYTHON) -m bench.first_request
 
 bench-default: install
 	$(PYTHON) -m bench.bench_default

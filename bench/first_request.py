@@ -1,0 +1,84 @@
+"""First request of a shape in a fresh process: cold and warm Triton caches, with and without
+compiling the kernels ahead (``engine/fast/ahead.py``).
+
+Each row is its own process (``bench.engine_speed``, fast path, a few tokens a budget): "cold"
+with a new empty ``TRITON_CACHE_DIR`` and ``DDTREE_DIAG_CACHE``; "warm" a second process on the
+directories the "cold, ahead" one left (Triton's compiled kernels, the compile markers). Seconds
+of the first request per budget (AR first), and what the compile-ahead pass did.
+
+    python -m bench.first_request [--shapes 8b,qwen3.6-27b] [--budgets 16,64]
+
+Without CUDA it runs the small CPU shape, where no kernel compiles and no pass runs: a smoke run of
+the bench itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RUNS = (  # (row, compile ahead on, fresh directories)
+    ("cold, one kernel at a time", False, True),
+    ("cold, compiled ahead", True, True),
+    ("warm (second process)", True, False),
+)
+
+
+def run_once(shape: str, budgets: str, ahead: bool, cache: Path, extra: list[str]) -> list[dict]:
+    """One ``engine_speed`` process; its records (one per budget, AR first)."""
+    with tempfile.TemporaryDirectory() as out:
+        env = dict(os.environ, OUT=out, TRITON_CACHE_DIR=str(cache / "triton"), DDTREE_DIAG_CACHE=str(cache / "tool"))
+        env["DDTREE_DIAG_COMPILE_AHEAD"] = "on" if ahead else "off"
+        command = [
+            sys.executable, "-m", "bench.engine_speed", "--shapes", shape, "--paths", "fast", "--no-profile",
+            "--budgets", budgets, "--new-tokens", "16", *extra,
+        ]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
+            raise SystemExit(f"engine_speed failed for {shape}: {tail[0]}")
+        return json.loads((Path(out) / "engine_speed.json").read_text())
+
+
+def describe(record: dict) -> str:
+    ahead = record.get("compile_ahead")
+    if not ahead:
+        return f"{record['first_request_s']:.1f}"
+    if ahead.get("skipped"):
+        return f"{record['first_request_s']:.1f} (pass skipped)"
+    note = f"; {ahead['error']}" if ahead.get("error") else ""
+    return f"{record['first_request_s']:.1f} (pass {ahead['seconds']:.1f} s, {ahead['kernels']} kernels{note})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=None, help="comma list (default 8b,qwen3.6-27b; small without CUDA)")
+    parser.add_argument("--budgets", default="16,64")
+    args = parser.parse_args()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    shapes = (args.shapes or ("8b,qwen3.6-27b" if cuda else "small")).split(",")
+    extra = [] if cuda else ["--small"]
+    budgets = ["AR", *args.budgets.split(",")]
+    print(f"first_request: {torch.cuda.get_device_name() if cuda else 'cpu'}, seconds of a fresh process's "
+          f"first request per budget ({' / '.join(budgets)})", flush=True)
+    for shape in shapes:
+        with tempfile.TemporaryDirectory() as scratch:
+            cache = Path(scratch)
+            for row, ahead, fresh in RUNS:
+                if fresh:
+                    cache = Path(tempfile.mkdtemp(dir=scratch))
+                records = run_once(shape, args.budgets, ahead, cache, extra)
+                cells = " / ".join(describe(record) for record in records)
+                print(f"{shape:>12} {row:<28} {cells}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
