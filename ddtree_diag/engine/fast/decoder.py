@@ -360,6 +360,15 @@ class FastDecoder:
         hidden = _settle(hidden, residual)
         return t.head(hidden, features, self.feature_layers if with_features else None)
 
+    def _prefill(self, prompt: torch.Tensor, with_features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The prompt's rows through the target at slots 0.. (causal; never the compiled layer
+        halves, its length varies): (logits, the draft's context features or None)."""
+        prompt_len = prompt.shape[0]
+        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
+        positions = torch.arange(prompt_len, device=self.device)
+        window = attention_window(prompt_len, self.max_len)
+        return self._target_forward(prompt, positions, causal, with_features, window, compiled=False)
+
     def _linear_layer(
         self,
         index: int,
@@ -633,12 +642,7 @@ class FastDecoder:
         prompt = torch.tensor(request.prompt_ids, device=self.device)
         t.kv.reset()
         self.start.zero_()
-        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
-        positions = torch.arange(prompt_len, device=self.device)
-        prefill_window = attention_window(prompt_len, self.max_len)
-        logits, features = self._target_forward(
-            prompt, positions, causal, with_features, prefill_window, compiled=False
-        )
+        logits, features = self._prefill(prompt, with_features)
         self.start.fill_(prompt_len)
         t.kv.advance(prompt_len)
         last_logits = logits[-1:].float()
@@ -820,11 +824,7 @@ class FastDecoder:
 
         def prefill() -> None:
             prompt = torch.zeros(prompt_len, dtype=torch.long, device=self.device)
-            positions = torch.arange(prompt_len, device=self.device)
-            causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
-            _logits, features = self._target_forward(
-                prompt, positions, causal, with_features, attention_window(prompt_len, self.max_len), compiled=False
-            )
+            _logits, features = self._prefill(prompt, with_features)
             if with_features:
                 self._write_context(features, 0)
 
