@@ -50,12 +50,12 @@ def inputs(rows: int, generator: torch.Generator) -> dict:
 def time_rows(rows: int, generator: torch.Generator) -> list[float]:
     """[conv PyTorch us, conv kernel us, conv max diff, commit PyTorch us, commit kernel us, commit max diff]."""
     x = inputs(rows, generator)
-    kept = torch.empty(rows, CHANNELS, WIDTH - 1, dtype=torch.bfloat16, device="cuda")
+    kept = torch.empty(rows, CHANNELS, dtype=torch.bfloat16, device="cuda")
 
     def conv_pytorch():
         windows = gdn.conv_windows(x["mixed"], x["parents"], x["conv_state"], WIDTH)
         out = gdn.conv_from_windows(windows, x["weight"], None, "silu").to(torch.bfloat16)
-        kept.copy_(windows[:, :, 1:])
+        kept.copy_(x["mixed"])
         return out
 
     def conv_kernel():
@@ -68,13 +68,14 @@ def time_rows(rows: int, generator: torch.Generator) -> list[float]:
     def commit_pytorch(state, conv_state):
         parts = gdn.ParallelParts(x["keys"], x["updates"], x["path_decay"], x["anc"], state)
         new_state = gdn.state_after(parts, x["last"])
-        new_conv = kept.index_select(0, x["last"])[0]
+        new_conv = gdn.conv_tail(kept, x["parents"], conv_state, x["last"])
         state.copy_(torch.where(x["ok"], new_state, state))
         conv_state.copy_(torch.where(x["ok"], new_conv, conv_state))
 
     def commit_kernel(state, conv_state):
         triton_gdn_state.commit_states(
-            state, conv_state, x["keys"], x["updates"], x["path_decay"], kept, x["anc"], x["last"], x["ok"]
+            state, conv_state, x["keys"], x["updates"], x["path_decay"], kept, x["parents"], x["anc"], x["last"],
+            x["ok"],
         )
 
     ours = [x["state"].clone(), x["conv_state"].clone()]
@@ -95,15 +96,15 @@ COMMIT_TILES = [(32, 64, 4), (64, 64, 4), (16, 64, 2), (32, 64, 2), (32, 32, 2),
 def sweep(rows: int, generator: torch.Generator) -> None:
     """us per layer call for each tile in CONV_TILES and COMMIT_TILES."""
     x = inputs(rows, generator)
-    kept = torch.empty(rows, CHANNELS, WIDTH - 1, dtype=torch.bfloat16, device="cuda")
+    kept = torch.empty(rows, CHANNELS, dtype=torch.bfloat16, device="cuda")
     cells = []
     conv_args = (x["mixed"], x["parents"], x["conv_state"], x["weight"], None, "silu", kept)
     for tile in CONV_TILES:
         us = graph_ms(lambda tile=tile: triton_gdn_state.conv_rows(*conv_args, *tile)) * 1000
         cells.append(f"conv {tile[0]}x{tile[1]}/{tile[2]}: {us:.1f}")
     commit_args = (
-        x["state"].clone(), x["conv_state"].clone(), x["keys"], x["updates"], x["path_decay"], kept, x["anc"],
-        x["last"], x["ok"],
+        x["state"].clone(), x["conv_state"].clone(), x["keys"], x["updates"], x["path_decay"], kept, x["parents"],
+        x["anc"], x["last"], x["ok"],
     )
     for tile in COMMIT_TILES:
         us = graph_ms(lambda tile=tile: triton_gdn_state.commit_states(*commit_args, *tile)) * 1000

@@ -27,7 +27,9 @@ from ddtree_diag.engine.tree import ancestor_mask
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
 BLOCK, MAX_DEPTH = 16, 15
 PLANS = {  # name: tree_solve's keywords
-    "path 1w": dict(method="path"),
+    "path own": dict(method="path", share_heads=False),  # a program per value head, its own path search
+    "path 1w": dict(method="path"),  # a program per key head's value heads (3 at this shape)
+    "path+tbl": dict(method="path", paths="table"),  # and the rows' path table, built once a verify
     "path 2w": dict(method="path", path_warps=2),
     "blk c64": dict(method="blocked"),  # block_n 16, block_v 64, 8 warps, tf32
     "blk c32": dict(method="blocked", block_c=32),
@@ -70,7 +72,11 @@ def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float
     parts = [torch.empty(VALUE_HEADS, rows, size, device="cuda") for size in (DK, DV)]
     decay = torch.empty(VALUE_HEADS, rows, device="cuda")
 
+    table = triton_gdn.path_table(x["anc"], BLOCK)
+
     def kernel(plan):
+        if plan.get("paths") == "table":
+            plan = {**plan, "paths": table}
         return triton_gdn.tree_solve(x["conv_out"], a, b, x["a_log"], x["dt_bias"], x["anc"], x["state"], *parts,
                                      decay, KEY_HEADS, DK, max_path=BLOCK, **plan)
 

@@ -1,7 +1,7 @@
 """The Gated DeltaNet conv and commit kernels (engine/fast/triton_gdn_state.py) against the PyTorch
 functions they replace: ``gdn.conv_windows`` + ``gdn.conv_from_windows`` (the tree-row conv) and
-``gdn.state_after`` + ``windows[last]`` (the commit), on chains, bushy trees, trees padded with
-parent -1 rows, and single rows.
+``gdn.state_after`` + the tail of ``last``'s window (the commit), on chains, bushy trees, trees
+padded with parent -1 rows, and single rows.
 
 Without a GPU the kernels run through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
 on a GPU the same checks run the compiled kernels on CUDA tensors.
@@ -96,7 +96,7 @@ def test_conv_rows_matches_reference(n, shape, padding, use_bias, activation, dt
         None if b is None else b.to(DEVICE), activation,
     )
     assert out.dtype == dtype and kept.dtype == dtype
-    assert torch.equal(kept.cpu(), windows[:, :, 1:])  # copies: exact
+    assert kept.is_contiguous() and torch.equal(kept.cpu(), mixed)  # the inputs, copied: exact
     if dtype == torch.float32:
         torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
     else:  # the sum's order may move a value across a rounding boundary: one bf16 step
@@ -104,8 +104,8 @@ def test_conv_rows_matches_reference(n, shape, padding, use_bias, activation, dt
         assert (out.cpu() != expected).float().mean() < 0.05
 
 
-def test_conv_rows_writes_windows_into_a_buffer_and_pads_a_short_state():
-    """A caller's buffer receives the windows; a conv state narrower than K-1 reads zeros past its
+def test_conv_rows_writes_inputs_into_a_buffer_and_pads_a_short_state():
+    """A caller's buffer receives the inputs; a conv state narrower than K-1 reads zeros past its
     oldest column, as the reference left-pads it."""
     generator = torch.Generator().manual_seed(3)
     parents = torch.tensor([-1, 0, 1, 0, -1])
@@ -114,13 +114,27 @@ def test_conv_rows_writes_windows_into_a_buffer_and_pads_a_short_state():
     weight = torch.randn(64, WIDTH, generator=generator)
     windows = gdn.conv_windows(mixed, parents, conv_state, WIDTH)
     expected = gdn.conv_from_windows(windows, weight, None, "silu")
-    buffer = torch.full((5, 64, WIDTH - 1), 7.0, device=DEVICE)
+    buffer = torch.full((5, 64), 7.0, device=DEVICE)
     out, kept = triton_gdn_state.conv_rows(
         mixed.to(DEVICE), parents.to(DEVICE), conv_state.to(DEVICE), weight.to(DEVICE), None, "silu", buffer
     )
     assert kept is buffer
-    assert torch.equal(buffer.cpu(), windows[:, :, 1:])
+    assert torch.equal(buffer.cpu(), mixed)
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("n", "shape", "padding"), CASES)
+def test_conv_tail_is_the_tail_of_the_rows_window(n, shape, padding):
+    """``gdn.conv_tail`` (what the commit's PyTorch path keeps) against the reference's windows."""
+    generator = torch.Generator().manual_seed(n + padding)
+    parents = random_parents(n, shape, padding, generator)
+    rows = parents.shape[0]
+    mixed = torch.randn(rows, 24, generator=generator).to(torch.bfloat16)
+    conv_state = torch.randn(24, WIDTH - 1, generator=generator).to(torch.bfloat16)
+    windows = gdn.conv_windows(mixed, parents, conv_state, WIDTH)
+    for last in range(rows):
+        tail = gdn.conv_tail(mixed, parents, conv_state, torch.tensor([last]))
+        assert torch.equal(tail, windows[last, :, 1:]), last
 
 
 def commit_inputs(n: int, shape: str, padding: int, heads: int, dk: int, dv: int, channels: int, dtype):
@@ -135,9 +149,16 @@ def commit_inputs(n: int, shape: str, padding: int, heads: int, dk: int, dv: int
         "keys": torch.randn(heads, rows, dk, generator=generator),
         "updates": torch.randn(heads, rows, dv, generator=generator),
         "path_decay": (anc.float() @ g).transpose(0, 1).contiguous(),
-        "windows": torch.randn(rows, channels, WIDTH - 1, generator=generator).to(dtype),
+        "inputs": torch.randn(rows, channels, generator=generator).to(dtype),
+        "parents": parents,
         "anc": anc,
     }
+
+
+def window_tail(inputs: dict, last: int) -> torch.Tensor:
+    """The conv state the commit must leave: the tail of row ``last``'s window (the reference)."""
+    windows = gdn.conv_windows(inputs["inputs"], inputs["parents"], inputs["conv_state"], WIDTH)
+    return windows[last, :, 1:]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -155,12 +176,12 @@ def test_commit_states_matches_state_after(n, shape, padding, dtype):
             state, conv_state = on_device["state"].clone(), on_device["conv_state"].clone()
             triton_gdn_state.commit_states(
                 state, conv_state, on_device["keys"], on_device["updates"], on_device["path_decay"],
-                on_device["windows"], on_device["anc"], torch.tensor([last], device=DEVICE),
+                on_device["inputs"], on_device["parents"], on_device["anc"], torch.tensor([last], device=DEVICE),
                 torch.tensor(ok, device=DEVICE),
             )
             if ok:
                 torch.testing.assert_close(state.cpu(), expected, rtol=1e-5, atol=1e-5)
-                assert torch.equal(conv_state.cpu(), inputs["windows"][last])
+                assert torch.equal(conv_state.cpu(), window_tail(inputs, last))
             else:  # nothing moves
                 assert torch.equal(state.cpu(), inputs["state"])
                 assert torch.equal(conv_state.cpu(), inputs["conv_state"])
@@ -174,8 +195,8 @@ def test_commit_states_full_head_size():
     on_device = {name: value.to(DEVICE) for name, value in inputs.items()}
     triton_gdn_state.commit_states(
         on_device["state"], on_device["conv_state"], on_device["keys"], on_device["updates"],
-        on_device["path_decay"], on_device["windows"], on_device["anc"], torch.tensor([8], device=DEVICE),
-        torch.tensor(True, device=DEVICE),
+        on_device["path_decay"], on_device["inputs"], on_device["parents"], on_device["anc"],
+        torch.tensor([8], device=DEVICE), torch.tensor(True, device=DEVICE),
     )
     torch.testing.assert_close(on_device["state"].cpu(), expected, rtol=1e-5, atol=1e-5)
-    assert torch.equal(on_device["conv_state"].cpu(), inputs["windows"][8])
+    assert torch.equal(on_device["conv_state"].cpu(), window_tail(inputs, 8))

@@ -54,8 +54,9 @@ def random_parents(n: int, shape: str, generator: torch.Generator) -> list[int]:
     return [-1] + [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(1, n)]
 
 
-def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0, **tile):
-    """(kernel's out, keys, updates, path decay), (the same from the PyTorch solve)."""
+def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0, with_paths=False, **tile):
+    """(kernel's out, keys, updates, path decay), (the same from the PyTorch solve). ``with_paths``:
+    the kernel gets the rows' path table (``path_table``) as a verify passes it."""
     generator = torch.Generator().manual_seed(seed)
     parents = random_parents(n, shape, generator)
     anc = ancestor_mask(parents).to(DEVICE)
@@ -78,8 +79,10 @@ def solve_both(n, shape, dtype, key_heads=2, value_heads=4, dk=32, dv=32, seed=0
     fp32 = dict(device=DEVICE, dtype=torch.float32)
     keys, updates = torch.full((value_heads, n, dk), 7.0, **fp32), torch.full((value_heads, n, dv), 7.0, **fp32)
     decay = torch.full((value_heads, n), 7.0, **fp32)
-    out = kernels._triton_gdn().tree_solve(conv_out, a, b, a_log, dt_bias, anc, state, keys, updates, decay,
-                                           key_heads, dk, **tile)
+    module = kernels._triton_gdn()
+    if with_paths:
+        tile["paths"] = module.path_table(anc, tile["max_path"])
+    out = module.tree_solve(conv_out, a, b, a_log, dt_bias, anc, state, keys, updates, decay, key_heads, dk, **tile)
     return (out.reshape(n, value_heads, dv), keys, updates, decay), (
         reference, parts.keys, parts.updates, parts.path_decay,
     )
@@ -190,15 +193,46 @@ def test_the_path_solve_takes_paths_up_to_its_limit_and_the_blocked_solve_the_re
         solve_both(3, "chain", torch.float32, method="fast")
 
 
-def test_a_path_longer_than_the_callers_bound_comes_out_nan_not_wrong(solver):
+@pytest.mark.parametrize("with_paths", [False, True], ids=("own-paths", "path-table"))
+def test_a_path_longer_than_the_callers_bound_comes_out_nan_not_wrong(solver, with_paths):
     """A 20-row chain with a bound of 4 (a 16-row path kernel): rows 16-19 cannot be solved there
     and say so; the rows whose paths fit are still right."""
     (out, _, updates, decay), (ref_out, _, ref_updates, ref_decay) = solve_both(
-        20, "chain", torch.float32, dk=16, dv=16, value_heads=2, key_heads=1, max_path=4)
+        20, "chain", torch.float32, dk=16, dv=16, value_heads=2, key_heads=1, max_path=4, with_paths=with_paths)
     assert decay[:, 16:].isnan().all() and updates[:, 16:].isnan().all() and out[16:].isnan().all()
     torch.testing.assert_close(decay[:, :16], ref_decay[:, :16], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(updates[:, :16], ref_updates[:, :16], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[:16], ref_out[:16], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("n", "shape"), [case for case in CASES if case[0] <= 64])
+def test_the_path_table_holds_each_rows_root_path(solver, n, shape):
+    parents = random_parents(n, shape, torch.Generator().manual_seed(n))
+    table = kernels._triton_gdn().path_table(ancestor_mask(parents).to(DEVICE), n).cpu()
+    assert table.dtype == torch.int32 and table.shape == (n, max(16, 1 << (n - 1).bit_length()))
+    for row in range(n):
+        path = [row]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        assert table[row].tolist() == path[::-1] + [-1] * (table.shape[1] - len(path)), row
+
+
+@pytest.mark.parametrize(("n", "shape"), [case for case in CASES if case[0] <= 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_path_solve_with_a_path_table_or_shared_heads_gives_the_same_results(solver, n, shape, dtype):
+    """The table only saves each program finding its path, and a program taking a key head's value
+    heads together only shares their keys' products: the same arithmetic for every head. Under the
+    interpreter bit for bit; compiled, the code's layouts (so its sums' order) may differ: float
+    rounding apart (one step of the output's dtype)."""
+    plain, _ = solve_both(n, shape, dtype, method="path", max_path=n, share_heads=False, value_heads=6)
+    for variant in (dict(with_paths=True), dict(share_heads=True), dict(with_paths=True, share_heads=True)):
+        got, _ = solve_both(n, shape, dtype, method="path", max_path=n, value_heads=6, **variant)
+        for part, want in zip(got, plain, strict=True):
+            if DEVICE == "cpu":
+                assert torch.equal(part, want), variant
+            else:
+                step = 1e-5 if part.dtype == torch.float32 else 8e-3
+                torch.testing.assert_close(part.float(), want.float(), rtol=step, atol=step)
 
 
 def test_solve_is_used_only_where_the_kernels_run(monkeypatch):

@@ -324,6 +324,22 @@ def conv_windows(x: torch.Tensor, parents: torch.Tensor, conv_state: torch.Tenso
     return table[idx].transpose(1, 2)
 
 
+def conv_tail(x: torch.Tensor, parents: torch.Tensor, conv_state: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """The conv state [C, K-1] after committing tree row ``last`` (a 1-element long tensor): the
+    tail of its ``conv_windows`` window, i.e. the inputs of the K-1 newest rows on its root path,
+    topped up from ``conv_state`` [C, K-1] where the path is shorter. No host sync."""
+    hist = conv_state.shape[-1]
+    columns = []
+    at = last.reshape(1)
+    for step in range(hist):
+        from_tree = x[at.clamp(min=0)][0]
+        from_state = conv_state[:, (hist + at).clamp(0, hist - 1)][:, 0].to(x.dtype)
+        columns.append(torch.where(at >= 0, from_tree, from_state))
+        if step < hist - 1:
+            at = torch.where(at >= 0, parents[at.clamp(min=0)], at - 1)
+    return torch.stack(columns[::-1], dim=1).to(conv_state.dtype)
+
+
 def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     if activation is None:
         return x

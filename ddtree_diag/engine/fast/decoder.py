@@ -255,10 +255,7 @@ class FastDecoder:
                     "keys": torch.zeros(heads, padded, module.head_k_dim, **fp32),
                     "updates": torch.zeros(heads, padded, module.head_v_dim, **fp32),
                     "path_decay": torch.zeros(heads, padded, **fp32),
-                    "windows": torch.zeros(
-                        padded, module.conv1d.weight.shape[0], module.conv_kernel_size - 1, device=self.device,
-                        dtype=t.dtype,
-                    ),
+                    "inputs": torch.zeros(padded, module.conv1d.weight.shape[0], device=self.device, dtype=t.dtype),
                 }
         return self.trees[padded]
 
@@ -308,6 +305,10 @@ class FastDecoder:
         bias = None
         hidden = t.embed(tokens[None])
         cos, sin = t.rope(hidden, positions)
+        # tree rows' root paths for the Gated DeltaNet solve kernel, once for all its layers
+        paths = None
+        if parents is not None and self.linear_state:
+            paths = kernels.gdn_path_table(anc, hidden, self.block)
         wanted = set(self.feature_layers) if with_features else set()
         features: dict[int, torch.Tensor] = {}
         # The last MLP's output, not yet added to ``hidden``: the next attention layer's input norm
@@ -326,7 +327,7 @@ class FastDecoder:
                 continue
             fused = self.fused[index]
             if index in self.linear_state:
-                delta, hidden = self._linear_layer(index, layer, hidden, residual, parents, anc)
+                delta, hidden = self._linear_layer(index, layer, hidden, residual, parents, anc, paths)
                 hidden, residual = mlp_half(layer, hidden, fused, delta=delta, defer=True)
             else:
                 slot = t.cache_slot[index]
@@ -377,10 +378,12 @@ class FastDecoder:
         residual: torch.Tensor | None,
         parents: torch.Tensor | None,
         anc: torch.Tensor,
+        paths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One Gated DeltaNet layer's output [1, rows, H] and its input hidden state (``hidden`` +
         ``residual``, the add inside the input norm's kernel): the prompt (``parents`` None;
-        committed at once) or tree rows (the parallel solve, kept for ``_commit``)."""
+        committed at once) or tree rows (the parallel solve, kept for ``_commit``; ``paths``: the
+        rows' path table for the solve kernel)."""
         hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
         x = x[0]
         module = layer.linear_attn
@@ -392,12 +395,12 @@ class FastDecoder:
             self.linear_conv[index].copy_(conv)
             return out[None], hidden
         kept = self.linear_parts[x.shape[0]][index]
-        out, parts, windows = linear_attention_rows(
+        out, parts, inputs = linear_attention_rows(
             module, x, parents, anc, self.linear_state[index], self.linear_conv[index], self.fused[index], kept,
-            max_path=self.block,  # root + at most block - 1 drafted depths
+            max_path=self.block, paths=paths,  # root + at most block - 1 drafted depths
         )
         written = (("keys", parts.keys), ("updates", parts.updates), ("path_decay", parts.path_decay))
-        for name, value in (*written, ("windows", windows)):
+        for name, value in (*written, ("inputs", inputs)):
             if value is not kept[name]:  # the Gated DeltaNet kernels wrote them in place already
                 kept[name].copy_(value)
         return out[None], hidden
@@ -566,12 +569,12 @@ class FastDecoder:
                 if state_kernels is not None:  # the state and conv window after `last`, one kernel
                     state_kernels.commit_states(
                         state, self.linear_conv[index], kept["keys"], kept["updates"], kept["path_decay"],
-                        kept["windows"], tree["anc"], last, ok,
+                        kept["inputs"], parents, tree["anc"], last, ok,
                     )
                     continue
                 parts = gdn.ParallelParts(kept["keys"], kept["updates"], kept["path_decay"], tree["anc"], state)
                 new_state = gdn.state_after(parts, last)
-                new_conv = kept["windows"].index_select(0, last)[0]
+                new_conv = gdn.conv_tail(kept["inputs"], parents, self.linear_conv[index], last)
                 state.copy_(torch.where(ok, new_state, state))
                 self.linear_conv[index].copy_(torch.where(ok, new_conv, self.linear_conv[index]))
         self.start.add_(torch.where(ok, count, 0))

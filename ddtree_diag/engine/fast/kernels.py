@@ -131,6 +131,16 @@ def gdn_solver(conv_out: torch.Tensor, module: torch.nn.Module, a: torch.Tensor,
     return _triton_gdn()
 
 
+def gdn_path_table(ancestors: torch.Tensor, hidden: torch.Tensor, max_path: int) -> torch.Tensor | None:
+    """The path solve's table of tree rows' root paths (``triton_gdn.path_table``), built once a
+    verify for every Gated DeltaNet layer's solve, where the solve kernel runs on ``hidden``'s
+    device and dtype; else None."""
+    if switched_off("DDTREE_DIAG_GDN_KERNEL") or _use(hidden) is None:
+        return None
+    module = _triton_gdn()
+    return module.path_table(ancestors, max_path) if max_path <= module.PATH_LIMIT else None
+
+
 def gdn_state_kernels(x: torch.Tensor, activation: str | None = "silu"):
     """The Gated DeltaNet conv / commit kernels' module when a layer's tree rows (``x``: its
     pre-conv inputs, or its recurrent state at commit) go through them, else None (``gdn``'s

@@ -176,17 +176,20 @@ def linear_attention_rows(
     fused: FusedWeights | None = None,
     kept: dict[str, torch.Tensor] | None = None,
     max_path: int | None = None,
+    paths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, gdn.ParallelParts, torch.Tensor]:
     """A Gated DeltaNet layer over tree rows in one parallel solve (``gdn.parallel_gated_delta``),
     static shapes and no host sync. hidden [N, H] (after input_layernorm); parents [N] (-1: the
     committed state; padding rows too); ancestors [N, N]. Returns (out [N, H], the parts that
-    rebuild the state after any node, conv windows [N, conv_dim, K-1] to commit from). ``fused``: the
-    layer's ``FusedWeights`` (one GEMM for the four input projections). ``kept``: the buffers
-    commit reads (fp32 keys [Hv, N, dk], updates [Hv, N, dv], path_decay [Hv, N]; windows
-    [N, conv_dim, K-1]) that the Gated DeltaNet kernels (``triton_gdn``, ``triton_gdn_state``,
-    where the kernels run) write into; what they wrote comes back as those very buffers.
+    rebuild the state after any node, the pre-conv inputs [N, conv_dim] that rebuild any node's
+    conv window: ``gdn.conv_tail``). ``fused``: the layer's ``FusedWeights`` (one GEMM for the four
+    input projections). ``kept``: the buffers commit reads (fp32 keys [Hv, N, dk], updates
+    [Hv, N, dv], path_decay [Hv, N]; inputs [N, conv_dim]) that the Gated DeltaNet kernels
+    (``triton_gdn``, ``triton_gdn_state``, where the kernels run) write into; what they wrote
+    comes back as those very buffers.
     ``max_path``: a bound on the rows of a root-to-row path (the draft block), which lets the solve
-    kernel pick its method with no host sync."""
+    kernel pick its method with no host sync; ``paths``: the rows' path table for the solve kernel
+    (``kernels.gdn_path_table``, built once for all layers)."""
     n = hidden.shape[0]
     kernel = module.conv_kernel_size
     if fused is not None and fused.linear_in_weight is not None:
@@ -196,20 +199,20 @@ def linear_attention_rows(
         mixed, z, b, a = gdn.gdn_projections(module, hidden)
     weight = module.conv1d.weight.squeeze(1)
     state_kernels = kernels.gdn_state_kernels(mixed, module.activation) if kept is not None else None
-    if state_kernels is not None:  # windows gathered and convolved in one kernel, kept where commit reads them
-        conv_out, tails = state_kernels.conv_rows(
-            mixed, parents, conv_state, weight, module.conv1d.bias, module.activation, windows_out=kept["windows"]
+    if state_kernels is not None:  # windows gathered and convolved in one kernel, inputs kept where commit reads them
+        conv_out, inputs = state_kernels.conv_rows(
+            mixed, parents, conv_state, weight, module.conv1d.bias, module.activation, inputs_out=kept["inputs"]
         )
     else:
         windows = gdn.conv_windows(mixed, parents, conv_state, kernel)
         conv_out = gdn.conv_from_windows(windows, weight, module.conv1d.bias, module.activation).to(hidden.dtype)
-        tails = windows[:, :, 1:]
+        inputs = mixed
     solver = kernels.gdn_solver(conv_out, module, a, b) if kept is not None else None
     if solver is not None:  # the whole solve in Triton, its parts written where commit reads them
         keys, updates, path_decay = kept["keys"], kept["updates"], kept["path_decay"]
         core = solver.tree_solve(
             conv_out, a, b, module.A_log, module.dt_bias, ancestors, state, keys, updates, path_decay,
-            module.num_k_heads, module.head_k_dim, max_path=max_path,
+            module.num_k_heads, module.head_k_dim, max_path=max_path, paths=paths,
         )
         parts = gdn.ParallelParts(keys, updates, path_decay, ancestors, state)
     else:
@@ -220,7 +223,7 @@ def linear_attention_rows(
             v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
         )
     normed = kernels.gated_rms_norm(module.norm, core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
-    return module.out_proj(normed.reshape(n, module.value_dim)), parts, tails
+    return module.out_proj(normed.reshape(n, module.value_dim)), parts, inputs
 
 
 def column_major_weights(device: torch.device) -> bool:

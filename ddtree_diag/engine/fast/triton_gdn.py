@@ -223,81 +223,92 @@ def _path_prep_kernel(
 
 @triton.jit
 def _path_solve_kernel(
-    conv_ptr, anc_ptr, keys_ptr, gate_ptr, beta_ptr, k_state_ptr, q_state_ptr, out_ptr, updates_ptr, decay_ptr,
-    n_rows, conv_row_stride, anc_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
+    conv_ptr, anc_ptr, paths_ptr, keys_ptr, gate_ptr, beta_ptr, k_state_ptr, q_state_ptr, out_ptr, updates_ptr,
+    decay_ptr, n_rows, conv_row_stride, anc_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
     PATH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_PATHS: tl.constexpr, GROUP: tl.constexpr,
 ):
-    # one program per (row, value head): the row's path (root .. row) is a closed chain system of
-    # at most PATH rows, solved here whole; other programs redo the same ancestors' rows rather
-    # than wait for them
+    # one program per (row, GROUP value heads of one key head): the row's path (root .. row) is a
+    # closed chain system of at most PATH rows, solved here whole; other programs redo the same
+    # ancestors' rows rather than wait for them. The value heads of a key head share the path, its
+    # keys, their Gram matrix and q's products with them: found, loaded and multiplied once.
     row = tl.program_id(0)
-    head = tl.program_id(1)
-    heads = tl.num_programs(1)
-    key_head = head // heads_per_key
+    first_head = tl.program_id(1) * GROUP
+    heads = tl.num_programs(1) * GROUP
+    key_head = first_head // heads_per_key
     dtype = out_ptr.dtype.element_ty
     d = tl.arange(0, BLOCK_K)
     d_ok = d < dk
     step = tl.arange(0, PATH)  # place along the path = depth
-    # the path's rows from the row's own ancestor mask: ancestors come first, in path order, so the
-    # ancestor at place t is the one with t ancestors before it (a running count)
-    path = tl.zeros((PATH,), tl.int32)
-    count = 0
-    wide = tl.arange(0, BLOCK_C)
-    for j0 in range(0, row + 1, BLOCK_C):
-        cols = j0 + wide
-        anc = (tl.load(anc_ptr + row * anc_row_stride + cols, mask=cols <= row, other=0) != 0).to(tl.int32)
-        place = count + tl.cumsum(anc, axis=0) - 1
-        hit = (anc[None, :] != 0) & (place[None, :] == step[:, None])
-        path += tl.sum(tl.where(hit, cols[None, :], 0), axis=1)
-        count += tl.sum(anc, axis=0)
-    depth = count - 1
+    if HAS_PATHS:  # the round's path table (``path_table``), built once for every layer
+        path = tl.load(paths_ptr + row * PATH + step)
+        found = tl.sum((path == row).to(tl.int32), axis=0)  # 0: the path runs past PATH rows
+        depth = tl.sum(tl.where(path == row, step, 0), axis=0)
+        count = tl.where(found > 0, depth + 1, PATH + 1)
+    else:
+        # the path's rows from the row's own ancestor mask: ancestors come first, in path order, so
+        # the ancestor at place t is the one with t ancestors before it (a running count)
+        path = tl.zeros((PATH,), tl.int32)
+        count = 0
+        wide = tl.arange(0, BLOCK_C)
+        for j0 in range(0, row + 1, BLOCK_C):
+            cols = j0 + wide
+            anc = (tl.load(anc_ptr + row * anc_row_stride + cols, mask=cols <= row, other=0) != 0).to(tl.int32)
+            place = count + tl.cumsum(anc, axis=0) - 1
+            hit = (anc[None, :] != 0) & (place[None, :] == step[:, None])
+            path += tl.sum(tl.where(hit, cols[None, :], 0), axis=1)
+            count += tl.sum(anc, axis=0)
+        depth = count - 1
     # a path longer than PATH (a caller's bound too small) cannot be solved here: NaN, not a quiet
     # wrong answer
     lost = tl.where(count > PATH, float("nan"), 0.0)
     on_path = step <= depth
     at_row = step == depth
-    k = tl.load(keys_ptr + head * n_rows * dk + path[:, None] * dk + d[None, :],
+    # the prepared keys are the key head's, repeated per value head: the first head's serve all
+    k = tl.load(keys_ptr + first_head * n_rows * dk + path[:, None] * dk + d[None, :],
                 mask=on_path[:, None] & d_ok[None, :], other=0.0)
-    beta = tl.load(beta_ptr + head * n_rows + path, mask=on_path, other=0.0)
-    # path log-decays: G_t = g summed from the root to place t
-    decay = tl.cumsum(tl.load(gate_ptr + head * n_rows + path, mask=on_path, other=0.0), axis=0)
-    own_decay = tl.sum(tl.where(at_row, decay, 0.0), axis=0) + lost
-    tl.store(decay_ptr + head * n_rows + row, own_decay)
-    # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every earlier
-    # row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row needs two sums
-    # over the path's x: its own update (x at its depth) and its output's
-    # sum_t e^{G - G_t} (q . k_t) x_t, i.e. r x for two row vectors r. So solve y (I + L) = r for
-    # those two r instead of x: depth steps of back substitution on [2, PATH] vectors, no
-    # [PATH, PATH] products (x = (I + L)^-1 rhs, so r x = y rhs). Back substitution is as stable as
-    # the forward one it replaces.
     lower = (step[:, None] > step[None, :]) & on_path[:, None] & on_path[None, :]
     gram = tl.dot(k, tl.trans(k), input_precision=PRECISION)
-    system = tl.where(lower, beta[:, None] * tl.exp(decay[:, None] - decay[None, :]) * gram, 0.0)
     q = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
-    weight = tl.where(on_path, tl.exp(own_decay - decay) * tl.sum(k * q[None, :], axis=1), 0.0)
+    q_keys = tl.sum(k * q[None, :], axis=1)
     pick = tl.arange(0, 2)[:, None]  # 0: the update, 1: the output
-    solved = tl.where(pick == 0, at_row.to(tl.float32)[None, :], weight[None, :])
-    for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
-        t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
-        column = tl.sum(tl.where(step[None, :] == t, system, 0.0), axis=1)
-        solved -= tl.where(step[None, :] == t, tl.sum(solved * column[None, :], axis=1)[:, None], 0.0)
-    own = tl.sum(tl.where(pick == 0, solved, 0.0), axis=0) + lost
-    through = tl.sum(tl.where(pick == 1, solved, 0.0), axis=0)
-    grow = tl.exp(decay)
-    for v0 in range(0, dv, BLOCK_V):
-        e = v0 + tl.arange(0, BLOCK_V)
-        e_ok = e < dv
-        ok = on_path[:, None] & e_ok[None, :]
-        v = tl.load(conv_ptr + path[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :], mask=ok,
-                    other=0.0).to(tl.float32)
-        k_state = tl.load(k_state_ptr + head * n_rows * dv + path[:, None] * dv + e[None, :], mask=ok, other=0.0)
-        rhs = beta[:, None] * (v - grow[:, None] * k_state)
-        tl.store(updates_ptr + head * n_rows * dv + row * dv + e, tl.sum(own[:, None] * rhs, axis=0), mask=e_ok)
-        out = tl.exp(own_decay) * tl.load(q_state_ptr + head * n_rows * dv + row * dv + e, mask=e_ok, other=0.0)
-        out += tl.sum(through[:, None] * rhs, axis=0)
-        tl.store(out_ptr + row * (heads * dv) + head * dv + e, out.to(dtype), mask=e_ok)
+    for member in tl.static_range(GROUP):
+        head = first_head + member
+        beta = tl.load(beta_ptr + head * n_rows + path, mask=on_path, other=0.0)
+        # path log-decays: G_t = g summed from the root to place t
+        decay = tl.cumsum(tl.load(gate_ptr + head * n_rows + path, mask=on_path, other=0.0), axis=0)
+        own_decay = tl.sum(tl.where(at_row, decay, 0.0), axis=0) + lost
+        tl.store(decay_ptr + head * n_rows + row, own_decay)
+        # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every
+        # earlier row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row
+        # needs two sums over the path's x: its own update (x at its depth) and its output's
+        # sum_t e^{G - G_t} (q . k_t) x_t, i.e. r x for two row vectors r. So solve y (I + L) = r
+        # for those two r instead of x: depth steps of back substitution on [2, PATH] vectors, no
+        # [PATH, PATH] products (x = (I + L)^-1 rhs, so r x = y rhs). Back substitution is as
+        # stable as the forward one it replaces.
+        system = tl.where(lower, beta[:, None] * tl.exp(decay[:, None] - decay[None, :]) * gram, 0.0)
+        weight = tl.where(on_path, tl.exp(own_decay - decay) * q_keys, 0.0)
+        solved = tl.where(pick == 0, at_row.to(tl.float32)[None, :], weight[None, :])
+        for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
+            t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
+            column = tl.sum(tl.where(step[None, :] == t, system, 0.0), axis=1)
+            solved -= tl.where(step[None, :] == t, tl.sum(solved * column[None, :], axis=1)[:, None], 0.0)
+        own = tl.sum(tl.where(pick == 0, solved, 0.0), axis=0) + lost
+        through = tl.sum(tl.where(pick == 1, solved, 0.0), axis=0)
+        grow = tl.exp(decay)
+        for v0 in range(0, dv, BLOCK_V):
+            e = v0 + tl.arange(0, BLOCK_V)
+            e_ok = e < dv
+            ok = on_path[:, None] & e_ok[None, :]
+            v = tl.load(conv_ptr + path[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :], mask=ok,
+                        other=0.0).to(tl.float32)
+            k_state = tl.load(k_state_ptr + head * n_rows * dv + path[:, None] * dv + e[None, :], mask=ok, other=0.0)
+            rhs = beta[:, None] * (v - grow[:, None] * k_state)
+            tl.store(updates_ptr + head * n_rows * dv + row * dv + e, tl.sum(own[:, None] * rhs, axis=0), mask=e_ok)
+            out = tl.exp(own_decay) * tl.load(q_state_ptr + head * n_rows * dv + row * dv + e, mask=e_ok, other=0.0)
+            out += tl.sum(through[:, None] * rhs, axis=0)
+            tl.store(out_ptr + row * (heads * dv) + head * dv + e, out.to(dtype), mask=e_ok)
 
 
 @triton.jit
@@ -360,6 +371,8 @@ def tree_solve(
     max_path: int | None = None,
     method: str = "auto",
     path_warps: int = 1,
+    paths: torch.Tensor | None = None,
+    share_heads: bool = True,
 ) -> torch.Tensor:
     """One Gated DeltaNet layer's core over N tree rows: conv_out [N, 2 * key_heads * dk + Hv * dv]
     (q | k | v after the conv, model dtype, unit column stride); a, b [N, Hv] (views with a row
@@ -370,6 +383,10 @@ def tree_solve(
     ``max_path``: a bound on the rows of any root-to-row path (a draft tree's: its block size);
     None counts it from ``ancestors`` (a host sync: not inside a CUDA graph). The path solve
     writes NaN for a row whose path is longer than the bound (rounded up to a power of two).
+
+    ``paths``: ``path_table(ancestors, max_path)``, built once for many layers' solves (else each
+    program of the path solve finds its path from ``ancestors``). ``share_heads``: one path-solve
+    program takes all value heads of a key head (up to 4), which share its keys' products.
 
     ``method``: "path" (every row's path solved whole by its own program: paths up to
     ``PATH_LIMIT`` rows), "blocked" (the rows in order, blocks of ``block_n``: any tree) or "auto"
@@ -403,7 +420,9 @@ def tree_solve(
             max_path = int(anc_bytes.sum(dim=1).max())
         if max_path <= PATH_LIMIT:
             _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
-                        key_heads, dk, max_path=max_path, precision=precision, warps=path_warps)
+                        key_heads, dk, max_path=max_path, precision=precision, warps=path_warps,
+                        paths=paths if paths is not None and paths.shape[1] == path_width(max_path) else None,
+                        share_heads=share_heads)
             return out
         if method == "path":
             raise ValueError(f"a {max_path}-row path is past the path solve's {PATH_LIMIT}")
@@ -421,7 +440,7 @@ def tree_solve(
 
 
 def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
-                key_heads, dk, max_path, precision, warps) -> None:
+                key_heads, dk, max_path, precision, warps, paths=None, share_heads=True) -> None:
     """The path solve: a first kernel prepares every row's own parts (key, gate, beta, k S0, q S0),
     a second solves each row's path."""
     n_rows = conv_out.shape[0]
@@ -438,11 +457,37 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
         BLOCK_N=16, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=4,
     )
-    path = max(16, triton.next_power_of_2(max_path))
+    path = path_width(max_path)
+    if paths is not None:
+        assert paths.shape == (n_rows, path) and paths.dtype == torch.int32 and paths.is_contiguous()
+    heads_per_key = value_heads // key_heads
+    group = heads_per_key if share_heads and heads_per_key <= 4 else 1
     launch(
-        _path_solve_kernel, (n_rows, value_heads),
-        conv_out, anc_bytes, keys, gate, beta, k_state, q_state, out, updates, path_decay,
-        n_rows, conv_out.stride(0), anc_bytes.stride(0), key_heads * dk, value_heads // key_heads, dk, dv,
+        _path_solve_kernel, (n_rows, value_heads // group),
+        conv_out, anc_bytes, anc_bytes if paths is None else paths, keys, gate, beta, k_state, q_state, out, updates,
+        path_decay, n_rows, conv_out.stride(0), anc_bytes.stride(0), key_heads * dk, value_heads // key_heads, dk, dv,
         float(dk**0.5), PATH=path, BLOCK_C=256, BLOCK_K=block_k, BLOCK_V=min(128, max(16, triton.next_power_of_2(dv))),
-        PRECISION=precision, num_warps=warps,
+        PRECISION=precision, HAS_PATHS=paths is not None, GROUP=group, num_warps=warps,
     )
+
+
+def path_width(max_path: int) -> int:
+    """The path solve's places per path for paths of up to ``max_path`` rows (its tile: a power of two)."""
+    return max(16, triton.next_power_of_2(max_path))
+
+
+def path_table(ancestors: torch.Tensor, max_path: int) -> torch.Tensor:
+    """[N, path_width(max_path)] int32: each row's root path (its ancestors in order, itself last),
+    -1 past it; a longer path keeps its first rows only (the solve then finds no row itself and
+    writes NaN). What the path solve would otherwise find from ``ancestors`` in every program of
+    every layer: a verify builds it once for all of them. No host sync."""
+    n = ancestors.shape[0]
+    width = path_width(max_path)
+    anc = ancestors.bool()
+    place = anc.long().cumsum(dim=1) - 1  # ancestors come first, in path order
+    keep = anc & (place < width)
+    columns = torch.arange(n, device=anc.device, dtype=torch.int32).expand(n, n)
+    table = torch.full((n, width + 1), -1, dtype=torch.int32, device=anc.device)
+    # entries not kept all go to the spare last column, then dropped
+    table.scatter_(1, torch.where(keep, place, width), torch.where(keep, columns, -1))
+    return table[:, :width].contiguous()

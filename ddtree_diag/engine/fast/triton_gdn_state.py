@@ -4,12 +4,15 @@
   (``gdn.conv_windows`` + ``gdn.conv_from_windows`` + a cast) gathers a [N, C, K] window table
   with a dozen index kernels, runs F.conv1d on it and activates; here one kernel walks each
   node's parent chain K-1 steps, reads its window straight from the projection output (any row
-  stride: it may be a column slice of a wider GEMM) and the committed conv state, and writes both
-  the activated output and the windows the commit keeps.
+  stride: it may be a column slice of a wider GEMM) and the committed conv state, and writes the
+  activated output and a contiguous copy of the rows' inputs for the commit. (It used to write
+  every row's [C, K-1] window tail instead: 17 MB a layer at the 27B shape's 272 rows, in
+  3-element runs: 33 us a layer on the H200, where its bytes would take ~6 us.)
 - ``commit_states``: after the accept walk, a layer's recurrent state becomes the state after the
-  deepest accepted node (``gdn.state_after``) and its conv state that node's window; both only
-  when the round is ``ok``, read from a device flag, so the commit stays capturable in a CUDA
-  graph. One launch per layer instead of ~10 small kernels.
+  deepest accepted node (``gdn.state_after``) and its conv state that node's window tail (rebuilt
+  from the kept inputs along its K-1 newest ancestors); both only when the round is ``ok``, read
+  from a device flag, so the commit stays capturable in a CUDA graph. One launch per layer
+  instead of ~10 small kernels.
 
 They round where the PyTorch reference rounds (``_rounded``): in fp32 they differ from it by
 summation order only; in bf16 the conv output can differ where that order moves a value across
@@ -28,11 +31,10 @@ from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 @triton.jit
 def _conv_rows_kernel(
-    x_ptr, parents_ptr, state_ptr, w_ptr, b_ptr, out_ptr, win_ptr,
+    x_ptr, parents_ptr, state_ptr, w_ptr, b_ptr, out_ptr, inputs_ptr,
     rows, channels, history,
     x_row_stride, x_col_stride, state_row_stride, state_col_stride, w_row_stride, w_col_stride,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, SLOTS: tl.constexpr,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     node = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     chan = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -41,11 +43,6 @@ def _conv_rows_kernel(
     inside = node_in[:, None] & chan_in[None, :]
     conv_dtype = w_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
-    # the kept windows [N, C, K-1] gather in registers and go out in one store at the end: slot by
-    # slot, each store would touch every (K-1)-th element (measured 1.3x slower on the H200; so
-    # was reading each kept value back into one contiguous [BLOCK_C * (K-1)] store)
-    slot_ids = tl.arange(0, SLOTS)[None, None, :]
-    kept = tl.zeros([BLOCK_N, BLOCK_C, SLOTS], dtype=x_ptr.dtype.element_ty)
     if HAS_BIAS:
         acc += tl.load(b_ptr + chan, mask=chan_in, other=0.0).to(tl.float32)[None, :]
     # Walk back from the node itself (window slot K-1) to slot 0. ``at`` >= 0 is a tree row;
@@ -58,17 +55,17 @@ def _conv_rows_kernel(
             x_ptr + at[:, None] * x_row_stride + chan[None, :] * x_col_stride,
             mask=inside & on_tree[:, None], other=0.0,
         )
+        if step == 0:  # the node's own input, kept contiguous: the commit rebuilds a window from these
+            tl.store(inputs_ptr + node[:, None] * channels + chan[None, :], from_tree, mask=inside)
         # a state narrower than K-1 columns reads zeros past its oldest, as the reference pads
         column = history + at
         from_state = tl.load(
             state_ptr + chan[None, :] * state_row_stride + column[:, None] * state_col_stride,
             mask=inside & (~on_tree & (column >= 0))[:, None], other=0.0,
         )
-        # the window holds x's dtype (the reference casts the conv state to it first)
+        # the window holds x's dtype (the reference casts the conv state to it first); F.conv1d
+        # runs in the weight's dtype: the window is rounded to it before the products
         value = tl.where(on_tree[:, None], from_tree, from_state.to(x_ptr.dtype.element_ty))
-        if slot >= 1:  # the decoder keeps window slots 1..K-1 to commit from
-            kept = tl.where(slot_ids == slot - 1, value[:, :, None], kept)
-        # F.conv1d runs in the weight's dtype: the window is rounded to it before the products
         window = _rounded(value.to(tl.float32), conv_dtype)
         weight = tl.load(w_ptr + chan * w_row_stride + slot * w_col_stride, mask=chan_in, other=0.0).to(tl.float32)
         acc += window * weight[None, :]
@@ -80,8 +77,6 @@ def _conv_rows_kernel(
     if SILU:
         y = _rounded(y / (1.0 + tl.exp(-y)), conv_dtype)
     out_dtype = out_ptr.dtype.element_ty
-    kept_at = win_ptr + (node[:, None, None] * channels + chan[None, :, None]) * (K - 1) + slot_ids
-    tl.store(kept_at, kept, mask=inside[:, :, None] & (slot_ids < K - 1))
     tl.store(out_ptr + node[:, None] * channels + chan[None, :], _rounded(y, out_dtype).to(out_dtype), mask=inside)
 
 
@@ -92,19 +87,20 @@ def conv_rows(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     activation: str | None,
-    windows_out: torch.Tensor | None = None,
+    inputs_out: torch.Tensor | None = None,
     block_n: int = 2,
     block_c: int = 256,
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree-row causal conv: ``gdn.conv_from_windows(gdn.conv_windows(mixed, parents, conv_state,
-    K), weight, bias, activation).to(mixed.dtype)`` and those windows' last K-1 slots.
+    K), weight, bias, activation).to(mixed.dtype)``, and a contiguous copy of ``mixed`` (what the
+    commit rebuilds the accepted row's window from: ``commit_states``).
 
     mixed [N, C] pre-conv inputs (any strides); parents [N] long (-1: the committed state;
     topological; padding rows -1); conv_state [C, L >= K-1 ideally] committed inputs, oldest
     first; weight [C, K]; bias [C] or None; activation "silu" / "swish" / None. Returns
-    (conv_out [N, C] in mixed's dtype, windows [N, C, K-1] in mixed's dtype, oldest first).
-    ``windows_out``: a contiguous [N, C, K-1] buffer to write the windows into (returned).
+    (conv_out [N, C] in mixed's dtype, inputs [N, C] in mixed's dtype). ``inputs_out``: a
+    contiguous [N, C] buffer to write the inputs into (returned).
     block_n / block_c / num_warps: the tile (rows x channels, powers of two) and its warps; the
     defaults were the fastest of those tried on the H200 at the 27B shape (bench.gdn_kernel_speed)."""
     if activation not in (None, "silu", "swish"):
@@ -112,31 +108,32 @@ def conv_rows(
     rows, channels = mixed.shape
     width = weight.shape[-1]
     out = torch.empty((rows, channels), dtype=mixed.dtype, device=mixed.device)
-    if windows_out is None:
-        windows_out = torch.empty((rows, channels, width - 1), dtype=mixed.dtype, device=mixed.device)
-    assert windows_out.is_contiguous() and windows_out.shape == (rows, channels, width - 1)
-    assert windows_out.dtype == mixed.dtype
+    if inputs_out is None:
+        inputs_out = torch.empty((rows, channels), dtype=mixed.dtype, device=mixed.device)
+    assert inputs_out.is_contiguous() and inputs_out.shape == (rows, channels)
+    assert inputs_out.dtype == mixed.dtype
     if rows == 0:
-        return out, windows_out
+        return out, inputs_out
     block_n = min(block_n, max(2, triton.next_power_of_2(rows)))
     grid = (triton.cdiv(rows, block_n), triton.cdiv(channels, block_c))
     launch(
         _conv_rows_kernel, grid,
-        mixed, parents, conv_state, weight, weight if bias is None else bias, out, windows_out,
+        mixed, parents, conv_state, weight, weight if bias is None else bias, out, inputs_out,
         rows, channels, conv_state.shape[-1],
         mixed.stride(0), mixed.stride(1), conv_state.stride(0), conv_state.stride(1), weight.stride(0),
         weight.stride(1),
         K=width, HAS_BIAS=bias is not None, SILU=activation is not None,
-        BLOCK_N=block_n, BLOCK_C=block_c, SLOTS=triton.next_power_of_2(max(width - 1, 1)), num_warps=num_warps,
+        BLOCK_N=block_n, BLOCK_C=block_c, num_warps=num_warps,
     )
-    return out, windows_out
+    return out, inputs_out
 
 
 @triton.jit
 def _commit_kernel(
-    state_ptr, keys_ptr, updates_ptr, decay_ptr, anc_ptr, last_ptr, ok_ptr, conv_ptr, win_ptr,
-    rows, dk, dv, conv_total,
+    state_ptr, keys_ptr, updates_ptr, decay_ptr, anc_ptr, last_ptr, ok_ptr, conv_ptr, inputs_ptr, parents_ptr,
+    rows, dk, dv, channels,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, CONV_SPAN: tl.constexpr,
+    HISTORY: tl.constexpr, SLOTS: tl.constexpr,
 ):
     # one program per (head, dk block, dv block) tile of the state: it reads only the old values
     # of the tile it writes, so no program can see another's new values
@@ -178,12 +175,29 @@ def _commit_kernel(
     # Triton's interpreter; the extra write is the tile's own values)
     old = tl.load(tile, mask=tile_in, other=0.0)
     tl.store(tile, tl.where(ok, tl.exp(decay_last) * old + written, old), mask=tile_in)
-    # the conv state: each program copies its span of windows[last] (C * (K-1) values)
-    span = pid * CONV_SPAN + tl.arange(0, CONV_SPAN)
-    span_in = span < conv_total
-    window = tl.load(win_ptr + last * conv_total + span, mask=span_in, other=0.0).to(conv_ptr.dtype.element_ty)
-    committed = tl.load(conv_ptr + span, mask=span_in, other=0.0)
-    tl.store(conv_ptr + span, tl.where(ok, window, committed), mask=span_in)
+    # The conv state [C, K-1] becomes ``last``'s window tail: the inputs of the K-1 newest rows on
+    # its root path, topped up from the old state where the path is shorter (as conv_rows walks).
+    # Each program takes whole channels: a channel's new columns come from its own old ones.
+    chan = pid * CONV_SPAN + tl.arange(0, CONV_SPAN)
+    chan_in = chan < channels
+    slot_ids = tl.arange(0, SLOTS)[None, :]
+    cells = conv_ptr + chan[:, None] * HISTORY + slot_ids
+    cells_in = chan_in[:, None] & (slot_ids < HISTORY)
+    window = tl.zeros([CONV_SPAN, SLOTS], dtype=conv_ptr.dtype.element_ty)
+    at = tl.zeros([CONV_SPAN], dtype=tl.int64) + last  # one per channel: masks then broadcast everywhere
+    for step in tl.static_range(HISTORY):
+        on_tree = at >= 0
+        from_tree = tl.load(inputs_ptr + at * channels + chan, mask=chan_in & on_tree, other=0.0)
+        from_state = tl.load(conv_ptr + chan * HISTORY + (HISTORY + at), mask=chan_in & (at < 0), other=0.0)
+        # the window holds the inputs' dtype (conv_rows casts the state to it too)
+        value = tl.where(on_tree, from_tree, from_state.to(inputs_ptr.dtype.element_ty))
+        window = tl.where(slot_ids == HISTORY - 1 - step, value.to(conv_ptr.dtype.element_ty)[:, None], window)
+        if step < HISTORY - 1:
+            parent = tl.load(parents_ptr + tl.maximum(at, 0), mask=chan_in, other=-1)
+            at = tl.where(on_tree, parent, at - 1)
+    tl.debug_barrier()  # every old column is read before any is overwritten
+    committed = tl.load(cells, mask=cells_in, other=0.0)
+    tl.store(cells, tl.where(ok, window, committed), mask=cells_in)
 
 
 def commit_states(
@@ -192,7 +206,8 @@ def commit_states(
     keys: torch.Tensor,
     updates: torch.Tensor,
     path_decay: torch.Tensor,
-    windows: torch.Tensor,
+    inputs: torch.Tensor,
+    parents: torch.Tensor,
     anc: torch.Tensor,
     last: torch.Tensor,
     ok: torch.Tensor,
@@ -202,25 +217,27 @@ def commit_states(
 ) -> None:
     """One Gated DeltaNet layer's commit, in place and only where ``ok``: ``state`` [Hv, dk, dv]
     fp32 = ``gdn.state_after(ParallelParts(keys, updates, path_decay, anc, state), last)``;
-    ``conv_state`` [C, K-1] = ``windows[last]``. keys [Hv, N, dk], updates [Hv, N, dv],
-    path_decay [Hv, N] fp32; windows [N, C, K-1]; anc [N, N] bool; last: 1-element long
-    tensor (the deepest accepted row); ok: bool scalar tensor. All contiguous, all on one device.
-    No host sync (capturable in a CUDA graph); one launch. block_k / block_v / num_warps: the
-    state tile (powers of two, >= 16) and its warps."""
+    ``conv_state`` [C, K-1] = ``gdn.conv_tail(inputs, parents, conv_state, last)`` (the window
+    tail ``conv_rows`` read for row ``last``). keys [Hv, N, dk], updates [Hv, N, dv], path_decay
+    [Hv, N] fp32; inputs [N, C] (``conv_rows``'s copy of the pre-conv rows); parents [N] long;
+    anc [N, N] bool; last: 1-element long tensor (the deepest accepted row); ok: bool scalar
+    tensor. All contiguous, all on one device. No host sync (capturable in a CUDA graph); one
+    launch. block_k / block_v / num_warps: the state tile (powers of two, >= 16) and its warps."""
     heads, dk, dv = state.shape
     rows = keys.shape[1]
-    for tensor in (state, conv_state, keys, updates, path_decay, windows, anc):
+    for tensor in (state, conv_state, keys, updates, path_decay, inputs, parents, anc):
         assert tensor.is_contiguous()
-    assert conv_state.numel() == windows[0].numel()
+    channels, history = conv_state.shape
+    assert inputs.shape == (rows, channels) and history >= 1
     block_k = min(block_k, max(16, triton.next_power_of_2(dk)))
     block_v = min(block_v, max(16, triton.next_power_of_2(dv)))
     programs = heads * triton.cdiv(dk, block_k) * triton.cdiv(dv, block_v)
-    conv_total = conv_state.numel()
-    span = max(16, triton.next_power_of_2(triton.cdiv(conv_total, programs)))
+    span = max(16, triton.next_power_of_2(triton.cdiv(channels, programs)))
     launch(
         _commit_kernel, (programs,),
         state, keys, updates, path_decay, anc.view(torch.int8), last.reshape(1), ok.reshape(1).view(torch.int8),
-        conv_state, windows,
-        rows, dk, dv, conv_total,
-        BLOCK_J=16, BLOCK_K=block_k, BLOCK_V=block_v, CONV_SPAN=span, num_warps=num_warps,
+        conv_state, inputs, parents,
+        rows, dk, dv, channels,
+        BLOCK_J=16, BLOCK_K=block_k, BLOCK_V=block_v, CONV_SPAN=span, HISTORY=history,
+        SLOTS=triton.next_power_of_2(history), num_warps=num_warps,
     )
