@@ -5,7 +5,11 @@ bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; 
 (TARGET_PROGRAMS / BLOCK_N / MIN_SPLIT_BLOCKS). Also checks the kernel against SDPA on the same
 inputs (bf16 steps).
 
-    python -m bench.attention_kernel_speed [--start 176] [--rows 1,32,80,272]
+    python -m bench.attention_kernel_speed [--start 176] [--rows 1,32,80,272] [--shape 27b]
+
+``--shape 27b``: Qwen3.6-27B's attention layers instead (24 query heads, 4 KV heads, head_dim 256,
+16 layers), with plans aiming for more programs (its 32-row query blocks of 6 heads x 272 rows
+are 204 programs before any key split).
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PLAN_NAMES = ("TARGET_PROGRAMS", "BLOCK_N", "MIN_SPLIT_BLOCKS")
 DEFAULT = tuple(getattr(triton_attention, name) for name in PLAN_NAMES)
 PLANS = [(128, 32, 1), (256, 32, 1), (256, 32, 2), (256, 32, 4)]
+SHAPES = {  # layers, query heads, KV heads, head_dim; plans
+    "8b": (36, 32, 8, 128, PLANS),
+    "27b": (16, 24, 4, 256, [(256, 32, 2), (512, 32, 2), (1024, 32, 2), (512, 32, 1), (1024, 32, 1)]),
+}
 
 
 def graph_us(fn) -> float:
@@ -54,7 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", type=int, default=176, help="committed slots (prompt 128 + ~48 decoded)")
     parser.add_argument("--rows", default="1,32,80,272")
+    parser.add_argument("--shape", default="8b", choices=sorted(SHAPES))
     args = parser.parse_args()
+    global LAYERS, HEADS, KV_HEADS, HEAD_DIM, PLANS
+    LAYERS, HEADS, KV_HEADS, HEAD_DIM, PLANS = SHAPES[args.shape]
     start = args.start
     print(f"{torch.cuda.get_device_name()}  start={start}  (us per layer call)")
     names = "  ".join(f"{'k@' + '/'.join(map(str, plan)):>8}" for plan in PLANS)

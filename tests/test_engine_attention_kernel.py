@@ -1,5 +1,7 @@
 """The verify rounds' split-key attention kernel (engine/fast/triton_attention.py) against the SDPA
-path it replaces (``FastDecoder._target_forward``'s mask, GQA reshape and additive bias).
+path it replaces (``FastDecoder._target_forward``'s mask, GQA reshape and additive bias), and its
+masked mode (``masked_attention``, the draft's noise block: ``FastDecoder._draft``) against SDPA
+with the same boolean mask.
 
 Without a GPU the kernel runs through Triton's interpreter (conftest sets ``TRITON_INTERPRET=1``);
 on a GPU the same checks run the compiled kernel on CUDA tensors.
@@ -16,7 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
 from ddtree_diag.engine import load_engine  # noqa: E402
-from ddtree_diag.engine.fast import kernels  # noqa: E402
+from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
 from ddtree_diag.engine.fast.layers import additive_mask, attend  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
@@ -35,7 +37,13 @@ def attention(monkeypatch):
     module = kernels._triton_attention()
     assert module is not None, "triton is installed but the attention kernel did not import"
     monkeypatch.setattr(module, "calls", 0, raising=False)
-    record_calls(monkeypatch, module, "tree_attention", lambda *_, **__: setattr(module, "calls", module.calls + 1))
+    monkeypatch.setattr(module, "masked_calls", 0, raising=False)
+
+    def count(name: str):
+        return lambda *_, **__: setattr(module, name, getattr(module, name) + 1)
+
+    record_calls(monkeypatch, module, "tree_attention", count("calls"))
+    record_calls(monkeypatch, module, "masked_attention", count("masked_calls"))
     monkeypatch.setattr(module, "TARGET_PROGRAMS", 256)  # the GPU's split counts (the interpreter aims for 1)
     return module
 
@@ -171,4 +179,142 @@ def test_fast_rounds_with_the_kernel_equal_eager(attention, tmp_path, monkeypatc
             assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
     finally:
         engine.use_path(previous)
-    assert attention.calls > 0
+    assert attention.calls > 0 and attention.masked_calls > 0
+
+
+# ---- the masked mode (the draft's noise block) ---------------------------------------------------
+
+
+def masked_reference(q, cache_k, cache_v, mask, window: int, scale: float) -> torch.Tensor:
+    """SDPA in float64 with the boolean mask itself (every query head of a KV head gets its row's
+    mask; K/V repeated per query head, as the eager draft does), laid out [1, rows, heads * head_dim];
+    a row that sees no key is 0 (SDPA's softmax of nothing)."""
+    _, heads, rows, head_dim = q.shape
+    rep = heads // cache_k.shape[1]
+    k = cache_k[:, :, :window].double().repeat_interleave(rep, dim=1)
+    v = cache_v[:, :, :window].double().repeat_interleave(rep, dim=1)
+    full = mask[:, :window].expand(rows, window)
+    out = torch.nn.functional.scaled_dot_product_attention(q.double(), k, v, attn_mask=full[None, None], scale=scale)
+    out = torch.where(full.any(dim=-1)[None, None, :, None], out, 0.0)
+    return out.transpose(1, 2).reshape(1, rows, heads * head_dim)
+
+
+def draft_case(heads: int, kv_heads: int, rows: int, window: int, head_dim: int, dtype, seed: int):
+    """Random strided q (as the draft layer leaves it) and a cache of ``window`` + 40 slots (junk
+    past the window)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, rows, heads, head_dim, generator=gen).to(dtype).transpose(1, 2)
+    cache_k = torch.randn(1, kv_heads, window + 40, head_dim, generator=gen).to(dtype)
+    cache_v = torch.randn(1, kv_heads, window + 40, head_dim, generator=gen).to(dtype)
+    return q, cache_k, cache_v
+
+
+def draft_masks(rows: int, window: int, context: int, band: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """As ``FastDecoder._draft`` builds them: the visible slots (context 0..context, the noise block
+    at context + rows..) as a [1, window] mask, and a sliding layer's [rows, window] band (keys less
+    than ``band`` positions behind the row; the block sits at positions context..)."""
+    slots = torch.arange(window)
+    noise = context + rows
+    visible = (slots < context) | ((slots >= noise) & (slots < noise + rows))
+    key_positions = torch.where((slots >= noise) & (slots < noise + rows), slots - rows, slots)
+    query_positions = context + torch.arange(rows)
+    near = key_positions[None, :] > query_positions[:, None] - band
+    return visible[None, :], visible[None, :] & near
+
+
+def run_masked(module, q, cache_k, cache_v, mask, window: int, scale: float) -> torch.Tensor:
+    on = lambda x: x.to(DEVICE)  # noqa: E731
+    return module.masked_attention(on(q), on(cache_k), on(cache_v), on(mask), window, scale).cpu()
+
+
+MASKED_SHAPES = [  # heads, kv_heads, block rows, window (not a multiple of the key tile), context
+    (8, 2, 16, 200, 150),  # GQA 4: 64 group rows, several splits
+    (4, 4, 4, 100, 40),  # GQA 1, a short block
+    (6, 2, 5, 136, 90),  # GQA 3: a query block across query heads
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", MASKED_SHAPES)
+def test_masked_kernel_equals_sdpa_with_the_same_mask(attention, shape, dtype):
+    """The shared [1, window] mask (full-attention layers) and the per-row band (sliding layers):
+    fp32 to 1e-5 of float64 SDPA, bf16 within one bf16 step of it."""
+    heads, kv_heads, rows, window, context = shape
+    head_dim = 16 if dtype == torch.float32 else 32
+    q, cache_k, cache_v = draft_case(heads, kv_heads, rows, window, head_dim, dtype, seed=window + rows)
+    shared, band = draft_masks(rows, window, context, band=24)
+    assert not torch.equal(band, shared.expand(rows, window))  # the band cuts some context
+    # several key splits (the interpreter's default is one; the fixture asks for the GPU's count)
+    assert attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[1] > 1
+    scale = head_dim**-0.5
+    for mask in (shared, band):
+        got = run_masked(attention, q, cache_k, cache_v, mask, window, scale)
+        want = masked_reference(q, cache_k, cache_v, mask, window, scale)
+        assert got.shape == want.shape == (1, rows, heads * head_dim) and got.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        else:
+            assert ((got.double() - want).abs() <= want.abs().clamp(min=1.0) * 2**-7).all()
+
+
+def test_a_shared_mask_equals_it_repeated_per_row_and_a_row_that_sees_nothing_is_zero(attention, monkeypatch):
+    """Row stride 0 (one mask row for all) is the same computation as the mask written out per row;
+    a row whose mask is all False gives 0, not NaN, in every split; a mask over more slots than the
+    window reads only the window's."""
+    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 4)  # few programs: splits of several key tiles
+    heads, kv_heads, rows, window = 4, 2, 6, 150
+    q, cache_k, cache_v = draft_case(heads, kv_heads, rows, window, 16, torch.float32, seed=7)
+    assert attention.plan(rows, 2, kv_heads, window, 16)[1:] == (2, 96)
+    gen = torch.Generator().manual_seed(8)
+    shared = torch.rand(1, window, generator=gen) < 0.6
+    repeated = shared.expand(rows, window).contiguous()
+    got = run_masked(attention, q, cache_k, cache_v, shared, window, 0.3)
+    again = run_masked(attention, q, cache_k, cache_v, repeated, window, 0.3)
+    if DEVICE == "cpu":
+        assert torch.equal(got, again)
+    else:  # compiled, a stride of 0 and one of 150 are two specializations: rounding apart at most
+        torch.testing.assert_close(got, again, rtol=1e-6, atol=1e-6)
+    per_row = torch.rand(rows, window + 20, generator=gen) < 0.3  # 20 slots past the window: unread
+    per_row[2] = False
+    per_row[4, 96:] = False  # sees keys in the first split only
+    got = run_masked(attention, q, cache_k, cache_v, per_row, window, 0.3)
+    want = masked_reference(q, cache_k, cache_v, per_row, window, 0.3)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert (got.view(rows, heads, 16)[2] == 0).all()
+
+
+def test_a_mask_of_the_wrong_shape_is_refused(attention):
+    q, cache_k, cache_v = draft_case(4, 2, 3, 64, 16, torch.float32, seed=1)
+    for mask in (torch.ones(2, 64, dtype=torch.bool), torch.ones(3, 63, dtype=torch.bool)):
+        with pytest.raises(ValueError):
+            run_masked(attention, q, cache_k, cache_v, mask, 64, 0.25)
+
+
+def test_the_draft_runs_the_masked_kernel_and_equals_eager(attention, tmp_path, monkeypatch):
+    """A whole fast decode (fp32, T=0) with a draft of one sliding layer (a short window, so its
+    band cuts the context) and one full layer: the draft's attention goes through the masked mode
+    (both masks), and the tokens and acceptance are the eager path's."""
+    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 1)
+    target = fx.make_target(tmp_path / "t")
+    directory = fx.make_draft(tmp_path / "d", block_size=4)
+    fx.edit_json(
+        directory / "config.json", layer_types=["sliding_attention", "full_attention"], sliding_window=6,
+        use_sliding_window=True,
+    )
+    engine = load_engine(target, directory, device=DEVICE, dtype="fp32")
+    assert engine.draft.config.layer_window(0) == 6 and engine.draft.config.layer_window(1) is None
+    masks: list[tuple[int, ...]] = []
+    record_calls(monkeypatch, attention, "masked_attention", lambda q, k, v, mask, *_: masks.append(tuple(mask.shape)))
+    prompt = fx.PROMPTS[1]
+    engine.use_path("eager")
+    eager = engine.generate_ids(prompt, stop_token_ids=[], max_tokens=12, tree_budget=8)
+    engine.use_path("fast-nograph")
+    launches = ahead.record_launches(
+        lambda: masks.append(engine.generate_ids(prompt, stop_token_ids=[], max_tokens=12, tree_budget=8))
+    )
+    quick = masks.pop()
+    assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths)
+    assert {shape[0] for shape in masks} == {1, 4}  # the full layer's shared row, the sliding band
+    modes = {dict(meta)["MASKED"] for name, _args, meta in launches if name == "_split_kernel"}
+    assert modes == {True, False}  # the draft's masked launches and the verify's tree launches

@@ -10,7 +10,8 @@ GPU, gpt-fast style:
   cache-length tensor. Shapes change only when the window grows, so kernels do not re-plan and
   every stage is captured once per window as a CUDA graph. Where the fused kernels run, the
   verify/AR rows' attention is one split-key Triton kernel (``triton_attention``) reading the
-  cache length and the ancestor mask itself instead of SDPA with a bias, and a hybrid target's
+  cache length and the ancestor mask itself instead of SDPA with a bias (the draft's noise block
+  runs the same kernel on its boolean masks), and a hybrid target's
   Gated DeltaNet layers run their tree rows' conv, parallel solve and state commit as one Triton
   kernel each (``triton_gdn_state``, ``triton_gdn``) instead of ~60 small PyTorch ops.
 - q|k|v and gate|up projections run as one GEMM each (``FusedWeights``).
@@ -441,9 +442,12 @@ class FastDecoder:
         visible = (key_slots < self.ctx_len + self.pending_count) | (
             (key_slots >= noise_slots[0]) & (key_slots < noise_slots[0] + block)
         )
-        mask = visible[None, None, None, :]
         rep = self.d_heads // self.d_kv_heads
-        sliding: dict[int, torch.Tensor] = {}
+        # Each layer's mask by block row: [1, window] shared by the rows (full attention), or a
+        # sliding layer's band [block, window]. The split-key kernel (``triton_attention``'s masked
+        # mode) reads these as they are; SDPA's forms (GQA rows: the band repeated per query head
+        # of a KV head) are made at their first use, so the kernel path builds none of them.
+        masks: dict[int | None, torch.Tensor] = {None: visible[None, :]}
         for size in {d.config.layer_window(i) for i in range(len(d.layers))} - {None}:
             # context slots hold positions equal to their slot; the noise block sits at start..
             offset = key_slots - noise_slots[0]
@@ -451,7 +455,8 @@ class FastDecoder:
             key_positions = torch.where(is_noise, self.start + offset, key_slots)
             query_positions = self.start + self.slot_index[:block]
             near = key_positions[None, :] > query_positions[:, None] - size
-            sliding[size] = (visible[None, :] & near).repeat(rep, 1)[None, None]  # rows: (head group, block)
+            masks[size] = visible[None, :] & near
+        sdpa_masks: dict[int | None, torch.Tensor] = {}
         noise_ids = torch.cat([self.root, self.mask_tail])
         hidden = self.target.embed(noise_ids[None])
         rope = d.rope(self.start + self.slot_index[:block], 1, hidden.dtype)
@@ -469,10 +474,22 @@ class FastDecoder:
             if k is not None:
                 self.draft_k[index].index_copy_(2, noise_slots, k)
                 self.draft_v[index].index_copy_(2, noise_slots, v)
-            q = q.reshape(1, kv_heads, (heads // kv_heads) * block, head_dim)
-            layer_mask = sliding.get(d.config.layer_window(index), mask)
-            out = attend(q, self.draft_k[index][:, :, :window], self.draft_v[index][:, :, :window], layer_mask)
-            out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
+            size = d.config.layer_window(index)
+            kernel = kernels.attention_kernel(q, self.draft_k[index])
+            if kernel is not None:  # output already [1, block, heads * head_dim], o_proj's layout
+                scaling = getattr(layer.self_attn, "scaling", None)
+                scale = head_dim**-0.5 if scaling is None else scaling  # SDPA's default, as below
+                out = kernel.masked_attention(q, self.draft_k[index], self.draft_v[index], masks[size], window, scale)
+            else:
+                if size not in sdpa_masks:
+                    sdpa_masks[size] = (
+                        visible[None, None, None, :] if size is None
+                        else masks[size].repeat(rep, 1)[None, None]  # rows: (head group, block)
+                    )
+                q = q.reshape(1, kv_heads, (heads // kv_heads) * block, head_dim)
+                cache_k, cache_v = self.draft_k[index][:, :, :window], self.draft_v[index][:, :, :window]
+                out = attend(q, cache_k, cache_v, sdpa_masks[size])
+                out = out.reshape(1, heads, block, head_dim).transpose(1, 2).reshape(1, block, heads * head_dim)
             if self.torch_compile:
                 hidden = self._post_attention(layer, hidden, out, fused)
             else:

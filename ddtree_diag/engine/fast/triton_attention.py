@@ -1,4 +1,4 @@
-"""Verify-round attention as a split-key (flash-decoding) Triton kernel (imported only where Triton is).
+"""Verify and draft attention as a split-key (flash-decoding) Triton kernel (imported only where Triton is).
 
 A verify round attends ~17-272 tree rows (times the query heads of a KV head) to the committed
 cache plus their tree ancestors. PyTorch's memory-efficient SDPA kernel tiles the queries only:
@@ -20,6 +20,14 @@ visible to tree row i when j < start (committed) or start <= j < start + rows an
 of a program's block is read. ``start`` is read from the device tensor, so one captured CUDA
 graph serves every round of a window; the grid depends only on (rows, window), which are static
 per graph.
+
+The draft's noise block (``FastDecoder._draft``) runs the same kernels in their masked mode
+(``masked_attention``): visibility is read from a boolean mask [rows, window] (or [1, window]
+shared by every row: the context plus the block, or a sliding layer's band), with no cut of the
+keys. On an H200 the draft's SDPA attention took ~38 us a layer (16 block rows x 4 query heads
+per KV head over ~512 slots: 26.5 us in the memory-efficient kernel, the rest in turning the
+boolean mask into a bias on every call and in the output's transpose copies), where this kernel
+takes ~10 us at the verify's similar sizes and writes o_proj's layout directly.
 
 Math as SDPA: scores q.k in fp32 times ``scale``, softmax in fp32, probabilities rounded to the
 value dtype for the p.v product (the memory-efficient kernel does the same), fp32 accumulation,
@@ -59,13 +67,16 @@ COMBINE_ROWS = 16
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, anc_ptr, start_ptr, part_o_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, start_ptr, part_o_ptr, part_ml_ptr,
     rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
     q_head_stride, q_row_stride, k_head_stride, k_slot_stride, v_head_stride, v_slot_stride,
-    anc_row_stride,
+    mask_row_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, MASKED: tl.constexpr,
 ):
+    """MASKED False: the tree rule, mask_ptr = anc [rows, rows] bytes, start_ptr the committed
+    count. MASKED True: slot n visible to row i iff mask[i, n] (bytes, row stride 0 for one row
+    shared by all), keys [0, window) uncut; start_ptr is not read."""
     kv = tl.program_id(0) // q_blocks
     block = tl.program_id(0) % q_blocks
     split = tl.program_id(1)
@@ -79,15 +90,18 @@ def _split_kernel(
         q_ptr + head[:, None] * q_head_stride + row[:, None] * q_row_stride + d[None, :],
         mask=m_ok[:, None] & d_ok[None, :], other=0.0,
     )
-    start = tl.load(start_ptr).to(tl.int32)
-    # This split's keys, cut at the block's last tree row: a row's ancestors come before it, so a
-    # tree slot past every row of the block is visible to none of them (budget 256: a block of 64
-    # rows of one query head reads on average half the tree's slots).
-    first = block * BLOCK_M
-    last = tl.minimum(first + BLOCK_M, group_rows) - 1
-    last_row = tl.where(first // rows == last // rows, last % rows, rows - 1)  # rows of two heads: all
     lo = split * split_len
-    hi = tl.minimum(tl.minimum(lo + split_len, window), start + last_row + 1)
+    if MASKED:  # a mask can let any row see any slot: no cut
+        hi = tl.minimum(lo + split_len, window)
+    else:
+        start = tl.load(start_ptr).to(tl.int32)
+        # This split's keys, cut at the block's last tree row: a row's ancestors come before it, so a
+        # tree slot past every row of the block is visible to none of them (budget 256: a block of 64
+        # rows of one query head reads on average half the tree's slots).
+        first = block * BLOCK_M
+        last = tl.minimum(first + BLOCK_M, group_rows) - 1
+        last_row = tl.where(first // rows == last // rows, last % rows, rows - 1)  # rows of two heads: all
+        hi = tl.minimum(tl.minimum(lo + split_len, window), start + last_row + 1)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -101,13 +115,19 @@ def _split_kernel(
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
         else:
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        # committed slots are visible to every row; a tree slot only to the rows anc says
-        tree = (n >= start) & n_ok
-        anc = tl.load(
-            anc_ptr + row[:, None] * anc_row_stride + (n - start)[None, :],
-            mask=m_ok[:, None] & tree[None, :], other=0,
-        )
-        visible = ((n < start)[None, :] | (anc != 0)) & n_ok[None, :] & m_ok[:, None]
+        if MASKED:
+            seen = tl.load(
+                mask_ptr + row[:, None] * mask_row_stride + n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0,
+            )
+            visible = (seen != 0) & n_ok[None, :] & m_ok[:, None]
+        else:
+            # committed slots are visible to every row; a tree slot only to the rows anc says
+            tree = (n >= start) & n_ok
+            anc = tl.load(
+                mask_ptr + row[:, None] * mask_row_stride + (n - start)[None, :],
+                mask=m_ok[:, None] & tree[None, :], other=0,
+            )
+            visible = ((n < start)[None, :] | (anc != 0)) & n_ok[None, :] & m_ok[:, None]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # a row with nothing visible yet keeps max -inf: subtract 0 there (exp(-inf) = 0, no NaN)
@@ -156,7 +176,8 @@ def _combine_kernel(
         total = total * old_w + l_s * w
         acc = acc * old_w[:, None] + o_s * w[:, None]
         top = new
-    # a row that sees no key (only the grid's spare rows here: a tree row sees itself) gives 0
+    # a row that sees no key gives 0 (the grid's spare rows; a tree row sees itself, a masked-mode
+    # row may see nothing)
     o = acc / tl.where(total > 0, total, 1.0)[:, None]
     # out [rows, heads * head_dim]: group row m is query head kv * rep + m // rows of tree row m % rows
     head = kv * rep + m // rows
@@ -192,6 +213,46 @@ def tree_attention(
     row/head strides); cache_k/v [1, kv_heads, capacity, head_dim]; anc [rows, rows] bool; start: a
     0-d int64 device tensor (committed slots; the rows' K/V sit at slots start..start+rows).
     Returns [1, rows, heads * head_dim] in q's dtype: what the SDPA path feeds o_proj."""
+    anc = anc.contiguous()  # the kernel steps along a row of anc by 1 (the tree buffers are)
+    anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
+    return _attention(q, cache_k, cache_v, anc_bytes, anc_bytes.stride(0), start, window, scale, masked=False)
+
+
+def masked_attention(
+    q: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    mask: torch.Tensor,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of rows over the cache slots [0, window) where ``mask`` lets them: slot n is
+    visible to row i iff mask[i, n]. q, cache_k/v and the result as ``tree_attention``'s; mask
+    [rows, >= window] bool, or [1, >= window] for a mask every row shares. A row that sees no slot
+    gives 0, not NaN."""
+    rows = q.shape[2]
+    if mask.dim() != 2 or mask.shape[0] not in (1, rows) or mask.shape[1] < window:
+        raise ValueError(f"mask {tuple(mask.shape)} for {rows} rows over {window} slots")
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    mask_bytes = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    row_stride = 0 if mask.shape[0] == 1 else mask_bytes.stride(0)
+    # start is not read in the masked mode: the mask stands in for its pointer
+    return _attention(q, cache_k, cache_v, mask_bytes, row_stride, mask_bytes, window, scale, masked=True)
+
+
+def _attention(
+    q: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    mask: torch.Tensor,
+    mask_row_stride: int,
+    start: torch.Tensor,
+    window: int,
+    scale: float,
+    masked: bool,
+) -> torch.Tensor:
+    """The split and combine launches for either mode (``_split_kernel``'s MASKED)."""
     _, heads, rows, head_dim = q.shape
     kv_heads = cache_k.shape[1]
     rep = heads // kv_heads
@@ -203,15 +264,13 @@ def tree_attention(
     out = torch.empty(1, rows, heads * head_dim, device=q.device, dtype=q.dtype)
     block_d = max(16, triton.next_power_of_2(head_dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused for bf16 operands
-    anc = anc.contiguous()  # the kernel steps along a row of anc by 1 (the tree buffers are)
-    anc_bytes = anc.view(torch.uint8) if anc.dtype == torch.bool else anc
     launch(
         _split_kernel, (kv_heads * q_blocks, splits),
-        q, cache_k, cache_v, anc_bytes, start, part_o, part_ml,
+        q, cache_k, cache_v, mask, start, part_o, part_ml,
         rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
         q.stride(1), q.stride(2), cache_k.stride(1), cache_k.stride(2), cache_v.stride(1), cache_v.stride(2),
-        anc_bytes.stride(0),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST,
+        mask_row_stride,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST, MASKED=masked,
         num_warps=4 if block_d <= 128 else 8,
     )
     launch(
