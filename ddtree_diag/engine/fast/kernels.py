@@ -101,8 +101,9 @@ def tree_kernel(device: torch.device):
 
 
 def attention_kernel(q: torch.Tensor, cache_k: torch.Tensor):
-    """The verify attention kernel's module when tree rows ``q`` [1, heads, rows, head_dim] attend to
-    ``cache_k`` [1, kv_heads, capacity, head_dim] through it, else None (SDPA runs)."""
+    """The split-key attention kernel's module when rows ``q`` [1, heads, rows, head_dim] (a
+    verify's tree rows, or the draft's noise block) attend to ``cache_k`` [1, kv_heads, capacity,
+    head_dim] through it, else None (SDPA runs)."""
     if switched_off("DDTREE_DIAG_ATTENTION_KERNEL"):
         return None
     if _use(q) is None or cache_k.dtype != q.dtype or cache_k.device != q.device:
