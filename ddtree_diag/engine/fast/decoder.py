@@ -606,7 +606,7 @@ class FastDecoder:
         logits = self.outputs[padded]["logits"]
         choice = self.trees[padded]["choice"]
         if temperature <= 0:
-            choice.copy_(logits.argmax(dim=-1))
+            kernels.argmax(logits, out=choice)
             return
         index = slice(0, rows) if isinstance(rows, int) else rows
         probs = torch.softmax(logits[index].float() / temperature, dim=-1)

@@ -32,6 +32,10 @@ a 152k vocabulary, where ``tree.ranked_top_k``'s key build and ``torch.topk`` ru
 ``DDTREE_DIAG_TOPK_KERNEL=off`` turns off that one alone. On CPU tensors it runs only with
 ``DDTREE_DIAG_TOPK_KERNEL=on`` besides ``DDTREE_DIAG_KERNELS=on``: under Triton's interpreter it
 takes seconds per call at the tree tests' shapes, which would slow every other kernel test.
+
+So does the greedy choice of a verify round (``argmax``: ``triton_argmax``, chunks of a row on
+many thread blocks, then a merge per row, where PyTorch's reduce runs one block per row);
+``DDTREE_DIAG_ARGMAX_KERNEL=off`` turns off that one alone.
 """
 
 from __future__ import annotations
@@ -82,6 +86,10 @@ def _triton_gdn_state():
 
 def _triton_topk():
     return _kernel_module("triton_topk")
+
+
+def _triton_argmax():
+    return _kernel_module("triton_argmax")
 
 
 def switched_off(variable: str) -> bool:
@@ -173,6 +181,35 @@ def topk_kernel(values: torch.Tensor, k: int):
     if not 1 <= k <= min(values.shape[1], TOPK_KERNEL_MAX_K) or values.shape[1] >= 2**31:
         return None
     return _triton_topk()
+
+
+def argmax_kernel(logits: torch.Tensor):
+    """The argmax kernel's module when ``logits.argmax(dim=-1)`` for ``logits`` [rows, vocab] runs
+    through it, else None (``torch.argmax`` runs)."""
+    if switched_off("DDTREE_DIAG_ARGMAX_KERNEL"):
+        return None
+    setting = mode()
+    if setting == "off" or (setting == "auto" and not logits.is_cuda) or torch.compiler.is_compiling():
+        return None
+    # fp16 too: a comparison needs no rounding rule (``_DTYPES`` leaves fp16 out for the norms')
+    if logits.dtype not in (*_DTYPES, torch.float16) or logits.dim() != 2 or logits.stride(-1) != 1:
+        return None
+    if 0 in logits.shape or logits.shape[1] >= 2**31 - 1:  # indices are int32 in the kernel
+        return None
+    return _triton_argmax()
+
+
+def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` for ``logits`` [rows, vocab], written into ``out`` (int64 [rows])
+    when given; the split Triton argmax where it runs, identical to torch's (first index of the
+    maximum, NaN above everything)."""
+    module = argmax_kernel(logits)
+    fits = out is None or (out.dtype == torch.long and out.shape == logits.shape[:1] and out.device == logits.device)
+    if module is None or not fits:
+        if out is None:
+            return logits.argmax(dim=-1)
+        return out.copy_(logits.argmax(dim=-1))
+    return module.argmax(logits, out)
 
 
 def available() -> bool:
