@@ -74,6 +74,8 @@ bench-kernels: install
 	$(PYTHON) -m bench.attention_kernel_speed
 	$(PYTHON) -m bench.gdn_solve_speed
 	$(PYTHON) -m bench.gdn_kernel_speed
+	$(PYTHON) -m bench.argmax_speed
+	$(PYTHON) -m bench.norm_kernel_speed
 
 demo: install
 	$(BIN)/ddtree-diag demo

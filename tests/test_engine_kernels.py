@@ -133,6 +133,31 @@ def test_gated_output_norm_equals_the_gated_delta_net_modules(fused, dtype):
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("plan", ((1, 1), (2, 4), (8, 2), (16, 8)))
+def test_rms_norm_launch_plans_give_the_same_result(fused, dtype, plan):
+    """Rows per program and warps (``bench/norm_kernel_speed.py`` sweeps them) change only how the
+    work is split: 37 rows, a partial last tile, every kind of norm (plain, residual add, gated)."""
+    rows_per_program, num_warps = plan
+    triton_kernels = kernels._triton()
+    generator = torch.Generator().manual_seed(13)
+    x = (torch.randn(37, 96, generator=generator) * 3).to(DEVICE, dtype)
+    delta = torch.randn(37, 96, generator=generator).to(DEVICE, dtype)
+    gate = (torch.randn(37, 96, generator=generator) * 3).to(DEVICE, dtype)
+    weight = (torch.randn(96, generator=generator) * 0.3 + 1).to(DEVICE, dtype)
+    for offset, extra in ((False, {}), (True, {"delta": delta}), (False, {"gate": gate})):
+        want_normed, want_total = triton_kernels.rms_norm(x, weight, 1e-6, offset, **extra)
+        got_normed, got_total = triton_kernels.rms_norm(
+            x, weight, 1e-6, offset, **extra, rows_per_program=rows_per_program, num_warps=num_warps
+        )
+        assert torch.equal(got_total, want_total)  # the residual add: elementwise, exact
+        if DEVICE == "cpu":  # the interpreter sums a row in one order whatever the split
+            assert torch.equal(got_normed, want_normed), extra.keys()
+        else:  # warps may change the variance sum's order
+            assert_matches(got_normed, want_normed)
+    assert fused["rms_norm"] == 6
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 @pytest.mark.parametrize("rotary", (16, 4))  # full rotary (Qwen3) and partial (Qwen3.5: a quarter)
 def test_norm_rope_equals_the_norm_then_rotary_on_strided_heads(fused, dtype, rotary):
     """q and k as the fast path hands them over: views into one fused q|k|v output (row stride =
