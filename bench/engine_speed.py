@@ -299,6 +299,58 @@ def profile_round(engine: Engine, prompt: list[int], budget: int, cuda: bool) ->
             f"{rounds} rounds): device busy {100 * kernel_us / 1000 / e2e_ms:.0f}% of the wall time")
 
 
+def stage_timelines(engine: Engine, budget: int, out_dir: str | None) -> None:
+    """Each stage of a budget's steady round replayed alone under torch.profiler: its kernels in
+    order, with their device time and the idle gap before each. Summed per kernel name here; the
+    whole sequence goes to $OUT/stage_timeline-<budget>.txt. Run after the timed runs: a replayed
+    commit moves the decoder's state (the next request resets it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder = engine.decoder(engine.decode_path if engine.decode_path != "eager" else "fast")
+    engine.generate_ids([1, 2, 3, 4] * 32, tree_budget=budget, max_tokens=24, stop_token_ids=[])
+    from ddtree_diag.engine.fast.tree import bucket_size
+
+    rows = 1 if budget == 0 else bucket_size(budget + 1)
+    picked = {}
+    for key, stage in decoder.stages.items():
+        name = key[0]
+        wanted = {"draft": budget > 0, "tree": budget > 0 and key[-1] == rows, "tree-ar": budget == 0,
+                  "verify": key[1] == rows, "commit": key[-1] == rows}
+        if wanted.get(name) and stage.graph is not None:
+            picked[name] = (key, stage)  # the last (widest attention window) of each
+    lines = []
+    for name, (key, stage) in picked.items():
+        stage.run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            stage.run()
+            torch.cuda.synchronize()
+        kernels = sorted(
+            (e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start
+        )
+        if not kernels:
+            say(f"  ({name}: the profiler saw no kernel)")
+            continue
+        busy = sum(e.time_range.elapsed_us() for e in kernels)
+        span = kernels[-1].time_range.end - kernels[0].time_range.start
+        say(f"-- stage {key}: {len(kernels)} kernels, {busy:.1f} us busy over a {span:.1f} us span")
+        totals: dict[str, list[float]] = {}
+        previous_end = kernels[0].time_range.start
+        lines.append(f"== {key}")
+        for event in kernels:
+            gap = event.time_range.start - previous_end
+            previous_end = event.time_range.end
+            lines.append(f"{event.time_range.elapsed_us():8.1f} {gap:6.1f}  {event.name[:110]}")
+            entry = totals.setdefault(event.name[:80], [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.time_range.elapsed_us()
+        for kernel, (count, total) in sorted(totals.items(), key=lambda item: -item[1][1])[:14]:
+            say(f"  {total:8.1f} us {count:4d}x  {kernel}")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / f"stage_timeline-{budget}.txt").write_text("\n".join(lines) + "\n")
+
+
 def run_shape(shape: str, args: argparse.Namespace) -> None:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     started = time.perf_counter()
@@ -340,6 +392,9 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
             say(f"profile with {args.paths[-1]} failed ({type(exc).__name__}); profiling 'fast' instead")
             engine.use_path("fast")
             profile_round(engine, prompt, budget, args.device.startswith("cuda"))
+    if args.stage_timeline and args.device.startswith("cuda"):
+        for budget in args.budgets:
+            stage_timelines(engine, budget, os.environ.get("OUT"))
     if args.device.startswith("cuda"):
         say(f"peak CUDA memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     del engine
@@ -373,6 +428,10 @@ def main() -> int:
     parser.add_argument(
         "--profile", action=argparse.BooleanOptionalAction, default=None,
         help="torch.profiler top ops of fast rounds per shape (default: on with CUDA)",
+    )
+    parser.add_argument(
+        "--stage-timeline", action="store_true",
+        help="CUDA: each stage of every budget's round replayed alone, its kernels in order (see stage_timelines)",
     )
     args = parser.parse_args()
     small = args.small or not args.device.startswith("cuda")
