@@ -125,8 +125,16 @@ def test_the_pass_reaches_every_launch_of_the_real_rounds_and_writes_nothing(
     if hybrid:
         assert {"_conv_rows_kernel", "_commit_kernel", "_path_solve_kernel"} <= names
     assert result.extras["compile_ahead"] == {"launches": len(passes[0]), "kernels": len(seen), "seconds": 0.0}
-    # nothing real was written: the rounds after the pass are the eager path's
-    assert (result.token_ids, result.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths)
+    # nothing real was written: the rounds after the pass are the eager path's (sampled on CUDA,
+    # the fast path draws from a GPU generator, another stream than eager's: then those of the same
+    # path in an engine that runs no pass)
+    reference = eager
+    if DEVICE == "cuda" and temperature > 0:
+        plain = load_engine(target, draft, device=DEVICE, dtype="fp32")
+        plain.use_path("fast-nograph")
+        plain.decoder("fast-nograph").compile_ahead = False
+        reference = plain.generate_ids(prompt, tree_budget=8, max_tokens=6, stop_token_ids=[], **sampling)
+    assert (result.token_ids, result.acceptance_lengths) == (reference.token_ids, reference.acceptance_lengths)
     for owner in (decoder, engine.target, engine.target.kv, engine.draft):
         assert not fake_tensors_in(owner), fake_tensors_in(owner)
     # a second request of the same shapes creates no stage: no pass
@@ -238,3 +246,48 @@ def test_a_pass_that_compiled_its_kernels_is_not_run_again(monkeypatch, tmp_path
     (tmp_path / "file").write_text("not a directory")
     report = ahead.compile_ahead([lambda: ran.append("f")], identity="stages A")
     assert report.error is None and not report.skipped and ran[-1] == "f"
+
+
+@pytest.mark.parametrize(("hybrid", "temperature"), ((False, 0.0), (True, 0.8)), ids=("dense", "hybrid-sampled"))
+def test_after_a_real_pass_the_rounds_compile_nothing(kernels_on, tmp_path, monkeypatch, hybrid, temperature):
+    """On a GPU, the real pass (thread pool, ``AsyncCompileMode``): every kernel the request then
+    launches was compiled in it. Triton calls its JIT cache hook before each compile; after the
+    pass, no launch may call it."""
+    if DEVICE != "cuda":
+        pytest.skip("under the interpreter nothing compiles")
+    needs_async_compile()
+    from triton import knobs
+
+    monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "cache"))  # no marker: the pass runs
+    if hybrid:
+        target = fx.make_hybrid_target(tmp_path / "t", pattern="LLALLA")
+        draft = fx.make_draft(tmp_path / "d", block_size=4, layer_ids=(1, 4), layers=1)
+    else:
+        target, draft = fx.make_target(tmp_path / "t"), fx.make_draft(tmp_path / "d", block_size=4)
+    engine = load_engine(target, draft, device=DEVICE, dtype="bf16")
+    engine.use_path("fast")
+    engine.decoder("fast").compile_ahead = True
+    compiles: list[tuple[str, bool]] = []  # (kernel, inside the pass)
+    in_pass = [False]
+    real_pass = ahead.compile_ahead
+
+    def marked(*args, **kwargs):
+        in_pass[0] = True
+        try:
+            return real_pass(*args, **kwargs)
+        finally:
+            in_pass[0] = False
+
+    def hook(*, fn, **_):
+        compiles.append((fn.name, in_pass[0]))
+        return False  # go on and compile
+
+    monkeypatch.setattr(ahead, "compile_ahead", marked)
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", hook)
+    # a prompt of its own length class and a budget no other test uses: new stages, a pass
+    result = engine.generate_ids(fx.PROMPTS[0] * 3, tree_budget=6, max_tokens=9, stop_token_ids=[],
+                                 temperature=temperature, seed=5)
+    report = result.extras["compile_ahead"]
+    assert "error" not in report and report["kernels"] > 0, report
+    after = [name for name, inside in compiles if not inside]
+    assert not after, f"compiled at their first launch, after the pass: {after}"
