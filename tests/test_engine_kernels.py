@@ -127,9 +127,15 @@ def test_gated_output_norm_equals_the_gated_delta_net_modules(fused, dtype):
             module.weight.copy_(torch.randn(128, generator=generator) * 0.3 + 1)
         module = module.to(DEVICE, dtype)
         assert_matches(kernels.gated_rms_norm(module, x, gate), module(x, gate))
+        # the gate as the engine hands it over: [tokens, heads, head_dim], a column slice of a wider
+        # projection output (x's rows are the tokens' heads in order), read in place
+        wide = (torch.randn(12, 64 + 3 * 128, generator=generator) * 3).to(DEVICE, dtype)
+        heads_gate = wide[:, 64:].view(12, 3, 128)  # token stride 448, head stride 128
+        rows = x[:36]
+        assert_matches(kernels.gated_rms_norm(module, rows, heads_gate), module(rows, heads_gate.reshape(36, 128)))
         # the plain entry points leave a gated norm alone (it needs its gate)
         assert kernels._norm_params(module, x) is None
-    assert fused["rms_norm"] == 2
+    assert fused["rms_norm"] == 4
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))

@@ -284,12 +284,15 @@ def add_rms_norm(
 
 
 def gated_rms_norm(module: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """``module(x, gate)`` for a Gated DeltaNet output norm (norm, weight, times silu(gate))."""
+    """``module(x, gate.reshape(x.shape))`` for a Gated DeltaNet output norm (norm, weight, times
+    silu(gate)). x [rows, head_dim]; gate x's shape or [tokens, heads, head_dim] with rows = tokens
+    x heads (any strides: the kernel reads a column slice of the projection output in place)."""
     kernels, params = _use(x), None
-    if kernels is not None and gate.shape == x.shape and x.stride(-1) == 1 and gate.stride(-1) == 1:
+    fits = gate.shape == x.shape or (gate.dim() == 3 and gate.shape[0] * gate.shape[1] == x.shape[0])
+    if kernels is not None and fits and x.dim() == 2 and x.stride(-1) == 1 and gate.stride(-1) == 1:
         params = _norm_params(module, x, gated=True)
     if params is None:
-        return module(x, gate)
+        return module(x, gate.reshape(x.shape))
     return kernels.rms_norm(x, *params, gate=gate)[0]
 
 

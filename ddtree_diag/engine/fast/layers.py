@@ -222,7 +222,7 @@ def linear_attention_rows(
             q.reshape(n, module.num_k_heads, module.head_k_dim), k.reshape(n, module.num_k_heads, module.head_k_dim),
             v.reshape(n, module.num_v_heads, module.head_v_dim), g, beta, ancestors, state,
         )
-    normed = kernels.gated_rms_norm(module.norm, core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
+    normed = kernels.gated_rms_norm(module.norm, core.reshape(-1, module.head_v_dim), z)  # z [n, Hv, dv]: in place
     return module.out_proj(normed.reshape(n, module.value_dim)), parts, inputs
 
 

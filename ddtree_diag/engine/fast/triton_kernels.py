@@ -43,7 +43,7 @@ TILE = 4096
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, delta_ptr, w_ptr, out_ptr, sum_ptr, gate_ptr,
-    rows, x_row_stride, delta_row_stride, sum_row_stride, gate_row_stride, cols, eps,
+    rows, x_row_stride, delta_row_stride, sum_row_stride, gate_row_stride, gate_heads, gate_head_stride, cols, eps,
     OFFSET: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_GATE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # int64: row * stride passes 2**31 on long prompts (the prefill runs through here too)
@@ -64,7 +64,10 @@ def _rms_norm_kernel(
     else:  # Llama / Qwen3: cast first, then scale by the weight
         y = _rounded(normed, dtype) * w
     if HAS_GATE:  # Gated DeltaNet output norm: (weight * norm(x)) in the dtype, times silu(gate) in fp32
-        gate = tl.load(gate_ptr + row * gate_row_stride + offs, mask=inside, other=0.0).to(tl.float32)
+        # the gate's rows may be heads of wider rows (row = token * gate_heads + head): a Gated
+        # DeltaNet's z is a column slice of its input projection's output, read in place
+        at = (row // gate_heads) * gate_row_stride + (row % gate_heads) * gate_head_stride
+        gate = tl.load(gate_ptr + at + offs, mask=inside, other=0.0).to(tl.float32)
         y = _rounded(y, dtype) * (gate / (1.0 + tl.exp(-gate)))
     tl.store(out_ptr + row * cols + offs, _rounded(y, dtype).to(dtype), mask=inside)
 
@@ -179,7 +182,9 @@ def rms_norm(
     gate: torch.Tensor | None = None, rows_per_program: int | None = None, num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dim of ``x`` (+ ``delta`` first, when given; times silu(``gate``) after,
-    when given). Returns (normed, the sum that was normed: ``x`` itself without a delta).
+    when given). Returns (normed, the sum that was normed: ``x`` itself without a delta). ``gate``:
+    x's shape, or [tokens, heads, cols] with any token and head strides (x's rows are then the
+    tokens' heads in order; read in place, where a reshape to x's shape would copy).
 
     ``rows_per_program`` (a power of two) / ``num_warps`` override the launch plan (default: rows
     filling a ``TILE`` of elements, ``_warps`` of that tile). On the H200 the default took 5.2-5.5 us
@@ -195,7 +200,11 @@ def rms_norm(
     else:
         total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         d2, s2 = delta.reshape(rows, cols), total.view(rows, cols)
-    g2 = x2 if gate is None else gate.reshape(rows, cols)
+    if gate is not None and gate.dim() == 3 and gate.shape[0] * gate.shape[1] == rows:
+        g2, gate_heads, gate_head_stride = gate, gate.shape[1], gate.stride(1)
+    else:
+        g2 = x2 if gate is None else gate.reshape(rows, cols)
+        gate_heads, gate_head_stride = 1, 0
     block = triton.next_power_of_2(cols)
     # narrow rows (a Gated DeltaNet output norm's 128-wide heads) in tiles of 1024: 8 rows on 4
     # warps took 4.9 us at 13056 x 128 on the H200 against 6.4 for 32 rows on 8
@@ -203,7 +212,8 @@ def rms_norm(
     tile_rows = rows_per_program or max(1, (1024 if block <= 256 else TILE) // block)
     launch(
         _rms_norm_kernel, (triton.cdiv(rows, tile_rows),),
-        x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), g2.stride(0), cols, eps,
+        x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), g2.stride(0), gate_heads,
+        gate_head_stride, cols, eps,
         OFFSET=offset, HAS_DELTA=delta is not None, HAS_GATE=gate is not None, ROWS=tile_rows, BLOCK=block,
         num_warps=num_warps or _warps(block * tile_rows),
     )
