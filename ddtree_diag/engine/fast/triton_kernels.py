@@ -201,7 +201,9 @@ def rms_norm(
         total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         d2, s2 = delta.reshape(rows, cols), total.view(rows, cols)
     if gate is not None and gate.dim() == 3 and gate.shape[0] * gate.shape[1] == rows:
-        g2, gate_heads, gate_head_stride = gate, gate.shape[1], gate.stride(1)
+        g2, gate_heads, gate_head_stride = gate, gate.shape[1], gate.stride(1) if gate.shape[1] > 1 else 0
+        if gate.shape[0] == 1:  # a size-1 dim's stride is arbitrary (a fake tensor's may differ): 0
+            g2 = gate.as_strided(gate.shape, (0, gate_head_stride, gate.stride(2)))
     else:
         g2 = x2 if gate is None else gate.reshape(rows, cols)
         gate_heads, gate_head_stride = 1, 0
