@@ -90,9 +90,7 @@ def plans(rows: int, cols: int) -> list[tuple[int, int]]:
 
 def default_plan(cols: int) -> tuple[int, int]:
     """``rms_norm``'s own plan (what it runs with neither override)."""
-    block = triton.next_power_of_2(cols)
-    rows_per_program = max(1, triton_kernels.TILE // block)
-    return rows_per_program, triton_kernels._warps(block * rows_per_program)
+    return triton_kernels.norm_plan(cols)
 
 
 def shape_inputs(rows: int, cols: int, dtype: torch.dtype, gated: bool, with_delta: bool, device: str, seed: int):

@@ -286,8 +286,8 @@ def test_a_shared_mask_equals_it_repeated_per_row_and_a_row_that_sees_nothing_is
 
 def test_a_mask_of_the_wrong_shape_is_refused(attention):
     q, cache_k, cache_v = draft_case(4, 2, 3, 64, 16, torch.float32, seed=1)
-    for mask in (torch.ones(2, 64, dtype=torch.bool), torch.ones(3, 63, dtype=torch.bool)):
-        with pytest.raises(ValueError):
+    for mask in (torch.ones(2, 64, dtype=torch.bool), torch.ones(3, 63, dtype=torch.bool), torch.zeros(3, 64)):
+        with pytest.raises(ValueError):  # the last: an additive float mask, whose -inf is not "hidden" here
             run_masked(attention, q, cache_k, cache_v, mask, 64, 0.25)
 
 

@@ -200,3 +200,24 @@ def test_commit_states_full_head_size():
     )
     torch.testing.assert_close(on_device["state"].cpu(), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(on_device["conv_state"].cpu(), window_tail(inputs, 8))
+
+
+@pytest.mark.parametrize("history", [1, 2, 5])
+def test_commit_keeps_a_conv_state_of_any_width(history):
+    """A conv state narrower or wider than K-1 columns: the commit leaves the last ``history``
+    inputs of (committed history + accepted path), as the reference's ``commit_conv_state``."""
+    parents = torch.tensor([-1, 0, 1, 2, 1, -1, 5, -1])
+    inputs = commit_inputs(len(parents), "chain", 0, heads=2, dk=16, dv=16, channels=40, dtype=torch.float32)
+    inputs["parents"], inputs["anc"] = parents, ancestors(parents)
+    inputs["conv_state"] = torch.randn(40, history, generator=torch.Generator().manual_seed(history))
+    on_device = {name: value.to(DEVICE) for name, value in inputs.items()}
+    for last in range(len(parents)):
+        conv_state = on_device["conv_state"].clone()
+        triton_gdn_state.commit_states(
+            on_device["state"].clone(), conv_state, on_device["keys"], on_device["updates"],
+            on_device["path_decay"], on_device["inputs"], on_device["parents"], on_device["anc"],
+            torch.tensor([last], device=DEVICE), torch.tensor(True, device=DEVICE),
+        )
+        want = gdn.commit_conv_state(inputs["conv_state"], inputs["inputs"], parents.tolist(), last)
+        assert torch.equal(conv_state.cpu(), want), last
+        assert torch.equal(gdn.conv_tail(inputs["inputs"], parents, inputs["conv_state"], torch.tensor([last])), want)

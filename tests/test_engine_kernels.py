@@ -133,9 +133,19 @@ def test_gated_output_norm_equals_the_gated_delta_net_modules(fused, dtype):
         heads_gate = wide[:, 64:].view(12, 3, 128)  # token stride 448, head stride 128
         rows = x[:36]
         assert_matches(kernels.gated_rms_norm(module, rows, heads_gate), module(rows, heads_gate.reshape(36, 128)))
+        one_token = wide[5:6, 64:].view(1, 3, 128)  # a one-row round's gate: its token stride is moot
+        assert_matches(kernels.gated_rms_norm(module, x[:3], one_token), module(x[:3], one_token.reshape(3, 128)))
         # the plain entry points leave a gated norm alone (it needs its gate)
         assert kernels._norm_params(module, x) is None
-    assert fused["rms_norm"] == 4
+    assert fused["rms_norm"] == 6
+
+
+def test_a_gate_of_another_shape_is_refused(fused):
+    x = torch.randn(6, 32, device=DEVICE)
+    weight = torch.ones(32, device=DEVICE)
+    for gate in (torch.randn(2, 3, 16, device=DEVICE), torch.randn(2, 2, 32, device=DEVICE)):
+        with pytest.raises(ValueError):
+            kernels._triton().rms_norm(x, weight, 1e-6, False, gate=gate)
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))

@@ -309,7 +309,8 @@ class FastDecoder:
         # tree rows' root paths for the Gated DeltaNet solve kernel, once for all its layers
         paths = None
         if parents is not None and self.linear_state:
-            paths = kernels.gdn_path_table(anc, hidden, self.block)
+            module = t.layers[next(iter(self.linear_state))].linear_attn
+            paths = kernels.gdn_path_table(anc, hidden, self.block, module)
         wanted = set(self.feature_layers) if with_features else set()
         features: dict[int, torch.Tensor] = {}
         # The last MLP's output, not yet added to ``hidden``: the next attention layer's input norm
@@ -477,8 +478,7 @@ class FastDecoder:
             size = d.config.layer_window(index)
             kernel = kernels.attention_kernel(q, self.draft_k[index])
             if kernel is not None:  # output already [1, block, heads * head_dim], o_proj's layout
-                scaling = getattr(layer.self_attn, "scaling", None)
-                scale = head_dim**-0.5 if scaling is None else scaling  # SDPA's default, as below
+                scale = head_dim**-0.5  # SDPA's default: the fallback below and the eager draft use it
                 out = kernel.masked_attention(q, self.draft_k[index], self.draft_v[index], masks[size], window, scale)
             else:
                 if size not in sdpa_masks:

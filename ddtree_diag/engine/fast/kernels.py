@@ -133,18 +133,26 @@ def gdn_solver(conv_out: torch.Tensor, module: torch.nn.Module, a: torch.Tensor,
         return None
     if _use(conv_out) is None or conv_out.dim() != 2 or conv_out.stride(-1) != 1:
         return None
-    if a.stride(-1) != 1 or b.stride(-1) != 1 or not hasattr(module, "A_log") or not hasattr(module, "dt_bias"):
-        return None
-    if module.num_v_heads % module.num_k_heads or module.head_k_dim > 256 or module.head_v_dim > 256:
+    if a.stride(-1) != 1 or b.stride(-1) != 1 or not _solvable(module):
         return None
     return _triton_gdn()
 
 
-def gdn_path_table(ancestors: torch.Tensor, hidden: torch.Tensor, max_path: int) -> torch.Tensor | None:
+def _solvable(module: torch.nn.Module) -> bool:
+    """Whether the solve kernel takes a Gated DeltaNet layer of this shape."""
+    if not hasattr(module, "A_log") or not hasattr(module, "dt_bias"):
+        return False
+    return not (module.num_v_heads % module.num_k_heads or module.head_k_dim > 256 or module.head_v_dim > 256)
+
+
+def gdn_path_table(
+    ancestors: torch.Tensor, hidden: torch.Tensor, max_path: int, module: torch.nn.Module
+) -> torch.Tensor | None:
     """The path solve's table of tree rows' root paths (``triton_gdn.path_table``), built once a
     verify for every Gated DeltaNet layer's solve, where the solve kernel runs on ``hidden``'s
-    device and dtype; else None."""
-    if switched_off("DDTREE_DIAG_GDN_KERNEL") or _use(hidden) is None:
+    device and dtype for layers like ``module`` (a target's Gated DeltaNet layers are alike);
+    else None."""
+    if switched_off("DDTREE_DIAG_GDN_KERNEL") or _use(hidden) is None or not _solvable(module):
         return None
     module = _triton_gdn()
     return module.path_table(ancestors, max_path) if max_path <= module.PATH_LIMIT else None
@@ -288,7 +296,9 @@ def gated_rms_norm(module: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor)
     silu(gate)). x [rows, head_dim]; gate x's shape or [tokens, heads, head_dim] with rows = tokens
     x heads (any strides: the kernel reads a column slice of the projection output in place)."""
     kernels, params = _use(x), None
-    fits = gate.shape == x.shape or (gate.dim() == 3 and gate.shape[0] * gate.shape[1] == x.shape[0])
+    fits = gate.shape == x.shape or (
+        gate.dim() == 3 and x.dim() == 2 and gate.shape[0] * gate.shape[1] == x.shape[0] and gate.shape[2] == x.shape[1]
+    )
     if kernels is not None and fits and x.dim() == 2 and x.stride(-1) == 1 and gate.stride(-1) == 1:
         params = _norm_params(module, x, gated=True)
     if params is None:

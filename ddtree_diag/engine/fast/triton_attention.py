@@ -233,6 +233,8 @@ def masked_attention(
     rows = q.shape[2]
     if mask.dim() != 2 or mask.shape[0] not in (1, rows) or mask.shape[1] < window:
         raise ValueError(f"mask {tuple(mask.shape)} for {rows} rows over {window} slots")
+    if mask.dtype != torch.bool:  # an additive float mask's -inf would read as "visible"
+        raise ValueError(f"a boolean mask, not {mask.dtype}")
     if mask.stride(-1) != 1:
         mask = mask.contiguous()
     mask_bytes = mask.view(torch.uint8) if mask.dtype == torch.bool else mask

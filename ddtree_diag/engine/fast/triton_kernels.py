@@ -186,11 +186,8 @@ def rms_norm(
     x's shape, or [tokens, heads, cols] with any token and head strides (x's rows are then the
     tokens' heads in order; read in place, where a reshape to x's shape would copy).
 
-    ``rows_per_program`` (a power of two) / ``num_warps`` override the launch plan (default: rows
-    filling a ``TILE`` of elements, ``_warps`` of that tile). On the H200 the default took 5.2-5.5 us
-    at 272 x 5120 bf16 with the residual add, where moving the bytes takes ~2.3 us, 5.2 us for the
-    Gated DeltaNet output norm (13056 x 128, gated) and 2.7 us at 32 x 4096;
-    ``bench/norm_kernel_speed.py`` times other plans per shape."""
+    ``rows_per_program`` (a power of two) / ``num_warps`` override the launch plan (default:
+    ``norm_plan``)."""
     cols = x.shape[-1]
     rows = x.numel() // cols
     x2 = x.reshape(rows, cols)
@@ -200,7 +197,9 @@ def rms_norm(
     else:
         total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         d2, s2 = delta.reshape(rows, cols), total.view(rows, cols)
-    if gate is not None and gate.dim() == 3 and gate.shape[0] * gate.shape[1] == rows:
+    if gate is not None and gate.dim() == 3:
+        if gate.shape[0] * gate.shape[1] != rows or gate.shape[2] != cols:
+            raise ValueError(f"a gate of shape {tuple(gate.shape)} does not match {rows} rows of {cols}")
         g2, gate_heads, gate_head_stride = gate, gate.shape[1], gate.stride(1) if gate.shape[1] > 1 else 0
         if gate.shape[0] == 1:  # a size-1 dim's stride is arbitrary (a fake tensor's may differ): 0
             g2 = gate.as_strided(gate.shape, (0, gate_head_stride, gate.stride(2)))
@@ -208,18 +207,27 @@ def rms_norm(
         g2 = x2 if gate is None else gate.reshape(rows, cols)
         gate_heads, gate_head_stride = 1, 0
     block = triton.next_power_of_2(cols)
-    # narrow rows (a Gated DeltaNet output norm's 128-wide heads) in tiles of 1024: 8 rows on 4
-    # warps took 4.9 us at 13056 x 128 on the H200 against 6.4 for 32 rows on 8
-    # (``bench/norm_kernel_speed.py``); wide rows are one a program either way
-    tile_rows = rows_per_program or max(1, (1024 if block <= 256 else TILE) // block)
+    default_rows, default_warps = norm_plan(cols)
+    tile_rows = rows_per_program or default_rows
     launch(
         _rms_norm_kernel, (triton.cdiv(rows, tile_rows),),
         x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), g2.stride(0), gate_heads,
         gate_head_stride, cols, eps,
         OFFSET=offset, HAS_DELTA=delta is not None, HAS_GATE=gate is not None, ROWS=tile_rows, BLOCK=block,
-        num_warps=num_warps or _warps(block * tile_rows),
+        num_warps=num_warps or (default_warps if tile_rows == default_rows else _warps(block * tile_rows)),
     )
     return out, total
+
+
+def norm_plan(cols: int) -> tuple[int, int]:
+    """``rms_norm``'s launch plan for rows of ``cols``: (rows per program, warps). Rows filling a
+    ``TILE``, or a tile of 1024 for rows up to 256 wide (a Gated DeltaNet output norm's 128-wide
+    heads: 8 rows on 4 warps took 4.9 us at 13056 x 128 on the H200 against 6.4 for 32 rows on 8);
+    wide rows are one a program on 8 warps, within 0.2 us of the best plan swept at 32-272 rows of
+    4096-5120 (``bench/norm_kernel_speed.py``)."""
+    block = triton.next_power_of_2(cols)
+    rows = max(1, (1024 if block <= 256 else TILE) // block)
+    return rows, _warps(block * rows)
 
 
 def norm_rope(
