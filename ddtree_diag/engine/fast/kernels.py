@@ -154,8 +154,8 @@ def gdn_path_table(
     else None."""
     if switched_off("DDTREE_DIAG_GDN_KERNEL") or _use(hidden) is None or not _solvable(module):
         return None
-    module = _triton_gdn()
-    return module.path_table(ancestors, max_path) if max_path <= module.PATH_LIMIT else None
+    solve = _triton_gdn()
+    return solve.path_table(ancestors, max_path) if max_path <= solve.PATH_LIMIT else None
 
 
 def gdn_state_kernels(x: torch.Tensor, activation: str | None = "silu"):
@@ -194,13 +194,10 @@ def topk_kernel(values: torch.Tensor, k: int):
 def argmax_kernel(logits: torch.Tensor):
     """The argmax kernel's module when ``logits.argmax(dim=-1)`` for ``logits`` [rows, vocab] runs
     through it, else None (``torch.argmax`` runs)."""
-    if switched_off("DDTREE_DIAG_ARGMAX_KERNEL"):
-        return None
-    setting = mode()
-    if setting == "off" or (setting == "auto" and not logits.is_cuda) or torch.compiler.is_compiling():
-        return None
     # fp16 too: a comparison needs no rounding rule (``_DTYPES`` leaves fp16 out for the norms')
-    if logits.dtype not in (*_DTYPES, torch.float16) or logits.dim() != 2 or logits.stride(-1) != 1:
+    if switched_off("DDTREE_DIAG_ARGMAX_KERNEL") or _use(logits, (*_DTYPES, torch.float16)) is None:
+        return None
+    if logits.dim() != 2 or logits.stride(-1) != 1:
         return None
     if 0 in logits.shape or logits.shape[1] >= 2**31 - 1:  # indices are int32 in the kernel
         return None
@@ -237,10 +234,10 @@ def active(device: torch.device, dtype: torch.dtype) -> bool:
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _use(x: torch.Tensor):
-    """The kernels module when the kernels should run on ``x``, else None."""
+def _use(x: torch.Tensor, dtypes: tuple[torch.dtype, ...] = _DTYPES):
+    """The kernels module when the kernels should run on ``x`` (of one of ``dtypes``), else None."""
     setting = mode()
-    if setting == "off" or (setting == "auto" and not x.is_cuda) or x.dtype not in _DTYPES:
+    if setting == "off" or (setting == "auto" and not x.is_cuda) or x.dtype not in dtypes:
         return None
     if torch.compiler.is_compiling():
         return None

@@ -200,21 +200,20 @@ def rms_norm(
     if gate is not None and gate.dim() == 3:
         if gate.shape[0] * gate.shape[1] != rows or gate.shape[2] != cols:
             raise ValueError(f"a gate of shape {tuple(gate.shape)} does not match {rows} rows of {cols}")
-        g2, gate_heads, gate_head_stride = gate, gate.shape[1], gate.stride(1) if gate.shape[1] > 1 else 0
-        if gate.shape[0] == 1:  # a size-1 dim's stride is arbitrary (a fake tensor's may differ): 0
-            g2 = gate.as_strided(gate.shape, (0, gate_head_stride, gate.stride(2)))
+        # a size-1 dim's stride is arbitrary (a fake tensor's may differ from the real one's): 0
+        g2, gate_heads = gate, gate.shape[1]
+        gate_row_stride, gate_head_stride = (gate.stride(d) if gate.shape[d] > 1 else 0 for d in (0, 1))
     else:
         g2 = x2 if gate is None else gate.reshape(rows, cols)
-        gate_heads, gate_head_stride = 1, 0
+        gate_row_stride, gate_heads, gate_head_stride = g2.stride(0), 1, 0
     block = triton.next_power_of_2(cols)
-    default_rows, default_warps = norm_plan(cols)
-    tile_rows = rows_per_program or default_rows
+    tile_rows = rows_per_program or norm_plan(cols)[0]
     launch(
         _rms_norm_kernel, (triton.cdiv(rows, tile_rows),),
-        x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), g2.stride(0), gate_heads,
+        x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), gate_row_stride, gate_heads,
         gate_head_stride, cols, eps,
         OFFSET=offset, HAS_DELTA=delta is not None, HAS_GATE=gate is not None, ROWS=tile_rows, BLOCK=block,
-        num_warps=num_warps or (default_warps if tile_rows == default_rows else _warps(block * tile_rows)),
+        num_warps=num_warps or _warps(block * tile_rows),
     )
     return out, total
 
