@@ -21,17 +21,14 @@ from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
 
 @pytest.fixture
 def kernels_on(monkeypatch):
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("compiled Triton kernels need CUDA")
-    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
-    monkeypatch.setenv("DDTREE_DIAG_TOPK_KERNEL", "on")  # the tree's top-k too (small vocabulary here)
+    turn_kernels_on(monkeypatch, on=("DDTREE_DIAG_TOPK_KERNEL",))  # the tree's top-k too (small vocabulary here)
     assert kernels._triton() is not None
 
 

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from ddtree_diag.engine.fast import kernels  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
@@ -25,10 +25,7 @@ NAN, INF = float("nan"), float("inf")
 @pytest.fixture
 def kernel(monkeypatch):
     """The argmax kernel's module (CPU tensors too, through the interpreter)."""
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("the compiled kernel needs CUDA")
-    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
-    monkeypatch.delenv("DDTREE_DIAG_ARGMAX_KERNEL", raising=False)
+    turn_kernels_on(monkeypatch, "DDTREE_DIAG_ARGMAX_KERNEL")
     module = kernels.argmax_kernel(torch.zeros(1, 4, device=DEVICE))
     assert module is not None, "triton is installed but the argmax kernel module did not import"
     return module

@@ -22,7 +22,7 @@ from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
 from ddtree_diag.engine.fast.layers import additive_mask, attend  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
@@ -30,10 +30,7 @@ pytestmark = MARKS
 @pytest.fixture
 def attention(monkeypatch):
     """The kernel module with the kernels on (CPU tensors too); counts its calls in ``calls``."""
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("compiled Triton kernels need CUDA")
-    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
-    monkeypatch.delenv("DDTREE_DIAG_ATTENTION_KERNEL", raising=False)
+    turn_kernels_on(monkeypatch, "DDTREE_DIAG_ATTENTION_KERNEL")
     module = kernels._triton_attention()
     assert module is not None, "triton is installed but the attention kernel did not import"
     monkeypatch.setattr(module, "calls", 0, raising=False)

@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from ddtree_diag.engine import gdn  # noqa: E402
 from ddtree_diag.engine.fast import triton_gdn_state  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, skip_without_gpu  # noqa: E402
 
 pytestmark = MARKS
 
@@ -25,8 +25,7 @@ WIDTH = 4  # the conv kernel size of every Qwen3.5 / Qwen3-Next checkpoint
 
 @pytest.fixture(autouse=True)
 def _needs_device():
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("the compiled kernels need CUDA")
+    skip_without_gpu()
 
 
 def random_parents(n: int, shape: str, padding: int, generator: torch.Generator) -> torch.Tensor:

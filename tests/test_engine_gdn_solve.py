@@ -23,7 +23,7 @@ from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 from tests.support.engine_fixtures import PROMPTS  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 TOKENS = 10  # per decode: every norm runs under the interpreter too, ~1 s a token on CPU
@@ -33,10 +33,7 @@ TOKENS = 10  # per decode: every norm runs under the interpreter too, ~1 s a tok
 def solver(monkeypatch):
     """The solve kernel on (CPU tensors too); returns a list of the (row count, max_path) it was
     called with."""
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("the compiled kernel needs CUDA")
-    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
-    monkeypatch.delenv("DDTREE_DIAG_GDN_KERNEL", raising=False)
+    turn_kernels_on(monkeypatch, "DDTREE_DIAG_GDN_KERNEL")
     module = kernels._triton_gdn()
     assert module is not None, "triton is installed but the solve kernel did not import"
     solved = []

@@ -20,7 +20,7 @@ from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
 from ddtree_diag.engine.rope import apply_rope  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
@@ -43,9 +43,7 @@ def norm_modules(size: int) -> dict:
 @pytest.fixture
 def fused(monkeypatch):
     """Kernels on (CPU tensors too); returns the count of kernel calls by name."""
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("compiled Triton kernels need CUDA")
-    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    turn_kernels_on(monkeypatch)
     module = kernels._triton()
     assert module is not None, "triton is installed but the kernel module did not import"
     calls: dict[str, int] = {}

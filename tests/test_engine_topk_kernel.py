@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.fast import tree as fast_tree  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
@@ -24,10 +24,7 @@ pytestmark = MARKS
 def topk(monkeypatch):
     """The top-k kernel's module (CPU tensors too); the torch path is what ``fast_tree.ranked_top_k``
     runs with it switched off."""
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("the compiled kernel needs CUDA")
-    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
-    monkeypatch.setenv("DDTREE_DIAG_TOPK_KERNEL", "on")
+    turn_kernels_on(monkeypatch, on=("DDTREE_DIAG_TOPK_KERNEL",))
     module = kernels.topk_kernel(torch.zeros(1, 4, device=DEVICE), 1)
     assert module is not None, "triton is installed but the top-k kernel module did not import"
     return module

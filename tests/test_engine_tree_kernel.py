@@ -21,7 +21,7 @@ from ddtree_diag.engine.fast import tree as fast_tree  # noqa: E402
 from ddtree_diag.engine.tree import build_tree  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 from tests.support.engine_fixtures import MAX_TOKENS, PROMPTS  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
@@ -29,10 +29,7 @@ pytestmark = MARKS
 @pytest.fixture
 def tree_kernel(monkeypatch):
     """The tree kernel on (CPU tensors too); returns a list that counts its builds."""
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        pytest.skip("the compiled kernel needs CUDA")
-    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
-    monkeypatch.delenv("DDTREE_DIAG_TREE_KERNEL", raising=False)
+    turn_kernels_on(monkeypatch, "DDTREE_DIAG_TREE_KERNEL")
     module = kernels.tree_kernel(torch.device(DEVICE))
     assert module is not None, "triton is installed but the tree kernel module did not import"
     builds = []

@@ -26,3 +26,22 @@ def record_calls(monkeypatch: pytest.MonkeyPatch, module: object, name: str, not
         return original(*args, **kwargs)
 
     monkeypatch.setattr(module, name, recorded)
+
+
+def skip_without_gpu() -> None:
+    """Skip where the kernels would compile (no interpreter) but there is no CUDA device."""
+    import torch
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("compiled Triton kernels need CUDA")
+
+
+def turn_kernels_on(monkeypatch: pytest.MonkeyPatch, *cleared: str, on: tuple[str, ...] = ()) -> None:
+    """The fused kernels on for the test (CPU tensors too, under the interpreter): the per-kernel
+    switches in ``cleared`` unset, those in ``on`` set to ``on``; skipped without a device."""
+    skip_without_gpu()
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "on")
+    for switch in cleared:
+        monkeypatch.delenv(switch, raising=False)
+    for switch in on:
+        monkeypatch.setenv(switch, "on")
