@@ -29,7 +29,8 @@ import torch
 if not torch.cuda.is_available():  # the smoke run: Triton's interpreter, read when triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from bench.norm_kernel_speed import cold_graph_us, copies_for
+from bench.graph_timing import graph_us
+from bench.norm_kernel_speed import REPLAYS, copies_for
 from ddtree_diag.engine.fast import triton_argmax
 
 # (rows, vocab): one row (AR, a last round), a 32-row verify, 272-row trees on the 8B / Qwen3's
@@ -52,7 +53,7 @@ def run_shape(args, rows: int, vocab: int) -> None:
     outs = [torch.empty(rows, dtype=torch.long, device="cuda") for _ in sets]
     want = sets[0].argmax(dim=-1)
     pairs = list(zip(sets, outs, strict=True))
-    torch_us = cold_graph_us([lambda x=x, out=out: out.copy_(x.argmax(dim=-1)) for x, out in pairs])
+    torch_us = graph_us([lambda x=x, out=out: out.copy_(x.argmax(dim=-1)) for x, out in pairs], REPLAYS)
 
     def kernel_us(block: int | None, warps: int | None) -> tuple[float, bool]:
         equal = torch.equal(triton_argmax.argmax(sets[0], block=block, num_warps=warps), want)
@@ -60,7 +61,7 @@ def run_shape(args, rows: int, vocab: int) -> None:
             lambda x=x, out=out: triton_argmax.argmax(x, out, block=block, num_warps=warps)
             for x, out in pairs
         ]
-        return cold_graph_us(calls), equal
+        return graph_us(calls, REPLAYS), equal
 
     default = triton_argmax.plan(rows, vocab)
     default_us, default_equal = kernel_us(None, None)

@@ -19,6 +19,7 @@ import random
 
 import torch
 
+from bench.graph_timing import graph_us
 from ddtree_diag.engine.fast import triton_attention
 from ddtree_diag.engine.fast.decoder import attention_window
 from ddtree_diag.engine.fast.layers import additive_mask, attend
@@ -35,27 +36,9 @@ SHAPES = {  # layers, query heads, KV heads, head_dim; plans
 }
 
 
-def graph_us(fn) -> float:
+def layers_us(fn) -> float:
     """us per call of ``fn`` (LAYERS calls captured in one CUDA graph, replayed)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / REPLAYS / LAYERS
+    return graph_us([fn] * LAYERS, REPLAYS)
 
 
 def main() -> None:
@@ -106,11 +89,11 @@ def measure(rows: int, start: int, dev: torch.device, dtype: torch.dtype) -> str
     unit = exact.abs().clamp(min=1.0) * 2**-7
     steps = ((kernel().float() - exact).abs() / unit).max().item()
     sdpa_steps = ((sdpa().float() - exact).abs() / unit).max().item()
-    times = [graph_us(sdpa)]
+    times = [layers_us(sdpa)]
     for plan in PLANS:
         for name, value in zip(PLAN_NAMES, plan, strict=True):
             setattr(triton_attention, name, value)
-        times.append(graph_us(kernel))
+        times.append(layers_us(kernel))
     for name, value in zip(PLAN_NAMES, DEFAULT, strict=True):
         setattr(triton_attention, name, value)
     cells = "  ".join(f"{t:8.2f}" for t in times)

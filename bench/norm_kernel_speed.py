@@ -31,6 +31,7 @@ if not torch.cuda.is_available():  # the smoke run: Triton's interpreter, read w
 
 import triton
 
+from bench.graph_timing import graph_us
 from ddtree_diag.engine.fast import triton_kernels
 
 # (rows, cols, gated, offset): the 8B's hidden norms (Qwen3: weight after the cast), Qwen3.6-27B's
@@ -42,31 +43,6 @@ SMOKE_SHAPES = [(5, 96, False, False), (37, 64, True, False)]
 L2_BYTES = 128 * 2**20  # well past the H200's 50 MiB L2 (and the next GPU's)
 MAX_COPIES = 256
 REPLAYS = 20
-
-
-def cold_graph_us(calls: list[Callable[[], object]], replays: int = REPLAYS) -> float:
-    """us per call of ``calls`` (each on its own buffers) captured one after another in one CUDA
-    graph, after a warm-up that compiles; many calls per replay, so a replay's own launch cost
-    does not count against a 2 us kernel."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * len(calls))
 
 
 def copies_for(bytes_per_call: int, warm: bool) -> int:
@@ -133,8 +109,8 @@ def run_shape(args, rows: int, cols: int, gated: bool, offset: bool, with_delta:
             sets[0][0], weight, 1e-6, offset, **sets[0][1], rows_per_program=plan[0], num_warps=plan[1]
         )[0].float()
         worst = max(worst, float((out - reference).abs().max()))
-        times[plan] = cold_graph_us(calls(plan))
-    times.setdefault(default, cold_graph_us(calls(None)))
+        times[plan] = graph_us(calls(plan), REPLAYS)
+    times.setdefault(default, graph_us(calls(None), REPLAYS))
     floor = size / (args.bandwidth * 1e12) * 1e6
     kind = f"{rows}x{cols}{' gated' if gated else ''}{' +delta' if with_delta else ''}"
     ranked = sorted(times.items(), key=lambda item: item[1])

@@ -18,6 +18,7 @@ from unittest import mock
 
 import torch
 
+from bench.graph_timing import graph_us
 from ddtree_diag.engine.fast import tree as fast_tree
 from ddtree_diag.engine.fast import triton_topk, triton_tree
 from ddtree_diag.engine.tree import build_tree
@@ -36,24 +37,7 @@ def torch_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 
 def graph_ms(fn) -> float:
     """ms per call of ``fn`` captured in a CUDA graph (after a warm-up)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / REPLAYS
+    return graph_us([fn], REPLAYS) / 1000
 
 
 def main() -> int:
