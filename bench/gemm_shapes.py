@@ -20,6 +20,10 @@ HBM = 4.8e12
 # (name, in, out) of the Qwen3-8B shape's projections (fused q|k|v and gate|up) and lm_head
 SHAPES_8B = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
              ("lm_head", 4096, 151936)]
+# the Qwen3.6-27B hybrid shape's: attention q (with its gate)|k|v, o; Gated DeltaNet q|k|v|z and
+# out_proj; the MLP; lm_head
+SHAPES_27B = [("qkv", 5120, 14336), ("o", 6144, 5120), ("gdn_in", 5120, 16384), ("gdn_out", 6144, 5120),
+              ("gate_up", 5120, 34816), ("down", 17408, 5120), ("lm_head", 5120, 248320)]
 
 
 # One program per column block, all rows in one tile, no split-K: the weight tile is streamed once
@@ -82,8 +86,16 @@ def main() -> int:
         help="instead: cuBLAS on the weight stored [out, in] (F.linear, a TN GEMM) against the same values "
         "stored [in, out] (x @ w_t, an NN GEMM)",
     )
+    parser.add_argument(
+        "--orientations", action="store_true",
+        help="instead: compute-bound rows (default 256,257,272,288): x @ w against the same product "
+        "computed transposed (w^T @ x^T, the rows as cuBLAS's N), both shapes' projections",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.orientations:
+        rows = "256,257,272,288" if args.rows == parser.get_default("rows") else args.rows
+        return orientations([int(r) for r in rows.split(",")])
     if args.layouts:
         return layouts([int(r) for r in args.rows.split(",")])
     print(f"{'gemm':>8} {'rows':>5} {'cublas us':>10} {'bw%':>5} {'triton us':>10} {'bw%':>5} "
@@ -130,6 +142,29 @@ def layouts(rows: list[int]) -> int:
             same = torch.equal(F.linear(x, w), x @ w_t)
             print(f"{name:>8} {m:>5} {stored:>12.1f} {100 * ideal_us / stored:>4.0f}% {transposed:>12.1f} "
                   f"{100 * ideal_us / transposed:>4.0f}% {same!s:>5}", flush=True)
+    return 0
+
+
+def orientations(rows: list[int]) -> int:
+    """At a few hundred rows a verify GEMM is compute-bound, and the rows' count decides how full
+    cuBLAS's tiles are (272 = 256 + 16 rows in 128-row tiles fill 71 %). The same product computed
+    as (w^T x^T)^T puts the rows in the tile's N, which takes more sizes; ``+copy`` adds making
+    the result row-major again, as the next kernel would need."""
+    print(f"{'shape':>6} {'gemm':>8} {'rows':>5} {'x@w us':>8} {'TFLOP/s':>8} {'wT@xT us':>9} {'TFLOP/s':>8} "
+          f"{'+copy us':>9} {'same':>5}")
+    for shape, table in (("8b", SHAPES_8B), ("27b", SHAPES_27B)):
+        for name, k, n in table:
+            w_t = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous()
+            for m in rows:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                flop = 2 * m * k * n
+                straight = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+                swapped = timed_us(lambda x=x, w_t=w_t: w_t.t() @ x.t())
+                copied = timed_us(lambda x=x, w_t=w_t: (w_t.t() @ x.t()).t().contiguous())
+                same = torch.equal(x @ w_t, (w_t.t() @ x.t()).t())
+                print(f"{shape:>6} {name:>8} {m:>5} {straight:>8.1f} {flop / straight / 1e6:>8.0f} {swapped:>9.1f} "
+                      f"{flop / swapped / 1e6:>8.0f} {copied:>9.1f} {same!s:>5}", flush=True)
+            del w_t
     return 0
 
 
