@@ -27,10 +27,13 @@ from ddtree_diag.engine.tree import ancestor_mask
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
 BLOCK, MAX_DEPTH = 16, 15
 PLANS = {  # name: tree_solve's keywords
-    "path own": dict(method="path", share_heads=False),  # a program per value head, its own path search
-    "path 1w": dict(method="path"),  # a program per key head's value heads (3 at this shape)
-    "path+tbl": dict(method="path", paths="table"),  # and the rows' path table, built once a verify
-    "path 2w": dict(method="path", path_warps=2),
+    "path 1hd": dict(method="path", share_heads=False, paths="table"),  # a program per value head
+    "path": dict(method="path", paths="table", share_heads=True),  # a program per key head's value heads (3 here)
+    "auto": dict(method="path", paths="table"),  # shared past SHARE_HEADS_FROM rows (the default)
+    "path 2w": dict(method="path", path_warps=2, paths="table", share_heads=True),
+    "prep 16r": dict(method="path", paths="table", share_heads=True, prep_rows=16),  # the prep's tile
+    "prep 32r8w": dict(method="path", paths="table", share_heads=True, prep_rows=32, prep_warps=8),
+    "prep 64r8w": dict(method="path", paths="table", share_heads=True, prep_rows=64, prep_warps=8),
     "blk c64": dict(method="blocked"),  # block_n 16, block_v 64, 8 warps, tf32
     "blk c32": dict(method="blocked", block_c=32),
 }

@@ -190,7 +190,7 @@ def test_the_path_solve_takes_paths_up_to_its_limit_and_the_blocked_solve_the_re
         solve_both(3, "chain", torch.float32, method="fast")
 
 
-@pytest.mark.parametrize("with_paths", [False, True], ids=("own-paths", "path-table"))
+@pytest.mark.parametrize("with_paths", [False, True], ids=("table-built-inside", "table-given"))
 def test_a_path_longer_than_the_callers_bound_comes_out_nan_not_wrong(solver, with_paths):
     """A 20-row chain with a bound of 4 (a 16-row path kernel): rows 16-19 cannot be solved there
     and say so; the rows whose paths fit are still right."""
@@ -217,13 +217,14 @@ def test_the_path_table_holds_each_rows_root_path(solver, n, shape):
 @pytest.mark.parametrize(("n", "shape"), [case for case in CASES if case[0] <= 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_path_solve_with_a_path_table_or_shared_heads_gives_the_same_results(solver, n, shape, dtype):
-    """The table only saves each program finding its path, and a program taking a key head's value
-    heads together only shares their keys' products: the same arithmetic for every head. Under the
-    interpreter bit for bit; compiled, the code's layouts (so its sums' order) may differ: float
-    rounding apart (one step of the output's dtype)."""
+    """A table given or built by the solve itself, and a program taking a key head's value heads
+    together (sharing their keys' products) or one, or the prep's row tile: the same arithmetic
+    for every head. Under the interpreter bit for bit; compiled, the code's layouts (so its sums'
+    order) may differ: float rounding apart (one step of the output's dtype)."""
     small = dict(method="path", max_path=n, value_heads=6, dk=16, dv=16)  # small heads: the interpreter's time
     plain, _ = solve_both(n, shape, dtype, share_heads=False, **small)
-    for variant in (dict(with_paths=True), dict(share_heads=True), dict(with_paths=True, share_heads=True)):
+    for variant in (dict(with_paths=True), dict(share_heads=True), dict(with_paths=True, share_heads=True),
+                    dict(prep_rows=32, prep_warps=8)):
         got, _ = solve_both(n, shape, dtype, **small, **variant)
         for part, want in zip(got, plain, strict=True):
             if DEVICE == "cpu":

@@ -12,14 +12,15 @@ written straight to the [rows, heads * head_dim] layout the gated norm reads. Tw
 
 - **The path solve** (default; a draft tree's paths are at most its block long): a row's
   ancestors are a chain closed under the system (an ancestor's ancestors are the row's too), so
-  every row solves its own path whole, in parallel with every other. ``_path_prep_kernel``
-  (per value head, 16 rows, 64 value columns) writes what is each row's own: prepared key
-  (head-repeated, l2-normed, fp32), gate, beta, k S0 and q S0. ``_path_solve_kernel`` (per row
-  and value head) finds the row's path by a running count over its own ``anc`` row, sums the
-  gates along it into the path decays, builds the path's [PATH, PATH] system from gathered keys,
-  and back-substitutes for the two row vectors it needs (see there): a 27B layer at 272 rows in
-  about half the blocked solve's time on an H200 (``bench/gdn_solve_speed.py``). Ancestors' rows
-  are solved again by each descendant's program: far cheaper than waiting for them.
+  every row solves its own path whole, in parallel with every other. Both kernels read the
+  round's path table (``path_table``: each row's root path, built once a verify).
+  ``_path_prep_kernel`` (per value head, block of rows, 64 value columns) writes what is each
+  row's own, whichever descendant's path it lies on: prepared key (l2-normed, fp32), beta, path
+  decay G (its gates summed from the root), right-hand side beta (v - e^G k S0) and the output's
+  state part e^G q S0. ``_path_solve_kernel`` (per row and key head) gathers its path's keys,
+  builds the path's [PATH, PATH] system and back-substitutes for the two row vectors it needs
+  (see there), then sums the path's right-hand sides with them. Ancestors' rows are solved again
+  by each descendant's program: far cheaper than waiting for them.
 - **The blocked solve** (any tree; paths past ``PATH_LIMIT`` rows): one program per (value head,
   slice of value columns) takes the rows in blocks of BLOCK_N, in order: a first pass writes the
   prepared keys and path decays; then each block's right-hand side minus what the earlier blocks'
@@ -187,17 +188,23 @@ def _tree_solve_kernel(
 
 @triton.jit
 def _path_prep_kernel(
-    conv_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr,
-    keys_ptr, gate_ptr, beta_ptr, k_state_ptr, q_state_ptr,
+    conv_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, paths_ptr,
+    keys_ptr, beta_ptr, decay_ptr, rhs_ptr, base_ptr,
     n_rows, conv_row_stride, a_row_stride, b_row_stride,
     key_dim, heads_per_key, dk, dv, q_divisor,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+    PATH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    # one program per (value head, block of rows, slice of value columns): each row's own parts,
-    # nothing of any other row
+    # one program per (value head, block of rows, slice of value columns): everything of a row
+    # that does not depend on which descendant's path it is on. Its path decay G (the gates summed
+    # along its root path, from the path table), its right-hand side beta (v - e^G k S0) and its
+    # output's state part e^G q S0: the solve then reads one fp32 row per path place and head
+    # instead of v, k S0 and the gates.
     head = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
+    # as a row vector: a scalar in a store mask does not broadcast in Triton's interpreter
+    first_slice = (tl.zeros([BLOCK_N], tl.int32) + tl.program_id(2)) == 0
     e = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     e_ok = e < dv
     key_head = head // heads_per_key
@@ -205,28 +212,41 @@ def _path_prep_kernel(
     d_ok = d < dk
     neg_rate = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
-    g, beta = _gates(a_ptr, b_ptr, rows, row_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias,
+    _, beta = _gates(a_ptr, b_ptr, rows, row_ok, a_row_stride, b_row_stride, head, neg_rate, dt_bias,
                      conv_ptr.dtype.element_ty)
+    place = tl.arange(0, PATH)
+    path = tl.load(paths_ptr + rows[:, None] * PATH + place[None, :], mask=row_ok[:, None], other=-1)
+    on_path = path >= 0
+    g, _ = _gates(a_ptr, b_ptr, path, on_path, a_row_stride, b_row_stride, head, neg_rate, dt_bias,
+                  conv_ptr.dtype.element_ty)
+    here = path == rows[:, None]
+    decay = tl.sum(tl.where(here, tl.cumsum(tl.where(on_path, g, 0.0), axis=1), 0.0), axis=1)
+    # a path longer than the table (a caller's bound too small): NaN, not a quiet wrong answer
+    decay += tl.where(tl.sum(here.to(tl.int32), axis=1) > 0, 0.0, float("nan"))
     k = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_dim + key_head * dk, d, d_ok, 1.0)
     q = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_head * dk, d, d_ok, q_divisor)
-    # programs of one head store the same keys and gates: harmless
-    tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + d[None, :], k, mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(gate_ptr + head * n_rows + rows, g, mask=row_ok)
-    tl.store(beta_ptr + head * n_rows + rows, beta, mask=row_ok)
+    # the value-column slices of a head hold the same keys, beta and decays: the first one stores them
+    tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + d[None, :], k,
+             mask=(row_ok & first_slice)[:, None] & d_ok[None, :])
+    tl.store(beta_ptr + head * n_rows + rows, beta, mask=row_ok & first_slice)
+    tl.store(decay_ptr + head * n_rows + rows, decay, mask=row_ok & first_slice)
     state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :], mask=d_ok[:, None] & e_ok[None, :],
                     other=0.0)
-    here = head * n_rows * dv + rows[:, None] * dv + e[None, :]
     ok = row_ok[:, None] & e_ok[None, :]
-    tl.store(k_state_ptr + here, tl.dot(k, state, input_precision=PRECISION), mask=ok)
-    tl.store(q_state_ptr + here, tl.dot(q, state, input_precision=PRECISION), mask=ok)
+    v = tl.load(conv_ptr + rows[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :], mask=ok,
+                other=0.0).to(tl.float32)
+    grow = tl.exp(decay)[:, None]
+    here = head * n_rows * dv + rows[:, None] * dv + e[None, :]
+    tl.store(rhs_ptr + here, beta[:, None] * (v - grow * tl.dot(k, state, input_precision=PRECISION)), mask=ok)
+    tl.store(base_ptr + here, grow * tl.dot(q, state, input_precision=PRECISION), mask=ok)
 
 
 @triton.jit
 def _path_solve_kernel(
-    conv_ptr, anc_ptr, paths_ptr, keys_ptr, gate_ptr, beta_ptr, k_state_ptr, q_state_ptr, out_ptr, updates_ptr,
-    decay_ptr, n_rows, conv_row_stride, anc_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
-    PATH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    PRECISION: tl.constexpr, HAS_PATHS: tl.constexpr, GROUP: tl.constexpr,
+    conv_ptr, paths_ptr, keys_ptr, beta_ptr, decay_ptr, rhs_ptr, base_ptr, out_ptr, updates_ptr,
+    n_rows, conv_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
+    PATH: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
 ):
     # one program per (row, GROUP value heads of one key head): the row's path (root .. row) is a
     # closed chain system of at most PATH rows, solved here whole; other programs redo the same
@@ -240,28 +260,12 @@ def _path_solve_kernel(
     d = tl.arange(0, BLOCK_K)
     d_ok = d < dk
     step = tl.arange(0, PATH)  # place along the path = depth
-    if HAS_PATHS:  # the round's path table (``path_table``), built once for every layer
-        path = tl.load(paths_ptr + row * PATH + step)
-        found = tl.sum((path == row).to(tl.int32), axis=0)  # 0: the path runs past PATH rows
-        depth = tl.sum(tl.where(path == row, step, 0), axis=0)
-        count = tl.where(found > 0, depth + 1, PATH + 1)
-    else:
-        # the path's rows from the row's own ancestor mask: ancestors come first, in path order, so
-        # the ancestor at place t is the one with t ancestors before it (a running count)
-        path = tl.zeros((PATH,), tl.int32)
-        count = 0
-        wide = tl.arange(0, BLOCK_C)
-        for j0 in range(0, row + 1, BLOCK_C):
-            cols = j0 + wide
-            anc = (tl.load(anc_ptr + row * anc_row_stride + cols, mask=cols <= row, other=0) != 0).to(tl.int32)
-            place = count + tl.cumsum(anc, axis=0) - 1
-            hit = (anc[None, :] != 0) & (place[None, :] == step[:, None])
-            path += tl.sum(tl.where(hit, cols[None, :], 0), axis=1)
-            count += tl.sum(anc, axis=0)
-        depth = count - 1
+    path = tl.load(paths_ptr + row * PATH + step)  # the round's path table (``path_table``)
+    found = tl.sum((path == row).to(tl.int32), axis=0)  # 0: the path runs past PATH rows
+    depth = tl.sum(tl.where(path == row, step, 0), axis=0)
     # a path longer than PATH (a caller's bound too small) cannot be solved here: NaN, not a quiet
     # wrong answer
-    lost = tl.where(count > PATH, float("nan"), 0.0)
+    lost = tl.where(found > 0, 0.0, float("nan"))
     on_path = step <= depth
     at_row = step == depth
     # the prepared keys are the key head's, repeated per value head: the first head's serve all
@@ -272,41 +276,45 @@ def _path_solve_kernel(
     q = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
     q_keys = tl.sum(k * q[None, :], axis=1)
-    pick = tl.arange(0, 2)[:, None]  # 0: the update, 1: the output
-    for member in tl.static_range(GROUP):
-        head = first_head + member
-        beta = tl.load(beta_ptr + head * n_rows + path, mask=on_path, other=0.0)
-        # path log-decays: G_t = g summed from the root to place t
-        decay = tl.cumsum(tl.load(gate_ptr + head * n_rows + path, mask=on_path, other=0.0), axis=0)
-        own_decay = tl.sum(tl.where(at_row, decay, 0.0), axis=0) + lost
-        tl.store(decay_ptr + head * n_rows + row, own_decay)
-        # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every
-        # earlier row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row
-        # needs two sums over the path's x: its own update (x at its depth) and its output's
-        # sum_t e^{G - G_t} (q . k_t) x_t, i.e. r x for two row vectors r. So solve y (I + L) = r
-        # for those two r instead of x: depth steps of back substitution on [2, PATH] vectors, no
-        # [PATH, PATH] products (x = (I + L)^-1 rhs, so r x = y rhs). Back substitution is as
-        # stable as the forward one it replaces.
-        system = tl.where(lower, beta[:, None] * tl.exp(decay[:, None] - decay[None, :]) * gram, 0.0)
-        weight = tl.where(on_path, tl.exp(own_decay - decay) * q_keys, 0.0)
-        solved = tl.where(pick == 0, at_row.to(tl.float32)[None, :], weight[None, :])
-        for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
-            t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
-            column = tl.sum(tl.where(step[None, :] == t, system, 0.0), axis=1)
-            solved -= tl.where(step[None, :] == t, tl.sum(solved * column[None, :], axis=1)[:, None], 0.0)
-        own = tl.sum(tl.where(pick == 0, solved, 0.0), axis=0) + lost
-        through = tl.sum(tl.where(pick == 1, solved, 0.0), axis=0)
-        grow = tl.exp(decay)
+    # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every
+    # earlier row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row needs
+    # two sums over the path's x: its own update (x at its depth) and its output's
+    # sum_t e^{G - G_t} (q . k_t) x_t, i.e. r x for two row vectors r. So solve y (I + L) = r for
+    # those two r instead of x: depth steps of back substitution on [2, PATH] vectors, no
+    # [PATH, PATH] products (x = (I + L)^-1 rhs, so r x = y rhs). Back substitution is as stable
+    # as the forward one it replaces. The GROUP heads' systems ride in one [GROUP, ...] tile, so
+    # their substitutions share each of the depth dependent steps (the kernel's critical path).
+    member = tl.arange(0, GROUP_TILE)
+    heads_here = first_head + member
+    head_path = (member < GROUP)[:, None] & on_path[None, :]
+    at = heads_here[:, None] * n_rows + path[None, :]
+    beta = tl.load(beta_ptr + at, mask=head_path, other=0.0)  # [GROUP_TILE, PATH]
+    # path log-decays: G_t of each place's row (the prep's, from the root to that row)
+    decay = tl.load(decay_ptr + at, mask=head_path, other=0.0)
+    own_decay = tl.sum(tl.where(at_row[None, :], decay, 0.0), axis=1)
+    system = tl.where(lower[None, :, :],
+                      beta[:, :, None] * tl.exp(decay[:, :, None] - decay[:, None, :]) * gram[None, :, :], 0.0)
+    weight = tl.where(on_path[None, :], tl.exp(own_decay[:, None] - decay) * q_keys[None, :], 0.0)
+    which = tl.arange(0, 2)[:, None]  # 0: the update, 1: the output
+    pick = which[None, :, :]
+    place = step[None, None, :]
+    solved = tl.where(pick == 0, at_row.to(tl.float32)[None, None, :], weight[:, None, :])  # [GROUP_TILE, 2, PATH]
+    for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
+        t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
+        column = tl.sum(tl.where(place == t, system, 0.0), axis=2)
+        solved -= tl.where(place == t, tl.sum(solved * column[:, None, :], axis=2)[:, :, None], 0.0)
+    for index in tl.static_range(GROUP):
+        head = first_head + index
+        mine = tl.sum(tl.where(member[:, None, None] == index, solved, 0.0), axis=0)  # [2, PATH]
+        own = tl.sum(tl.where(which == 0, mine, 0.0), axis=0) + lost
+        through = tl.sum(tl.where(which == 1, mine, 0.0), axis=0) + lost
         for v0 in range(0, dv, BLOCK_V):
             e = v0 + tl.arange(0, BLOCK_V)
             e_ok = e < dv
-            ok = on_path[:, None] & e_ok[None, :]
-            v = tl.load(conv_ptr + path[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :], mask=ok,
-                        other=0.0).to(tl.float32)
-            k_state = tl.load(k_state_ptr + head * n_rows * dv + path[:, None] * dv + e[None, :], mask=ok, other=0.0)
-            rhs = beta[:, None] * (v - grow[:, None] * k_state)
+            rhs = tl.load(rhs_ptr + head * n_rows * dv + path[:, None] * dv + e[None, :],
+                          mask=on_path[:, None] & e_ok[None, :], other=0.0)
             tl.store(updates_ptr + head * n_rows * dv + row * dv + e, tl.sum(own[:, None] * rhs, axis=0), mask=e_ok)
-            out = tl.exp(own_decay) * tl.load(q_state_ptr + head * n_rows * dv + row * dv + e, mask=e_ok, other=0.0)
+            out = tl.load(base_ptr + head * n_rows * dv + row * dv + e, mask=e_ok, other=0.0)
             out += tl.sum(through[:, None] * rhs, axis=0)
             tl.store(out_ptr + row * (heads * dv) + head * dv + e, out.to(dtype), mask=e_ok)
 
@@ -347,6 +355,7 @@ def _one_row_kernel(
     tl.store(decay_ptr + head, g)
 
 
+SHARE_HEADS_FROM = 64  # rows past which a path-solve program takes all value heads of a key head
 PATH_LIMIT = 64  # longest root-to-row path the path solve takes; longer ones go to the blocked solve
 
 
@@ -372,7 +381,9 @@ def tree_solve(
     method: str = "auto",
     path_warps: int = 1,
     paths: torch.Tensor | None = None,
-    share_heads: bool = True,
+    share_heads: bool | None = None,
+    prep_rows: int = 32,
+    prep_warps: int = 4,
 ) -> torch.Tensor:
     """One Gated DeltaNet layer's core over N tree rows: conv_out [N, 2 * key_heads * dk + Hv * dv]
     (q | k | v after the conv, model dtype, unit column stride); a, b [N, Hv] (views with a row
@@ -384,9 +395,11 @@ def tree_solve(
     None counts it from ``ancestors`` (a host sync: not inside a CUDA graph). The path solve
     writes NaN for a row whose path is longer than the bound (rounded up to a power of two).
 
-    ``paths``: ``path_table(ancestors, max_path)``, built once for many layers' solves (else each
-    program of the path solve finds its path from ``ancestors``). ``share_heads``: one path-solve
-    program takes all value heads of a key head (up to 4), which share its keys' products.
+    ``paths``: ``path_table(ancestors, max_path)``, built once for many layers' solves (else the
+    path solve builds it). ``share_heads``: one path-solve program takes all value heads of a key
+    head (up to 4), which share its keys' products (None: past ``SHARE_HEADS_FROM`` rows).
+    ``prep_rows`` / ``prep_warps``: the path solve's prep tile (rows a program, a power of two
+    >= 16) and its warps.
 
     ``method``: "path" (every row's path solved whole by its own program: paths up to
     ``PATH_LIMIT`` rows), "blocked" (the rows in order, blocks of ``block_n``: any tree) or "auto"
@@ -422,7 +435,7 @@ def tree_solve(
             _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
                         key_heads, dk, max_path=max_path, precision=precision, warps=path_warps,
                         paths=paths if paths is not None and paths.shape[1] == path_width(max_path) else None,
-                        share_heads=share_heads)
+                        share_heads=share_heads, prep_rows=prep_rows, prep_warps=prep_warps)
             return out
         if method == "path":
             raise ValueError(f"a {max_path}-row path is past the path solve's {PATH_LIMIT}")
@@ -440,34 +453,40 @@ def tree_solve(
 
 
 def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
-                key_heads, dk, max_path, precision, warps, paths=None, share_heads=True) -> None:
-    """The path solve: a first kernel prepares every row's own parts (key, gate, beta, k S0, q S0),
-    a second solves each row's path."""
+                key_heads, dk, max_path, precision, warps, paths=None, share_heads=None,
+                prep_rows=32, prep_warps=4) -> None:
+    """The path solve: a first kernel prepares what is each row's own (key, beta, path decay, its
+    right-hand side and output state part), a second solves each row's path."""
     n_rows = conv_out.shape[0]
     value_heads, _, dv = state.shape
     block_k = max(16, triton.next_power_of_2(dk))
+    width = path_width(max_path)
+    if paths is None:
+        paths = path_table(anc_bytes, max_path)
+    assert paths.shape == (n_rows, width) and paths.dtype == torch.int32 and paths.is_contiguous()
     fp32 = dict(device=conv_out.device, dtype=torch.float32)
-    gate, beta = torch.empty(value_heads, n_rows, **fp32), torch.empty(value_heads, n_rows, **fp32)
-    k_state, q_state = (torch.empty(value_heads, n_rows, dv, **fp32) for _ in range(2))
+    beta = torch.empty(value_heads, n_rows, **fp32)
+    rhs, base = (torch.empty(value_heads, n_rows, dv, **fp32) for _ in range(2))
     prep_v = min(64, max(16, triton.next_power_of_2(dv)))
     launch(
-        _path_prep_kernel, (value_heads, triton.cdiv(n_rows, 16), triton.cdiv(dv, prep_v)),
-        conv_out, a, b, a_log, dt_bias, state, keys, gate, beta, k_state, q_state,
+        _path_prep_kernel, (value_heads, triton.cdiv(n_rows, prep_rows), triton.cdiv(dv, prep_v)),
+        conv_out, a, b, a_log, dt_bias, state, paths, keys, beta, path_decay, rhs, base,
         n_rows, conv_out.stride(0), a.stride(0), b.stride(0),
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
-        BLOCK_N=16, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=4,
+        PATH=width, BLOCK_N=prep_rows, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=prep_warps,
     )
-    path = path_width(max_path)
-    if paths is not None:
-        assert paths.shape == (n_rows, path) and paths.dtype == torch.int32 and paths.is_contiguous()
     heads_per_key = value_heads // key_heads
+    if share_heads is None:
+        # on the H200, 27B shape: shared at 272 rows 74.8 us against 83.7, but 17.6 against 15.9 at
+        # 32 rows, where one program per head spreads the work over more of the card
+        share_heads = n_rows > SHARE_HEADS_FROM
     group = heads_per_key if share_heads and heads_per_key <= 4 else 1
     launch(
         _path_solve_kernel, (n_rows, value_heads // group),
-        conv_out, anc_bytes, anc_bytes if paths is None else paths, keys, gate, beta, k_state, q_state, out, updates,
-        path_decay, n_rows, conv_out.stride(0), anc_bytes.stride(0), key_heads * dk, value_heads // key_heads, dk, dv,
-        float(dk**0.5), PATH=path, BLOCK_C=256, BLOCK_K=block_k, BLOCK_V=min(128, max(16, triton.next_power_of_2(dv))),
-        PRECISION=precision, HAS_PATHS=paths is not None, GROUP=group, num_warps=warps,
+        conv_out, paths, keys, beta, path_decay, rhs, base, out, updates,
+        n_rows, conv_out.stride(0), key_heads * dk, heads_per_key, dk, dv, float(dk**0.5),
+        PATH=width, BLOCK_K=block_k, BLOCK_V=min(128, max(16, triton.next_power_of_2(dv))),
+        PRECISION=precision, GROUP=group, GROUP_TILE=triton.next_power_of_2(group), num_warps=warps,
     )
 
 
@@ -479,8 +498,8 @@ def path_width(max_path: int) -> int:
 def path_table(ancestors: torch.Tensor, max_path: int) -> torch.Tensor:
     """[N, path_width(max_path)] int32: each row's root path (its ancestors in order, itself last),
     -1 past it; a longer path keeps its first rows only (the solve then finds no row itself and
-    writes NaN). What the path solve would otherwise find from ``ancestors`` in every program of
-    every layer: a verify builds it once for all of them. No host sync."""
+    writes NaN). Both path-solve kernels read it; a verify builds it once for all its layers. No
+    host sync."""
     n = ancestors.shape[0]
     width = path_width(max_path)
     anc = ancestors.bool()
