@@ -30,6 +30,11 @@ def inputs(rows: int, generator: torch.Generator) -> dict:
     dev, bf16 = "cuda", torch.bfloat16
     anc = ancestor_mask(parents)
     g = -torch.rand(rows, VALUE_HEADS, generator=generator)
+    # the accepted path the commit takes: the last row's root path, cut at a block-16 draft's depth
+    path = [rows - 1]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    path = path[::-1][:16]
     # the fused GEMM's output: mixed | z | b | a; the conv reads the first CHANNELS columns
     wide = torch.randn(rows, CHANNELS + VALUE_HEADS * DV + 2 * VALUE_HEADS, generator=generator).to(dev, bf16)
     return dict(
@@ -42,7 +47,9 @@ def inputs(rows: int, generator: torch.Generator) -> dict:
         keys=(0.1 * torch.randn(VALUE_HEADS, rows, DK, generator=generator)).to(dev),
         updates=(0.1 * torch.randn(VALUE_HEADS, rows, DV, generator=generator)).to(dev),
         path_decay=(anc.float() @ g).transpose(0, 1).contiguous().to(dev),
-        last=torch.tensor([rows - 1], device=dev),
+        last=torch.tensor([path[-1]], device=dev),
+        path=torch.tensor(path + [0] * (16 - len(path)), device=dev),
+        count=torch.tensor([len(path)], device=dev),
         ok=torch.tensor(True, device=dev),
     )
 
@@ -74,7 +81,7 @@ def time_rows(rows: int, generator: torch.Generator) -> list[float]:
 
     def commit_kernel(state, conv_state):
         triton_gdn_state.commit_states(
-            state, conv_state, x["keys"], x["updates"], x["path_decay"], kept, x["parents"], x["anc"], x["last"],
+            state, conv_state, x["keys"], x["updates"], x["path_decay"], kept, x["parents"], x["path"], x["count"],
             x["ok"],
         )
 
@@ -104,7 +111,7 @@ def sweep(rows: int, generator: torch.Generator) -> None:
         cells.append(f"conv {tile[0]}x{tile[1]}/{tile[2]}: {us:.1f}")
     commit_args = (
         x["state"].clone(), x["conv_state"].clone(), x["keys"], x["updates"], x["path_decay"], kept, x["parents"],
-        x["anc"], x["last"], x["ok"],
+        x["path"], x["count"], x["ok"],
     )
     for tile in COMMIT_TILES:
         us = graph_ms(lambda tile=tile: triton_gdn_state.commit_states(*commit_args, *tile)) * 1000

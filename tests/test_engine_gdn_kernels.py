@@ -154,6 +154,17 @@ def commit_inputs(n: int, shape: str, padding: int, heads: int, dk: int, dv: int
     }
 
 
+def accepted_path(parents: torch.Tensor, last: int, width: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(path, count) as the accept walk hands them to the commit: ``last``'s root path, root
+    first, padded with other rows (which must not count) to ``width``; the rows on it."""
+    path = [last]
+    while int(parents[path[-1]]) >= 0:
+        path.append(int(parents[path[-1]]))
+    path = path[::-1]
+    padded = path + [(last + 1 + i) % len(parents) for i in range(width - len(path))]
+    return torch.tensor(padded, device=DEVICE), torch.tensor([len(path)], device=DEVICE)
+
+
 def window_tail(inputs: dict, last: int) -> torch.Tensor:
     """The conv state the commit must leave: the tail of row ``last``'s window (the reference)."""
     windows = gdn.conv_windows(inputs["inputs"], inputs["parents"], inputs["conv_state"], WIDTH)
@@ -175,7 +186,7 @@ def test_commit_states_matches_state_after(n, shape, padding, dtype):
             state, conv_state = on_device["state"].clone(), on_device["conv_state"].clone()
             triton_gdn_state.commit_states(
                 state, conv_state, on_device["keys"], on_device["updates"], on_device["path_decay"],
-                on_device["inputs"], on_device["parents"], on_device["anc"], torch.tensor([last], device=DEVICE),
+                on_device["inputs"], on_device["parents"], *accepted_path(inputs["parents"], last, width=max(16, n)),
                 torch.tensor(ok, device=DEVICE),
             )
             if ok:
@@ -194,8 +205,8 @@ def test_commit_states_full_head_size():
     on_device = {name: value.to(DEVICE) for name, value in inputs.items()}
     triton_gdn_state.commit_states(
         on_device["state"], on_device["conv_state"], on_device["keys"], on_device["updates"],
-        on_device["path_decay"], on_device["inputs"], on_device["parents"], on_device["anc"],
-        torch.tensor([8], device=DEVICE), torch.tensor(True, device=DEVICE),
+        on_device["path_decay"], on_device["inputs"], on_device["parents"], *accepted_path(inputs["parents"], 8),
+        torch.tensor(True, device=DEVICE),
     )
     torch.testing.assert_close(on_device["state"].cpu(), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(on_device["conv_state"].cpu(), window_tail(inputs, 8))
@@ -214,9 +225,39 @@ def test_commit_keeps_a_conv_state_of_any_width(history):
         conv_state = on_device["conv_state"].clone()
         triton_gdn_state.commit_states(
             on_device["state"].clone(), conv_state, on_device["keys"], on_device["updates"],
-            on_device["path_decay"], on_device["inputs"], on_device["parents"], on_device["anc"],
-            torch.tensor([last], device=DEVICE), torch.tensor(True, device=DEVICE),
+            on_device["path_decay"], on_device["inputs"], on_device["parents"], *accepted_path(parents, last),
+            torch.tensor(True, device=DEVICE),
         )
         want = gdn.commit_conv_state(inputs["conv_state"], inputs["inputs"], parents.tolist(), last)
         assert torch.equal(conv_state.cpu(), want), last
         assert torch.equal(gdn.conv_tail(inputs["inputs"], parents, inputs["conv_state"], torch.tensor([last])), want)
+
+
+def test_commit_of_many_random_trees_reads_every_old_conv_column_before_writing():
+    """The commit rebuilds each channel's conv window in place: where the accepted path is shorter
+    than the window, new columns come from old ones of the same channel, read by other threads of
+    the program. Many channels a program and many random trees, so that on a GPU a write racing
+    ahead of a read would show (under the interpreter the threads run in order: a smoke test)."""
+    generator = torch.Generator().manual_seed(3)
+    trials = 60 if DEVICE == "cuda" else 4
+    for trial in range(trials):
+        n = int(torch.randint(2, 40, (1,), generator=generator))
+        parents = random_parents(n, ("chain", "bushy", "forest")[trial % 3], trial % 5, generator)
+        history = (1, 3, 7)[trial % 3]
+        inputs = commit_inputs(n, "chain", 0, heads=1, dk=16, dv=16, channels=512, dtype=torch.bfloat16)
+        rows = parents.shape[0]
+        inputs["inputs"] = torch.randn(rows, 512, generator=generator).to(torch.bfloat16)
+        inputs["conv_state"] = torch.randn(512, history, generator=generator).to(torch.bfloat16)
+        inputs["parents"] = parents
+        for name in ("keys", "updates", "path_decay"):
+            inputs[name] = inputs[name][:, :1].expand(-1, rows, *inputs[name].shape[2:]).contiguous()
+        last = int(torch.randint(0, n, (1,), generator=generator))
+        on_device = {name: value.to(DEVICE) for name, value in inputs.items() if name != "anc"}
+        conv_state = on_device["conv_state"].clone()
+        triton_gdn_state.commit_states(
+            on_device["state"].clone(), conv_state, on_device["keys"], on_device["updates"],
+            on_device["path_decay"], on_device["inputs"], on_device["parents"],
+            *accepted_path(parents, last, width=max(16, rows)), torch.tensor(True, device=DEVICE),
+        )
+        want = gdn.commit_conv_state(inputs["conv_state"], inputs["inputs"], parents.tolist(), last)
+        assert torch.equal(conv_state.cpu(), want), (trial, n, history, last)

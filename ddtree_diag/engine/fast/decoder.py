@@ -586,7 +586,7 @@ class FastDecoder:
                 if state_kernels is not None:  # the state and conv window after `last`, one kernel
                     state_kernels.commit_states(
                         state, self.linear_conv[index], kept["keys"], kept["updates"], kept["path_decay"],
-                        kept["inputs"], parents, tree["anc"], last, ok,
+                        kept["inputs"], parents, keep, count.reshape(1), ok,
                     )
                     continue
                 parts = gdn.ParallelParts(kept["keys"], kept["updates"], kept["path_decay"], tree["anc"], state)

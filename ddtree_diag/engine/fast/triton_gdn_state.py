@@ -131,8 +131,8 @@ def conv_rows(
 
 @triton.jit
 def _commit_kernel(
-    state_ptr, keys_ptr, updates_ptr, decay_ptr, anc_ptr, last_ptr, ok_ptr, conv_ptr, inputs_ptr, parents_ptr,
-    rows, dk, dv, channels,
+    state_ptr, keys_ptr, updates_ptr, decay_ptr, path_ptr, count_ptr, ok_ptr, conv_ptr, inputs_ptr, parents_ptr,
+    rows, dk, dv, channels, path_len,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, CONV_SPAN: tl.constexpr,
     HISTORY: tl.constexpr, SLOTS: tl.constexpr,
 ):
@@ -145,33 +145,28 @@ def _commit_kernel(
     kb = (pid // v_blocks) % k_blocks
     vb = pid % v_blocks
     ok = tl.load(ok_ptr) != 0
-    last = tl.load(last_ptr)
+    # the accepted path's rows, root first: only they add anything (depth + 1 of the N rows)
+    count = tl.load(count_ptr)
+    place = tl.arange(0, BLOCK_J)
+    on_path = (place < count) & (place < path_len)
+    j = tl.load(path_ptr + place, mask=on_path, other=0)
+    last = tl.load(path_ptr + tl.maximum(count - 1, 0))
     decay_base = decay_ptr + head.to(tl.int64) * rows
     decay_last = tl.load(decay_base + last)
     kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     vv = vb * BLOCK_V + tl.arange(0, BLOCK_V)
     tile_in = (kk < dk)[:, None] & (vv < dv)[None, :]
     tile = state_ptr + head.to(tl.int64) * dk * dv + kk[:, None] * dv + vv[None, :]
-    written = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
-    for start in range(0, rows, BLOCK_J):
-        j = start + tl.arange(0, BLOCK_J)
-        j_in = j < rows
-        on_path = tl.load(anc_ptr + last * rows + j, mask=j_in, other=0) != 0
-        # only the path's rows (depth + 1 of the N) add anything: skip chunks holding none of them
-        if tl.max(on_path.to(tl.int32), axis=0) > 0:
-            decay_j = tl.load(decay_base + j, mask=j_in, other=0.0)
-            # off the path: weight 0 (the reference's exp(-inf)); on it: e^{G_a - G_j}
-            weight = tl.where(on_path, tl.exp(decay_last - decay_j), 0.0)
-            row = head.to(tl.int64) * rows + j
-            keys = tl.load(
-                keys_ptr + row[None, :] * dk + kk[:, None], mask=j_in[None, :] & (kk < dk)[:, None], other=0.0
-            )
-            updates = tl.load(
-                updates_ptr + row[:, None] * dv + vv[None, :], mask=j_in[:, None] & (vv < dv)[None, :], other=0.0
-            )
-            # as the reference: weights scale the updates, then keys^T @ (that); exact fp32 products
-            # (the state carries over every round, so tf32's error would pile up)
-            written += tl.dot(keys, updates * weight[:, None], input_precision="ieee")
+    decay_j = tl.load(decay_base + j, mask=on_path, other=0.0)
+    # off the path: weight 0 (the reference's exp(-inf)); on it: e^{G_last - G_j}
+    weight = tl.where(on_path, tl.exp(decay_last - decay_j), 0.0)
+    row = head.to(tl.int64) * rows + j
+    keys = tl.load(keys_ptr + row[None, :] * dk + kk[:, None], mask=on_path[None, :] & (kk < dk)[:, None], other=0.0)
+    updates = tl.load(updates_ptr + row[:, None] * dv + vv[None, :], mask=on_path[:, None] & (vv < dv)[None, :],
+                      other=0.0)
+    # as the reference: weights scale the updates, then keys^T @ (that); exact fp32 products
+    # (the state carries over every round, so tf32's error would pile up)
+    written = tl.dot(keys, updates * weight[:, None], input_precision="ieee")
     # not ok: write the old values back (a scalar flag as a store mask does not broadcast in
     # Triton's interpreter; the extra write is the tile's own values)
     old = tl.load(tile, mask=tile_in, other=0.0)
@@ -209,8 +204,8 @@ def commit_states(
     path_decay: torch.Tensor,
     inputs: torch.Tensor,
     parents: torch.Tensor,
-    anc: torch.Tensor,
-    last: torch.Tensor,
+    path: torch.Tensor,
+    count: torch.Tensor,
     ok: torch.Tensor,
     block_k: int = 32,
     block_v: int = 64,
@@ -221,24 +216,25 @@ def commit_states(
     ``conv_state`` [C, K-1] = ``gdn.conv_tail(inputs, parents, conv_state, last)`` (the window
     tail ``conv_rows`` read for row ``last``). keys [Hv, N, dk], updates [Hv, N, dv], path_decay
     [Hv, N] fp32; inputs [N, C] (``conv_rows``'s copy of the pre-conv rows); parents [N] long;
-    anc [N, N] bool; last: 1-element long tensor (the deepest accepted row); ok: bool scalar
+    path [P] long: the accepted rows root first (the accept walk's ``keep``), of which the first
+    ``count`` (a 1-element long tensor, 1..P) count, so last = path[count - 1]; ok: bool scalar
     tensor. All contiguous, all on one device. No host sync (capturable in a CUDA graph); one
     launch. block_k / block_v / num_warps: the state tile (powers of two, >= 16) and its warps."""
     heads, dk, dv = state.shape
     rows = keys.shape[1]
-    for tensor in (state, conv_state, keys, updates, path_decay, inputs, parents, anc):
+    for tensor in (state, conv_state, keys, updates, path_decay, inputs, parents, path):
         assert tensor.is_contiguous()
     channels, history = conv_state.shape
-    assert inputs.shape == (rows, channels) and history >= 1
+    assert inputs.shape == (rows, channels) and history >= 1 and path.dim() == 1
     block_k = min(block_k, max(16, triton.next_power_of_2(dk)))
     block_v = min(block_v, max(16, triton.next_power_of_2(dv)))
     programs = heads * triton.cdiv(dk, block_k) * triton.cdiv(dv, block_v)
     span = max(16, triton.next_power_of_2(triton.cdiv(channels, programs)))
     launch(
         _commit_kernel, (programs,),
-        state, keys, updates, path_decay, anc.view(torch.int8), last.reshape(1), ok.reshape(1).view(torch.int8),
+        state, keys, updates, path_decay, path, count.reshape(1), ok.reshape(1).view(torch.int8),
         conv_state, inputs, parents,
-        rows, dk, dv, channels,
-        BLOCK_J=16, BLOCK_K=block_k, BLOCK_V=block_v, CONV_SPAN=span, HISTORY=history,
-        SLOTS=triton.next_power_of_2(history), num_warps=num_warps,
+        rows, dk, dv, channels, path.shape[0],
+        BLOCK_J=max(16, triton.next_power_of_2(path.shape[0])), BLOCK_K=block_k, BLOCK_V=block_v, CONV_SPAN=span,
+        HISTORY=history, SLOTS=triton.next_power_of_2(history), num_warps=num_warps,
     )
