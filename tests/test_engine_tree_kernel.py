@@ -109,6 +109,26 @@ def test_kernel_equals_heap_at_budget_256(tree_kernel):
     assert_same_tree(small, 256, 3)
 
 
+@pytest.mark.parametrize("one_reduction", [False, True], ids=("four-reductions", "one-reduction"))
+def test_both_pop_reductions_build_the_heaps_tree(tree_kernel, one_reduction):
+    """The pop as one reduction carrying the winner's fields (the CUDA default) or as four plain
+    ones (the interpreter's): the heap's tree either way, on exact ties, -inf log-probs (live
+    entries scoring -inf) and a frontier that runs dry before the budget."""
+    module = kernels.tree_kernel(torch.device(DEVICE))
+    ties = torch.log_softmax(torch.randint(0, 3, (6, 30), generator=torch.Generator().manual_seed(5)).float(), -1)
+    dead = torch.log_softmax(torch.randn(4, 12, generator=torch.Generator().manual_seed(6)), -1)
+    dead[:, 3:] = float("-inf")  # zero-probability tokens: paths through them score -inf
+    for logprobs, budget, depth in ((ties, 64, 6), (bf16_logprobs(7, 3.0, vocab=256), 16, 15), (dead, 64, 4)):
+        values, ids = fast_tree.ranked_top_k(logprobs.to(DEVICE), min(budget, logprobs.shape[1]))
+        built = module.build_tree(values, ids, budget, torch.tensor(depth, device=DEVICE), one_reduction=one_reduction)
+        reference = build_tree(7, logprobs[:depth], budget)
+        n = reference.size
+        assert int(built["count"]) == n, (budget, depth)
+        assert built["tokens"][:n].tolist() == reference.tokens[1:]
+        assert built["parents"][:n].tolist() == reference.parents[1:]
+        assert built["valid"].tolist() == [True] * n + [False] * (budget - n)
+
+
 def test_every_depth_limit_and_an_empty_tree(tree_kernel):
     logprobs = bf16_logprobs(4, 3.0, vocab=64)
     for depth in range(1, 16):

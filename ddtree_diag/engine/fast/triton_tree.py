@@ -3,9 +3,9 @@
 The tensor build (``tree.build_tree_tensors``) reproduces the heap's order with sorts, pointer
 doubling and a proof pass: ~300 tiny kernels per round (1.2-2.5 ms on the H200). Here a single
 program runs the heap loop itself. The frontier is an array indexed by push order (entry i is the
-i-th push), so the heap's key (path score desc, push order asc) is two block reductions: the
-largest score among live entries, then the smallest index among live entries holding it. That is
-exact by construction: no proof pass and no host fallback. One program, a fixed grid and no host
+i-th push), so the heap's key (path score desc, push order asc) is one block reduction over
+(live, score, index) that carries the winner's fields along. That is exact by construction: no
+proof pass and no host fallback. One program, a fixed grid and no host
 reads, so it is captured in the tree stage's CUDA graph like the rest.
 
 Imported only where Triton is (``kernels.tree_kernel``); on CPU tensors it runs under Triton's
@@ -26,11 +26,20 @@ FIELD = 1 << 21
 
 
 @triton.jit
+def _first_best(score_a, slot_a, base_a, meta_a, live_a, score_b, slot_b, base_b, meta_b, live_b):
+    """The heap's pick of two entries: a live one over a dead one, then the larger score, then the
+    earlier push (a total order on live entries, so the reduction's tree shape does not matter)."""
+    take_a = (live_a != 0) & ((live_b == 0) | (score_a > score_b) | ((score_a == score_b) & (slot_a < slot_b)))
+    return (tl.where(take_a, score_a, score_b), tl.where(take_a, slot_a, slot_b), tl.where(take_a, base_a, base_b),
+            tl.where(take_a, meta_a, meta_b), tl.where(take_a, live_a, live_b))
+
+
+@triton.jit
 def _build_tree_kernel(
     values_ptr, ids_ptr, limit_ptr,
     tokens_ptr, parents_ptr, depths_ptr, valid_ptr, count_ptr,
     budget, top_k, max_depth,
-    FRONTIER: tl.constexpr, FIELD: tl.constexpr,
+    FRONTIER: tl.constexpr, FIELD: tl.constexpr, ONE_REDUCTION: tl.constexpr,
 ):
     """values/ids: [max_depth, top_k] per-depth ranked top-k (fp32 log-probs, int64 token ids).
     Writes ``budget`` nodes (popped order; past the last node: zeros, valid 0) and the count."""
@@ -46,21 +55,26 @@ def _build_tree_kernel(
     score = tl.where(slot == 0, first + 0.0, neg_inf)
     base = tl.zeros([FRONTIER], dtype=tl.float64)
     meta = tl.where(slot == 0, 1 * FIELD, 0).to(tl.int64)  # parent 0 (the root), depth 1, rank 0
-    live = (slot == 0) & (limit >= 1)
+    live = ((slot == 0) & (limit >= 1)).to(tl.int32)
     pushes = limit * 0 + 1  # entries pushed so far (an int32 tensor, as the loop carries it)
     count = limit * 0
     for i in range(0, budget):
-        # pop: the largest score, ties to the entry pushed first
-        best = tl.max(tl.where(live, score, neg_inf), axis=0)
-        pick = tl.min(tl.where(live & (score == best), slot, FRONTIER), axis=0)
-        found = pick < FRONTIER  # False once the frontier is empty (a tree smaller than budget)
-        hit = slot == pick
-        parent_score = tl.sum(tl.where(hit, base, 0.0), axis=0)
-        packed = tl.sum(tl.where(hit, meta, 0), axis=0)
+        # pop: the largest score among live entries, ties to the entry pushed first
+        if ONE_REDUCTION:  # one reduction carries the winner's fields along: one cross-warp round trip
+            best, pick, parent_score, packed, found = tl.reduce((score, slot, base, meta, live), 0, _first_best)
+            found = found != 0  # False once the frontier is empty (a tree smaller than budget)
+            hit = (slot == pick) & found
+        else:  # four plain ones (Triton's interpreter runs a custom reduction ~10x slower)
+            best = tl.max(tl.where(live != 0, score, neg_inf), axis=0)
+            pick = tl.min(tl.where((live != 0) & (score == best), slot, FRONTIER), axis=0)
+            found = pick < FRONTIER
+            hit = slot == pick
+            parent_score = tl.sum(tl.where(hit, base, 0.0), axis=0)
+            packed = tl.sum(tl.where(hit, meta, 0), axis=0)
         rank = (packed % FIELD).to(tl.int32)
         depth = ((packed // FIELD) % FIELD).to(tl.int32)
         parent = (packed // FIELD) // FIELD  # (FIELD * FIELD would be a constant past int32)
-        live = live & ~hit
+        live = tl.where(hit, 0, live)
         node = count.to(tl.int64) + 1  # pops so far + 1 (the root is node 0); = i + 1 while found
         token = tl.load(ids_ptr + (depth - 1) * top_k + rank, mask=found, other=0)
         tl.store(tokens_ptr + i, tl.where(found, token, 0))
@@ -76,7 +90,7 @@ def _build_tree_kernel(
         score = tl.where(at, parent_score + value, score)
         base = tl.where(at, parent_score, base)
         meta = tl.where(at, packed + 1, meta)  # same parent and depth, rank + 1
-        live = live | at
+        live = tl.where(at, 1, live)
         pushes += sibling.to(tl.int32)
         child = found & (depth < limit)
         value = tl.load(values_ptr + depth * top_k, mask=child, other=0.0).to(tl.float64)
@@ -84,24 +98,27 @@ def _build_tree_kernel(
         score = tl.where(at, best + value, score)
         base = tl.where(at, best, base)
         meta = tl.where(at, (node * FIELD + depth + 1) * FIELD, meta)
-        live = live | at
+        live = tl.where(at, 1, live)
         pushes += child.to(tl.int32)
     tl.store(count_ptr, count.to(tl.int64))
 
 
 def default_warps(frontier: int) -> int:
-    """Warps for a frontier of ``frontier`` entries: each pop is four block reductions, and with
-    one warp they are register shuffles only (no shared memory or barriers)."""
+    """Warps for a frontier of ``frontier`` entries: each pop is a block reduction, and with one
+    warp it is register shuffles only (no shared memory or barriers)."""
     return 4 if frontier >= 512 else 1
 
 
 def build_tree(
-    values: torch.Tensor, ids: torch.Tensor, budget: int, depth_limit: torch.Tensor, num_warps: int | None = None
+    values: torch.Tensor, ids: torch.Tensor, budget: int, depth_limit: torch.Tensor, num_warps: int | None = None,
+    one_reduction: bool | None = None,
 ) -> dict:
     """``tree.build_tree`` from the per-depth ranked top-k (``values`` [D, top_k] float32,
     ``ids`` [D, top_k] int64; top_k = min(budget, vocab)) and a device-scalar depth limit.
     Returns what ``build_tree_tensors`` returns: ``tokens``, ``parents``, ``depths``, ``valid``
-    ([budget] each), ``count`` and ``exact`` (always True)."""
+    ([budget] each), ``count`` and ``exact`` (always True). ``one_reduction``: each pop as one
+    reduction carrying the winner's fields (default on CUDA) or four plain ones (default under the
+    interpreter, where a custom reduction is slow); the same tree either way."""
     device = values.device
     max_depth, top_k = values.shape
     assert budget < FIELD and max_depth < FIELD
@@ -118,7 +135,8 @@ def build_tree(
             values.float().contiguous(), ids.contiguous(), depth_limit.reshape(1),
             tokens, parents, depths, valid.view(torch.int8), count,
             budget, top_k, max_depth,
-            FRONTIER=frontier, FIELD=FIELD, num_warps=num_warps or default_warps(frontier),
+            FRONTIER=frontier, FIELD=FIELD, ONE_REDUCTION=values.is_cuda if one_reduction is None else one_reduction,
+            num_warps=num_warps or default_warps(frontier),
         )
     else:
         tokens.zero_(), parents.zero_(), depths.zero_(), valid.zero_(), count.zero_()
