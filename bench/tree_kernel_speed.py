@@ -14,6 +14,7 @@ import argparse
 import functools
 import os
 import sys
+import time
 from unittest import mock
 
 import torch
@@ -24,9 +25,11 @@ from ddtree_diag.engine.fast import triton_topk, triton_tree
 from ddtree_diag.engine.tree import build_tree
 
 REPLAYS = 50
-# (chunk, merge, warps) plans of the Triton top-k to time; a sweep of twelve took over two minutes
-# of compiles on the H200
-TOPK_PLANS = [(2048, 4096, 4), (2048, 2048, 4), (2048, 16384, 8), (4096, 4096, 4), (8192, 4096, 4)]
+# (chunk, merge, warps, method) plans of the Triton top-k to time; a sweep of twelve sorting plans
+# took over two minutes of compiles on the H200. Each plan's first call (its compiles, on a cold
+# Triton cache) is timed too.
+TOPK_PLANS = [(2048, 2048, 4, "sort"), (2048, 2048, 4, "select"), (1024, 1024, 4, "select"),
+              (4096, 4096, 8, "select"), (8192, 8192, 8, "select")]
 
 
 def torch_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,12 +49,15 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--depth", type=int, default=15)
     parser.add_argument(
-        "--topk-plans", default=None, help="chunk:merge:warps,... of the Triton top-k to time (default: TOPK_PLANS)"
+        "--topk-plans", default=None,
+        help="chunk:merge:warps:method,... of the Triton top-k to time (method sort or select; default: TOPK_PLANS)",
     )
     args = parser.parse_args()
     plans_to_time = TOPK_PLANS
     if args.topk_plans:
-        plans_to_time = [tuple(int(x) for x in plan.split(":")) for plan in args.topk_plans.split(",")]
+        plans_to_time = [
+            (*(int(x) for x in plan.split(":")[:3]), plan.split(":")[3]) for plan in args.topk_plans.split(",")
+        ]
     gen = torch.Generator().manual_seed(0)
     logits = (torch.randn(args.depth, args.vocab, generator=gen) * 3).bfloat16()
     logprobs = torch.log_softmax(logits.cuda().float(), -1)
@@ -82,13 +88,16 @@ def main() -> int:
             f"(ranked_top_k {topk:.3f}; kernel alone {kernel}) | equals heap: {same}"
         )
         want = torch_top_k(logprobs, top_k)
-        equal = all(
-            all(map(torch.equal, triton_topk.ranked_top_k(logprobs, top_k, c, m, w), want)) for c, m, w in plans_to_time
-        )
-        plans = " ".join(
-            f"c{c}/m{m}/w{w} {graph_ms(functools.partial(triton_topk.ranked_top_k, logprobs, top_k, c, m, w)):.3f}"
-            for c, m, w in plans_to_time
-        )
+        equal, cells = True, []
+        for chunk, merge, warps, method in plans_to_time:
+            run = functools.partial(triton_topk.ranked_top_k, logprobs, top_k, chunk, merge, warps, method)
+            started = time.perf_counter()
+            got = run()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - started
+            equal = equal and all(map(torch.equal, got, want))
+            cells.append(f"{method} c{chunk}/m{merge}/w{warps} {graph_ms(run):.3f} (1st call {first:.1f} s)")
+        plans = ", ".join(cells)
         reference = graph_ms(lambda k=top_k: torch_top_k(logprobs, k))
         print(f"  top-k {top_k}: torch {reference:.3f} | triton {plans} | equal: {equal}")
     return 0

@@ -65,26 +65,39 @@ def test_torch_path_is_a_stable_descending_sort(monkeypatch):
     assert torch.equal(top_ids, ids[:, :40]) and torch.equal(top_values, values[:, :40])
 
 
+# both ways of taking a chunk's k largest: the bitonic network and k rounds of a max reduction
+METHODS = pytest.mark.parametrize("method", ["sort", "select"])
+
+
+@METHODS
 @pytest.mark.parametrize("k", [1, 3, 17])
-def test_chunks_then_one_merge(topk, monkeypatch, k):
+def test_chunks_then_one_merge(topk, monkeypatch, k, method):
     # 3000 = 5 chunks of 512 and a partial one: one chunk pass, then the final pass
-    assert_equal_top_k(topk, hard_rows(3000, k), k, monkeypatch, chunk=512, merge=512)
+    assert_equal_top_k(topk, hard_rows(3000, k), k, monkeypatch, chunk=512, merge=512, method=method)
 
 
-def test_several_merge_passes(topk, monkeypatch):
+@METHODS
+def test_several_merge_passes(topk, monkeypatch, method):
     # chunks of 64: 1500 -> 24 x 5 = 120 candidates -> 2 x 5 = 10 -> the final pass
-    assert_equal_top_k(topk, hard_rows(1500, 1), 5, monkeypatch, chunk=64, merge=64)
+    assert_equal_top_k(topk, hard_rows(1500, 1), 5, monkeypatch, chunk=64, merge=64, method=method)
 
 
-def test_k_above_the_chunk_and_a_last_chunk_shorter_than_k(topk, monkeypatch):
+@METHODS
+def test_k_above_the_chunk_and_a_last_chunk_shorter_than_k(topk, monkeypatch, method):
     # k = 100 > chunk 64: blocks of 256; 777 = 3 x 256 + 9, so the last chunk passes on padding
-    assert_equal_top_k(topk, hard_rows(777, 2)[:2], 100, monkeypatch, chunk=64, merge=128)
+    assert_equal_top_k(topk, hard_rows(777, 2)[:2], 100, monkeypatch, chunk=64, merge=128, method=method)
 
 
+@METHODS
 @pytest.mark.parametrize("vocab", [1, 7, 300])
-def test_k_equals_vocab(topk, monkeypatch, vocab):
+def test_k_equals_vocab(topk, monkeypatch, vocab, method):
     # all in one program per row (FIRST and LAST): the whole stable sort
-    assert_equal_top_k(topk, hard_rows(vocab, 3)[:, :vocab], vocab, monkeypatch)
+    assert_equal_top_k(topk, hard_rows(vocab, 3)[:, :vocab], vocab, monkeypatch, method=method)
+
+
+def test_an_unknown_method_is_refused(topk):
+    with pytest.raises(ValueError, match="unknown top-k method"):
+        topk.ranked_top_k(hard_rows(40, 0), 4, method="heap")
 
 
 def test_default_plan_on_bf16_log_probs(topk, monkeypatch):

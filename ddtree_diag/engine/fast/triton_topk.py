@@ -2,7 +2,8 @@
 
 The PyTorch path builds int64 keys over the whole [rows, vocab] block and runs ``torch.topk``:
 about eight small kernels, ~0.19 ms per round at the 8B shape (15 rows x 151936, k = 16) on the
-H200. Here the same keys are formed in registers and reduced with Triton's bitonic ``tl.topk``:
+H200. Here the same keys are formed in registers and reduced, for k up to ``SELECT_MAX_K`` by k
+rounds of a max reduction (take the largest, drop it), past it by Triton's bitonic ``tl.topk``:
 
 - a chunk pass, grid (row, chunk of ``BLOCK`` entries): each program keeps its chunk's k largest
   keys (the first pass forms the keys from the fp32 values; later passes read keys);
@@ -38,13 +39,19 @@ from ddtree_diag.engine.fast.ahead import launch
 # took 5.6 s of a cold first request (2048 entries: 2.4-3.6 s).
 CHUNK = 2048
 MERGE = 2048
+# Up to this k the passes select by k max reductions instead of sorting. On the H200 at 15 x 151936
+# (``bench/tree_kernel_speed.py``): k = 16 selects in 0.036 ms against the network's 0.044, and
+# compiles in 0.0-0.3 s against 4.4 s, which was what a cold budget-16 first request waited on
+# (27B: 5.1 -> 2.9 s); at k = 64 selecting is slower to run (0.141 against 0.079 ms a round), so
+# that budget keeps the network (6.1 s to compile, once per cold cache).
+SELECT_MAX_K = 16
 
 
 @triton.jit
 def _top_k_pass(
     src_ptr, dst_ptr, values_ptr, ids_ptr,
     n, row_stride, vocab, k,
-    BLOCK: tl.constexpr, K_POW: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
+    BLOCK: tl.constexpr, K_POW: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr, SELECT: tl.constexpr,
 ):
     """One program: the k largest keys of entries [chunk * BLOCK, (chunk + 1) * BLOCK) of a row of
     ``n``. FIRST: the row is fp32 values (``row_stride`` apart), else int64 keys (``n`` apart).
@@ -63,8 +70,17 @@ def _top_k_pass(
     else:
         key = tl.load(src_ptr + row * n + offs, mask=inside, other=0)
     key = tl.where(inside, key, lowest)
-    top = tl.topk(key, K_POW)  # descending
     lane = tl.arange(0, K_POW)
+    if SELECT:
+        # k rounds of "take the largest key, then drop it": keys are unique, so this is the sorting
+        # network's result exactly, in a loop that compiles in a fraction of its time
+        top = tl.full([K_POW], 1, tl.int64) << 63
+        for place in range(0, k):
+            largest = tl.max(key, axis=0)
+            top = tl.where(lane == place, largest, top)
+            key = tl.where(key == largest, lowest, key)
+    else:
+        top = tl.topk(key, K_POW)  # descending
     keep = lane < k
     if LAST:
         # the low 32 bits without a 2**32 - 1 constant (typed uint32 by Triton)
@@ -77,12 +93,16 @@ def _top_k_pass(
 
 
 def ranked_top_k(
-    values: torch.Tensor, k: int, chunk: int = CHUNK, merge: int = MERGE, num_warps: int = 4
+    values: torch.Tensor, k: int, chunk: int = CHUNK, merge: int = MERGE, num_warps: int = 4, method: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``tree.ranked_top_k`` for fp32 ``values`` [rows, vocab] (last dim contiguous), 1 <= k <= vocab:
     (values [rows, k] fp32, ids [rows, k] int64), equal to the PyTorch path's. ``chunk`` / ``merge``:
     entries per program in the first pass / the most candidates one program takes later (powers
-    of two)."""
+    of two). ``method``: "sort" (Triton's bitonic ``tl.topk``), "select" (k rounds of a max
+    reduction) or "auto" (select up to ``SELECT_MAX_K``)."""
+    if method not in ("auto", "sort", "select"):
+        raise ValueError(f"unknown top-k method {method!r}")
+    select = k <= SELECT_MAX_K if method == "auto" else method == "select"
     rows, vocab = values.shape
     k_pow = max(2, triton.next_power_of_2(k))  # Triton 3.6's tl.topk fails to compile for k = 1
     src, n, first = values, vocab, True
@@ -95,7 +115,7 @@ def ranked_top_k(
         launch(
             _top_k_pass, (rows, chunks),
             src, keys, values, keys, n, values.stride(0), vocab, k,
-            BLOCK=block, K_POW=k_pow, FIRST=first, LAST=False, num_warps=num_warps,
+            BLOCK=block, K_POW=k_pow, FIRST=first, LAST=False, SELECT=select, num_warps=num_warps,
         )
         src, n, first = keys, chunks * k, False
     out_values = torch.empty(rows, k, dtype=values.dtype, device=values.device)
@@ -104,6 +124,6 @@ def ranked_top_k(
     launch(
         _top_k_pass, (rows, 1),
         src, out_values, values, out_ids, n, values.stride(0), vocab, k,
-        BLOCK=block, K_POW=k_pow, FIRST=first, LAST=True, num_warps=num_warps,
+        BLOCK=block, K_POW=k_pow, FIRST=first, LAST=True, SELECT=select, num_warps=num_warps,
     )
     return out_values, out_ids
