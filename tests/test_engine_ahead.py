@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
-from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
 
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
@@ -206,6 +206,18 @@ def needs_async_compile() -> None:
 
     if not hasattr(triton, "AsyncCompileMode"):
         pytest.skip(f"triton {triton.__version__} has no AsyncCompileMode")
+
+
+def test_a_size_one_dims_stride_goes_to_kernels_as_zero():
+    """Only index 0 of a size-1 dim is read, so its stride is free: 0 on a real and a fake tensor
+    alike (their own strides may differ: a one-token reshape), other dims' strides as they are."""
+    one_row = torch.zeros(4, 1, 8)[:, :, 2:]  # strides (8, 8, 1)
+    assert [ahead.stride(one_row, d) for d in range(3)] == [8, 0, 1]
+    with FakeTensorMode():
+        fake = torch.empty_strided((1, 3), (136, 1))
+        real_like = torch.empty_strided((1, 3), (32, 1))
+        assert ahead.stride(fake, 0) == ahead.stride(real_like, 0) == 0
+        assert ahead.stride(fake, 1) == 1
 
 
 def test_a_failing_pass_is_reported_not_raised(monkeypatch):

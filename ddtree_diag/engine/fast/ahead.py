@@ -67,6 +67,14 @@ def launch(kernel: Any, grid: Any, *args: Any, **meta: Any) -> None:
         kernel.warmup(*(_stand_in(a) for a in args), grid=grid, **meta)
 
 
+def stride(tensor: torch.Tensor, dim: int) -> int:
+    """``tensor.stride(dim)`` for a kernel argument, 0 where that dim has size 1. A size-1 dim's
+    stride is arbitrary (only index 0 is ever read), and a fake tensor's may differ from the real
+    one's (a one-token reshape: 136 against 32), which would put the real launch in another of
+    Triton's integer classes than the pass compiled: a compile at the first real launch."""
+    return 0 if tensor.shape[dim] == 1 else tensor.stride(dim)
+
+
 def dry() -> bool:
     """Whether a dry pass is running: the stage functions may then run one layer of each kind
     only (``Repeats``); nothing they compute is used."""

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, stride
 from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 # Triton's interpreter (the CPU tests) multiplies bf16 tl.dot operands wrongly (3.9: garbage of
@@ -270,7 +270,7 @@ def _attention(
         _split_kernel, (kv_heads * q_blocks, splits),
         q, cache_k, cache_v, mask, start, part_o, part_ml,
         rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
-        q.stride(1), q.stride(2), cache_k.stride(1), cache_k.stride(2), cache_v.stride(1), cache_v.stride(2),
+        stride(q, 1), stride(q, 2), stride(cache_k, 1), cache_k.stride(2), stride(cache_v, 1), cache_v.stride(2),
         mask_row_stride,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST, MASKED=masked,
         num_warps=4 if block_d <= 128 else 8,

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, stride
 
 
 @triton.jit
@@ -200,17 +200,16 @@ def rms_norm(
     if gate is not None and gate.dim() == 3:
         if gate.shape[0] * gate.shape[1] != rows or gate.shape[2] != cols:
             raise ValueError(f"a gate of shape {tuple(gate.shape)} does not match {rows} rows of {cols}")
-        # a size-1 dim's stride is arbitrary (a fake tensor's may differ from the real one's): 0
         g2, gate_heads = gate, gate.shape[1]
-        gate_row_stride, gate_head_stride = (gate.stride(d) if gate.shape[d] > 1 else 0 for d in (0, 1))
+        gate_row_stride, gate_head_stride = stride(gate, 0), stride(gate, 1)
     else:
         g2 = x2 if gate is None else gate.reshape(rows, cols)
-        gate_row_stride, gate_heads, gate_head_stride = g2.stride(0), 1, 0
+        gate_row_stride, gate_heads, gate_head_stride = stride(g2, 0), 1, 0
     block = triton.next_power_of_2(cols)
     tile_rows = rows_per_program or norm_plan(cols)[0]
     launch(
         _rms_norm_kernel, (triton.cdiv(rows, tile_rows),),
-        x2, d2, weight, out, s2, g2, rows, x2.stride(0), d2.stride(0), s2.stride(0), gate_row_stride, gate_heads,
+        x2, d2, weight, out, s2, g2, rows, stride(x2, 0), stride(d2, 0), stride(s2, 0), gate_row_stride, gate_heads,
         gate_head_stride, cols, eps,
         OFFSET=offset, HAS_DELTA=delta is not None, HAS_GATE=gate is not None, ROWS=tile_rows, BLOCK=block,
         num_warps=num_warps or _warps(block * tile_rows),
@@ -243,8 +242,8 @@ def norm_rope(
     tile_pairs = max(1, TILE // block)
     launch(
         _norm_rope_kernel, (triton.cdiv(rows * heads, tile_pairs),),
-        x, x if weight is None else weight, cos2, sin2, out, rows * heads, heads, x.stride(1), x.stride(2),
-        cos2.stride(0), head_dim, rotary, eps, NORM=weight is not None, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block,
+        x, x if weight is None else weight, cos2, sin2, out, rows * heads, heads, stride(x, 1), stride(x, 2),
+        stride(cos2, 0), head_dim, rotary, eps, NORM=weight is not None, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block,
         num_warps=_warps(block * tile_pairs),
     )
     return out
@@ -280,8 +279,8 @@ def norm_rope_cache(
     launch(
         _norm_rope_cache_kernel, (triton.cdiv(rows * max(heads, kv_heads), tile_pairs), 2),
         q, k, v, q_weight, k_weight, cos2, sin2, q_out, cache_k, cache_v, start,
-        rows, heads, kv_heads, q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-        cache_k.stride(1), cache_k.stride(2), cos2.stride(0), head_dim, rotary, q_eps, k_eps,
+        rows, heads, kv_heads, stride(q, 1), stride(q, 2), stride(k, 1), stride(k, 2), stride(v, 1), stride(v, 2),
+        stride(cache_k, 1), cache_k.stride(2), stride(cos2, 0), head_dim, rotary, q_eps, k_eps,
         NORM=q_norm is not None, OFFSET=offset, PAIRS=tile_pairs, BLOCK=block, num_warps=_warps(block * tile_pairs),
     )
     return q_out
@@ -296,6 +295,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = 1024
     launch(
         _silu_mul_kernel, (triton.cdiv(rows * width, block),),
-        flat, out, rows * width, width, flat.stride(0), BLOCK=block, num_warps=4
+        flat, out, rows * width, width, stride(flat, 0), BLOCK=block, num_warps=4
     )
     return out
