@@ -3,7 +3,8 @@ Triton kernel (``triton_tree``), per budget, each captured in a CUDA graph and r
 time per build, launches included as a graph replays them), at several warp counts for the kernel.
 Also checks the kernel's tree against the host heap on the same (bf16-logit) rows, and times the
 per-depth top-k both ways: ``torch.topk`` on int64 keys and the Triton top-k (``triton_topk``) at
-several (first-pass chunk, merge size, warps), checking that they are equal.
+several (first-pass chunk, merge size, warps, method: sorting network or k max reductions), with
+each plan's first call (its compile, on a cold Triton cache), checking that they are equal.
 
     python -m bench.tree_kernel_speed [--budgets 16,64,256] [--vocab 151936]
 """

@@ -109,10 +109,14 @@ def test_every_tile_solves_the_same_system(solver, block_n, block_c, block_v):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["path", "blocked"])
-@pytest.mark.parametrize("key_heads, value_heads, dk, dv", [(1, 3, 24, 40), (2, 2, 16, 64), (4, 8, 32, 16)])
+@pytest.mark.parametrize("method", ["path", "path-shared", "blocked"])
+@pytest.mark.parametrize("key_heads, value_heads, dk, dv",
+                         [(1, 3, 24, 40), (2, 2, 16, 64), (4, 8, 32, 16), (1, 4, 16, 16), (1, 5, 16, 16)])
 def test_solve_handles_head_ratios_and_dims_that_are_not_tile_sized(solver, key_heads, value_heads, dk, dv, method):
-    got, want = solve_both(19, "tree", torch.float32, key_heads, value_heads, dk, dv, seed=3, method=method)
+    # path-shared: a key head's value heads in one program (3: a padded tile of 4; 4: a full one;
+    # 5: past the limit of 4, one a program)
+    tile = dict(method="path", share_heads=True) if method == "path-shared" else dict(method=method)
+    got, want = solve_both(19, "tree", torch.float32, key_heads, value_heads, dk, dv, seed=3, **tile)
     for mine, theirs in zip(got, want, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
@@ -190,12 +194,14 @@ def test_the_path_solve_takes_paths_up_to_its_limit_and_the_blocked_solve_the_re
         solve_both(3, "chain", torch.float32, method="fast")
 
 
+@pytest.mark.parametrize("share_heads", [False, True], ids=("one-head", "shared-heads"))
 @pytest.mark.parametrize("with_paths", [False, True], ids=("table-built-inside", "table-given"))
-def test_a_path_longer_than_the_callers_bound_comes_out_nan_not_wrong(solver, with_paths):
+def test_a_path_longer_than_the_callers_bound_comes_out_nan_not_wrong(solver, with_paths, share_heads):
     """A 20-row chain with a bound of 4 (a 16-row path kernel): rows 16-19 cannot be solved there
     and say so; the rows whose paths fit are still right."""
     (out, _, updates, decay), (ref_out, _, ref_updates, ref_decay) = solve_both(
-        20, "chain", torch.float32, dk=16, dv=16, value_heads=2, key_heads=1, max_path=4, with_paths=with_paths)
+        20, "chain", torch.float32, dk=16, dv=16, value_heads=3, key_heads=1, max_path=4, with_paths=with_paths,
+        share_heads=share_heads)
     assert decay[:, 16:].isnan().all() and updates[:, 16:].isnan().all() and out[16:].isnan().all()
     torch.testing.assert_close(decay[:, :16], ref_decay[:, :16], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(updates[:, :16], ref_updates[:, :16], rtol=1e-4, atol=1e-5)
@@ -217,14 +223,14 @@ def test_the_path_table_holds_each_rows_root_path(solver, n, shape):
 @pytest.mark.parametrize(("n", "shape"), [case for case in CASES if case[0] <= 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_path_solve_with_a_path_table_or_shared_heads_gives_the_same_results(solver, n, shape, dtype):
-    """A table given or built by the solve itself, and a program taking a key head's value heads
-    together (sharing their keys' products) or one, or the prep's row tile: the same arithmetic
-    for every head. Under the interpreter bit for bit; compiled, the code's layouts (so its sums'
+    """A table given (as a verify passes it) or built by the solve itself, a program taking a key
+    head's value heads together (sharing their keys' products) or one, and the prep's row tile:
+    the same arithmetic for every head. Under the interpreter bit for bit; compiled, the code's layouts (so its sums'
     order) may differ: float rounding apart (one step of the output's dtype)."""
     small = dict(method="path", max_path=n, value_heads=6, dk=16, dv=16)  # small heads: the interpreter's time
     plain, _ = solve_both(n, shape, dtype, share_heads=False, **small)
     for variant in (dict(with_paths=True), dict(share_heads=True), dict(with_paths=True, share_heads=True),
-                    dict(prep_rows=32, prep_warps=8)):
+                    dict(prep_rows=16)):
         got, _ = solve_both(n, shape, dtype, **small, **variant)
         for part, want in zip(got, plain, strict=True):
             if DEVICE == "cpu":

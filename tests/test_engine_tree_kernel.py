@@ -118,12 +118,16 @@ def test_both_pop_reductions_build_the_heaps_tree(tree_kernel, one_reduction):
     ties = torch.log_softmax(torch.randint(0, 3, (6, 30), generator=torch.Generator().manual_seed(5)).float(), -1)
     dead = torch.log_softmax(torch.randn(4, 12, generator=torch.Generator().manual_seed(6)), -1)
     dead[:, 3:] = float("-inf")  # zero-probability tokens: paths through them score -inf
-    for logprobs, budget, depth in ((ties, 64, 6), (bf16_logprobs(7, 3.0, vocab=256), 16, 15), (dead, 64, 4)):
+    small = torch.log_softmax(torch.randn(2, 3, generator=torch.Generator().manual_seed(8)), -1)  # 12 nodes in all
+    cases = ((ties, 64, 6), (bf16_logprobs(7, 3.0, vocab=256), 16, 15), (dead, 64, 4), (small, 20, 2))
+    for logprobs, budget, depth in cases:
         values, ids = fast_tree.ranked_top_k(logprobs.to(DEVICE), min(budget, logprobs.shape[1]))
         built = module.build_tree(values, ids, budget, torch.tensor(depth, device=DEVICE), one_reduction=one_reduction)
         reference = build_tree(7, logprobs[:depth], budget)
         n = reference.size
         assert int(built["count"]) == n, (budget, depth)
+        if logprobs is small:
+            assert n == 12 < budget  # the frontier ran dry before the budget
         assert built["tokens"][:n].tolist() == reference.tokens[1:]
         assert built["parents"][:n].tolist() == reference.parents[1:]
         assert built["valid"].tolist() == [True] * n + [False] * (budget - n)

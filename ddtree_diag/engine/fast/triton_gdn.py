@@ -17,7 +17,8 @@ written straight to the [rows, heads * head_dim] layout the gated norm reads. Tw
   ``_path_prep_kernel`` (per value head, block of rows, 64 value columns) writes what is each
   row's own, whichever descendant's path it lies on: prepared key (l2-normed, fp32), beta, path
   decay G (its gates summed from the root), right-hand side beta (v - e^G k S0) and the output's
-  state part e^G q S0. ``_path_solve_kernel`` (per row and key head) gathers its path's keys,
+  state part e^G q S0. ``_path_solve_kernel`` (per row and value head, or per row and key head
+  for its value heads past ``SHARE_HEADS_FROM`` rows) gathers its path's keys,
   builds the path's [PATH, PATH] system and back-substitutes for the two row vectors it needs
   (see there), then sums the path's right-hand sides with them. Ancestors' rows are solved again
   by each descendant's program: far cheaper than waiting for them.
@@ -266,7 +267,7 @@ def _path_solve_kernel(
     # a path longer than PATH (a caller's bound too small) cannot be solved here: NaN, not a quiet
     # wrong answer
     lost = tl.where(found > 0, 0.0, float("nan"))
-    on_path = step <= depth
+    on_path = (step <= depth) & (path >= 0)  # (a row missing from its own table row reads nothing)
     at_row = step == depth
     # the prepared keys are the key head's, repeated per value head: the first head's serve all
     k = tl.load(keys_ptr + first_head * n_rows * dk + path[:, None] * dk + d[None, :],
@@ -397,7 +398,8 @@ def tree_solve(
 
     ``paths``: ``path_table(ancestors, max_path)``, built once for many layers' solves (else the
     path solve builds it). ``share_heads``: one path-solve program takes all value heads of a key
-    head (up to 4), which share its keys' products (None: past ``SHARE_HEADS_FROM`` rows).
+    head (up to 4), which share its keys' products (None: past ``SHARE_HEADS_FROM`` rows, for
+    paths of up to 32 places).
     ``prep_rows`` / ``prep_warps``: the path solve's prep tile (rows a program, a power of two
     >= 16) and its warps.
 
@@ -478,8 +480,9 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
     heads_per_key = value_heads // key_heads
     if share_heads is None:
         # on the H200, 27B shape: shared at 272 rows 74.8 us against 83.7, but 17.6 against 15.9 at
-        # 32 rows, where one program per head spreads the work over more of the card
-        share_heads = n_rows > SHARE_HEADS_FROM
+        # 32 rows, where one program per head spreads the work over more of the card. Paths past
+        # 32 places: the heads' [GROUP, PATH, PATH] systems would not fit one warp's registers.
+        share_heads = n_rows > SHARE_HEADS_FROM and width <= 32
     group = heads_per_key if share_heads and heads_per_key <= 4 else 1
     launch(
         _path_solve_kernel, (n_rows, value_heads // group),

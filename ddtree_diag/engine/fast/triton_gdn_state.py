@@ -150,7 +150,7 @@ def _commit_kernel(
     place = tl.arange(0, BLOCK_J)
     on_path = (place < count) & (place < path_len)
     j = tl.load(path_ptr + place, mask=on_path, other=0)
-    last = tl.load(path_ptr + tl.maximum(count - 1, 0))
+    last = tl.load(path_ptr + tl.maximum(tl.minimum(count, path_len) - 1, 0))
     decay_base = decay_ptr + head.to(tl.int64) * rows
     decay_last = tl.load(decay_base + last)
     kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -212,7 +212,8 @@ def commit_states(
     num_warps: int = 4,
 ) -> None:
     """One Gated DeltaNet layer's commit, in place and only where ``ok``: ``state`` [Hv, dk, dv]
-    fp32 = ``gdn.state_after(ParallelParts(keys, updates, path_decay, anc, state), last)``;
+    fp32 = ``gdn.state_after(ParallelParts(keys, updates, path_decay, anc, state), last)`` (anc:
+    the tree's ancestor mask, of which ``path[:count]`` is ``last``'s row);
     ``conv_state`` [C, K-1] = ``gdn.conv_tail(inputs, parents, conv_state, last)`` (the window
     tail ``conv_rows`` read for row ``last``). keys [Hv, N, dk], updates [Hv, N, dv], path_decay
     [Hv, N] fp32; inputs [N, C] (``conv_rows``'s copy of the pre-conv rows); parents [N] long;

@@ -36,7 +36,9 @@ from ddtree_diag.engine.fast.ahead import launch
 # chunks, then one final pass over 1200 candidates (two launches). Merging at most 2048 (not 4096)
 # gives k = 64 one more small pass (4800 candidates: 3 programs a row, then 192) and was faster
 # there (0.079 against 0.091 ms); it also spares the 4096-entry sorting network, whose compile
-# took 5.6 s of a cold first request (2048 entries: 2.4-3.6 s).
+# took 5.6 s of a cold first request (2048 entries: 2.4-3.6 s). Those were sorting-network
+# figures; selecting at k = 16, chunks of 2048 were again the fastest (0.036 ms against 0.039-0.043
+# for 1024 / 4096 / 8192).
 CHUNK = 2048
 MERGE = 2048
 # Up to this k the passes select by k max reductions instead of sorting. On the H200 at 15 x 151936

@@ -4,7 +4,8 @@ The tensor build (``tree.build_tree_tensors``) reproduces the heap's order with 
 doubling and a proof pass: ~300 tiny kernels per round (1.2-2.5 ms on the H200). Here a single
 program runs the heap loop itself. The frontier is an array indexed by push order (entry i is the
 i-th push), so the heap's key (path score desc, push order asc) is one block reduction over
-(live, score, index) that carries the winner's fields along. That is exact by construction: no
+(live, score, index) that carries the winner's fields along (on CUDA; under the interpreter, four
+plain ones). That is exact by construction: no
 proof pass and no host fallback. One program, a fixed grid and no host
 reads, so it is captured in the tree stage's CUDA graph like the rest.
 
@@ -28,7 +29,8 @@ FIELD = 1 << 21
 @triton.jit
 def _first_best(score_a, slot_a, base_a, meta_a, live_a, score_b, slot_b, base_b, meta_b, live_b):
     """The heap's pick of two entries: a live one over a dead one, then the larger score, then the
-    earlier push (a total order on live entries, so the reduction's tree shape does not matter)."""
+    earlier push (a total order on live entries, so the reduction's tree shape does not matter;
+    scores are sums of log-softmax values, never NaN)."""
     take_a = (live_a != 0) & ((live_b == 0) | (score_a > score_b) | ((score_a == score_b) & (slot_a < slot_b)))
     return (tl.where(take_a, score_a, score_b), tl.where(take_a, slot_a, slot_b), tl.where(take_a, base_a, base_b),
             tl.where(take_a, meta_a, meta_b), tl.where(take_a, live_a, live_b))
