@@ -13,7 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.fast import kernels  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+from tests.support.engine_fixtures import MAX_TOKENS, PROMPTS  # noqa: E402
 from tests.support.kernel_tests import DEVICE, MARKS, record_calls, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
@@ -160,3 +163,27 @@ def test_dispatch_and_switches(kernel, monkeypatch):
     if DEVICE == "cpu":
         monkeypatch.setenv("DDTREE_DIAG_KERNELS", "auto")  # auto: CUDA tensors only
         assert kernels.argmax_kernel(x) is None
+
+
+def test_fast_decodes_choose_through_the_kernel_and_equal_eager(kernel, tmp_path, monkeypatch):
+    """Whole greedy fp32 decodes: a tree round's verify choice and a chain round's drafted tokens
+    go through the argmax kernel, and the tokens are the eager path's. Only this kernel runs."""
+    calls = []
+    record_calls(monkeypatch, kernel, "argmax", lambda x, out=None, **_: calls.append(tuple(x.shape)))
+    monkeypatch.setenv("DDTREE_DIAG_KERNELS", "auto")  # the others stay off on CPU tensors
+    monkeypatch.setattr(kernels, "argmax_kernel", lambda logits: kernel if logits.dim() == 2 else None)
+    engine = load_engine(fx.make_target(tmp_path / "target"), fx.make_draft(tmp_path / "d4", block_size=4),
+                         device=DEVICE, dtype="fp32")
+    vocab = engine.target.config.vocab_size
+    for mode in ("chain", "tree"):
+        calls.clear()
+        runs = {}
+        for path in ("eager", "fast-nograph"):
+            engine.use_path(path)
+            runs[path] = engine.generate_ids(prompt_ids=PROMPTS[0], mode=mode, tree_budget=4,
+                                             max_tokens=MAX_TOKENS, stop_token_ids=[])
+        assert runs["fast-nograph"].token_ids == runs["eager"].token_ids, mode
+        assert runs["fast-nograph"].acceptance_lengths == runs["eager"].acceptance_lengths, mode
+        if mode == "chain":  # the draft's block - 1 rows of log-probs
+            assert (3, vocab) in calls, calls
+        assert any(shape[0] > 1 and shape[1] == vocab for shape in calls), calls

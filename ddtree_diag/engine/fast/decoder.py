@@ -504,7 +504,7 @@ class FastDecoder:
         exact = torch.ones((), dtype=torch.bool, device=self.device)
         if mode == "chain":
             depth_rows = torch.arange(1, self.block, device=self.device)
-            tokens, parents, depths = self.logprobs.argmax(dim=-1), depth_rows - 1, depth_rows
+            tokens, parents, depths = kernels.argmax(self.logprobs), depth_rows - 1, depth_rows
             valid = depth_rows <= self.depth_limit
         else:
             # one Triton program running the heap (exact: ``exact`` is always True) where the
