@@ -3,8 +3,8 @@
 (``triton_gdn.tree_solve``: the path solve's plans (heads a program, warps, prep tile) and the
 blocked solve's two), per row count, each captured in a CUDA graph and replayed (device time per
 layer call). Shape: one Qwen3.6-27B Gated DeltaNet layer (16 key heads, 48 value heads, head dims
-128) in bf16, on a random tree of depth at most 15 (a block-16 draft's), the path bound given as the decoder gives it. Also prints
-the kernels' worst difference from the PyTorch solve.
+128) in bf16, on a random tree of depth at most 15 (a block-16 draft's), the path bound given as
+the decoder gives it. Also prints the kernels' worst difference from the PyTorch solve.
 
     python -m bench.gdn_solve_speed [--rows 1,32,80,272]
 
