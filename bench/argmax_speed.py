@@ -20,7 +20,6 @@ nothing timed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -29,7 +28,7 @@ import torch
 if not torch.cuda.is_available():  # the smoke run: Triton's interpreter, read when triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from bench.graph_timing import graph_us
+from bench.graph_timing import graph_us, kernel_bench_args
 from bench.norm_kernel_speed import REPLAYS, copies_for
 from ddtree_diag.engine.fast import triton_argmax
 
@@ -92,15 +91,13 @@ def smoke() -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=None, help="rowsxvocab,... (default SHAPES)")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="HBM TB/s for the floor (H200: 4.8)")
-    parser.add_argument("--warm", action="store_true", help="one logits copy per graph (in L2 if it fits)")
-    args = parser.parse_args()
+    args = kernel_bench_args(
+        __doc__.splitlines()[0],
+        shapes_help="rowsxvocab,... (default SHAPES)",
+        warm_help="one logits copy per graph (in L2 if it fits)",
+    )
     if not torch.cuda.is_available():
         return smoke()
-    args.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]

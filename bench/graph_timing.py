@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import torch
@@ -31,3 +32,19 @@ def graph_us(calls: list[Callable[[], object]], replays: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1000 / (replays * len(calls))
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def kernel_bench_args(description: str, shapes_help: str, warm_help: str) -> argparse.Namespace:
+    """The command line a one-kernel bench shares: ``--shapes`` (the bench parses them), ``--dtype``
+    (returned as a torch dtype), ``--bandwidth`` (HBM TB/s for the floor) and ``--warm``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shapes", default=None, help=shapes_help)
+    parser.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
+    parser.add_argument("--bandwidth", type=float, default=4.8, help="HBM TB/s for the floor (H200: 4.8)")
+    parser.add_argument("--warm", action="store_true", help=warm_help)
+    args = parser.parse_args()
+    args.dtype = DTYPES[args.dtype]
+    return args

@@ -19,7 +19,6 @@ the default, nothing timed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -31,7 +30,7 @@ if not torch.cuda.is_available():  # the smoke run: Triton's interpreter, read w
 
 import triton
 
-from bench.graph_timing import graph_us
+from bench.graph_timing import graph_us, kernel_bench_args
 from ddtree_diag.engine.fast import triton_kernels
 
 # (rows, cols, gated, offset): the 8B's hidden norms (Qwen3: weight after the cast), Qwen3.6-27B's
@@ -150,15 +149,13 @@ def parse_shape(text: str) -> tuple[int, int, bool, bool]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=None, help="rowsxcols[g][o],... (g: gated, o: offset norm); default SHAPES")
-    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="HBM TB/s for the floor (H200: 4.8)")
-    parser.add_argument("--warm", action="store_true", help="one input copy per graph (in L2 after the first call)")
-    args = parser.parse_args()
+    args = kernel_bench_args(
+        __doc__.splitlines()[0],
+        shapes_help="rowsxcols[g][o],... (g: gated, o: offset norm); default SHAPES",
+        warm_help="one input copy per graph (in L2 after the first call)",
+    )
     if not torch.cuda.is_available():
         return smoke()
-    args.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     shapes = SHAPES if args.shapes is None else [parse_shape(s) for s in args.shapes.split(",")]
     print(
         f"norm_kernel_speed: {torch.cuda.get_device_name()}, {args.dtype}, us per call (CUDA graph replays, "
