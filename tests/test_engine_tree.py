@@ -13,6 +13,7 @@ from ddtree_diag.engine.tree import (  # noqa: E402
     ancestor_mask,
     build_tree,
     chain_tree,
+    ranked_top_k,
     tree_positions,
 )
 
@@ -43,6 +44,40 @@ def test_equal_logprobs_rank_lower_token_first():
     tree = build_tree(ROOT, logprobs, budget=3)
     assert tree.tokens == [ROOT, 1, 3, 0]
     assert tree.parents == [-1, 0, 0, 0]
+
+
+def _sorted_head(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ordered, order = torch.sort(values, dim=-1, descending=True, stable=True)
+    return ordered[:, :k], order[:, :k]
+
+
+@pytest.mark.parametrize("case", ["random", "ties", "boundary_ties", "infinities", "nan", "constant"])
+def test_ranked_top_k_is_the_head_of_a_stable_descending_sort(case):
+    gen = torch.Generator().manual_seed(11)
+    values = torch.log_softmax(torch.randn(6, 300, generator=gen) * 3, dim=-1)
+    if case == "ties":  # a few distinct values: every boundary falls inside a run of ties
+        values = torch.round(values)
+    elif case == "boundary_ties":  # rows whose k-th value is tied with many past the k
+        values = torch.full((6, 300), -9.0)
+        values[:, ::7] = -1.0
+        values[:, 5] = -0.5
+    elif case == "infinities":
+        values[0] = float("-inf")
+        values[1, 10:200] = float("-inf")
+        values[2, [3, 90, 250]] = float("inf")
+        values[3, 40] = -0.0  # ties 0.0, as in sort
+        values[3, 41] = 0.0
+    elif case == "nan":
+        values[1, 17] = float("nan")
+        values[4, [0, 299]] = float("nan")
+    elif case == "constant":
+        values = torch.zeros(6, 300)
+    for k in (1, 2, 5, 16, 43, 299, 300):
+        got_values, got_ids = ranked_top_k(values, k)
+        want_values, want_ids = _sorted_head(values, k)
+        assert torch.equal(got_ids, want_ids), (case, k)
+        assert torch.equal(got_values.isnan(), want_values.isnan())
+        assert torch.equal(got_values.nan_to_num(), want_values.nan_to_num())
 
 
 def test_budget_zero_and_budget_larger_than_tree():
