@@ -9,6 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
+F = torch.nn.functional
+
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig, load_draft, save_draft  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 
@@ -194,3 +196,34 @@ def test_qwen36_style_draft_is_lossless_and_fast_equals_eager(tmp_path):
     quick = engine.generate_ids(prompt, tree_budget=16, max_tokens=16, stop_token_ids=[])
     assert eager.token_ids == quick.token_ids == reference
     assert eager.acceptance_lengths == quick.acceptance_lengths  # the draft proposed the same trees
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask_kind", ["bool", "none", "additive"])
+def test_grouped_kv_attention_has_the_bits_of_attention_over_repeated_heads(dtype, mask_kind):
+    # the target's and the draft's attention read KV heads in place on CPU (enable_gqa); the
+    # engine's losslessness was measured over repeated heads, so the two must agree bit for bit
+    from ddtree_diag.engine.target import grouped_kv
+
+    gen = torch.Generator().manual_seed(5)
+    for heads, kv_heads, head_dim, rows, keys_len in ((9, 3, 64, 17, 150), (16, 8, 128, 1, 700), (4, 1, 16, 5, 9)):
+        q = torch.randn(1, heads, rows, head_dim, generator=gen).to(dtype)
+        k = torch.randn(1, kv_heads, keys_len, head_dim, generator=gen).to(dtype)
+        v = torch.randn(1, kv_heads, keys_len, head_dim, generator=gen).to(dtype)
+        mask = None
+        if mask_kind == "bool":
+            mask = torch.rand(1, 1, rows, keys_len, generator=gen) > 0.3
+            mask[..., 0] = True
+        elif mask_kind == "additive":
+            mask = torch.randn(1, 1, rows, keys_len, generator=gen).to(dtype)
+        rep = heads // kv_heads
+        want = F.scaled_dot_product_attention(
+            q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), attn_mask=mask, scale=0.1
+        )
+        keys, values, gqa = grouped_kv(k, v, heads)
+        assert gqa and keys is k  # no copy on CPU
+        got = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=0.1, enable_gqa=gqa)
+        assert torch.equal(got, want)
+    same_k = torch.randn(1, 4, 3, 8)
+    kept = grouped_kv(same_k, same_k, 4)
+    assert kept[0] is same_k and kept[2] is False

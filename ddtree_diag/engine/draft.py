@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddtree_diag.engine.rope import apply_rope, cos_sin, inv_freq
+from ddtree_diag.engine.target import grouped_kv
 from ddtree_diag.errors import UsageError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -254,10 +255,8 @@ class DraftAttention(nn.Module):
             k_ctx, v_ctx = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
         k = torch.cat([k_ctx, k_noise], dim=2)
         v = torch.cat([v_ctx, v_noise], dim=2)
-        if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
+        k, v, gqa = grouped_kv(k, v, self.heads)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.heads * self.head_dim))
 
 
