@@ -68,6 +68,11 @@ def test_greedy_reference_matches_hf_generate_and_our_forward_matches_hf_logits(
     engine.target.commit(list(range(5)))
     rest, _ = engine.target.forward(torch.tensor(prompt[5:]), torch.arange(5, len(prompt)))
     torch.testing.assert_close(torch.cat([ours, rest]), full, rtol=1e-5, atol=1e-5)
+    # a prefill's logits: the last row's only, the same values
+    engine.target.reset(64)
+    last, features = engine.target.forward(torch.tensor(prompt), torch.arange(len(prompt)), None, [0, 1], last_only=True)
+    assert last.shape == (1, full.shape[-1]) and features.shape[0] == len(prompt)
+    torch.testing.assert_close(last, full[-1:], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)

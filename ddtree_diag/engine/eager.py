@@ -79,7 +79,7 @@ class EagerDecoder:
             grammar = GrammarState(request.constraint, request.stop_ids, target.config.vocab_size)
         prompt = torch.tensor(request.prompt_ids, device=self.device)
         positions = torch.arange(prompt_len, device=self.device)
-        logits, features = target.forward(prompt, positions, None, feature_layers)
+        logits, features = target.forward(prompt, positions, None, feature_layers, last_only=True)
         target.commit(list(range(prompt_len)))
         last_logits = logits[-1:].float()
         complete = False

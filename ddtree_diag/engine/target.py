@@ -220,6 +220,7 @@ class TargetModel:
         block_mask: torch.Tensor | None = None,
         feature_layers: list[int] | None = None,
         parents: list[int] | None = None,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run T tokens against the committed cache.
 
@@ -228,7 +229,8 @@ class TargetModel:
         needed by hybrid targets whenever ``block_mask`` is given. Returns logits [T, V] (model
         dtype) and, when ``feature_layers`` is given, the concatenated hidden states after those
         layers [T, n*H] (HF ``hidden_states[id + 1]``; the last layer's entry is after the final
-        norm, as in HF).
+        norm, as in HF). ``last_only``: logits [1, V] of the last token only (all a prefill
+        chooses from; a long prompt's [T, V] would be T x V floats the decode never reads).
         """
         t = token_ids.shape[0]
         if self.length + t > self.kv.capacity:
@@ -258,17 +260,22 @@ class TargetModel:
             hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))
             if index in wanted and index != self.num_layers - 1:
                 features[index] = hidden
-        return self.head(hidden, features, feature_layers)
+        return self.head(hidden, features, feature_layers, last_only)
 
     def head(
-        self, hidden: torch.Tensor, features: dict[int, torch.Tensor], feature_layers: list[int] | None
+        self,
+        hidden: torch.Tensor,
+        features: dict[int, torch.Tensor],
+        feature_layers: list[int] | None,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """After the last layer: final norm (the last layer's feature is taken after it, as in HF),
-        LM head, and the wanted layers' hidden states concatenated [T, n*H] (None if none)."""
+        LM head (of the last row only with ``last_only``), and the wanted layers' hidden states
+        concatenated [T, n*H] (None if none)."""
         hidden = self.inner.norm(hidden)
         if feature_layers and self.num_layers - 1 in feature_layers:
             features[self.num_layers - 1] = hidden
-        logits = self.lm_head(hidden)[0]
+        logits = self.lm_head(hidden[:, -1:] if last_only else hidden)[0]
         feats = torch.cat([features[i] for i in feature_layers], dim=-1)[0] if feature_layers else None
         return logits, feats
 

@@ -278,10 +278,12 @@ class FastDecoder:
         window: int,
         compiled: bool = True,
         parents: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``tokens`` at positions start+depth, K/V written at slots start.., attention over
         the cache slots [0, window): committed slots plus the rows' ancestors (``anc``).
-        ``compiled=False`` (the prefill, whose length varies) never uses the compiled layer halves.
+        ``compiled=False`` (the prefill, whose length varies) never uses the compiled layer halves;
+        ``last_only``: the last row's logits only (``TargetModel.head``).
         Gated DeltaNet layers (hybrid targets): ``parents`` None = the prompt, committed whole
         (chunked form, state written at once); else tree rows in one parallel solve whose parts
         wait in ``linear_parts`` for commit."""
@@ -361,16 +363,17 @@ class FastDecoder:
                 hidden, residual = _settle(hidden, residual), None
                 features[index] = hidden
         hidden = _settle(hidden, residual)
-        return t.head(hidden, features, self.feature_layers if with_features else None)
+        return t.head(hidden, features, self.feature_layers if with_features else None, last_only)
 
     def _prefill(self, prompt: torch.Tensor, with_features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The prompt's rows through the target at slots 0.. (causal; never the compiled layer
-        halves, its length varies): (logits, the draft's context features or None)."""
+        halves, its length varies): (the last row's logits [1, V], the draft's context features
+        or None)."""
         prompt_len = prompt.shape[0]
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
         positions = torch.arange(prompt_len, device=self.device)
         window = attention_window(prompt_len, self.max_len)
-        return self._target_forward(prompt, positions, causal, with_features, window, compiled=False)
+        return self._target_forward(prompt, positions, causal, with_features, window, compiled=False, last_only=True)
 
     def _linear_layer(
         self,
