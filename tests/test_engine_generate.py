@@ -70,9 +70,25 @@ def test_greedy_reference_matches_hf_generate_and_our_forward_matches_hf_logits(
     torch.testing.assert_close(torch.cat([ours, rest]), full, rtol=1e-5, atol=1e-5)
     # a prefill's logits: the last row's only, the same values
     engine.target.reset(64)
-    last, features = engine.target.forward(torch.tensor(prompt), torch.arange(len(prompt)), None, [0, 1], last_only=True)
+    prompt_ids, positions = torch.tensor(prompt), torch.arange(len(prompt))
+    last, features = engine.target.forward(prompt_ids, positions, None, [0, 1], last_only=True)
     assert last.shape == (1, full.shape[-1]) and features.shape[0] == len(prompt)
     torch.testing.assert_close(last, full[-1:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_prompt_from_an_empty_cache_takes_sdpa_causal_mode_with_the_explicit_masks_bits(engines):
+    # on CPU a prompt into an empty cache runs SDPA's causal mode (no mask; key blocks past the
+    # diagonal skipped); given the same causal mask explicitly, the forward builds and passes it
+    target = engines[4].target
+    vocab = target.config.vocab_size
+    prompt = torch.arange(300) * 7 % vocab  # long enough for several of the kernel's query blocks
+    positions = torch.arange(prompt.shape[0])
+    outs = []
+    for block_mask in (None, torch.ones(300, 300, dtype=torch.bool).tril()):
+        target.reset(320)
+        outs.append(target.forward(prompt, positions, block_mask, [0, 1]))
+    (logits, features), (masked_logits, masked_features) = outs
+    assert torch.equal(logits, masked_logits) and torch.equal(features, masked_features)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)

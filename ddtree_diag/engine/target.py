@@ -171,7 +171,7 @@ class TargetModel:
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         slots: torch.Tensor,
     ) -> torch.Tensor:
         attn = self.layers[layer_index].self_attn
@@ -192,7 +192,12 @@ class TargetModel:
         end = self.length + t
         keys, values = keys[:, :, :end], values[:, :, :end]
         keys, values, gqa = grouped_kv(keys, values, self.heads)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa)
+        # mask None: the rows are a prompt from slot 0 and the mask would be causal; SDPA's causal
+        # mode skips the key blocks past the diagonal (half a long prompt's attention on CPU, the
+        # same bits as the explicit mask: tested)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling, enable_gqa=gqa
+        )
         out = out.transpose(1, 2).reshape(1, t, self.heads * self.head_dim)
         if gate is not None:
             out = out * torch.sigmoid(gate)
@@ -237,14 +242,17 @@ class TargetModel:
             raise RuntimeError(f"target KV cache full ({self.length + t} > {self.kv.capacity} tokens)")
         if self.hybrid and block_mask is not None and parents is None:
             raise ValueError("a hybrid target verifies a tree from its parents: pass parents with block_mask")
-        if block_mask is None:
-            block_mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
-        mask = torch.ones(t, self.length + t, dtype=torch.bool, device=self.device)
-        mask[:, self.length :] = block_mask
-        if self.sliding_window is not None and self.length + t > self.sliding_window:
-            key_pos = torch.cat([torch.arange(self.length, device=self.device), positions])
-            mask &= key_pos[None, :] > positions[:, None] - self.sliding_window
-        mask = mask[None, None]
+        mask = None  # a prompt into an empty cache on CPU: SDPA's causal mode (``_attention``)
+        reach = self.sliding_window is not None and self.length + t > self.sliding_window
+        if block_mask is not None or self.length or reach or self.device.type != "cpu":
+            if block_mask is None:
+                block_mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+            mask = torch.ones(t, self.length + t, dtype=torch.bool, device=self.device)
+            mask[:, self.length :] = block_mask
+            if reach:
+                key_pos = torch.cat([torch.arange(self.length, device=self.device), positions])
+                mask &= key_pos[None, :] > positions[:, None] - self.sliding_window
+            mask = mask[None, None]
         hidden = self.embed(token_ids[None])
         cos, sin = self.rope(hidden, positions)
         slots = torch.arange(self.length, self.length + t, device=self.device)  # where the block's K/V go
