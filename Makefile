@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-first-request bench-default bench-via bench-fleet bench-kernels demo pyz clean
+.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-first-request bench-default bench-via bench-fleet bench-kernels bench-cpu-engine demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -69,6 +69,10 @@ bench-tree: install
 	$(PYTHON) -m bench.tree_build
 
 # GPU only: the engine's Triton kernels alone against the PyTorch ops they replace (us per call).
+# The embedded default on this CPU: ms per decode round by stage, a long prompt's first token, peak RSS.
+bench-cpu-engine: install
+	$(PYTHON) -m bench.cpu_engine
+
 bench-kernels: install
 	$(PYTHON) -m bench.tree_kernel_speed
 	$(PYTHON) -m bench.attention_kernel_speed
