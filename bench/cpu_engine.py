@@ -3,10 +3,10 @@ prompt's first token and peak memory.
 
 The in-process engine (SmolLM2-135M-Instruct + its trained DFlash draft, fp32, the eager loop: the
 CPU default) decodes one short prompt at each budget and one long prompt (the project README's
-first 7,000 characters, ~2,300 tokens) at AR and one budget, after a warm-up run of each. Per
-budget: tokens, rounds, mean acceptance, decode tok/s and ms per round by stage (draft, tree,
-verify, commit); for the long prompt also the first token's time. The peak RSS comes from a
-fresh process that loads the engine and answers the long prompt once.
+first 7,000 characters, ~2,300 tokens; 48 new tokens) at AR and one budget, after a warm-up run
+of each. Per budget: tokens, rounds, mean acceptance, decode tok/s and ms per round by stage
+(draft, tree, verify, commit); for the long prompt also the first token's time. The peak RSS
+comes from a fresh process that loads the engine and answers the long prompt once.
 
     python -m bench.cpu_engine [--budgets 0,4,16,64] [--long-budget 16] [--max-tokens 96]
 
@@ -89,7 +89,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budgets", default="0,4,16,64")
     parser.add_argument("--long-budget", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=96, help="new tokens of the short prompt's runs")
     parser.add_argument("--peak-rss-child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peak_rss_child is not None:
@@ -110,8 +110,11 @@ def main() -> int:
         print(row(result))
     child = subprocess.run(
         [sys.executable, "-m", "bench.cpu_engine", "--peak-rss-child", str(args.long_budget)],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True,
     )
+    if child.returncode != 0:
+        print(f"peak RSS: the measuring process failed (exit {child.returncode}):\n{child.stderr.strip()}")
+        return 1
     peak = json.loads(child.stdout.strip().splitlines()[-1])
     print(f"peak RSS, a fresh process answering the {peak['prompt_tokens']}-token prompt at budget "
           f"{args.long_budget}: {peak['peak_mib']:.0f} MiB (loaded: {peak['loaded_mib']:.0f} MiB)")
