@@ -217,6 +217,23 @@ class TargetModel:
             self._pending[layer_index] = ("tree", rows.shape[0], states, windows)
         return out[None]
 
+    def _attention_mask(self, positions: torch.Tensor, block_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """[1, 1, T, length + T] bool: every committed token, the block's own mask (None: causal)
+        and the sliding window. None where SDPA's causal mode gives the same: a prompt into an
+        empty cache on CPU (``_attention``)."""
+        t = positions.shape[0]
+        reach = self.sliding_window is not None and self.length + t > self.sliding_window
+        if block_mask is None and not self.length and not reach and self.device.type == "cpu":
+            return None
+        if block_mask is None:
+            block_mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+        mask = torch.ones(t, self.length + t, dtype=torch.bool, device=self.device)
+        mask[:, self.length :] = block_mask
+        if reach:
+            key_pos = torch.cat([torch.arange(self.length, device=self.device), positions])
+            mask &= key_pos[None, :] > positions[:, None] - self.sliding_window
+        return mask[None, None]
+
     @torch.no_grad()
     def forward(
         self,
@@ -242,17 +259,7 @@ class TargetModel:
             raise RuntimeError(f"target KV cache full ({self.length + t} > {self.kv.capacity} tokens)")
         if self.hybrid and block_mask is not None and parents is None:
             raise ValueError("a hybrid target verifies a tree from its parents: pass parents with block_mask")
-        mask = None  # a prompt into an empty cache on CPU: SDPA's causal mode (``_attention``)
-        reach = self.sliding_window is not None and self.length + t > self.sliding_window
-        if block_mask is not None or self.length or reach or self.device.type != "cpu":
-            if block_mask is None:
-                block_mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
-            mask = torch.ones(t, self.length + t, dtype=torch.bool, device=self.device)
-            mask[:, self.length :] = block_mask
-            if reach:
-                key_pos = torch.cat([torch.arange(self.length, device=self.device), positions])
-                mask &= key_pos[None, :] > positions[:, None] - self.sliding_window
-            mask = mask[None, None]
+        mask = self._attention_mask(positions, block_mask)
         hidden = self.embed(token_ids[None])
         cos, sin = self.rope(hidden, positions)
         slots = torch.arange(self.length, self.length + t, device=self.device)  # where the block's K/V go

@@ -80,11 +80,10 @@ def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     eager loop does anyway); ``fast.tree.ranked_top_k`` is the capturable form."""
     rows, vocab = values.shape
     if k >= vocab:
-        return torch.sort(values, dim=-1, descending=True, stable=True)
+        return _sorted_head(values, k)
     top, ids = torch.topk(values, k, dim=-1, sorted=False)
     if bool(torch.isnan(top).any()):  # topk and sort both put NaN first; the compares below cannot
-        sorted_values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-        return sorted_values[:, :k], order[:, :k]
+        return _sorted_head(values, k)
     kth = top.amin(dim=-1, keepdim=True)
     if bool(((values >= kth).sum(dim=-1) != k).any()):
         above, tied = values > kth, values == kth
@@ -96,6 +95,11 @@ def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     top = values.gather(-1, ids)
     top, order = torch.sort(top, dim=-1, descending=True, stable=True)
     return top, ids.gather(-1, order)
+
+
+def _sorted_head(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ordered, order = torch.sort(values, dim=-1, descending=True, stable=True)
+    return ordered[:, :k], order[:, :k]
 
 
 def chain_tree(root_token: int, draft_tokens: list[int]) -> DraftTree:

@@ -5,9 +5,8 @@ doubling and a proof pass: ~300 tiny kernels per round (1.2-2.5 ms on the H200).
 program runs the heap loop itself. The frontier is an array indexed by push order (entry i is the
 i-th push), so the heap's key (path score desc, push order asc) is one block reduction over
 (live, score, index) that carries the winner's fields along (on CUDA; under the interpreter, four
-plain ones). That is exact by construction: no
-proof pass and no host fallback. One program, a fixed grid and no host
-reads, so it is captured in the tree stage's CUDA graph like the rest.
+plain ones). That is exact by construction: no proof pass and no host fallback. One program, a
+fixed grid and no host reads, so it is captured in the tree stage's CUDA graph like the rest.
 
 Imported only where Triton is (``kernels.tree_kernel``); on CPU tensors it runs under Triton's
 interpreter (the tests).
