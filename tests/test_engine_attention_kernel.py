@@ -179,6 +179,32 @@ def test_fast_rounds_with_the_kernel_equal_eager(attention, tmp_path, monkeypatc
     assert attention.calls > 0 and attention.masked_calls > 0
 
 
+def test_layers_that_slide_keep_sdpa_and_the_full_layers_take_the_kernel(attention, tmp_path, monkeypatch):
+    """A Qwen2 whose upper layers slide (window 6, shorter than the prompt): the verify's tree rows
+    of the two full-attention layers go through the kernel, the sliding layers' through SDPA with
+    their window; the eager path's tokens and acceptance."""
+    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 1)
+    target = fx.make_target(
+        tmp_path / "t", model_type="qwen2", use_sliding_window=True, sliding_window=6, max_window_layers=2
+    )
+    engine = load_engine(target, fx.make_draft(tmp_path / "d", block_size=4), device=DEVICE, dtype="fp32")
+    caches: set[int] = set()  # the KV cache slots the kernel read
+    record_calls(monkeypatch, attention, "tree_attention", lambda q, cache_k, *_: caches.add(cache_k.data_ptr()))
+    previous = engine.decode_path
+    try:
+        runs = {}
+        for path in ("eager", "fast-nograph"):
+            engine.use_path(path)
+            runs[path] = engine.generate_ids(fx.PROMPTS[2], stop_token_ids=[], max_tokens=12, tree_budget=4)
+    finally:
+        engine.use_path(previous)
+    eager, quick = runs["eager"], runs["fast-nograph"]
+    assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths)
+    t = engine.target
+    assert t.arch.windows == (None, None, 6, 6)
+    assert caches == {t.kv.k[t.cache_slot[layer]].data_ptr() for layer in (0, 1)}
+
+
 # ---- the masked mode (the draft's noise block) ---------------------------------------------------
 
 

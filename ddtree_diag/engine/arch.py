@@ -51,6 +51,9 @@ class Arch:
     gated_query: bool  # q_proj gives [query | gate] per head; the output is scaled by sigmoid(gate)
     qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3, Qwen3.5)
     multimodal_rope: bool  # the rotary module takes one position row per rope section (Qwen3.5)
+    # Per layer: the sliding attention window (a key is seen while query position - key position
+    # < window), or None (full attention, or a Gated DeltaNet layer)
+    windows: tuple[int | None, ...] = ()
 
     @property
     def hybrid(self) -> bool:
@@ -99,7 +102,34 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         gated_query=attn.q_proj.out_features == 2 * config.num_attention_heads * attn.head_dim,
         qk_norm=hasattr(attn, "q_norm"),
         multimodal_rope=hasattr(rotary_emb, "mrope_section"),
+        windows=layer_windows(config, layers, linear),
     )
+
+
+def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) -> tuple[int | None, ...]:
+    """Each layer's sliding attention window as HF's own layers apply it (None: full attention or
+    a linear layer). Qwen2/Qwen3 attention modules carry their own (``layer_types`` makes only the
+    layers from ``max_window_layers`` on slide, and none unless ``use_sliding_window``); a config's
+    ``layer_types`` says which layers slide where the module does not; Mistral slides every layer by
+    the config's ``sliding_window``."""
+    config_window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        config_window = None
+    layer_types = getattr(config, "layer_types", None) or []
+    windows: list[int | None] = []
+    for index, layer in enumerate(layers):
+        if index in linear:
+            windows.append(None)
+            continue
+        attn = layer.self_attn
+        if hasattr(attn, "sliding_window"):
+            window = attn.sliding_window
+        elif index < len(layer_types):
+            window = config_window if layer_types[index] == "sliding_attention" else None
+        else:
+            window = config_window
+        windows.append(int(window) if window else None)
+    return tuple(windows)
 
 
 def norm_style(module: Any) -> str | None:

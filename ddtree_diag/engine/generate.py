@@ -108,6 +108,11 @@ class Engine:
             "draft": None,
             "memory": memory,
         }
+        sliding = [index for index, window in enumerate(self.target.windows) if window]
+        if sliding:  # HF's choice per layer (Qwen2/Qwen3 from max_window_layers on; Mistral all)
+            data["sliding_window"] = {
+                "tokens": sorted({self.target.windows[index] for index in sliding}), "layers": sliding,
+            }
         if self.target.hybrid:
             kinds = ["L" if i in self.target.linear_layers else "A" for i in range(self.target.num_layers)]
             data["hybrid"] = {

@@ -47,6 +47,11 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
             ("block size", str(draft.get("block_size"))),
             ("draft heads", f"{draft.get('heads')} q / {draft.get('kv_heads')} kv × {draft.get('head_dim')}"),
         ]
+    sliding = info.get("sliding_window")
+    if sliding:
+        tokens = " / ".join(map(str, sliding["tokens"]))
+        count = len(sliding["layers"])
+        rows.append(("sliding window", f"{tokens} tokens on {count} of {info.get('layers')} layers"))
     hybrid = info.get("hybrid")
     if hybrid:
         states = hybrid.get("tree_state_bytes") or {}

@@ -112,9 +112,8 @@ class TargetModel:
         self.heads = self.config.num_attention_heads
         self.kv_heads = self.config.num_key_value_heads
         self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
-        self.sliding_window = getattr(self.config, "sliding_window", None)
-        if getattr(self.config, "use_sliding_window", True) is False:
-            self.sliding_window = None
+        # Per layer: its sliding attention window or None (HF's own choice per layer: ``arch``)
+        self.windows = self.arch.windows
         weight = self.inner.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.kv = KVCache(len(self.attention_layers), self.kv_heads, self.head_dim, max_len, self.device, self.dtype)
@@ -217,12 +216,14 @@ class TargetModel:
             self._pending[layer_index] = ("tree", rows.shape[0], states, windows)
         return out[None]
 
-    def _attention_mask(self, positions: torch.Tensor, block_mask: torch.Tensor | None) -> torch.Tensor | None:
+    def _attention_mask(
+        self, positions: torch.Tensor, block_mask: torch.Tensor | None, window: int | None = None
+    ) -> torch.Tensor | None:
         """[1, 1, T, length + T] bool: every committed token, the block's own mask (None: causal)
-        and the sliding window. None where SDPA's causal mode gives the same: a prompt into an
+        and a sliding ``window``. None where SDPA's causal mode gives the same: a prompt into an
         empty cache on CPU (``_attention``)."""
         t = positions.shape[0]
-        reach = self.sliding_window is not None and self.length + t > self.sliding_window
+        reach = window is not None and self.length + t > window
         if block_mask is None and not self.length and not reach and self.device.type == "cpu":
             return None
         if block_mask is None:
@@ -231,7 +232,7 @@ class TargetModel:
         mask[:, self.length :] = block_mask
         if reach:
             key_pos = torch.cat([torch.arange(self.length, device=self.device), positions])
-            mask &= key_pos[None, :] > positions[:, None] - self.sliding_window
+            mask &= key_pos[None, :] > positions[:, None] - window
         return mask[None, None]
 
     @torch.no_grad()
@@ -259,7 +260,8 @@ class TargetModel:
             raise RuntimeError(f"target KV cache full ({self.length + t} > {self.kv.capacity} tokens)")
         if self.hybrid and block_mask is not None and parents is None:
             raise ValueError("a hybrid target verifies a tree from its parents: pass parents with block_mask")
-        mask = self._attention_mask(positions, block_mask)
+        # one mask per distinct window (full attention: None), shared by the layers that use it
+        masks = {w: self._attention_mask(positions, block_mask, w) for w in {self.windows[i] for i in self.cache_slot}}
         hidden = self.embed(token_ids[None])
         cos, sin = self.rope(hidden, positions)
         slots = torch.arange(self.length, self.length + t, device=self.device)  # where the block's K/V go
@@ -269,7 +271,7 @@ class TargetModel:
         for index, layer in enumerate(self.layers):
             x = layer.input_layernorm(hidden)
             if index in self.cache_slot:
-                hidden = hidden + self._attention(index, x, cos, sin, mask, slots)
+                hidden = hidden + self._attention(index, x, cos, sin, masks[self.windows[index]], slots)
             else:
                 hidden = hidden + self._linear_attention(index, x, parents)
             hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))

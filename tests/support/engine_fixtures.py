@@ -1,4 +1,5 @@
-"""Tiny random-weight Qwen3 target + DFlash draft, written to disk in their real formats.
+"""Tiny random-weight targets (Qwen3 and the other dense families, hybrids) + DFlash draft, written
+to disk in their real formats.
 
 Used by the engine tests: the engine then loads them through its real loader (HF directory with
 tokenizer and chat template; z-lab draft directory).
@@ -55,22 +56,33 @@ def make_tokenizer(directory: Path):
     return tokenizer
 
 
-def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3") -> Path:
-    """Random Qwen3 (or Llama) target with weights large enough that argmax gaps are not tiny."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+# Dense families the engine supports: HF config and model class names.
+DENSE_FAMILIES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
+
+
+def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **config) -> Path:
+    """Random dense target (Qwen3 by default; ``model_type`` any of ``DENSE_FAMILIES``) with weights
+    large enough that argmax gaps are not tiny; ``config``: overrides of the HF config's fields."""
+    import transformers
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(directory)
-    common = dict(
+    fields = dict(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=TARGET_LAYERS,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
     if model_type == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=True))
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(**common))
+        fields["attention_bias"] = True
+    fields.update(config)
+    config_name, model_name = DENSE_FAMILIES[model_type]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**fields))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" not in name:
@@ -83,9 +95,12 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3") -> Pa
 HYBRID_PATTERNS = {"linear-first": "LLAL", "full-first": "ALLA", "linear-last": "LALL"}
 
 
-def make_hybrid_target(directory: Path, kind: str = "qwen3_5", pattern: str = "LLAL", seed: int = 0) -> Path:
+def make_hybrid_target(
+    directory: Path, kind: str = "qwen3_5", pattern: str = "LLAL", seed: int = 0, **config
+) -> Path:
     """Random hybrid target (``qwen3_5``: Qwen3.5/3.6 text model; ``qwen3_next``: Qwen3-Next with a
-    small MoE) with the given layer pattern, saved with the tiny tokenizer and chat template."""
+    small MoE) with the given layer pattern, saved with the tiny tokenizer and chat template;
+    ``config``: overrides of the HF config's fields."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -98,6 +113,7 @@ def make_hybrid_target(directory: Path, kind: str = "qwen3_5", pattern: str = "L
         linear_conv_kernel_dim=4, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         tie_word_embeddings=False,
     )
+    common.update(config)
     torch.manual_seed(seed)
     if kind == "qwen3_next":
         config = Qwen3NextConfig(**common, intermediate_size=96, num_experts=4, num_experts_per_tok=2,

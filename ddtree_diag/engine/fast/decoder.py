@@ -112,6 +112,15 @@ def _without_window(key: tuple) -> tuple:
     return key[:-1] if key[0] in ("draft", "verify") else key
 
 
+def _in_window(key_slots: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, size: int) -> torch.Tensor:
+    """[rows, keys] bool: the keys within a sliding window of ``size`` of each row. Keys at cache
+    slots ``key_slots``: a committed slot's position is its index; the rows' own slots ``slots``
+    hold their (tree) ``positions``."""
+    key_pos = key_slots.clone()
+    key_pos.index_copy_(0, slots, positions)
+    return key_pos[None, :] > positions[:, None] - size
+
+
 def attention_window(needed: int, max_len: int) -> int:
     """Cache slots a round attends over when its highest used slot is below ``needed``."""
     return min(max_len, -(-needed // WINDOW) * WINDOW)
@@ -297,15 +306,12 @@ class FastDecoder:
         key_slots = self.slot_index[:window]
         mask = (key_slots < self.start).unsqueeze(0).expand(rows, window).clone()
         mask.index_copy_(1, slots, anc)
-        if t.sliding_window is not None:
-            key_pos = key_slots.clone()
-            key_pos.index_copy_(0, slots, positions)
-            mask &= key_pos[None, :] > positions[:, None] - t.sliding_window
         # GQA without copying the cache: the query heads of one KV head become extra query rows.
-        # The boolean mask becomes an additive bias once here rather than inside SDPA in every layer
-        # (built on first use: the verify/AR rows on CUDA go through the split-key kernel instead,
+        # The boolean mask becomes an additive bias once per window size (full attention: None)
+        # rather than inside SDPA in every layer (built on first use: the verify/AR rows of
+        # full-attention layers on CUDA go through the split-key kernel instead,
         # ``triton_attention``, which reads ``start`` and ``anc`` itself; the prefill never does).
-        bias = None
+        biases: dict[int | None, torch.Tensor] = {}
         hidden = t.embed(tokens[None])
         cos, sin = t.rope(hidden, positions)
         # tree rows' root paths for the Gated DeltaNet solve kernel, once for all its layers
@@ -324,7 +330,7 @@ class FastDecoder:
         fold = not (compiled and self.torch_compile)
         repeats = ahead.Repeats()  # a dry pass (ahead.py) runs one layer of each kind
         for index, layer in enumerate(t.layers):
-            if repeats.skip(layer, residual is None, index in wanted, index == t.num_layers - 1):
+            if repeats.skip(layer, residual is None, index in wanted, index == t.num_layers - 1, t.windows[index]):
                 if index in wanted and index != t.num_layers - 1:  # the head still reads its features
                     hidden, residual = _settle(hidden, residual), None
                     features[index] = hidden
@@ -344,16 +350,18 @@ class FastDecoder:
                     cache_k, cache_v = cache[0], cache[1]
                 else:
                     cache_k, cache_v = t.kv.write(slot, slots, k, v)
-                tree_rows = parents is not None and t.sliding_window is None
+                size = t.windows[index]
+                tree_rows = parents is not None and size is None
                 kernel = kernels.attention_kernel(q, cache_k) if tree_rows else None
                 if kernel is not None:
                     scale = t.head_dim**-0.5 if t.scaling is None else t.scaling
                     out = kernel.tree_attention(q, cache_k, cache_v, anc, self.start, window, scale)
                 else:
-                    if bias is None:
-                        bias = additive_mask(mask.repeat(self.rep, 1)[None, None], t.dtype)
+                    if size not in biases:
+                        allowed = mask if size is None else mask & _in_window(key_slots, slots, positions, size)
+                        biases[size] = additive_mask(allowed.repeat(self.rep, 1)[None, None], t.dtype)
                     q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
-                    out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], bias, t.scaling)
+                    out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], biases[size], t.scaling)
                     out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2)
                     out = out.reshape(1, rows, t.heads * t.head_dim)
                 hidden, residual = post(layer, hidden, out, fused, gate, defer=True) if fold else (

@@ -1,0 +1,112 @@
+"""The engine on the dense families' config variants, against HF's own greedy decode (CPU, fp32).
+
+Each variant is a tiny random-weight checkpoint written to disk and loaded through the real loader.
+The ground truth is HF's greedy decode of the same weights (its forward and cache, token by token;
+each token also the argmax of HF's uncached forward over the sequence before it); the eager loop and
+the fast path's CPU twin must give its tokens at every budget. The sliding-window variants use a window
+shorter than the prompt, so attention that slides where HF does not (or not where it does) shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from ddtree_diag.engine import load_engine  # noqa: E402
+from ddtree_diag.engine.arch import layer_windows  # noqa: E402
+from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+
+WINDOW = 6
+PROMPT = list(range(40, 57))  # 17 tokens: longer than the window
+MAX_TOKENS = 20
+
+VARIANTS = {
+    # Qwen2/Qwen3 slide only from max_window_layers on, and only with use_sliding_window
+    "qwen2-upper-layers-slide": ("qwen2", dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
+    "qwen3-window-set-no-layer-slides": ("qwen3", dict(use_sliding_window=True, sliding_window=WINDOW)),
+    "qwen3-window-off": ("qwen3", dict(use_sliding_window=False, sliding_window=WINDOW)),
+    # Mistral slides every layer
+    "mistral-every-layer-slides": ("mistral", dict(sliding_window=WINDOW)),
+    "mistral-no-window": ("mistral", dict(sliding_window=None)),
+    "llama-biases-tied-head": ("llama", dict(mlp_bias=True, tie_word_embeddings=True)),
+    "llama-llama3-rope": ("llama", dict(rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16,
+    ))),
+    "llama-yarn-rope": ("llama", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
+    ))),
+    "qwen3-one-kv-head": ("qwen3", dict(num_key_value_heads=1)),
+}
+
+# Each variant's windows, layer by layer, as HF's layers apply them.
+EXPECTED_WINDOWS = {
+    "qwen2-upper-layers-slide": (None, None, WINDOW, WINDOW),
+    "qwen3-window-set-no-layer-slides": (None,) * 4,
+    "qwen3-window-off": (None,) * 4,
+    "mistral-every-layer-slides": (WINDOW,) * 4,
+    "mistral-no-window": (None,) * 4,
+}
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    return fx.make_draft(tmp_path_factory.mktemp("families") / "draft", block_size=4)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_path):
+    model_type, config = VARIANTS[variant]
+    engine = load_engine(fx.make_target(tmp_path / variant, model_type=model_type, **config), draft, device="cpu")
+    if variant in EXPECTED_WINDOWS:
+        windows = EXPECTED_WINDOWS[variant]
+        assert engine.target.arch.windows == windows
+        rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": "d"}))
+        sliding = sum(window is not None for window in windows)
+        assert rows.get("sliding window") == (f"{WINDOW} tokens on {sliding} of 4 layers" if sliding else None)
+    expected = engine.greedy_reference(PROMPT, MAX_TOKENS, stop_ids=[])  # HF's forward and cache, token by token
+    # each of its tokens is the argmax of HF's forward over the whole sequence before it (HF's own
+    # masks and rotary, no cache)
+    with torch.no_grad():
+        logits = engine.target.hf(torch.tensor([PROMPT + expected])).logits[0]
+    assert logits[len(PROMPT) - 1 : -1].argmax(dim=-1).tolist() == expected
+    previous = engine.decode_path
+    try:
+        for path in ("eager", "fast-nograph"):
+            engine.use_path(path)
+            for budget in (0, 4, 16):
+                gen = engine.generate_ids(PROMPT, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
+                assert gen.token_ids == expected, (path, budget)
+    finally:
+        engine.use_path(previous)
+
+
+def test_layer_windows_read_each_layers_own_choice():
+    from types import SimpleNamespace
+
+    def layers(*attention_windows):
+        made = []
+        for window in attention_windows:
+            attn = SimpleNamespace() if window == "absent" else SimpleNamespace(sliding_window=window)
+            made.append(SimpleNamespace(self_attn=attn))
+        return made
+
+    # the module's own attribute wins (Qwen2/Qwen3: None on the full-attention layers)
+    config = SimpleNamespace(sliding_window=8, use_sliding_window=True)
+    assert layer_windows(config, layers(None, 8, None)) == (None, 8, None)
+    # no attribute on the module: the config's layer_types, else the config's window for all (Mistral)
+    typed = SimpleNamespace(sliding_window=8, layer_types=["full_attention", "sliding_attention"])
+    assert layer_windows(typed, layers("absent", "absent")) == (None, 8)
+    assert layer_windows(SimpleNamespace(sliding_window=8), layers("absent", "absent")) == (8, 8)
+    # switched off, absent, zero: no window; linear (Gated DeltaNet) layers never have one
+    off = SimpleNamespace(sliding_window=8, use_sliding_window=False)
+    assert layer_windows(off, layers("absent")) == (None,)
+    assert layer_windows(SimpleNamespace(), layers("absent")) == (None,)
+    assert layer_windows(SimpleNamespace(sliding_window=0), layers("absent")) == (None,)
+    linear = [SimpleNamespace(linear_attn=object()), *layers("absent")]
+    assert layer_windows(SimpleNamespace(sliding_window=8), linear, linear=(0,)) == (None, 8)
