@@ -79,8 +79,7 @@ class EagerDecoder:
             grammar = GrammarState(request.constraint, request.stop_ids, target.config.vocab_size)
         prompt = torch.tensor(request.prompt_ids, device=self.device)
         positions = torch.arange(prompt_len, device=self.device)
-        logits, features = target.forward(prompt, positions, None, feature_layers, last_only=True)
-        target.commit(list(range(prompt_len)))
+        logits, features = target.prefill(prompt, feature_layers)
         last_logits = logits[-1:].float()
         complete = False
         if grammar is not None:

@@ -27,6 +27,23 @@ from ddtree_diag.engine import arch as arch_
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.rope import apply_rope
 
+# Prompt rows per prefill forward, by device type (both decode paths run the same chunks). What a
+# forward holds grows with its rows (on CUDA the fast path's attention bias is rows x the cache
+# window per query head of a KV head: 8.6 GB for a whole 32k-token prompt on the 8B shape), so a
+# long prompt goes in chunks, each attending to the rows committed before it. None: the whole
+# prompt in one forward. On CPU the eager prompt runs SDPA's causal mode with no mask at all, which
+# later chunks could not (24k tokens, a tiny target: 2.1 s and 566 MiB whole, 5.2 s and 1,353 MiB
+# in 8k chunks).
+PREFILL_CHUNK: dict[str, int | None] = {"cuda": 8192, "cpu": None}
+
+
+def prefill_chunks(prompt_len: int, device: torch.device | str, size: int | None = None) -> list[tuple[int, int]]:
+    """The [begin, end) row ranges a prompt's prefill runs as on ``device`` (``size``: rows per
+    chunk instead of ``PREFILL_CHUNK``'s)."""
+    kind = torch.device(device).type
+    size = size or PREFILL_CHUNK.get(kind, PREFILL_CHUNK["cuda"]) or max(prompt_len, 1)
+    return [(begin, min(prompt_len, begin + size)) for begin in range(0, prompt_len, size)]
+
 
 def grouped_kv(keys: torch.Tensor, values: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Keys/values [B, kv_heads, L, D] for SDPA over ``heads`` query heads, and its ``enable_gqa``.
@@ -278,6 +295,26 @@ class TargetModel:
             if index in wanted and index != self.num_layers - 1:
                 features[index] = hidden
         return self.head(hidden, features, feature_layers, last_only)
+
+    @torch.no_grad()
+    def prefill(
+        self, token_ids: torch.Tensor, feature_layers: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A prompt [T] into the empty cache, committed, in ``prefill_chunks``: each chunk attends to
+        the committed rows and causally to itself; linear layers carry their state across. Returns
+        the last row's logits [1, V] and the features [T, n*H] (None without ``feature_layers``)."""
+        total = token_ids.shape[0]
+        positions = torch.arange(total, device=self.device)
+        features = None
+        for begin, end in prefill_chunks(total, self.device):
+            rows = token_ids[begin:end]
+            logits, part = self.forward(rows, positions[begin:end], None, feature_layers, last_only=True)
+            self.commit(list(range(end - begin)))
+            if part is not None:
+                if features is None:  # filled chunk by chunk: no concatenated copy of a long prompt's
+                    features = part.new_empty(total, part.shape[1])
+                features[begin:end] = part
+        return logits, features
 
     def head(
         self,

@@ -82,6 +82,7 @@ from ddtree_diag.engine.fast.tree import (
     tree_node_count,
 )
 from ddtree_diag.engine.grammar import GrammarState
+from ddtree_diag.engine.target import prefill_chunks
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
@@ -288,14 +289,16 @@ class FastDecoder:
         compiled: bool = True,
         parents: torch.Tensor | None = None,
         last_only: bool = False,
+        continued: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``tokens`` at positions start+depth, K/V written at slots start.., attention over
         the cache slots [0, window): committed slots plus the rows' ancestors (``anc``).
         ``compiled=False`` (the prefill, whose length varies) never uses the compiled layer halves;
         ``last_only``: the last row's logits only (``TargetModel.head``).
         Gated DeltaNet layers (hybrid targets): ``parents`` None = the prompt, committed whole
-        (chunked form, state written at once); else tree rows in one parallel solve whose parts
-        wait in ``linear_parts`` for commit."""
+        (chunked form, state written at once; ``continued``: from the committed state, a prompt's
+        later chunk); else tree rows in one parallel solve whose parts wait in ``linear_parts``
+        for commit."""
         t = self.target
         pre, post = (self._pre_attention, self._post_attention) if compiled else (
             target_pre_attention, target_post_attention,
@@ -337,7 +340,7 @@ class FastDecoder:
                 continue
             fused = self.fused[index]
             if index in self.linear_state:
-                delta, hidden = self._linear_layer(index, layer, hidden, residual, parents, anc, paths)
+                delta, hidden = self._linear_layer(index, layer, hidden, residual, parents, anc, paths, continued)
                 hidden, residual = mlp_half(layer, hidden, fused, delta=delta, defer=True)
             else:
                 slot = t.cache_slot[index]
@@ -374,14 +377,25 @@ class FastDecoder:
         return t.head(hidden, features, self.feature_layers if with_features else None, last_only)
 
     def _prefill(self, prompt: torch.Tensor, with_features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The prompt's rows through the target at slots 0.. (causal; never the compiled layer
-        halves, its length varies): (the last row's logits [1, V], the draft's context features
-        or None)."""
+        """The prompt's rows through the target at slots 0.. in ``prefill_chunks`` as the eager
+        target runs them (causal; never the compiled layer halves, its length varies): (the last
+        row's logits [1, V], the draft's context features [T, n*H] or None). Leaves ``start`` at
+        the last chunk's first slot."""
         prompt_len = prompt.shape[0]
-        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
-        positions = torch.arange(prompt_len, device=self.device)
-        window = attention_window(prompt_len, self.max_len)
-        return self._target_forward(prompt, positions, causal, with_features, window, compiled=False, last_only=True)
+        features = None
+        for begin, end in prefill_chunks(prompt_len, self.device):
+            rows = end - begin
+            causal = torch.ones(rows, rows, dtype=torch.bool, device=self.device).tril()
+            self.start.fill_(begin)
+            logits, part = self._target_forward(
+                prompt[begin:end], self.slot_index[:rows], causal, with_features, attention_window(end, self.max_len),
+                compiled=False, last_only=True, continued=begin > 0,
+            )
+            if part is not None:
+                if features is None:  # filled chunk by chunk: no concatenated copy
+                    features = part.new_empty(prompt_len, part.shape[1])
+                features[begin:end] = part
+        return logits, features
 
     def _linear_layer(
         self,
@@ -392,18 +406,21 @@ class FastDecoder:
         parents: torch.Tensor | None,
         anc: torch.Tensor,
         paths: torch.Tensor | None = None,
+        continued: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One Gated DeltaNet layer's output [1, rows, H] and its input hidden state (``hidden`` +
         ``residual``, the add inside the input norm's kernel): the prompt (``parents`` None;
-        committed at once) or tree rows (the parallel solve, kept for ``_commit``; ``paths``: the
-        rows' path table for the solve kernel)."""
+        committed at once; ``continued``: a later chunk, from the committed state) or tree rows
+        (the parallel solve, kept for ``_commit``; ``paths``: the rows' path table for the solve
+        kernel)."""
         hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
         x = x[0]
         module = layer.linear_attn
         if parents is None:
             if ahead.dry():  # the prompt's recurrence launches no Triton kernel: a pass needs its shape only
                 return x.new_empty(1, x.shape[0], module.out_proj.out_features), hidden
-            out, state, conv = gdn.gdn_layer_prefill(module, x, None, None)
+            committed = (self.linear_state[index], self.linear_conv[index]) if continued else (None, None)
+            out, state, conv = gdn.gdn_layer_prefill(module, x, *committed)
             self.linear_state[index].copy_(state)
             self.linear_conv[index].copy_(conv)
             return out[None], hidden
@@ -870,8 +887,10 @@ class FastDecoder:
         self, fresh: dict[tuple, Callable[[], None]], temperature: float, prompt_len: int
     ) -> str | None:
         """What the kernels of a compile-ahead pass follow (its marker's key, with ahead.py's
-        parts): the stages, the prompt's length class (a multiple of 16 or not, one row), the
-        kernel switches, the model's shapes and dtype, the GPU. None where it cannot be told."""
+        parts): the stages, the length class of the prompt's prefill chunks (a multiple of 16 or
+        not, one row), the kernel switches, the model's shapes and dtype, the GPU. None where it
+        cannot be told."""
+        chunk_rows = [end - begin for begin, end in prefill_chunks(prompt_len, self.device)]
         try:
             switches = sorted(
                 (name, value) for name, value in os.environ.items()
@@ -879,7 +898,9 @@ class FastDecoder:
                 or (name.startswith("DDTREE_DIAG_") and name.endswith("_KERNEL"))
             )
             return repr((
-                sorted(map(repr, fresh)), temperature > 0, prompt_len % 16 == 0, prompt_len == 1, switches,
+                sorted(map(repr, fresh)), temperature > 0,
+                sorted({(rows % 16 == 0, rows == 1) for rows in chunk_rows}),
+                switches,
                 str(self.target.dtype), self.target.config.to_json_string(use_diff=False),
                 repr(getattr(self.draft, "config", None)),
                 torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None,
