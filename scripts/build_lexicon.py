@@ -9,7 +9,8 @@ Writes
   the share of running text those words cover and the share of *short* (<= 4 letters) running
   words they miss (both from wordfreq's own frequencies: what a clean text's out-of-lexicon rate
   should be), and its 150 most frequent words (language identification);
-- ``ddtree_diag/data/lexicon/<lang>.txt.gz``: the top ``--keep`` words, one per line;
+- ``ddtree_diag/data/lexicon/<lang>.txt.gz``: the top ``--keep`` words, and the words of 5+ letters
+  up to rank ``--keep-long``, one per line;
 - ``tests/data/quality/words.json``: for the test generators, per language ~2000 words drawn by
   frequency from ranks the lexicon keeps AND ranks it does not (so generated clean text has the
   rare words real text has), with their frequencies.
@@ -35,6 +36,7 @@ LANGUAGES = [
     "is", "it", "lt", "lv", "mk", "ms", "nb", "nl", "pl", "pt", "ro", "ru", "sh", "sk", "sl", "sv", "ta", "tr",
     "uk", "ur", "vi",
 ]
+LONG = 5  # letters: a word this long is kept past --keep (to --keep-long)
 TEST_LANGUAGES = ["en", "es", "fr", "de", "it", "pt", "nl", "pl", "ru", "uk", "el", "tr", "fi", "ar", "he", "hi", "id",
                   "sv", "cs"]
 
@@ -74,6 +76,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--wheel", help="wordfreq wheel (default: the installed wordfreq)")
     parser.add_argument("--keep", type=int, default=16000, help="words kept per language")
+    parser.add_argument(
+        "--keep-long", type=int, default=32000,
+        help=f"words of {LONG}+ letters are kept up to this rank (the short ones stop at --keep)",
+    )
     args = parser.parse_args()
     lists = read_lists(args.wheel)
     out_dir = ROOT / "ddtree_diag" / "data" / "lexicon"
@@ -84,7 +90,10 @@ def main() -> None:
     for lang, entries in lists.items():
         entries = [(w, f) for w, f in entries if any(ch.isalpha() for ch in w)]
         total = sum(f for _, f in entries)
-        kept = entries[: args.keep]
+        # Past the first --keep words, the long ones to --keep-long: technical and inflected words
+        # ("repository", "headers", "encoding") that clean answers use. Salad's pieces are short,
+        # and short words stay at --keep, so the pieces stay unknown.
+        kept = entries[: args.keep] + [(w, f) for w, f in entries[args.keep : args.keep_long] if len(w) >= LONG]
         coverage = sum(f for _, f in kept) / total
         short_missed = sum(f for w, f in entries[args.keep :] if len(w) <= 4) / total
         index[lang] = {

@@ -43,7 +43,7 @@ def essentials(report: dict) -> list[tuple]:
     return [(r["case"]["case_id"], r["status"], r["output"], r["spec"]["decode_rounds"]) for r in report["results"]]
 
 
-MAX_BYTES = 6 * 1024 * 1024  # sources ~4 MB, plus bytecode of the modules the tool imports at start
+MAX_BYTES = 8 * 1024 * 1024  # sources ~4 MB with the word lists (3.2 MB), plus bytecode of the start-up modules
 
 
 def test_pyz_leaves_out_engine_only_data_and_stays_small(pyz):

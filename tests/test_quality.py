@@ -659,6 +659,16 @@ def test_every_span_points_at_its_evidence():
     assert checked > 150
 
 
+def test_the_labelled_clean_corpus_stays_clean():
+    """Every clean answer of the corpus (greetings, lists, code, maths, translations, technical
+    answers full of jargon: "pooling", "timeouts", "multipart") passes."""
+    keys = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
+    rows = [row for row in _corpus_rows() if row["label"] == "clean"]
+    verdicts = [(row["note"], assess(row["text"], **{k: row.get(k) for k in keys})) for row in rows]
+    assert [(note, verdict.codes) for note, verdict in verdicts if verdict.garbage] == []
+    assert sum(row["note"].startswith("technical answer") for row in rows) >= 8
+
+
 def test_corpus_is_large_and_labelled():
     rows = _corpus_rows()
     labels = [r["label"] for r in rows]

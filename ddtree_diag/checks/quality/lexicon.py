@@ -1,8 +1,9 @@
 """Word lists of 39 languages written with spaces (ddtree_diag/data/lexicon/, built by
 scripts/build_lexicon.py from wordfreq's frequency lists): which language a text is in, and
-whether a word is one of that language's 16,000 most frequent.
+whether a word is one of that language's 16,000 most frequent, or a word of 5+ letters among its
+32,000 most frequent (technical and inflected words; salad's pieces are short).
 
-Loaded lazily (a list on the first text that needs it, ~5 ms each) through importlib.resources,
+Loaded lazily (a list on the first text that needs it, ~5-10 ms each) through importlib.resources,
 so it also works from the single-file build.
 """
 

@@ -2,12 +2,13 @@
 ``photo synth esis``), the text a position or cache bug makes of a target's own tokens.
 
 No model needed: the text's language is identified from its (and the prompt's) most frequent
-words, and each lower-case word is looked up in that language's lexicon of 16,000 frequent words
-(lexicon.py); a German-style compound counts as known when it splits into two known words. Clean
-text leaves only rare words and names outside it, and rare words are long; salad leaves many
-short pieces outside it. The signal is the number of *short* unknown pieces (<= 4 letters) in
-the worst stretch of 30 words, judged against what the language's own frequency list says a
-clean text leaves (``short_missed`` in the index), plus the share of unknown words there.
+words, and each lower-case word is looked up in that language's lexicon (lexicon.py: its 16,000
+most frequent words, and those of 5+ letters to rank 32,000); a German-style compound counts as
+known when it splits into two known words. Clean text leaves only rare words and names outside
+it, and rare words are long; salad leaves many short pieces outside it. The signal is the
+number of *short* unknown pieces (<= 4 letters) in the worst stretch of 30 words, judged against
+what the language's own frequency list says a clean text leaves (``short_missed`` in the index),
+plus the share of unknown words there.
 
 Limits: languages without a lexicon (and scripts written without spaces: Chinese, Japanese,
 Thai) are not checked; in a text longer than 16 KiB only the head, the tail and 16 sampled
