@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-first-request bench-default bench-via bench-fleet bench-kernels bench-cpu-engine demo pyz clean
+.PHONY: install test test-fast fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-first-request bench-default bench-via bench-fleet bench-kernels bench-cpu-engine bench-long-prompt demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -70,6 +70,10 @@ bench-tree: install
 
 # GPU only: the engine's Triton kernels alone against the PyTorch ops they replace (us per call).
 # The embedded default on this CPU: ms per decode round by stage, a long prompt's first token, peak RSS.
+# A long prompt's prefill whole or in 8k chunks: first token, peak memory, the same tokens.
+bench-long-prompt: install
+	$(PYTHON) -m bench.long_prompt
+
 bench-cpu-engine: install
 	$(PYTHON) -m bench.cpu_engine
 

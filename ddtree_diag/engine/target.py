@@ -32,8 +32,8 @@ from ddtree_diag.engine.rope import apply_rope
 # window per query head of a KV head: 8.6 GB for a whole 32k-token prompt on the 8B shape), so a
 # long prompt goes in chunks, each attending to the rows committed before it. None: the whole
 # prompt in one forward. On CPU the eager prompt runs SDPA's causal mode with no mask at all, which
-# later chunks could not (24k tokens, a tiny target: 2.1 s and 566 MiB whole, 5.2 s and 1,353 MiB
-# in 8k chunks).
+# later chunks could not (bench.long_prompt, 24k tokens on its small shape: 9.7 s and 1,185 MiB
+# whole, 16.9 s and 1,900 MiB in 8k chunks).
 PREFILL_CHUNK: dict[str, int | None] = {"cuda": 8192, "cpu": None}
 
 
