@@ -669,6 +669,15 @@ def test_the_labelled_clean_corpus_stays_clean():
     assert sum(row["note"].startswith("technical answer") for row in rows) >= 8
 
 
+def test_an_address_said_again_and_again_is_still_a_loop():
+    # an IPv6 / MAC address reads as one token (its groups repeat by design); the address
+    # itself repeated, or a run of groups longer than any address, is a loop as before
+    for text in ("The mask is " + "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff " * 12,
+                 "The address is " + "ffff:" * 40, "Interfaces: " + "00:1c:2b:4d:5e:6f, " * 15):
+        codes = assess(text, prompt="What is the netmask?", finish_reason="stop").codes
+        assert {"phrase_loop", "token_loop"} & set(codes), (text, codes)
+
+
 def test_corpus_is_large_and_labelled():
     rows = _corpus_rows()
     labels = [r["label"] for r in rows]

@@ -17,7 +17,12 @@ EVIDENCE_CHARS = 80
 # and punctuation runs. Spaces are dropped: a loop is about what repeats, not how it is spaced.
 # (stdlib `re` here: about twice as fast as `regex` on this simple pattern; CJK ranges by hand.)
 _CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-TOKEN_RE = re.compile(rf"[{_CJK_RANGES}]|[^\W{_CJK_RANGES}]+(?:['’][^\W{_CJK_RANGES}]+)*|\n+|[^\w\s]+")
+# An IPv6 or MAC address ("ffff:ffff:ffff:ffff::", "00:1a:2b:3c:4d:5e"; 4-8 groups) is one token: its groups
+# repeat by design, not as a loop.
+TOKEN_RE = re.compile(
+    rf"[0-9a-f]{{1,4}}(?::[0-9a-f]{{0,4}}){{3,7}}(?![\w:])|[{_CJK_RANGES}]|[^\W{_CJK_RANGES}]+(?:['’][^\W{_CJK_RANGES}]+)*"
+    r"|\n+|[^\w\s]+"
+)
 WORDISH_RE = re.compile(r"[^\W\d_]")
 HAS_CONTENT_RE = re.compile(r"[^\W_]|[^\x00-\x7f]")
 ONLY_MARKER_RE = re.compile(r"(?:\d{1,3}[.)]|[-*•]|step \d+:?)", re.IGNORECASE)
@@ -193,7 +198,8 @@ MOJIBAKE_GATE_RE = re.compile(
 # digit, which the regex engine scans for fast) before the full marker walk.
 STUCK_GATE_RE = re.compile(r"\d[.)][^\w\n]{0,4}\n?[^\w\n]{0,4}\d[.)]")
 # A list marker ("1." / "1)") at a word boundary followed by space or end.
-MARKER_RE = re.compile(r"(?<![\w.,])(\d{1,3})[.)](?=\s|$)")
+# ("#12)" is an issue reference, not a marker.)
+MARKER_RE = re.compile(r"(?<![\w.,#])(\d{1,3})[.)](?=\s|$)")
 
 INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
