@@ -233,6 +233,9 @@ _DOTS = set(".·•‧∙⋅")
 _SEPARATORS = set(",，、;；:：")
 
 
+_GRID_RULE_RE = re.compile(r"\s*\+[-=+:]*[-=]{3}[-=+:]*\+\s*")  # a grid table's rule: +----+=====+
+
+
 @reads(WINDOW)
 def find_punct_run(text: str, ctx: Context) -> list[Reason]:
     if ctx.repeat:
@@ -253,8 +256,8 @@ def find_punct_run(text: str, ctx: Context) -> list[Reason]:
         line_end = len(text) if line_end < 0 else line_end
         line = text[line_start:line_end]
         before, after = text[line_start:start], text[end:line_end]
-        if line.lstrip().startswith("|") or line.rstrip().endswith("|"):
-            continue  # a table
+        if line.lstrip().startswith("|") or line.rstrip().endswith("|") or _GRID_RULE_RE.fullmatch(line):
+            continue  # a table, or a grid table's rule ("+----+-----+", "+====+")
         reaches_end = not text[end:].strip()
         if char in _MARKUP or (spaced and char in "*-"):
             # A whole line of it is a rule; mid-line it is a blank to fill, an arrow or a masked
