@@ -678,6 +678,14 @@ def test_an_address_said_again_and_again_is_still_a_loop():
         assert {"phrase_loop", "token_loop"} & set(codes), (text, codes)
 
 
+def test_numbers_in_a_closed_literal_are_data_but_an_open_run_is_a_loop():
+    zeros = ", ".join(["0"] * 24)
+    assert not assess(f"The buffer starts as [{zeros}] and fills up.", prompt="x", finish_reason="stop").garbage
+    assert not assess(f"The vector ({zeros}) is all zeros.", prompt="x", finish_reason="stop").garbage
+    for text in (f"The buffer starts as [{zeros}, {zeros}", f"The values are {zeros}, {zeros} and more."):
+        assert "phrase_loop" in assess(text, prompt="x", finish_reason="stop").codes, text
+
+
 def test_corpus_is_large_and_labelled():
     rows = _corpus_rows()
     labels = [r["label"] for r in rows]

@@ -120,6 +120,22 @@ def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int
     return None
 
 
+_OPENERS = {"[": "]", "(": ")", "{": "}"}
+_LITERAL_END_RE = re.compile(r"[\s,;]*[-+]?[\d.]*\s*([\])}])")
+
+
+def _in_literal(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] lies inside a bracket opened before it on its line and closed right
+    after it ("[0, 0, 0, 0, 0]", "(1, 1, 1, 1)"): data written out, not a loop."""
+    line_start = text.rfind("\n", 0, start) + 1
+    before = text[line_start:start]
+    tail = _LITERAL_END_RE.match(text, end)
+    if tail is None:
+        return False
+    opener = {close: open_ for open_, close in _OPENERS.items()}[tail.group(1)]
+    return before.count(opener) > before.count(_OPENERS[opener])
+
+
 def _loops_in(
     text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]], found: dict[str, Reason]
 ) -> dict[str, Reason]:
@@ -172,6 +188,8 @@ def _loops_in(
         if starts is None:
             starts = [lo + x for x in _token_offsets(segment)]
         pos = starts[start]
+        if not unit_words and _in_literal(text, pos, starts[end - 1] + len(names[ids[end - 1]])):
+            continue  # numbers inside a bracketed literal closed on its line: [0, 0, 0, 0, 0, 0]
         relaxed = inside_spans(pos, code_spans) or line_at(text, pos).lstrip().startswith("|")
         # A refrain that runs until the token limit is a loop, song or not.
         runs_out = ctx.truncated and at_text_end and n - end <= 2
