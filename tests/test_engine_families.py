@@ -1,9 +1,9 @@
 """The engine on the dense families' config variants, against HF's own greedy decode (CPU, fp32).
 
 Each variant is a tiny random-weight checkpoint written to disk and loaded through the real loader.
-The ground truth is HF's greedy decode of the same weights (its forward and cache, token by token;
-each token also the argmax of HF's uncached forward over the sequence before it); the eager loop and
-the fast path's CPU twin must give its tokens at every budget. The sliding-window variants use a window
+The ground truth is HF's own forward of the same weights over the whole sequence (no cache): every
+token of the engine's AR decode must be its argmax there, and the eager loop and the fast path's CPU
+twin must give those tokens at every budget. The sliding-window variants use a window
 shorter than the prompt, so attention that slides where HF does not (or not where it does) shows.
 """
 
@@ -33,6 +33,11 @@ VARIANTS = {
     # Mistral slides every layer
     "mistral-every-layer-slides": ("mistral", dict(sliding_window=WINDOW)),
     "mistral-no-window": ("mistral", dict(sliding_window=None)),
+    # Ministral: Mistral with sliding layers by layer_types; Llama ignores a sliding_window
+    "ministral-alternating-layers": (
+        "ministral", dict(sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention"] * 2),
+    ),
+    "llama-window-ignored": ("llama", dict(sliding_window=WINDOW)),
     "llama-biases-tied-head": ("llama", dict(mlp_bias=True, tie_word_embeddings=True)),
     "llama-llama3-rope": ("llama", dict(rope_parameters=dict(
         rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -51,6 +56,8 @@ EXPECTED_WINDOWS = {
     "qwen3-window-off": (None,) * 4,
     "mistral-every-layer-slides": (WINDOW,) * 4,
     "mistral-no-window": (None,) * 4,
+    "ministral-alternating-layers": (None, WINDOW) * 2,
+    "llama-window-ignored": (None,) * 4,
 }
 
 
@@ -69,9 +76,10 @@ def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_p
         rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": "d"}))
         sliding = sum(window is not None for window in windows)
         assert rows.get("sliding window") == (f"{WINDOW} tokens on {sliding} of 4 layers" if sliding else None)
-    expected = engine.greedy_reference(PROMPT, MAX_TOKENS, stop_ids=[])  # HF's forward and cache, token by token
-    # each of its tokens is the argmax of HF's forward over the whole sequence before it (HF's own
-    # masks and rotary, no cache)
+    # The ground truth: HF's own forward over the whole sequence (its masks and rotary, no cache):
+    # each token of the eager AR decode must be its argmax there. (HF's cached decode is not one:
+    # its cache slides whenever a config sets sliding_window, even where its Llama layers do not.)
+    expected = engine.generate_ids(PROMPT, tree_budget=0, max_tokens=MAX_TOKENS, stop_token_ids=[]).token_ids
     with torch.no_grad():
         logits = engine.target.hf(torch.tensor([PROMPT + expected])).logits[0]
     assert logits[len(PROMPT) - 1 : -1].argmax(dim=-1).tolist() == expected
@@ -96,17 +104,24 @@ def test_layer_windows_read_each_layers_own_choice():
             made.append(SimpleNamespace(self_attn=attn))
         return made
 
+    def config(model_type, **fields):
+        return SimpleNamespace(model_type=model_type, **fields)
+
     # the module's own attribute wins (Qwen2/Qwen3: None on the full-attention layers)
-    config = SimpleNamespace(sliding_window=8, use_sliding_window=True)
-    assert layer_windows(config, layers(None, 8, None)) == (None, 8, None)
-    # no attribute on the module: the config's layer_types, else the config's window for all (Mistral)
-    typed = SimpleNamespace(sliding_window=8, layer_types=["full_attention", "sliding_attention"])
+    assert layer_windows(config("qwen3", sliding_window=8, use_sliding_window=True), layers(None, 8, None)) == (
+        None, 8, None,
+    )
+    # a Qwen module that does not say: the config's layer_types
+    typed = config("qwen2", sliding_window=8, layer_types=["full_attention", "sliding_attention"])
     assert layer_windows(typed, layers("absent", "absent")) == (None, 8)
-    assert layer_windows(SimpleNamespace(sliding_window=8), layers("absent", "absent")) == (8, 8)
+    # Mistral: every layer, whatever layer_types says (HF ignores it); Llama never slides
+    mistral = config("mistral", sliding_window=8, layer_types=["full_attention", "sliding_attention"])
+    assert layer_windows(mistral, layers("absent", "absent")) == (8, 8)
+    assert layer_windows(config("llama", sliding_window=8), layers("absent", "absent")) == (None, None)
     # switched off, absent, zero: no window; linear (Gated DeltaNet) layers never have one
-    off = SimpleNamespace(sliding_window=8, use_sliding_window=False)
+    off = config("mistral", sliding_window=8, use_sliding_window=False)
     assert layer_windows(off, layers("absent")) == (None,)
-    assert layer_windows(SimpleNamespace(), layers("absent")) == (None,)
-    assert layer_windows(SimpleNamespace(sliding_window=0), layers("absent")) == (None,)
+    assert layer_windows(config("mistral"), layers("absent")) == (None,)
+    assert layer_windows(config("mistral", sliding_window=0), layers("absent")) == (None,)
     linear = [SimpleNamespace(linear_attn=object()), *layers("absent")]
-    assert layer_windows(SimpleNamespace(sliding_window=8), linear, linear=(0,)) == (None, 8)
+    assert layer_windows(config("mistral", sliding_window=8), linear, linear=(0,)) == (None, 8)

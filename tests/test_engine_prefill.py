@@ -90,6 +90,8 @@ def test_chunked_prefill_equals_one_forward_up_to_rounding(engines, monkeypatch,
         target.reset(64)
         logits, features = target.prefill(prompt, layers)
         assert target.length == len(PROMPT)
+        # the committed conv window owns its storage (a view would pin the chunk's whole conv input)
+        assert all(target.conv[i].untyped_storage().nbytes() == target.conv[i].nbytes for i in target.linear_layers)
         state = {i: (target.recurrent[i].clone(), target.conv[i].clone()) for i in target.linear_layers}
         results[chunk] = (logits, features, target.kv.k[:, :, :, : len(PROMPT)].clone(), state)
     (logits, features, keys, state), (c_logits, c_features, c_keys, c_state) = results.values()

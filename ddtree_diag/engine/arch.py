@@ -1,11 +1,12 @@
 """What the engine knows about target architectures, in one place.
 
-Dense targets: the Llama / Qwen2 / Qwen3 / Mistral family (pre-norm decoder layers, rope, GQA,
-optional q/k norm and q/k/v bias). Hybrid targets: Qwen3.5 / Qwen3.6 (``qwen3_5``, also their MoE
-variant) and Qwen3-Next (``qwen3_next``), whose Gated DeltaNet ("linear attention") layers sit
-between full-attention layers with a gated query (``q_proj`` gives query|gate per head, the output
-is scaled by sigmoid(gate)) and partial rotary embeddings (HF's rotary module returns cos/sin for
-the rotated dims only; ``rope.apply_rope`` turns those and keeps the rest).
+Dense targets: the Llama / Qwen2 / Qwen3 / Mistral / Ministral family (pre-norm decoder layers,
+rope, GQA, optional q/k norm and q/k/v bias, sliding-window layers). Hybrid targets: Qwen3.5 /
+Qwen3.6 (``qwen3_5``, also their MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated
+DeltaNet ("linear attention") layers sit between full-attention layers with a gated query
+(``q_proj`` gives query|gate per head, the output is scaled by sigmoid(gate)) and partial rotary
+embeddings (HF's rotary module returns cos/sin for the rotated dims only; ``rope.apply_rope``
+turns those and keeps the rest).
 
 ``detect`` reads a loaded HF model once into an ``Arch`` that the target forward and the fast path
 read; ``check_supported`` refuses the rest from the config alone (before any weight is read).
@@ -20,7 +21,7 @@ from typing import Any
 
 from ddtree_diag.errors import UsageError
 
-DENSE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+DENSE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "ministral"}
 # Gated-DeltaNet hybrids the engine verifies (trees included) with per-node recurrent state.
 HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
 SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES | HYBRID_MODEL_TYPES
@@ -35,6 +36,7 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>",
 # then times silu(gate) in fp32, then cast). Any other norm runs as its own module.
 NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
+    "MinistralRMSNorm": "cast",
     "Qwen3MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
@@ -108,26 +110,28 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
 
 def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) -> tuple[int | None, ...]:
     """Each layer's sliding attention window as HF's own layers apply it (None: full attention or
-    a linear layer). Qwen2/Qwen3 attention modules carry their own (``layer_types`` makes only the
-    layers from ``max_window_layers`` on slide, and none unless ``use_sliding_window``); a config's
-    ``layer_types`` says which layers slide where the module does not; Mistral slides every layer by
-    the config's ``sliding_window``."""
+    a linear layer). Qwen2/Qwen3 and Ministral attention modules carry their own (``layer_types``:
+    Qwen's slide from ``max_window_layers`` on, and none unless ``use_sliding_window``; the config's
+    ``layer_types`` where a module does not say); Mistral slides every layer by the config's
+    ``sliding_window`` (HF ignores its ``layer_types``); Llama and the hybrids never slide."""
+    model_type = getattr(config, "model_type", "")
     config_window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", True) is False:
         config_window = None
     layer_types = getattr(config, "layer_types", None) or []
     windows: list[int | None] = []
     for index, layer in enumerate(layers):
-        if index in linear:
-            windows.append(None)
-            continue
-        attn = layer.self_attn
-        if hasattr(attn, "sliding_window"):
+        attn = None if index in linear else layer.self_attn
+        if attn is None:
+            window = None
+        elif hasattr(attn, "sliding_window"):
             window = attn.sliding_window
-        elif index < len(layer_types):
+        elif model_type == "mistral":
+            window = config_window
+        elif model_type in ("qwen2", "qwen3", "ministral") and index < len(layer_types):
             window = config_window if layer_types[index] == "sliding_attention" else None
         else:
-            window = config_window
+            window = None
         windows.append(int(window) if window else None)
     return tuple(windows)
 

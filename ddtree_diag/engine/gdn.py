@@ -508,4 +508,6 @@ def gdn_layer_prefill(
     core, state = chunked_gated_delta(q, k, v, g, beta, cache_state)
     normed = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     out = module.out_proj(normed.reshape(t, module.value_dim))
-    return out, state, full[:, full.shape[-1] - (kernel - 1) :]
+    # a copy: a view would keep the whole [conv_dim, K-1+T] input alive in the committed state
+    # (8,192 rows of the 27B shape: ~170 MB a layer)
+    return out, state, full[:, full.shape[-1] - (kernel - 1) :].clone()

@@ -62,6 +62,7 @@ DENSE_FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "ministral": ("MinistralConfig", "MinistralForCausalLM"),
 }
 
 
