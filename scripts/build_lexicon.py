@@ -6,14 +6,14 @@ CC-BY-SA 4.0), read straight from its wheel (a ``.whl`` path or an installed ``w
 
 Writes
 - ``ddtree_diag/data/lexicon/index.json``: per language its script, the number of words kept,
-  the share of running text those words cover and the share of *short* (<= 4 letters) running
-  words they miss (both from wordfreq's own frequencies: what a clean text's out-of-lexicon rate
+  the share of running text the top ``--keep`` words cover and the share of *short* (<= 4 letters)
+  running words they miss (both from wordfreq's own frequencies: what a clean text's out-of-lexicon rate
   should be), and its 150 most frequent words (language identification);
 - ``ddtree_diag/data/lexicon/<lang>.txt.gz``: the top ``--keep`` words, and the words of 5+ letters
   up to rank ``--keep-long``, one per line;
 - ``tests/data/quality/words.json``: for the test generators, per language ~2000 words drawn by
-  frequency from ranks the lexicon keeps AND ranks it does not (so generated clean text has the
-  rare words real text has), with their frequencies.
+  frequency from the top ``--keep`` ranks AND the ranks past them (so generated clean text has the
+  rare words real text has; the short ones the lexicon does not hold), with their frequencies.
 
     python scripts/build_lexicon.py --wheel wordfreq-3.1.1-py3-none-any.whl
 """
@@ -94,7 +94,9 @@ def main() -> None:
         # ("repository", "headers", "encoding") that clean answers use. Salad's pieces are short,
         # and short words stay at --keep, so the pieces stay unknown.
         kept = entries[: args.keep] + [(w, f) for w, f in entries[args.keep : args.keep_long] if len(w) >= LONG]
-        coverage = sum(f for _, f in kept) / total
+        # The thresholds' calibration: what the top --keep words cover (the long words kept past
+        # them only leave a clean text fewer unknown words; they must not make the signal stricter).
+        coverage = sum(f for _, f in entries[: args.keep]) / total
         short_missed = sum(f for w, f in entries[args.keep :] if len(w) <= 4) / total
         index[lang] = {
             "script": script_of([w for w, _ in entries]),
@@ -108,7 +110,8 @@ def main() -> None:
             fh.write("\n".join(sorted(w for w, _ in kept)).encode("utf-8"))
         (out_dir / f"{lang}.txt.gz").write_bytes(buffer.getvalue())
         if lang in TEST_LANGUAGES:
-            # 1500 of the top words (by frequency) and 500 from beyond the lexicon's cut.
+            # 1500 of the top words (by frequency) and 500 past the top --keep: the rare words real
+            # text has (the long ones among them to --keep-long are in the lexicon, as in real text).
             head = entries[: args.keep]
             tail = entries[args.keep : args.keep * 3]
             picks = rng.choices(head, weights=[f for _, f in head], k=1500) + rng.sample(tail, min(500, len(tail)))

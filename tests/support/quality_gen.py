@@ -1,6 +1,6 @@
 """Seeded generators of clean and garbage answers, by class, over real word lists in several
-languages and scripts (tests/data/quality/words.json, from wordfreq: frequent words AND words the
-detector's lexicon does not hold, drawn by frequency).
+languages and scripts (tests/data/quality/words.json, from wordfreq: frequent words AND rarer ones
+past the lexicon's top ranks, as real text has them, drawn by frequency).
 
 Every generator is ``gen(rng) -> Sample``: random words, lengths, scripts and positions, so a
 test or the benchmark sees new texts at every seed rather than copied strings. Used by
