@@ -661,7 +661,7 @@ def test_every_span_points_at_its_evidence():
 
 def test_the_labelled_clean_corpus_stays_clean():
     """Every clean answer of the corpus (greetings, lists, code, maths, translations, technical
-    answers full of jargon: "pooling", "timeouts", "multipart") passes."""
+    answers full of jargon: "repository", "metadata", "multipart") passes."""
     keys = ("prompt", "finish_reason", "completion_tokens", "max_tokens", "thinking", "reasoning")
     rows = [row for row in _corpus_rows() if row["label"] == "clean"]
     verdicts = [(row["note"], assess(row["text"], **{k: row.get(k) for k in keys})) for row in rows]

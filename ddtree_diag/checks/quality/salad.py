@@ -114,6 +114,27 @@ def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | 
     return None
 
 
+# How much more of a text another candidate language's lexicon must hold to be read as that one.
+_COVERAGE_MARGIN = 0.25
+
+
+def _best_covered(langs: list[str], words: list[str]) -> list[str]:
+    """The identified language(s), unless another language of the text's script among its likely
+    ones holds far more of its words. Frequent-word identification can pick a language whose
+    function words the text shares by chance ("ten" is Czech): "One, two, three, ..., ten" read
+    as Czech is all unknown words, as English all known."""
+    script = lexicon.index()[langs[0]]["script"]
+    candidates = [lang for lang, share in lexicon.identify(words)[:4] if share > 0 and lang not in langs]
+    candidates = [lang for lang in candidates if lexicon.index()[lang]["script"] == script]
+    if not candidates:
+        return langs
+
+    distinct = set(words)
+    held = {lang: len(distinct & lexicon.words(lang)) / len(distinct) for lang in (*langs, *candidates)}
+    best = max(candidates, key=held.__getitem__)
+    return [best] if held[best] >= max(held[lang] for lang in langs) + _COVERAGE_MARGIN else langs
+
+
 def _prompt_language(prompt: str) -> str | None:
     """The prompt's language, from its frequent words; short prompts share their few frequent
     words between languages ("Parlami della storia": "di", "la"), so a tie is broken by the
@@ -177,9 +198,11 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_l
     checked = _prose_words(text, code_spans)
     if len(checked) < _MIN_WORDS:
         return None
-    langs = _language([w for w, _, _ in checked], prompt, any_language)
+    words = [w for w, _, _ in checked]
+    langs = _language(words, prompt, any_language)
     if langs is None:
         return None
+    langs = _best_covered(langs, words)
     script = lexicon.index()[langs[0]]["script"]
     checked = [c for c in checked if lexicon.script_of_char(c[0][0]) == script]  # "α" in English: maths
     if len(checked) < _MIN_WORDS:
