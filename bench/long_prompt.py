@@ -20,12 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHUNK = 8192
-
 
 def child(shape: str, tokens: int, path: str, chunk: int | None) -> dict:
     import torch
 
+    from bench.cpu_engine import peak_rss_mib
     from bench.engine_speed import build
     from ddtree_diag.engine import target as target_module
 
@@ -41,11 +40,7 @@ def child(shape: str, tokens: int, path: str, chunk: int | None) -> dict:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     gen = engine.generate_ids(prompt, tree_budget=16, max_tokens=8, stop_token_ids=[])
-    if cuda:
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = next(int(line.split()[1]) / 1024 for line in Path("/proc/self/status").read_text().splitlines()
-                    if line.startswith("VmHWM:"))
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mib()
     return {"first_token_s": gen.ttft_s, "peak_mib": peak, "tokens": gen.token_ids, "device": device}
 
 
@@ -62,13 +57,16 @@ def main() -> int:
         return 0
     import torch
 
+    from ddtree_diag.engine.target import PREFILL_CHUNK
+
+    chunk_rows = PREFILL_CHUNK["cuda"]  # the CUDA default, on either device
     shape = args.shape or ("8b" if torch.cuda.is_available() else "small")
-    print(f"shape {shape}; prompt lengths {args.tokens}; chunk {CHUNK} rows or the whole prompt")
+    print(f"shape {shape}; prompt lengths {args.tokens}; chunk {chunk_rows} rows or the whole prompt")
     print(f"{'tokens':>7} {'path':>13} {'chunk':>6} {'first token s':>14} {'peak MiB':>9}  tokens == whole")
     for tokens in map(int, args.tokens.split(",")):
         for path in args.paths.split(","):
             whole = None
-            for chunk in (0, CHUNK):
+            for chunk in (0, chunk_rows):
                 out = subprocess.run(
                     [sys.executable, "-m", "bench.long_prompt", "--child", shape, str(tokens), path, str(chunk)],
                     capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],

@@ -20,6 +20,8 @@ path (``fast.decoder``) uses the same ``KVCache`` with its own forward and recur
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -43,6 +45,24 @@ def prefill_chunks(prompt_len: int, device: torch.device | str, size: int | None
     kind = torch.device(device).type
     size = size or PREFILL_CHUNK.get(kind, PREFILL_CHUNK["cuda"]) or max(prompt_len, 1)
     return [(begin, min(prompt_len, begin + size)) for begin in range(0, prompt_len, size)]
+
+
+def prefill_in_chunks(
+    prompt_len: int,
+    device: torch.device | str,
+    forward: Callable[[int, int], tuple[torch.Tensor, torch.Tensor | None]],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run ``forward(begin, end)`` (the rows' last logits, their features or None) over the
+    prompt's ``prefill_chunks``, in order: the last chunk's logits and the features [T, n*H],
+    filled chunk by chunk (no concatenated copy of a long prompt's)."""
+    features = None
+    for begin, end in prefill_chunks(prompt_len, device):
+        logits, part = forward(begin, end)
+        if part is not None:
+            if features is None:
+                features = part.new_empty(prompt_len, part.shape[1])
+            features[begin:end] = part
+    return logits, features
 
 
 def grouped_kv(keys: torch.Tensor, values: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -303,18 +323,14 @@ class TargetModel:
         """A prompt [T] into the empty cache, committed, in ``prefill_chunks``: each chunk attends to
         the committed rows and causally to itself; linear layers carry their state across. Returns
         the last row's logits [1, V] and the features [T, n*H] (None without ``feature_layers``)."""
-        total = token_ids.shape[0]
-        positions = torch.arange(total, device=self.device)
-        features = None
-        for begin, end in prefill_chunks(total, self.device):
-            rows = token_ids[begin:end]
-            logits, part = self.forward(rows, positions[begin:end], None, feature_layers, last_only=True)
+        positions = torch.arange(token_ids.shape[0], device=self.device)
+
+        def chunk(begin: int, end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            out = self.forward(token_ids[begin:end], positions[begin:end], None, feature_layers, last_only=True)
             self.commit(list(range(end - begin)))
-            if part is not None:
-                if features is None:  # filled chunk by chunk: no concatenated copy of a long prompt's
-                    features = part.new_empty(total, part.shape[1])
-                features[begin:end] = part
-        return logits, features
+            return out
+
+        return prefill_in_chunks(token_ids.shape[0], self.device, chunk)
 
     def head(
         self,

@@ -120,7 +120,7 @@ def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int
     return None
 
 
-_OPENERS = {"[": "]", "(": ")", "{": "}"}
+_OPENER_OF = {"]": "[", ")": "(", "}": "{"}
 _LITERAL_END_RE = re.compile(r"[\s,;]*[-+]?[\d.]*\s*([\])}])")
 
 
@@ -132,8 +132,8 @@ def _in_literal(text: str, start: int, end: int) -> bool:
     tail = _LITERAL_END_RE.match(text, end)
     if tail is None:
         return False
-    opener = {close: open_ for open_, close in _OPENERS.items()}[tail.group(1)]
-    return before.count(opener) > before.count(_OPENERS[opener])
+    closer = tail.group(1)
+    return before.count(_OPENER_OF[closer]) > before.count(closer)
 
 
 def _loops_in(

@@ -124,8 +124,8 @@ def _best_covered(langs: list[str], words: list[str]) -> list[str]:
     function words the text shares by chance ("ten" is Czech): "One, two, three, ..., ten" read
     as Czech is all unknown words, as English all known."""
     script = lexicon.index()[langs[0]]["script"]
-    candidates = [lang for lang, share in lexicon.identify(words)[:4] if share > 0 and lang not in langs]
-    candidates = [lang for lang in candidates if lexicon.index()[lang]["script"] == script]
+    candidates = [lang for lang, share in lexicon.identify(words)[:4]
+                  if share > 0 and lang not in langs and lexicon.index()[lang]["script"] == script]
     if not candidates:
         return langs
 

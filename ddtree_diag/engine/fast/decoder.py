@@ -82,7 +82,7 @@ from ddtree_diag.engine.fast.tree import (
     tree_node_count,
 )
 from ddtree_diag.engine.grammar import GrammarState
-from ddtree_diag.engine.target import prefill_chunks
+from ddtree_diag.engine.target import prefill_chunks, prefill_in_chunks
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
@@ -381,21 +381,17 @@ class FastDecoder:
         target runs them (causal; never the compiled layer halves, its length varies): (the last
         row's logits [1, V], the draft's context features [T, n*H] or None). Leaves ``start`` at
         the last chunk's first slot."""
-        prompt_len = prompt.shape[0]
-        features = None
-        for begin, end in prefill_chunks(prompt_len, self.device):
+
+        def chunk(begin: int, end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
             rows = end - begin
             causal = torch.ones(rows, rows, dtype=torch.bool, device=self.device).tril()
             self.start.fill_(begin)
-            logits, part = self._target_forward(
+            return self._target_forward(
                 prompt[begin:end], self.slot_index[:rows], causal, with_features, attention_window(end, self.max_len),
                 compiled=False, last_only=True, continued=begin > 0,
             )
-            if part is not None:
-                if features is None:  # filled chunk by chunk: no concatenated copy
-                    features = part.new_empty(prompt_len, part.shape[1])
-                features[begin:end] = part
-        return logits, features
+
+        return prefill_in_chunks(prompt.shape[0], self.device, chunk)
 
     def _linear_layer(
         self,
