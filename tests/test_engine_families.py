@@ -47,6 +47,22 @@ VARIANTS = {
         rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
     ))),
     "qwen3-one-kv-head": ("qwen3", dict(num_key_value_heads=1)),
+    # mixture-of-experts kin (fixtures' SMALL_MOE): Qwen3-MoE with a dense layer among the sparse
+    # ones, and sliding everywhere once switched on; Qwen2-MoE's shared expert, and its sliding
+    # layers (every other one below max_window_layers); Mixtral slides every layer like Mistral;
+    # GLM-MoE: partial rotary, q/k norms, a first dense layer, a shared expert, a sigmoid router
+    "qwen3-moe-dense-layer": ("qwen3_moe", dict(mlp_only_layers=[1])),
+    "qwen3-moe-sliding": ("qwen3_moe", dict(use_sliding_window=True, sliding_window=WINDOW)),
+    "qwen2-moe-sliding-layers": (
+        "qwen2_moe", dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=3),
+    ),
+    "mixtral-every-layer-slides": ("mixtral", dict(sliding_window=WINDOW)),
+    "glm4-moe": ("glm4_moe", dict(use_qk_norm=True, first_k_dense_replace=1, n_shared_experts=1)),
+    # gpt-oss: attention sinks, rotary on a head's halves, q/k/v/o biases, every other layer slides
+    "gpt-oss-sinks": ("gpt_oss", dict(sliding_window=WINDOW, rope_parameters=dict(
+        rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=128,
+        beta_fast=32.0, beta_slow=1.0, truncate=False,
+    ))),
 }
 
 # Each variant's windows, layer by layer, as HF's layers apply them.
@@ -58,6 +74,11 @@ EXPECTED_WINDOWS = {
     "mistral-no-window": (None,) * 4,
     "ministral-alternating-layers": (None, WINDOW) * 2,
     "llama-window-ignored": (None,) * 4,
+    "qwen3-moe-sliding": (WINDOW,) * 4,
+    "qwen2-moe-sliding-layers": (WINDOW, None, WINDOW, None),
+    "mixtral-every-layer-slides": (WINDOW,) * 4,
+    "glm4-moe": (None,) * 4,
+    "gpt-oss-sinks": (WINDOW, None) * 2,
 }
 
 
@@ -76,6 +97,10 @@ def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_p
         rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": "d"}))
         sliding = sum(window is not None for window in windows)
         assert rows.get("sliding window") == (f"{WINDOW} tokens on {sliding} of 4 layers" if sliding else None)
+        assert ("mixture of experts" in rows) == (model_type in fx.SMALL_MOE)
+        if model_type in fx.SMALL_MOE:
+            assert rows["mixture of experts"].startswith("4 experts, 2 a token")
+        assert ("attention sinks" in rows) == (model_type == "gpt_oss")
     # The ground truth: HF's own forward over the whole sequence (its masks and rotary, no cache):
     # each token of the eager AR decode must be its argmax there. (HF's cached decode is not one:
     # its cache slides whenever a config sets sliding_window, even where its Llama layers do not.)
@@ -125,3 +150,14 @@ def test_layer_windows_read_each_layers_own_choice():
     assert layer_windows(config("mistral", sliding_window=0), layers("absent")) == (None,)
     linear = [SimpleNamespace(linear_attn=object()), *layers("absent")]
     assert layer_windows(config("mistral", sliding_window=8), linear, linear=(0,)) == (None, 8)
+
+
+def test_harmony_turns_end_at_return_not_at_a_messages_end():
+    from ddtree_diag.engine.arch import stop_tokens
+
+    # gpt-oss: <|end|> closes the analysis message before the final answer; <|return|> / <|call|> end the turn
+    harmony = {"<|start|>": 1, "<|end|>": 2, "<|return|>": 3, "<|call|>": 4, "<|channel|>": 5}
+    assert sorted(stop_tokens(harmony)) == [3, 4]
+    # elsewhere (Phi-3's template) <|end|> ends the turn
+    assert stop_tokens({"<|end|>": 7, "<|user|>": 8}) == [7]
+    assert stop_tokens({"<|im_end|>": 9, "hello": 10}) == [9]

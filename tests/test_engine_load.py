@@ -152,7 +152,8 @@ def test_unloadable_gguf_is_one_line(tmp_path):
 
 
 def test_supported_and_refused_model_types():
-    for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next", "qwen3", "llama"):
+    supported = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next", "qwen3", "llama", "qwen3_moe", "gpt_oss")
+    for model_type in supported:
         check_supported(SimpleNamespace(model_type=model_type))
     # a Qwen3.5 vision-language config: its text model decides
     check_supported(SimpleNamespace(model_type="qwen3_5", text_config=SimpleNamespace(model_type="qwen3_5_text")))

@@ -51,6 +51,8 @@ def test_plan_splits_heads_and_mlp():
         ({"num_key_value_heads": 2}, 4, "2 key/value heads over 4 devices"),
         ({"intermediate_size": 250}, 4, "250 MLP channels"),
         ({"num_experts": 8}, 2, "MoE"),
+        ({"num_local_experts": 8}, 2, "MoE"),  # Mixtral, gpt-oss
+        ({"n_routed_experts": 8}, 2, "MoE"),  # GLM-MoE
         ({}, 0, "--devices must be >= 1"),
     ],
 )

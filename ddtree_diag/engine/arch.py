@@ -1,7 +1,11 @@
 """What the engine knows about target architectures, in one place.
 
 Dense targets: the Llama / Qwen2 / Qwen3 / Mistral / Ministral family (pre-norm decoder layers,
-rope, GQA, optional q/k norm and q/k/v bias, sliding-window layers). Hybrid targets: Qwen3.5 /
+rope, GQA, optional q/k norm and q/k/v bias, sliding-window layers), their mixture-of-experts
+kin whose attention is the same (Qwen3-MoE, e.g. Qwen3-Coder-30B-A3B; Qwen2-MoE; Mixtral;
+GLM-4.5/4.7 MoE: the MLP runs as the HF module itself), and gpt-oss (attention sinks: a learned
+logit per head that takes a share of every softmax; rotary on the two halves of a head; sliding
+layers by ``layer_types``). Hybrid targets: Qwen3.5 /
 Qwen3.6 (``qwen3_5``, also their MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated
 DeltaNet ("linear attention") layers sit between full-attention layers with a gated query
 (``q_proj`` gives query|gate per head, the output is scaled by sigmoid(gate)) and partial rotary
@@ -21,14 +25,33 @@ from typing import Any
 
 from ddtree_diag.errors import UsageError
 
-DENSE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "ministral"}
+DENSE_MODEL_TYPES = {
+    "llama", "qwen2", "qwen3", "mistral", "ministral", "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss",
+}
+# Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
+# (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.
+ROPE_ON_HALVES_TYPES = {"gpt_oss"}
 # Gated-DeltaNet hybrids the engine verifies (trees included) with per-node recurrent state.
 HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
 SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES | HYBRID_MODEL_TYPES
 
+# Where MoE configs keep their expert count (Qwen MoE, Mixtral / gpt-oss, GLM / DeepSeek)
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
 # Stop tokens besides EOS: the end-of-turn tokens of the chat templates we know, where the
-# tokenizer's vocabulary has them.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+# tokenizer's vocabulary has them (``stop_tokens``).
+END_OF_TURN_TOKENS = (
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|return|>", "<|call|>",
+)
+# gpt-oss's harmony format ends a turn with <|return|> (or <|call|>, a tool call); its <|end|> closes
+# one message of the turn (the analysis channel's, before the final answer), so it is no stop there.
+HARMONY_TURN_END = "<|return|>"
+
+
+def stop_tokens(vocab: dict[str, int]) -> list[int]:
+    """The ids of ``END_OF_TURN_TOKENS`` in a tokenizer's ``vocab`` (token -> id)."""
+    harmony = HARMONY_TURN_END in vocab
+    return [vocab[token] for token in END_OF_TURN_TOKENS if token in vocab and not (harmony and token == "<|end|>")]
 
 # RMSNorm classes by where they apply the weight. "cast": Llama / Qwen2 / Qwen3 / the DFlash draft
 # (normalise in fp32, cast, then weight * x in the dtype). "offset": Qwen3.5 / Qwen3-Next
@@ -37,7 +60,7 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>",
 NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
     "MinistralRMSNorm": "cast",
-    "Qwen3MoeRMSNorm": "cast",
+    "Qwen3MoeRMSNorm": "cast", "Qwen2MoeRMSNorm": "cast", "MixtralRMSNorm": "cast", "Glm4MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
 }
@@ -53,6 +76,8 @@ class Arch:
     gated_query: bool  # q_proj gives [query | gate] per head; the output is scaled by sigmoid(gate)
     qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3, Qwen3.5)
     multimodal_rope: bool  # the rotary module takes one position row per rope section (Qwen3.5)
+    rope_on_halves: bool = False  # cos/sin cover half a head: repeat them once (gpt-oss, ``ROPE_ON_HALVES_TYPES``)
+    attention_sinks: bool = False  # each attention module has ``sinks`` [heads]: an extra logit per head (gpt-oss)
     # Per layer: the sliding attention window (a key is seen while query position - key position
     # < window), or None (full attention, or a Gated DeltaNet layer)
     windows: tuple[int | None, ...] = ()
@@ -104,6 +129,8 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         gated_query=attn.q_proj.out_features == 2 * config.num_attention_heads * attn.head_dim,
         qk_norm=hasattr(attn, "q_norm"),
         multimodal_rope=hasattr(rotary_emb, "mrope_section"),
+        rope_on_halves=config.model_type in ROPE_ON_HALVES_TYPES,
+        attention_sinks=getattr(attn, "sinks", None) is not None,
         windows=layer_windows(config, layers, linear),
     )
 
@@ -112,8 +139,9 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
     """Each layer's sliding attention window as HF's own layers apply it (None: full attention or
     a linear layer). Qwen2/Qwen3 and Ministral attention modules carry their own (``layer_types``:
     Qwen's slide from ``max_window_layers`` on, and none unless ``use_sliding_window``; the config's
-    ``layer_types`` where a module does not say); Mistral slides every layer by the config's
-    ``sliding_window`` (HF ignores its ``layer_types``); Llama and the hybrids never slide."""
+    ``layer_types`` where a module does not say); Mistral and Mixtral slide every layer by the
+    config's ``sliding_window`` (HF ignores their ``layer_types``); Llama, GLM-MoE and the hybrids
+    never slide (gpt-oss and Qwen3-MoE modules carry their own)."""
     model_type = getattr(config, "model_type", "")
     config_window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", True) is False:
@@ -126,9 +154,9 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
             window = None
         elif hasattr(attn, "sliding_window"):
             window = attn.sliding_window
-        elif model_type == "mistral":
+        elif model_type in ("mistral", "mixtral"):
             window = config_window
-        elif model_type in ("qwen2", "qwen3", "ministral") and index < len(layer_types):
+        elif model_type in ("qwen2", "qwen3", "qwen2_moe", "ministral") and index < len(layer_types):
             window = config_window if layer_types[index] == "sliding_attention" else None
         else:
             window = None

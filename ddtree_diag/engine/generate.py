@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ddtree_diag.budget import resolve as resolve_budget
-from ddtree_diag.engine.arch import END_OF_TURN_TOKENS
+from ddtree_diag.engine.arch import END_OF_TURN_TOKENS, EXPERT_COUNT_FIELDS
 from ddtree_diag.engine.decode import (
     MIN_SAMPLING_TEMPERATURE,
     MODES,
@@ -113,6 +113,11 @@ class Engine:
             data["sliding_window"] = {
                 "tokens": sorted({self.target.windows[index] for index in sliding}), "layers": sliding,
             }
+        experts = next(filter(None, (getattr(config, name, None) for name in EXPERT_COUNT_FIELDS)), None)
+        if experts:  # the MLP runs as HF's own MoE module
+            data["experts"] = {"count": experts, "per_token": getattr(config, "num_experts_per_tok", None)}
+        if self.target.arch.attention_sinks:
+            data["attention_sinks"] = True
         if self.target.hybrid:
             kinds = ["L" if i in self.target.linear_layers else "A" for i in range(self.target.num_layers)]
             data["hybrid"] = {

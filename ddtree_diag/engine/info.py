@@ -52,6 +52,12 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
         tokens = " / ".join(map(str, sliding["tokens"]))
         count = len(sliding["layers"])
         rows.append(("sliding window", f"{tokens} tokens on {count} of {info.get('layers')} layers"))
+    experts = info.get("experts")
+    if experts:
+        per_token = f", {experts['per_token']} a token" if experts.get("per_token") else ""
+        rows.append(("mixture of experts", f"{experts['count']} experts{per_token} (the MLP runs as HF's module)"))
+    if info.get("attention_sinks"):
+        rows.append(("attention sinks", "one logit a head on every attention layer"))
     hybrid = info.get("hybrid")
     if hybrid:
         states = hybrid.get("tree_state_bytes") or {}

@@ -99,12 +99,9 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
             ids.add(eos)
         elif isinstance(eos, (list, tuple)):
             ids.update(int(i) for i in eos)
-    from ddtree_diag.engine.arch import END_OF_TURN_TOKENS
+    from ddtree_diag.engine.arch import stop_tokens
 
-    vocab = tokenizer.get_vocab()
-    for token in END_OF_TURN_TOKENS:
-        if token in vocab:
-            ids.add(int(vocab[token]))
+    ids.update(int(i) for i in stop_tokens(tokenizer.get_vocab()))
     return sorted(ids)
 
 

@@ -61,12 +61,12 @@ def _divides(what: str, count: int, world: int) -> int:
 def plan_shards(config: Any, world: int) -> ShardPlan:
     """The per-device split of a target config over ``world`` devices; one-line UsageError when a
     head count (or the MLP width) does not divide, or for an MoE target (not sharded yet)."""
-    from ddtree_diag.engine.arch import is_hybrid, text_config
+    from ddtree_diag.engine.arch import EXPERT_COUNT_FIELDS, is_hybrid, text_config
 
     if world < 1:
         raise UsageError(f"--devices must be >= 1, got {world}")
     cfg = text_config(config)
-    moe = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    moe = any(getattr(cfg, name, None) for name in EXPERT_COUNT_FIELDS)
     if moe and world > 1:
         raise UsageError(f"{cfg.model_type} has an MoE MLP: tensor parallelism shards dense MLPs only (use 1 device)")
     heads = _divides("attention heads", cfg.num_attention_heads, world)

@@ -79,6 +79,29 @@ def grouped_kv(keys: torch.Tensor, values: torch.Tensor, heads: int) -> tuple[to
     return keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1), False
 
 
+def attend_with_sinks(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    allowed: torch.Tensor,
+    sink_logits: torch.Tensor,
+    scale: float | None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """SDPA with attention sinks (gpt-oss): each row's softmax also spans one logit of its head
+    that has no value, so the attended values' weights sum to less than one. As one more key
+    slot: zeros for its key (the score q . 0 is 0) and its value, and the sink logit as its
+    additive mask entry: the same softmax as HF's, which concatenates the sinks to the scores.
+    ``allowed``: the bool mask over ``keys`` (broadcast to [.., rows, keys]); ``sink_logits``:
+    broadcast to [.., rows, 1] (one per query head)."""
+    zero = keys.new_zeros(*keys.shape[:-2], 1, keys.shape[-1])
+    keys, values = torch.cat([keys, zero], dim=-2), torch.cat([values, zero], dim=-2)
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+    shape = torch.broadcast_shapes(bias.shape[:-1], sink_logits.shape[:-1])
+    bias = torch.cat([bias.expand(*shape, bias.shape[-1]), sink_logits.to(q.dtype).expand(*shape, 1)], dim=-1)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale, enable_gqa=enable_gqa)
+
+
 class KVCache:
     """The target's K/V for its full-attention layers: ``k``, ``v`` [layers, 1, kv_heads, capacity,
     head_dim]. Slots [0, length) hold the committed tokens; a forward writes its block after them."""
@@ -195,6 +218,8 @@ class TargetModel:
         if self.arch.multimodal_rope:
             ids = ids[None].expand(3, 1, -1)  # one row per rope section (time, height, width); equal for text
         cos, sin = self.inner.rotary_emb(hidden, ids)
+        if self.arch.rope_on_halves:  # half a head's angles: the usual rotation with them repeated
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         return cos[:, None], sin[:, None]
 
     def mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -228,12 +253,16 @@ class TargetModel:
         end = self.length + t
         keys, values = keys[:, :, :end], values[:, :, :end]
         keys, values, gqa = grouped_kv(keys, values, self.heads)
-        # mask None: the rows are a prompt from slot 0 and the mask would be causal; SDPA's causal
-        # mode skips the key blocks past the diagonal (half a long prompt's attention on CPU, the
-        # same bits as the explicit mask: tested)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling, enable_gqa=gqa
-        )
+        if self.arch.attention_sinks:
+            allowed = torch.ones(t, t, dtype=torch.bool, device=self.device).tril() if mask is None else mask
+            out = attend_with_sinks(q, keys, values, allowed, attn.sinks.view(1, -1, 1, 1), self.scaling, gqa)
+        else:
+            # mask None: the rows are a prompt from slot 0 and the mask would be causal; SDPA's causal
+            # mode skips the key blocks past the diagonal (half a long prompt's attention on CPU, the
+            # same bits as the explicit mask: tested)
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling, enable_gqa=gqa
+            )
         out = out.transpose(1, 2).reshape(1, t, self.heads * self.head_dim)
         if gate is not None:
             out = out * torch.sigmoid(gate)

@@ -63,6 +63,22 @@ DENSE_FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "ministral": ("MinistralConfig", "MinistralForCausalLM"),
+    # mixture-of-experts kin (the MLP runs as the HF module) and gpt-oss (attention sinks)
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+}
+# A small MoE for the families that have one (each family names its expert count its own way)
+SMALL_MOE = {
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "qwen2_moe": dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    ),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
 }
 
 
@@ -80,13 +96,16 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **con
     )
     if model_type == "llama":
         fields["attention_bias"] = True
+    fields.update(SMALL_MOE.get(model_type, {}))
     fields.update(config)
     config_name, model_name = DENSE_FAMILIES[model_type]
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(getattr(transformers, config_name)(**fields))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" not in name:
+            if "sinks" in name:  # large enough that a forward without them differs
+                p.normal_(0, 2.0)
+            elif "norm" not in name:
                 p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
     model.save_pretrained(directory)
     return directory

@@ -82,7 +82,7 @@ from ddtree_diag.engine.fast.tree import (
     tree_node_count,
 )
 from ddtree_diag.engine.grammar import GrammarState
-from ddtree_diag.engine.target import prefill_chunks, prefill_in_chunks
+from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
@@ -314,6 +314,9 @@ class FastDecoder:
         # rather than inside SDPA in every layer (built on first use: the verify/AR rows of
         # full-attention layers on CUDA go through the split-key kernel instead,
         # ``triton_attention``, which reads ``start`` and ``anc`` itself; the prefill never does).
+        # Attention sinks (gpt-oss) take the boolean mask and one more key slot instead
+        # (``attend_with_sinks``), always through SDPA.
+        allowed: dict[int | None, torch.Tensor] = {}
         biases: dict[int | None, torch.Tensor] = {}
         hidden = t.embed(tokens[None])
         cos, sin = t.rope(hidden, positions)
@@ -354,17 +357,25 @@ class FastDecoder:
                 else:
                     cache_k, cache_v = t.kv.write(slot, slots, k, v)
                 size = t.windows[index]
-                tree_rows = parents is not None and size is None
+                tree_rows = parents is not None and size is None and not t.arch.attention_sinks
                 kernel = kernels.attention_kernel(q, cache_k) if tree_rows else None
                 if kernel is not None:
                     scale = t.head_dim**-0.5 if t.scaling is None else t.scaling
                     out = kernel.tree_attention(q, cache_k, cache_v, anc, self.start, window, scale)
                 else:
-                    if size not in biases:
-                        allowed = mask if size is None else mask & _in_window(key_slots, slots, positions, size)
-                        biases[size] = additive_mask(allowed.repeat(self.rep, 1)[None, None], t.dtype)
+                    if size not in allowed:
+                        in_window = mask if size is None else mask & _in_window(key_slots, slots, positions, size)
+                        allowed[size] = in_window.repeat(self.rep, 1)[None, None]
                     q = q.reshape(1, t.kv_heads, self.rep * rows, t.head_dim)
-                    out = attend(q, cache_k[:, :, :window], cache_v[:, :, :window], biases[size], t.scaling)
+                    keys, values = cache_k[:, :, :window], cache_v[:, :, :window]
+                    if t.arch.attention_sinks:  # the query heads of a KV head are its row blocks
+                        sinks = layer.self_attn.sinks.view(t.kv_heads, self.rep, 1).expand(-1, -1, rows)
+                        sinks = sinks.reshape(1, t.kv_heads, self.rep * rows, 1)
+                        out = attend_with_sinks(q, keys, values, allowed[size], sinks, t.scaling)
+                    else:
+                        if size not in biases:
+                            biases[size] = additive_mask(allowed[size], t.dtype)
+                        out = attend(q, keys, values, biases[size], t.scaling)
                     out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2)
                     out = out.reshape(1, rows, t.heads * t.head_dim)
                 hidden, residual = post(layer, hidden, out, fused, gate, defer=True) if fold else (
