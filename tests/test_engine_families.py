@@ -47,6 +47,11 @@ VARIANTS = {
         rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
     ))),
     "qwen3-one-kv-head": ("qwen3", dict(num_key_value_heads=1)),
+    # SmolLM3: every fourth layer without rotary (NoPE), and with sliding on, those layers slide;
+    # Seed-OSS: Llama with an output-projection bias
+    "smollm3-nope-layers": ("smollm3", dict(num_hidden_layers=4)),
+    "smollm3-nope-sliding": ("smollm3", dict(use_sliding_window=True, sliding_window=WINDOW)),
+    "seed-oss-biases": ("seed_oss", dict(attention_bias=True, attention_out_bias=True)),
     # mixture-of-experts kin (fixtures' SMALL_MOE): Qwen3-MoE with a dense layer among the sparse
     # ones, and sliding everywhere once switched on; Qwen2-MoE's shared expert, and its sliding
     # layers (every other one below max_window_layers); Mixtral slides every layer like Mistral;
@@ -75,6 +80,7 @@ EXPECTED_WINDOWS = {
     "ministral-alternating-layers": (None, WINDOW) * 2,
     "llama-window-ignored": (None,) * 4,
     "qwen3-moe-sliding": (WINDOW,) * 4,
+    "smollm3-nope-sliding": (None, None, None, WINDOW),
     "qwen2-moe-sliding-layers": (WINDOW, None, WINDOW, None),
     "mixtral-every-layer-slides": (WINDOW,) * 4,
     "glm4-moe": (None,) * 4,
@@ -91,6 +97,8 @@ def draft(tmp_path_factory):
 def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_path):
     model_type, config = VARIANTS[variant]
     engine = load_engine(fx.make_target(tmp_path / variant, model_type=model_type, **config), draft, device="cpu")
+    nope = (False,) if model_type == "smollm3" else (True,)  # SmolLM3: every fourth layer without rotary
+    assert engine.target.arch.rotary == (True, True, True, *nope)
     if variant in EXPECTED_WINDOWS:
         windows = EXPECTED_WINDOWS[variant]
         assert engine.target.arch.windows == windows

@@ -5,7 +5,8 @@ rope, GQA, optional q/k norm and q/k/v bias, sliding-window layers), their mixtu
 kin whose attention is the same (Qwen3-MoE, e.g. Qwen3-Coder-30B-A3B; Qwen2-MoE; Mixtral;
 GLM-4.5/4.7 MoE: the MLP runs as the HF module itself), and gpt-oss (attention sinks: a learned
 logit per head that takes a share of every softmax; rotary on the two halves of a head; sliding
-layers by ``layer_types``). Hybrid targets: Qwen3.5 /
+layers by ``layer_types``). SmolLM3 (every fourth layer without rotary: ``Arch.rotary``) and
+Seed-OSS are Llama with those twists. Hybrid targets: Qwen3.5 /
 Qwen3.6 (``qwen3_5``, also their MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated
 DeltaNet ("linear attention") layers sit between full-attention layers with a gated query
 (``q_proj`` gives query|gate per head, the output is scaled by sigmoid(gate)) and partial rotary
@@ -26,7 +27,8 @@ from typing import Any
 from ddtree_diag.errors import UsageError
 
 DENSE_MODEL_TYPES = {
-    "llama", "qwen2", "qwen3", "mistral", "ministral", "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss",
+    "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss",
+    "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
 # (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.
@@ -59,7 +61,7 @@ def stop_tokens(vocab: dict[str, int]) -> list[int]:
 # then times silu(gate) in fp32, then cast). Any other norm runs as its own module.
 NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
-    "MinistralRMSNorm": "cast",
+    "MinistralRMSNorm": "cast", "SmolLM3RMSNorm": "cast", "SeedOssRMSNorm": "cast",
     "Qwen3MoeRMSNorm": "cast", "Qwen2MoeRMSNorm": "cast", "MixtralRMSNorm": "cast", "Glm4MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
@@ -81,6 +83,8 @@ class Arch:
     # Per layer: the sliding attention window (a key is seen while query position - key position
     # < window), or None (full attention, or a Gated DeltaNet layer)
     windows: tuple[int | None, ...] = ()
+    # Per layer: whether its attention applies rotary embeddings (SmolLM3's NoPE layers do not)
+    rotary: tuple[bool, ...] = ()
 
     @property
     def hybrid(self) -> bool:
@@ -132,6 +136,7 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         rope_on_halves=config.model_type in ROPE_ON_HALVES_TYPES,
         attention_sinks=getattr(attn, "sinks", None) is not None,
         windows=layer_windows(config, layers, linear),
+        rotary=tuple(i in linear or bool(getattr(layers[i].self_attn, "use_rope", True)) for i in range(len(layers))),
     )
 
 

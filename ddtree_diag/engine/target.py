@@ -222,6 +222,14 @@ class TargetModel:
             cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         return cos[:, None], sin[:, None]
 
+    def layer_rope(self, index: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s cos/sin: ``rope``'s, or for a layer without rotary (SmolLM3's NoPE
+        layers) cos 1 and sin 0, which leave q and k as they are, bit for bit (x * 1 + r * 0), in
+        every rotary path (the fused kernels too)."""
+        if not self.arch.rotary or self.arch.rotary[index]:
+            return cos, sin
+        return torch.ones_like(cos), torch.zeros_like(sin)
+
     def mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = layer.mlp(x)
         return out[0] if isinstance(out, tuple) else out  # some MoE blocks also return router logits
@@ -337,7 +345,8 @@ class TargetModel:
         for index, layer in enumerate(self.layers):
             x = layer.input_layernorm(hidden)
             if index in self.cache_slot:
-                hidden = hidden + self._attention(index, x, cos, sin, masks[self.windows[index]], slots)
+                rope = self.layer_rope(index, cos, sin)
+                hidden = hidden + self._attention(index, x, *rope, masks[self.windows[index]], slots)
             else:
                 hidden = hidden + self._linear_attention(index, x, parents)
             hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))

@@ -63,6 +63,8 @@ DENSE_FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "ministral": ("MinistralConfig", "MinistralForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
     # mixture-of-experts kin (the MLP runs as the HF module) and gpt-oss (attention sinks)
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
@@ -96,6 +98,8 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **con
     )
     if model_type == "llama":
         fields["attention_bias"] = True
+    if model_type == "smollm3":
+        fields["pad_token_id"] = None  # its default pad id lies past the tiny vocabulary
     fields.update(SMALL_MOE.get(model_type, {}))
     fields.update(config)
     config_name, model_name = DENSE_FAMILIES[model_type]
