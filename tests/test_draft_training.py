@@ -141,3 +141,26 @@ def test_too_similar_flags_rewordings_of_held_aside_prompts_only():
     assert dt.too_similar("Explain how credit cards work.", held)
     assert not dt.too_similar("How does a debit card differ from cash?", held)
     assert not dt.too_similar("anything at all", [])
+
+
+def test_a_vision_language_target_trains_a_draft_for_its_language_model(tmp_path):
+    """Gemma 3 from 4B up ships as a vision-language model: training reads the text model's config
+    and embeddings (the wrapper's config has no hidden size), and the engine then runs the draft."""
+    pytest.importorskip("transformers")
+    from ddtree_diag.engine import load_engine
+    from tests.support import engine_fixtures as fx
+
+    target = fx.make_gemma3_vlm_target(tmp_path / "target")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nsay hi\n")
+    settings = dt.TrainSettings(
+        prompts_file=str(prompts), out_dir=str(tmp_path / "draft"), target_dir=str(target), block_size=4,
+        num_draft_layers=1, max_new_tokens=6, steps=2, batch_size=2, anchors_per_seq=2, device="cpu",
+        log_every=1, gen_batch_size=4, init_from_target=True,
+    )
+    result = dt.train_draft(settings, log=lambda *_: None)
+    assert result["summary"]["steps_done"] == 2
+    engine = load_engine(target, tmp_path / "draft", device="cpu")
+    assert engine.draft.config.hidden_size == fx.HIDDEN and engine.draft.config.num_target_layers == 4
+    expected = engine.generate_ids([40, 41, 42], tree_budget=0, max_tokens=6, stop_token_ids=[]).token_ids
+    assert engine.generate_ids([40, 41, 42], tree_budget=4, max_tokens=6, stop_token_ids=[]).token_ids == expected

@@ -52,6 +52,14 @@ VARIANTS = {
     "smollm3-nope-layers": ("smollm3", dict(num_hidden_layers=4)),
     "smollm3-nope-sliding": ("smollm3", dict(use_sliding_window=True, sliding_window=WINDOW)),
     "seed-oss-biases": ("seed_oss", dict(attention_bias=True, attention_out_bias=True)),
+    # Gemma 3: sandwich norms, a rotary table per layer type (the sliding layers' own base), a
+    # query scale that is not head_dim's, the embedding scale, GELU; sliding layers by layer_types
+    "gemma3-sliding-local-rope": ("gemma3_text", dict(
+        sliding_window=WINDOW, query_pre_attn_scalar=64, pad_token_id=0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1_000_000.0),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10.0)},
+    )),
     # mixture-of-experts kin (fixtures' SMALL_MOE): Qwen3-MoE with a dense layer among the sparse
     # ones, and sliding everywhere once switched on; Qwen2-MoE's shared expert, and its sliding
     # layers (every other one below max_window_layers); Mixtral slides every layer like Mistral;
@@ -81,6 +89,7 @@ EXPECTED_WINDOWS = {
     "llama-window-ignored": (None,) * 4,
     "qwen3-moe-sliding": (WINDOW,) * 4,
     "smollm3-nope-sliding": (None, None, None, WINDOW),
+    "gemma3-sliding-local-rope": (WINDOW, WINDOW, None, WINDOW),
     "qwen2-moe-sliding-layers": (WINDOW, None, WINDOW, None),
     "mixtral-every-layer-slides": (WINDOW,) * 4,
     "glm4-moe": (None,) * 4,
@@ -97,8 +106,12 @@ def draft(tmp_path_factory):
 def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_path):
     model_type, config = VARIANTS[variant]
     engine = load_engine(fx.make_target(tmp_path / variant, model_type=model_type, **config), draft, device="cpu")
-    nope = (False,) if model_type == "smollm3" else (True,)  # SmolLM3: every fourth layer without rotary
-    assert engine.target.arch.rotary == (True, True, True, *nope)
+    tables = {  # SmolLM3: every fourth layer without rotary; Gemma 3: one table per layer type
+        "smollm3": ("", "", "", None),
+        "gemma3_text": ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention"),
+    }
+    assert engine.target.arch.rope_tables == tables.get(model_type, ("",) * 4)
+    assert engine.target.arch.sandwich_norms == (model_type == "gemma3_text")
     if variant in EXPECTED_WINDOWS:
         windows = EXPECTED_WINDOWS[variant]
         assert engine.target.arch.windows == windows
@@ -169,3 +182,16 @@ def test_harmony_turns_end_at_return_not_at_a_messages_end():
     # elsewhere (Phi-3's template) <|end|> ends the turn
     assert stop_tokens({"<|end|>": 7, "<|user|>": 8}) == [7]
     assert stop_tokens({"<|im_end|>": 9, "hello": 10}) == [9]
+
+
+def test_a_gemma3_checkpoint_with_a_vision_tower_runs_its_text_model_with_a_draft(draft, tmp_path):
+    """Gemma 3 from 4B up ships as a vision-language model: the engine runs its language model, and
+    the draft is checked against the text config (the wrapper's config has no hidden size)."""
+    fx.make_gemma3_vlm_target(tmp_path, sliding_window=WINDOW)
+    engine = load_engine(tmp_path, draft, device="cpu")
+    assert engine.target.windows == (WINDOW, WINDOW, None, WINDOW)
+    expected = engine.generate_ids(PROMPT, tree_budget=0, max_tokens=MAX_TOKENS, stop_token_ids=[]).token_ids
+    with torch.no_grad():
+        logits = engine.target.hf(input_ids=torch.tensor([PROMPT + expected])).logits[0]
+    assert logits[len(PROMPT) - 1 : -1].argmax(dim=-1).tolist() == expected
+    assert engine.generate_ids(PROMPT, tree_budget=16, max_tokens=MAX_TOKENS, stop_token_ids=[]).token_ids == expected

@@ -187,10 +187,11 @@ def test_a_tree_whose_state_does_not_fit_is_refused_in_one_line(hybrid, monkeypa
 
 
 def test_vision_language_checkpoint_loads_its_text_model(tmp_path):
-    """A Qwen3.5 checkpoint that also carries a vision tower: the engine loads the language model."""
+    """A Qwen3.5 checkpoint that also carries a vision tower: the engine loads the language model
+    and decodes with a draft."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
-    fx.make_tokenizer(tmp_path)
+    fx.make_tokenizer(tmp_path / "t")
     text = Qwen3_5TextConfig(
         vocab_size=fx.VOCAB, hidden_size=fx.HIDDEN, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -200,13 +201,13 @@ def test_vision_language_checkpoint_loads_its_text_model(tmp_path):
               "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
     torch.manual_seed(0)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text.to_dict(), vision_config=vision))
-    model.save_pretrained(tmp_path)
-    engine = load_engine(tmp_path, device="cpu", dtype="fp32")
+    model.save_pretrained(tmp_path / "t")
+    engine = load_engine(tmp_path / "t", fx.make_draft(tmp_path / "d", block_size=4), device="cpu", dtype="fp32")
     assert engine.target.hybrid and engine.target.num_layers == 4
     prompt = PROMPTS[0][:20]
-    assert engine.generate_ids(prompt, max_tokens=6, stop_token_ids=[]).token_ids == full_forward_greedy(
-        engine, prompt, 6
-    )
+    expected = full_forward_greedy(engine, prompt, 6)
+    for budget in (0, 4):
+        assert engine.generate_ids(prompt, max_tokens=6, stop_token_ids=[], tree_budget=budget).token_ids == expected
 
 
 def test_installed_transformers_keeps_gdn_state_in_multi_token_cached_forwards(hybrid):

@@ -163,8 +163,14 @@ def test_supported_and_refused_model_types():
     ):
         with pytest.raises(UsageError, match=r"hybrid .*model the engine does not support"):
             check_supported(config)
-    with pytest.raises(UsageError, match="'gemma3' is a model the engine does not support"):
-        check_supported(SimpleNamespace(model_type="gemma3"))
+    with pytest.raises(UsageError, match="'gemma2' is a model the engine does not support"):
+        check_supported(SimpleNamespace(model_type="gemma2"))
+    # a supported type with a setting our forward does not apply: refused, not run wrong
+    for field, value in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0),
+                         ("use_bidirectional_attention", True)):
+        with pytest.raises(UsageError, match=f"sets {field}=.*does not apply"):
+            check_supported(SimpleNamespace(model_type="gemma3_text", **{field: value}))
+    check_supported(SimpleNamespace(model_type="gemma3_text", final_logit_softcapping=None))
 
 
 def test_prompt_longer_than_context_and_bad_budget(engine):

@@ -5,8 +5,10 @@ rope, GQA, optional q/k norm and q/k/v bias, sliding-window layers), their mixtu
 kin whose attention is the same (Qwen3-MoE, e.g. Qwen3-Coder-30B-A3B; Qwen2-MoE; Mixtral;
 GLM-4.5/4.7 MoE: the MLP runs as the HF module itself), and gpt-oss (attention sinks: a learned
 logit per head that takes a share of every softmax; rotary on the two halves of a head; sliding
-layers by ``layer_types``). SmolLM3 (every fourth layer without rotary: ``Arch.rotary``) and
-Seed-OSS are Llama with those twists. Hybrid targets: Qwen3.5 /
+layers by ``layer_types``). SmolLM3 (every fourth layer without rotary) and Seed-OSS are Llama
+with those twists; Gemma 3 adds sandwich norms (each half-layer's output normed before its
+residual add), a rotary table per layer type and an embedding scale (the HF module's own).
+Attention or logit softcapping (Gemma 2) is refused. Hybrid targets: Qwen3.5 /
 Qwen3.6 (``qwen3_5``, also their MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated
 DeltaNet ("linear attention") layers sit between full-attention layers with a gated query
 (``q_proj`` gives query|gate per head, the output is scaled by sigmoid(gate)) and partial rotary
@@ -27,7 +29,7 @@ from typing import Any
 from ddtree_diag.errors import UsageError
 
 DENSE_MODEL_TYPES = {
-    "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss",
+    "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss", "gemma3_text",
     "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
@@ -36,6 +38,10 @@ ROPE_ON_HALVES_TYPES = {"gpt_oss"}
 # Gated-DeltaNet hybrids the engine verifies (trees included) with per-node recurrent state.
 HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
 SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES | HYBRID_MODEL_TYPES
+
+# Config settings of supported types that our forward does not reproduce: refused when set (Gemma
+# 2 style tanh softcapping of attention scores or logits; Gemma 3's bidirectional embedding variant).
+UNSUPPORTED_SETTINGS = ("attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention")
 
 # Where MoE configs keep their expert count (Qwen MoE, Mixtral / gpt-oss, GLM / DeepSeek)
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -61,7 +67,7 @@ def stop_tokens(vocab: dict[str, int]) -> list[int]:
 # then times silu(gate) in fp32, then cast). Any other norm runs as its own module.
 NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
-    "MinistralRMSNorm": "cast", "SmolLM3RMSNorm": "cast", "SeedOssRMSNorm": "cast",
+    "MinistralRMSNorm": "cast", "SmolLM3RMSNorm": "cast", "SeedOssRMSNorm": "cast", "Gemma3RMSNorm": "offset",
     "Qwen3MoeRMSNorm": "cast", "Qwen2MoeRMSNorm": "cast", "MixtralRMSNorm": "cast", "Glm4MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
@@ -83,8 +89,13 @@ class Arch:
     # Per layer: the sliding attention window (a key is seen while query position - key position
     # < window), or None (full attention, or a Gated DeltaNet layer)
     windows: tuple[int | None, ...] = ()
-    # Per layer: whether its attention applies rotary embeddings (SmolLM3's NoPE layers do not)
-    rotary: tuple[bool, ...] = ()
+    # Per layer: which of the rotary module's tables its attention uses: "" (its only one), a layer
+    # type (Gemma 3: one table per type, each with its own base), or None (no rotary: SmolLM3's NoPE
+    # layers)
+    rope_tables: tuple[str | None, ...] = ()
+    # Gemma's sandwich norms: post_attention_layernorm on the attention's output, then
+    # pre_feedforward_layernorm before the MLP and post_feedforward_layernorm on its output
+    sandwich_norms: bool = False
 
     @property
     def hybrid(self) -> bool:
@@ -110,6 +121,11 @@ def check_supported(config: Any) -> None:
     cfg = text_config(config)
     model_type = getattr(cfg, "model_type", "?")
     if model_type in HYBRID_MODEL_TYPES or (model_type in DENSE_MODEL_TYPES and not is_hybrid(cfg)):
+        for field in UNSUPPORTED_SETTINGS:
+            if getattr(cfg, field, None):
+                raise UsageError(
+                    f"target {model_type!r} sets {field}={getattr(cfg, field)!r}, which the engine does not apply"
+                )
         return
     kind = "hybrid (linear-attention) " if is_hybrid(cfg) else ""
     raise UsageError(
@@ -136,8 +152,25 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         rope_on_halves=config.model_type in ROPE_ON_HALVES_TYPES,
         attention_sinks=getattr(attn, "sinks", None) is not None,
         windows=layer_windows(config, layers, linear),
-        rotary=tuple(i in linear or bool(getattr(layers[i].self_attn, "use_rope", True)) for i in range(len(layers))),
+        rope_tables=rope_tables(config, layers, linear, rotary_emb),
+        sandwich_norms=hasattr(layers[attention[0]], "pre_feedforward_layernorm"),
     )
+
+
+def rope_tables(config: Any, layers: list[Any], linear: tuple[int, ...], rotary_emb: Any) -> tuple[str | None, ...]:
+    """Each layer's rotary table (``Arch.rope_tables``): a rotary module whose forward takes a
+    ``layer_type`` keeps one per type (Gemma 3); a SmolLM3 attention with ``use_rope`` False has none."""
+    import inspect
+
+    typed = "layer_type" in inspect.signature(rotary_emb.forward).parameters
+    layer_types = getattr(config, "layer_types", None) or []
+    tables: list[str | None] = []
+    for index, layer in enumerate(layers):
+        if index not in linear and not getattr(layer.self_attn, "use_rope", True):
+            tables.append(None)
+        else:
+            tables.append(layer_types[index] if typed and index not in linear else "")
+    return tuple(tables)
 
 
 def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) -> tuple[int | None, ...]:

@@ -163,7 +163,7 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
 
     hf_logging.disable_progress_bar()  # our own output stays readable; errors still surface
     hf_logging.set_verbosity_error()
-    from ddtree_diag.engine.arch import check_supported
+    from ddtree_diag.engine.arch import check_supported, text_config
     from ddtree_diag.engine.generate import Engine
     from ddtree_diag.engine.target import TargetModel
 
@@ -181,7 +181,7 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
     draft_model = None
     if draft is not None:
         draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
-        check_draft_fits(draft_model.config, model.config, len(tokenizer))
+        check_draft_fits(draft_model.config, text_config(model.config), len(tokenizer))  # a VLM: its text model
     info = {
         "model": name,
         "target_path": str(directory if gguf_name is None else directory / gguf_name),

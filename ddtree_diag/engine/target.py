@@ -210,25 +210,31 @@ class TargetModel:
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.hf.lm_head(hidden)
 
-    def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(
+        self, hidden: torch.Tensor, positions: torch.Tensor, table: str = ""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [1, 1, T, rotary dims] at ``positions`` [T], from the HF model's own rotary module
         (it knows the checkpoint's rope scaling and partial rotary; Qwen3.5's multimodal rope
-        reduces to this for text, whose three position rows are equal)."""
+        reduces to this for text, whose three position rows are equal). ``table``: a layer type,
+        for a module with one table per type (Gemma 3)."""
         ids = positions[None]
         if self.arch.multimodal_rope:
             ids = ids[None].expand(3, 1, -1)  # one row per rope section (time, height, width); equal for text
-        cos, sin = self.inner.rotary_emb(hidden, ids)
+        cos, sin = self.inner.rotary_emb(hidden, ids, table) if table else self.inner.rotary_emb(hidden, ids)
         if self.arch.rope_on_halves:  # half a head's angles: the usual rotation with them repeated
             cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         return cos[:, None], sin[:, None]
 
-    def layer_rope(self, index: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``index``'s cos/sin: ``rope``'s, or for a layer without rotary (SmolLM3's NoPE
-        layers) cos 1 and sin 0, which leave q and k as they are, bit for bit (x * 1 + r * 0), in
-        every rotary path (the fused kernels too)."""
-        if not self.arch.rotary or self.arch.rotary[index]:
-            return cos, sin
-        return torch.ones_like(cos), torch.zeros_like(sin)
+    def layer_ropes(self, hidden: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's cos/sin (``Arch.rope_tables``), each table computed once. A layer without
+        rotary (SmolLM3's NoPE layers) gets cos 1 and sin 0, which leave q and k as they are, bit
+        for bit (x * 1 + r * 0), in every rotary path (the fused kernels too)."""
+        tables = self.arch.rope_tables or ("",) * self.num_layers
+        made = {table: self.rope(hidden, positions, table) for table in dict.fromkeys(tables) if table is not None}
+        if None in tables:
+            cos, sin = next(iter(made.values())) if made else self.rope(hidden, positions)
+            made[None] = (torch.ones_like(cos), torch.zeros_like(sin))
+        return [made[table] for table in tables]
 
     def mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = layer.mlp(x)
@@ -337,7 +343,7 @@ class TargetModel:
         # one mask per distinct window (full attention: None), shared by the layers that use it
         masks = {w: self._attention_mask(positions, block_mask, w) for w in {self.windows[i] for i in self.cache_slot}}
         hidden = self.embed(token_ids[None])
-        cos, sin = self.rope(hidden, positions)
+        ropes = self.layer_ropes(hidden, positions)
         slots = torch.arange(self.length, self.length + t, device=self.device)  # where the block's K/V go
         wanted = set(feature_layers or [])
         features: dict[int, torch.Tensor] = {}
@@ -345,11 +351,16 @@ class TargetModel:
         for index, layer in enumerate(self.layers):
             x = layer.input_layernorm(hidden)
             if index in self.cache_slot:
-                rope = self.layer_rope(index, cos, sin)
-                hidden = hidden + self._attention(index, x, *rope, masks[self.windows[index]], slots)
+                out = self._attention(index, x, *ropes[index], masks[self.windows[index]], slots)
             else:
-                hidden = hidden + self._linear_attention(index, x, parents)
-            hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))
+                out = self._linear_attention(index, x, parents)
+            if self.arch.sandwich_norms:  # Gemma: each half's output normed before its residual add
+                hidden = hidden + layer.post_attention_layernorm(out)
+                out = self.mlp(layer, layer.pre_feedforward_layernorm(hidden))
+                hidden = hidden + layer.post_feedforward_layernorm(out)
+            else:
+                hidden = hidden + out
+                hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))
             if index in wanted and index != self.num_layers - 1:
                 features[index] = hidden
         return self.head(hidden, features, feature_layers, last_only)

@@ -461,6 +461,8 @@ def new_draft(target_config, settings: TrainSettings) -> DFlashDraft:
 
 def _rope_theta(config) -> float:
     params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]  # one table per layer type (Gemma 3): the full layers' base
     if isinstance(params, dict) and "rope_theta" in params:
         return float(params["rope_theta"])
     return float(getattr(config, "rope_theta", 10000.0))
@@ -527,7 +529,7 @@ def depth_topk(
     values, indices = [], []
     for start in range(0, len(all_anchors), chunk):
         anchors = all_anchors[start : start + chunk].unsqueeze(0)
-        hidden = draft_block_hidden(draft, target.model.embed_tokens, features, ids, anchors, mask_token_id)
+        hidden = draft_block_hidden(draft, target.get_input_embeddings(), features, ids, anchors, mask_token_id)
         logp = torch.log_softmax(target.lm_head(hidden[0, :, 1:].to(target.lm_head.weight.dtype)).float(), -1)
         v, i = logp.topk(top_k, dim=-1)
         values.append(v.cpu())
@@ -642,12 +644,15 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         n_val = max(1, int(len(shuffled) * settings.val_fraction))
         val_records, records = shuffled[:n_val][: settings.val_sequences], shuffled[n_val:]
 
+    from ddtree_diag.engine.arch import text_config
+
+    target_config = text_config(target.config)  # a vision-language checkpoint: its language model's
     if settings.target_layer_ids is None:
-        settings.target_layer_ids = spread_layer_ids(target.config.num_hidden_layers)
+        settings.target_layer_ids = spread_layer_ids(target_config.num_hidden_layers)
     if settings.mask_token_id is None:
-        settings.mask_token_id = choose_mask_token_id(target.config, tokenizer)
+        settings.mask_token_id = choose_mask_token_id(target_config, tokenizer)
     log(f"target layers {settings.target_layer_ids}, mask token {settings.mask_token_id}")
-    draft = new_draft(target.config, settings).to(device)
+    draft = new_draft(target_config, settings).to(device)
     if settings.init_from:
         from ddtree_diag.engine.draft import load_draft
 
@@ -686,7 +691,7 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
             loss, acc = block_loss(
                 draft,
-                target.model.embed_tokens,
+                target.get_input_embeddings(),
                 target.lm_head,
                 features,
                 ids,

@@ -65,6 +65,7 @@ DENSE_FAMILIES = {
     "ministral": ("MinistralConfig", "MinistralForCausalLM"),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     # mixture-of-experts kin (the MLP runs as the HF module) and gpt-oss (attention sinks)
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
@@ -110,6 +111,34 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **con
             if "sinks" in name:  # large enough that a forward without them differs
                 p.normal_(0, 2.0)
             elif "norm" not in name:
+                p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
+    model.save_pretrained(directory)
+    return directory
+
+
+def make_gemma3_vlm_target(directory: Path, seed: int = 0, sliding_window: int = 6) -> Path:
+    """Random Gemma 3 vision-language checkpoint (a tiny vision tower around a 4-layer text model
+    whose layers 0, 1 and 3 slide), as Gemma 3 ships from 4B up."""
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    make_tokenizer(directory)
+    text = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=sliding_window, pad_token_id=0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    )
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=VOCAB - 2,
+        boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 4,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
                 p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
     model.save_pretrained(directory)
     return directory

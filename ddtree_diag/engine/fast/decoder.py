@@ -319,7 +319,7 @@ class FastDecoder:
         allowed: dict[int | None, torch.Tensor] = {}
         biases: dict[int | None, torch.Tensor] = {}
         hidden = t.embed(tokens[None])
-        cos, sin = t.rope(hidden, positions)
+        ropes = t.layer_ropes(hidden, positions)
         # tree rows' root paths for the Gated DeltaNet solve kernel, once for all its layers
         paths = None
         if parents is not None and self.linear_state:
@@ -349,7 +349,7 @@ class FastDecoder:
                 slot = t.cache_slot[index]
                 cache = (t.kv.k[slot], t.kv.v[slot], self.start) if fold else None
                 q, k, v, gate, hidden = pre(
-                    layer, hidden, *t.layer_rope(index, cos, sin), t.heads, t.kv_heads, t.head_dim, fused,
+                    layer, hidden, *ropes[index], t.heads, t.kv_heads, t.head_dim, fused,
                     gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm, residual=residual, cache=cache,
                 )
                 if k is None:  # q/k norm, rotary and the K/V write ran as one kernel

@@ -77,12 +77,20 @@ def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
     itself otherwise, MoE included), residual. ``defer``: return (hidden, MLP output) instead of
     their sum, for the next norm to add in its own kernel (``add_rms_norm``): one elementwise
     kernel less per layer, the same sum."""
-    hidden, x = residual_norm(layer.post_attention_layernorm, hidden, delta)
+    sandwich = getattr(layer, "pre_feedforward_layernorm", None)
+    if sandwich is not None:  # Gemma: the attention's output normed before its add; the MLP's likewise
+        if delta is not None:
+            delta = kernels.rms_norm(layer.post_attention_layernorm, delta)
+        hidden, x = residual_norm(sandwich, hidden, delta)
+    else:
+        hidden, x = residual_norm(layer.post_attention_layernorm, hidden, delta)
     if fused is None or fused.gate_up_weight is None:
         out = layer.mlp(x)
         out = out[0] if isinstance(out, tuple) else out
     else:
         out = layer.mlp.down_proj(kernels.silu_mul(layer.mlp.act_fn, F.linear(x, fused.gate_up_weight)))
+    if sandwich is not None:
+        out = kernels.rms_norm(layer.post_feedforward_layernorm, out)
     return (hidden, out) if defer else hidden + out
 
 
