@@ -185,6 +185,23 @@ def test_repeats_disagree_from_altered_text(healthy):
     assert hit and r1.case_id in hit[0].cases and "char 13" in hit[0].evidence
 
 
+@pytest.mark.parametrize(("target", "moe"), [
+    ({"model": "Qwen/Qwen3-Coder-30B-A3B-Instruct"}, True),
+    ({"model": "openai/gpt-oss-20b"}, True),
+    ({"model": "tiny", "backend": "engine", "experts": {"count": 4, "per_token": 2}}, True),
+    ({"model": "Qwen/Qwen3-8B"}, False),
+    ({"model": "deepseek-r1-distill-qwen-7b"}, False),
+])
+def test_a_mismatch_on_an_moe_target_names_router_flips_as_a_cause(healthy, target, moe):
+    run = altered(healthy)
+    run.target = target
+    run.results[0].baseline = dataclasses.replace(run.results[0].baseline, verdict="mismatch", field="output",
+                                                  char_index=0, expected="⟨a", actual="⟨b", detail="x")
+    found = findings.baseline_divergence(run)[0]
+    assert found.id == "lossless-mismatch" and "accept walk" in found.check
+    assert ("mixture of experts" in found.check) == moe
+
+
 def test_analyse_orders_by_severity_and_tags_results(healthy):
     run = altered(healthy)
     for r in run.results:

@@ -256,7 +256,10 @@ class EngineBackend:
                 dtype=engine_info.get("dtype"),
                 block_size=(engine_info.get("draft") or {}).get("block_size"),
                 default_tree_budget=engine_info.get("default_tree_budget"),
+                model_type=engine_info.get("model_type"),
             )
+            if engine_info.get("experts"):
+                info["experts"] = engine_info["experts"]
         return info
 
     def close(self) -> None:

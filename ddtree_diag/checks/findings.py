@@ -18,7 +18,7 @@ from itertools import pairwise
 from statistics import mean, median
 
 from ddtree_diag.checks.depth import DEPTH_RULES
-from ddtree_diag.checks.findings_base import FindingKind, Rule, compare_advice, ids_of, rule, some
+from ddtree_diag.checks.findings_base import FindingKind, Rule, compare_advice, ids_of, looks_like_moe, rule, some
 from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
 from ddtree_diag.checks.quality.registry import BY_CODE, LOOP_CODES, REPETITION
 from ddtree_diag.checks.speedup import SPEEDUP_RULES
@@ -239,7 +239,11 @@ def baseline_divergence(report: RunReport) -> list[Finding]:
             + (f" — {first.detail}" if first.detail else ""),
             "Verification or cache bug: the accept walk must follow the target's own argmax; the KV "
             "cache and hidden states must keep only the accepted path; tree positions are "
-            "start + depth with an ancestor-only mask.",
+            "start + depth with an ancestor-only mask."
+            + (" This target is a mixture of experts: in bf16 a near-tie in a router picks another "
+               "expert when the batch shape changes (a verify of many rows against one), which moves "
+               "the logits by more than rounding; if a run in fp32 is identical, that is the cause, "
+               "not the speculation." if looks_like_moe(report) else ""),
             [r.case_id for r in mismatches],
         ))
     if ties:

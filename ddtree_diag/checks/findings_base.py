@@ -6,6 +6,7 @@ Kept apart from ``checks.findings`` so rule modules (``checks.workloads``) can i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,6 +52,22 @@ def some(items: list[str], limit: int, sep: str = "; ") -> str:
 
 def ids_of(results: list[ProbeResult], limit: int = 6) -> str:
     return some([r.case_id for r in results], limit, ", ")
+
+
+# Names of mixture-of-experts checkpoints: "-A3B" / "-A22B" (active parameters), "8x7B", or a
+# family that is MoE throughout (DeepSeek's R1 distills are dense Qwen / Llama models).
+_MOE_NAME = re.compile(
+    r"(?i)(?:\bmoe\b|-a\d+(?:\.\d+)?b\b|\d+x\d+(?:\.\d+)?b\b|mixtral|gpt-oss|qwen3-next|kimi-k2|olmoe|dbrx"
+    r"|jamba|llama-4|deepseek-(?:v[23]|r1)(?!-distill)|glm-4\.[5-7])"
+)
+
+
+def looks_like_moe(report: RunReport) -> bool:
+    """Whether the target is a mixture of experts: the engine says so (its config's experts), or
+    a served model's name reads like one."""
+    if report.target.get("experts"):
+        return True
+    return bool(_MOE_NAME.search(str(report.target.get("model") or "")))
 
 
 def compare_advice(report: RunReport) -> str:
