@@ -223,3 +223,29 @@ def test_engine_info_json_and_table(paths, capsys):
     assert "draft: none (AR only)" in lines and f"target layers: {fx.TARGET_LAYERS}" in lines
     assert f"model: {paths.target.name}" in lines and data["model"] == paths.target.name
     assert not set(out) & set("┃│─━┏┗+|"), "no table borders when piped"
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gpt_oss", "glm4_moe"])
+def test_a_bf16_load_keeps_the_buffers_hf_keeps_in_fp32(tmp_path, model_type):
+    """The rotary inv_freq (and GLM-MoE's router bias) stay fp32 as in HF's own bf16 load: cast to
+    bf16 they put a long context's rotary angles far off. The engine's cos/sin at position 3000
+    then equal those of the model loaded by HF alone."""
+    from transformers import AutoModelForCausalLM
+
+    path = fx.make_target(tmp_path / model_type, model_type=model_type)
+    engine = load_engine(path, device="cpu", dtype="bf16")
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    ours = dict(engine.target.hf.named_buffers())
+    theirs = {name: b for name, b in reference.named_buffers() if b.dtype == torch.float32}
+    assert any(name.endswith("inv_freq") for name in theirs)
+    for name, buffer in theirs.items():
+        assert ours[name].dtype == torch.float32 and torch.equal(ours[name], buffer), name
+    if model_type == "glm4_moe":
+        assert any(name.endswith("e_score_correction_bias") for name in theirs)
+    positions = torch.tensor([3000, 3001])
+    hidden = torch.zeros(1, 2, fx.HIDDEN, dtype=torch.bfloat16)
+    cos, sin = engine.target.rope(hidden, positions)
+    want_cos, want_sin = reference.model.rotary_emb(hidden, positions[None])
+    if engine.target.arch.rope_on_halves:
+        want_cos, want_sin = torch.cat([want_cos] * 2, -1), torch.cat([want_sin] * 2, -1)
+    assert torch.equal(cos[:, 0], want_cos) and torch.equal(sin[:, 0], want_sin)

@@ -177,7 +177,7 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
         tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
     except Exception as exc:
         raise UsageError(f"cannot load the target from {directory}: {_first_line(exc)}") from exc
-    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    model = move_keeping_fp32_buffers(model, torch_device, torch_dtype).eval()
     draft_model = None
     if draft is not None:
         draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
@@ -205,6 +205,20 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
             where = "decode path" if decode_path else "DDTREE_DIAG_DECODE"
             raise UsageError(f"{where}: {exc}") from exc
     return engine
+
+
+def move_keeping_fp32_buffers(model: Any, device: Any, dtype: Any) -> Any:
+    """``model.to(device, dtype)``, but the buffers that loaded in fp32 stay fp32, as HF keeps
+    them: the rotary ``inv_freq`` (in bf16 the angles of gpt-oss-20b's yarn rope at position
+    4,000 come out up to 0.9 rad off, Qwen3-Coder's at 1,000 up to 1.1), GLM-MoE's router bias."""
+    import torch
+
+    kept = [(name, buffer) for name, buffer in model.named_buffers() if buffer.dtype == torch.float32]
+    model = model.to(device=device, dtype=dtype)
+    for name, buffer in kept:
+        owner, _, attribute = name.rpartition(".")
+        model.get_submodule(owner)._buffers[attribute] = buffer.to(device)
+    return model
 
 
 def hf_kwargs(gguf_name: str | None) -> dict[str, Any]:
