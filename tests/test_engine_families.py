@@ -51,6 +51,10 @@ VARIANTS = {
     # Seed-OSS: Llama with an output-projection bias
     "smollm3-nope-layers": ("smollm3", dict(num_hidden_layers=4)),
     "smollm3-nope-sliding": ("smollm3", dict(use_sliding_window=True, sliding_window=WINDOW)),
+    "smollm3-layer-types-without-the-switch": ("smollm3", dict(
+        use_sliding_window=False, sliding_window=WINDOW,
+        layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    )),
     "seed-oss-biases": ("seed_oss", dict(attention_bias=True, attention_out_bias=True)),
     # Gemma 3: sandwich norms, a rotary table per layer type (the sliding layers' own base), a
     # query scale that is not head_dim's, the embedding scale, GELU; sliding layers by layer_types
@@ -89,6 +93,7 @@ EXPECTED_WINDOWS = {
     "llama-window-ignored": (None,) * 4,
     "qwen3-moe-sliding": (WINDOW,) * 4,
     "smollm3-nope-sliding": (None, None, None, WINDOW),
+    "smollm3-layer-types-without-the-switch": (None, WINDOW, None, WINDOW),
     "gemma3-sliding-local-rope": (WINDOW, WINDOW, None, WINDOW),
     "qwen2-moe-sliding-layers": (WINDOW, None, WINDOW, None),
     "mixtral-every-layer-slides": (WINDOW,) * 4,
@@ -174,6 +179,8 @@ def test_layer_windows_read_each_layers_own_choice():
 
 
 def test_harmony_turns_end_at_return_not_at_a_messages_end():
+    from types import SimpleNamespace
+
     from ddtree_diag.engine.arch import stop_tokens
 
     # gpt-oss: <|end|> closes the analysis message before the final answer; <|return|> / <|call|> end the turn
@@ -182,6 +189,12 @@ def test_harmony_turns_end_at_return_not_at_a_messages_end():
     # elsewhere (Phi-3's template) <|end|> ends the turn
     assert stop_tokens({"<|end|>": 7, "<|user|>": 8}) == [7]
     assert stop_tokens({"<|im_end|>": 9, "hello": 10}) == [9]
+    # the likelihood check scores <|return|> as gpt-oss's end of an answer, not its <|endoftext|>
+    from ddtree_diag.checks.likelihood import _end_of_turn_id
+
+    vocab = {**harmony, "<|endoftext|>": 6}
+    tokenizer = SimpleNamespace(convert_tokens_to_ids=lambda name: vocab.get(name))
+    assert _end_of_turn_id(tokenizer, sorted([6, *stop_tokens(vocab)])) == 3
 
 
 def test_a_gemma3_checkpoint_with_a_vision_tower_runs_its_text_model_with_a_draft(draft, tmp_path):
@@ -195,3 +208,39 @@ def test_a_gemma3_checkpoint_with_a_vision_tower_runs_its_text_model_with_a_draf
         logits = engine.target.hf(input_ids=torch.tensor([PROMPT + expected])).logits[0]
     assert logits[len(PROMPT) - 1 : -1].argmax(dim=-1).tolist() == expected
     assert engine.generate_ids(PROMPT, tree_budget=16, max_tokens=MAX_TOKENS, stop_token_ids=[]).token_ids == expected
+
+
+@pytest.mark.parametrize("head_dim", [64, 24])  # a power-of-two scale, and one that is not
+def test_attention_with_sinks_equals_hfs_softmax_over_scores_and_sinks(head_dim):
+    """The engine's sink formulation (one more key slot, its score carried in an extra q/k dim)
+    against HF's gpt-oss attention (the sinks concatenated to the scores), with GQA, a tree-like
+    mask, and in the fast path's folded layout (the query heads of a KV head as row blocks)."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from ddtree_diag.engine.target import attend_with_sinks, sink_bias
+
+    generator = torch.Generator().manual_seed(3)
+    heads, kv_heads, rows, keys = 8, 2, 5, 11
+    q = torch.randn(1, heads, rows, head_dim, generator=generator)
+    k = torch.randn(1, kv_heads, keys, head_dim, generator=generator)
+    v = torch.randn(1, kv_heads, keys, head_dim, generator=generator)
+    sinks = torch.randn(heads, generator=generator) * 2
+    allowed = torch.rand(rows, keys, generator=generator) > 0.4
+    allowed[:, 0] = True  # every row sees something
+    scale = head_dim**-0.5
+    module = SimpleNamespace(sinks=sinks, num_key_value_groups=heads // kv_heads, training=False)
+    additive = torch.zeros(rows, keys).masked_fill_(~allowed, float("-inf"))[None, None]
+    want, _ = eager_attention_forward(module, q, k, v, additive, scale)  # [1, rows, heads, D]
+    bias = sink_bias(allowed[None, None], torch.float32)
+    got = attend_with_sinks(q, k, v, bias, sinks.view(1, -1, 1, 1), scale, enable_gqa=True)
+    torch.testing.assert_close(got.transpose(1, 2), want, rtol=1e-5, atol=1e-6)
+    rep = heads // kv_heads  # the fast path's layout: [1, kv_heads, rep * rows, D]
+    folded_sinks = sinks.view(kv_heads, rep, 1).expand(-1, -1, rows).reshape(1, kv_heads, rep * rows, 1)
+    folded_bias = sink_bias(allowed.repeat(rep, 1)[None, None], torch.float32)
+    folded = attend_with_sinks(q.reshape(1, kv_heads, rep * rows, head_dim), k, v, folded_bias, folded_sinks, scale)
+    torch.testing.assert_close(folded.reshape(1, heads, rows, head_dim).transpose(1, 2), want, rtol=1e-5, atol=1e-6)
+    # and the sinks matter here: without them the result is another one
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, additive, scale=scale, enable_gqa=True)
+    assert not torch.allclose(plain.transpose(1, 2), want, atol=1e-3)

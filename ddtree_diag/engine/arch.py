@@ -47,9 +47,11 @@ UNSUPPORTED_SETTINGS = ("attn_logit_softcapping", "final_logit_softcapping", "us
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 # Stop tokens besides EOS: the end-of-turn tokens of the chat templates we know, where the
-# tokenizer's vocabulary has them (``stop_tokens``).
+# tokenizer's vocabulary has them (``stop_tokens``). In order of preference for the token that
+# ends an ordinary answer (the likelihood check scores it): gpt-oss's <|return|> before its
+# <|endoftext|>; <|call|> (a tool call) last.
 END_OF_TURN_TOKENS = (
-    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|return|>", "<|call|>",
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|return|>", "<|end|>", "<|endoftext|>", "<|call|>",
 )
 # gpt-oss's harmony format ends a turn with <|return|> (or <|call|>, a tool call); its <|end|> closes
 # one message of the turn (the analysis channel's, before the final answer), so it is no stop there.
@@ -179,7 +181,9 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
     Qwen's slide from ``max_window_layers`` on, and none unless ``use_sliding_window``; the config's
     ``layer_types`` where a module does not say); Mistral and Mixtral slide every layer by the
     config's ``sliding_window`` (HF ignores their ``layer_types``); Llama, GLM-MoE and the hybrids
-    never slide (gpt-oss and Qwen3-MoE modules carry their own)."""
+    never slide (gpt-oss and Qwen3-MoE modules carry their own); SmolLM3 slides its
+    ``layer_types`` layers (its module's window is what flash attention reads; HF's masks slide
+    even where ``use_sliding_window`` is off)."""
     model_type = getattr(config, "model_type", "")
     config_window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", True) is False:
@@ -190,6 +194,9 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
         attn = None if index in linear else layer.self_attn
         if attn is None:
             window = None
+        elif model_type == "smollm3":  # HF's masks follow layer_types, whatever use_sliding_window says
+            typed = index < len(layer_types) and layer_types[index] == "sliding_attention"
+            window = getattr(config, "sliding_window", None) if typed else None
         elif hasattr(attn, "sliding_window"):
             window = attn.sliding_window
         elif model_type in ("mistral", "mixtral"):

@@ -79,27 +79,44 @@ def grouped_kv(keys: torch.Tensor, values: torch.Tensor, heads: int) -> tuple[to
     return keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1), False
 
 
+# Head dims added to q and k that carry a sink's logit into the scores (a multiple of 8: SDPA's
+# fused CUDA kernels want aligned head dims).
+SINK_DIMS = 8
+
+
+def sink_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``attend_with_sinks``'s additive mask from a bool mask [.., rows, keys]: 0 / -inf, then 0 for
+    the sink's key slot. The same for every head and layer: built once per mask."""
+    bias = torch.zeros(*allowed.shape[:-1], allowed.shape[-1] + 1, dtype=dtype, device=allowed.device)
+    bias[..., :-1].masked_fill_(~allowed, float("-inf"))
+    return bias
+
+
 def attend_with_sinks(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    allowed: torch.Tensor,
-    sink_logits: torch.Tensor,
+    bias: torch.Tensor,
+    sinks: torch.Tensor,
     scale: float | None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """SDPA with attention sinks (gpt-oss): each row's softmax also spans one logit of its head
-    that has no value, so the attended values' weights sum to less than one. As one more key
-    slot: zeros for its key (the score q . 0 is 0) and its value, and the sink logit as its
-    additive mask entry: the same softmax as HF's, which concatenates the sinks to the scores.
-    ``allowed``: the bool mask over ``keys`` (broadcast to [.., rows, keys]); ``sink_logits``:
-    broadcast to [.., rows, 1] (one per query head)."""
-    zero = keys.new_zeros(*keys.shape[:-2], 1, keys.shape[-1])
-    keys, values = torch.cat([keys, zero], dim=-2), torch.cat([values, zero], dim=-2)
-    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
-    shape = torch.broadcast_shapes(bias.shape[:-1], sink_logits.shape[:-1])
-    bias = torch.cat([bias.expand(*shape, bias.shape[-1]), sink_logits.to(q.dtype).expand(*shape, 1)], dim=-1)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale, enable_gqa=enable_gqa)
+    (``sinks``, broadcast to q's [.., rows, 1]) that has no value, so the attended values' weights
+    sum to less than one, as in HF's softmax over the scores with the sinks concatenated. The sink
+    is one more key slot with a zero value whose score is the sink: q carries sink / scale in an
+    extra dim that only that slot's key reads (1 there, 0 in every other key; exact where the
+    scale is a power of two, as head_dim 64's is). So the mask (``sink_bias``) is one for every
+    head and layer, and a layer copies only its K/V window with the slot added."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    extra = q.new_zeros(*q.shape[:-1], SINK_DIMS)
+    extra[..., :1] = (sinks.float() / scale).to(q.dtype)
+    q = torch.cat([q, extra], dim=-1)
+    widened = keys.new_zeros(*keys.shape[:-2], keys.shape[-2] + 1, keys.shape[-1] + SINK_DIMS)
+    widened[..., :-1, : keys.shape[-1]] = keys
+    widened[..., -1, keys.shape[-1]] = 1
+    values = torch.cat([values, values.new_zeros(*values.shape[:-2], 1, values.shape[-1])], dim=-2)
+    return F.scaled_dot_product_attention(q, widened, values, attn_mask=bias, scale=scale, enable_gqa=enable_gqa)
 
 
 class KVCache:
@@ -267,9 +284,8 @@ class TargetModel:
         end = self.length + t
         keys, values = keys[:, :, :end], values[:, :, :end]
         keys, values, gqa = grouped_kv(keys, values, self.heads)
-        if self.arch.attention_sinks:
-            allowed = torch.ones(t, t, dtype=torch.bool, device=self.device).tril() if mask is None else mask
-            out = attend_with_sinks(q, keys, values, allowed, attn.sinks.view(1, -1, 1, 1), self.scaling, gqa)
+        if self.arch.attention_sinks:  # ``mask``: ``sink_bias``'s, from ``forward``
+            out = attend_with_sinks(q, keys, values, mask, attn.sinks.view(1, -1, 1, 1), self.scaling, gqa)
         else:
             # mask None: the rows are a prompt from slot 0 and the mask would be causal; SDPA's causal
             # mode skips the key blocks past the diagonal (half a long prompt's attention on CPU, the
@@ -342,6 +358,9 @@ class TargetModel:
             raise ValueError("a hybrid target verifies a tree from its parents: pass parents with block_mask")
         # one mask per distinct window (full attention: None), shared by the layers that use it
         masks = {w: self._attention_mask(positions, block_mask, w) for w in {self.windows[i] for i in self.cache_slot}}
+        if self.arch.attention_sinks:  # additive, with the sink's slot (a prompt's None: causal)
+            causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+            masks = {w: sink_bias(causal if m is None else m, self.dtype) for w, m in masks.items()}
         hidden = self.embed(token_ids[None])
         ropes = self.layer_ropes(hidden, positions)
         slots = torch.arange(self.length, self.length + t, device=self.device)  # where the block's K/V go

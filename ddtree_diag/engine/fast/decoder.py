@@ -82,7 +82,7 @@ from ddtree_diag.engine.fast.tree import (
     tree_node_count,
 )
 from ddtree_diag.engine.grammar import GrammarState
-from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks
+from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks, sink_bias
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
@@ -314,10 +314,11 @@ class FastDecoder:
         # rather than inside SDPA in every layer (built on first use: the verify/AR rows of
         # full-attention layers on CUDA go through the split-key kernel instead,
         # ``triton_attention``, which reads ``start`` and ``anc`` itself; the prefill never does).
-        # Attention sinks (gpt-oss) take the boolean mask and one more key slot instead
-        # (``attend_with_sinks``), always through SDPA.
+        # Attention sinks (gpt-oss): the mask with one more key slot (``sink_bias``, once per window
+        # size) and ``attend_with_sinks``, always through SDPA.
         allowed: dict[int | None, torch.Tensor] = {}
         biases: dict[int | None, torch.Tensor] = {}
+        sink_biases: dict[int | None, torch.Tensor] = {}
         hidden = t.embed(tokens[None])
         ropes = t.layer_ropes(hidden, positions)
         # tree rows' root paths for the Gated DeltaNet solve kernel, once for all its layers
@@ -371,7 +372,9 @@ class FastDecoder:
                     if t.arch.attention_sinks:  # the query heads of a KV head are its row blocks
                         sinks = layer.self_attn.sinks.view(t.kv_heads, self.rep, 1).expand(-1, -1, rows)
                         sinks = sinks.reshape(1, t.kv_heads, self.rep * rows, 1)
-                        out = attend_with_sinks(q, keys, values, allowed[size], sinks, t.scaling)
+                        if size not in sink_biases:
+                            sink_biases[size] = sink_bias(allowed[size], t.dtype)
+                        out = attend_with_sinks(q, keys, values, sink_biases[size], sinks, t.scaling)
                     else:
                         if size not in biases:
                             biases[size] = additive_mask(allowed[size], t.dtype)
