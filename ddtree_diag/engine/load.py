@@ -208,16 +208,28 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
 
 
 def move_keeping_fp32_buffers(model: Any, device: Any, dtype: Any) -> Any:
-    """``model.to(device, dtype)``, but the buffers that loaded in fp32 stay fp32, as HF keeps
-    them: the rotary ``inv_freq`` (in bf16 the angles of gpt-oss-20b's yarn rope at position
-    4,000 come out up to 0.9 rad off, Qwen3-Coder's at 1,000 up to 1.1), GLM-MoE's router bias."""
+    """``model.to(device, dtype)``, but what HF's load left in fp32 stays fp32, as in HF's own
+    model: the rotary ``inv_freq`` buffers (cast to bf16 they put the angles of gpt-oss-20b's yarn
+    rope at position 4,000 up to 0.9 rad off, Qwen3-8B's at 1,000 up to 0.9), GLM-MoE's router
+    bias, the parameters a model lists to keep in fp32 (gpt-oss's norms)."""
     import torch
 
-    kept = [(name, buffer) for name, buffer in model.named_buffers() if buffer.dtype == torch.float32]
+    if dtype == torch.float32:
+        return model.to(device=device)
+    kept = [
+        (name, tensor, isinstance(tensor, torch.nn.Parameter))
+        for name, tensor in (*model.named_buffers(), *model.named_parameters())
+        if tensor.dtype == torch.float32
+    ]
     model = model.to(device=device, dtype=dtype)
-    for name, buffer in kept:
+    for name, tensor, parameter in kept:
         owner, _, attribute = name.rpartition(".")
-        model.get_submodule(owner)._buffers[attribute] = buffer.to(device)
+        module = model.get_submodule(owner)
+        moved = tensor.detach().to(device)
+        if parameter:
+            module._parameters[attribute] = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+        else:
+            module._buffers[attribute] = moved
     return model
 
 
