@@ -9,7 +9,9 @@ equal eager token for token in fp32.
 
 Targets: the tiny test fixtures (written to disk, loaded through the real loader) and medium
 random ones (HF default init, where near-ties are common) built in memory; dense (Qwen3) and
-hybrid (Qwen3.5-style, Gated DeltaNet) for each (``--targets``).
+hybrid (Qwen3.5-style, Gated DeltaNet) for each (``--targets``). A family name of the fixtures
+(``gpt_oss``, ``qwen3_moe``, ``gemma3_text``, ... : ``engine_fixtures.DENSE_FAMILIES``) runs its
+tiny fixture only: the sinks, MoE, sandwich-norm and NoPE paths on the device.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -128,7 +131,10 @@ def main() -> int:
     parser.add_argument("--paths", default="eager,fast", help="decode paths: " + ", ".join(DECODE_PATHS))
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="tree budgets (0 = AR)")
     parser.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 or both")
-    parser.add_argument("--targets", default="dense,hybrid", help="dense (Qwen3), hybrid (Qwen3.5-style) or both")
+    parser.add_argument(
+        "--targets", default="dense,hybrid",
+        help="dense (Qwen3), hybrid (Qwen3.5-style), and/or fixture families (gpt_oss, qwen3_moe, gemma3_text, ...)",
+    )
     args = parser.parse_args()
     targets = args.targets.split(",")
     PATHS[:] = args.paths.split(",")
@@ -144,6 +150,7 @@ def main() -> int:
             :n_prompts
         ]
         tiny = {"dense": fx.make_target, "hybrid": fx.make_hybrid_target}
+        tiny |= {family: partial(fx.make_target, model_type=family) for family in fx.DENSE_FAMILIES}
         for kind in targets:
             target = tiny[kind](root / f"target-{kind}")
             drafts = {bs: fx.make_draft(root / f"d{bs}-{kind}", block_size=bs) for bs in (4, 8)}
@@ -157,7 +164,7 @@ def main() -> int:
         :n_prompts
     ]
     builders = {"dense": medium_engine, "hybrid": medium_hybrid_engine}
-    for kind in targets:
+    for kind in (kind for kind in targets if kind in builders):
         for dtype in [{"fp32": torch.float32, "bf16": torch.bfloat16}[name] for name in dtypes]:
             engines = {bs: builders[kind](args.device, dtype, bs) for bs in (8, 16)}
             label = f"medium-{kind}-" + ("fp32" if dtype == torch.float32 else "bf16")
