@@ -164,6 +164,32 @@ def test_template_leak(text):
 
 @pytest.mark.parametrize(
     "text",
+    [  # gpt-oss's harmony output with its special tokens stripped (no harmony parser on the server)
+        "analysisThe user wants a greeting. We should answer briefly.assistantfinalHello there! How can I help?",
+        "The user asks for a capital. Paris.assistantfinalThe capital of France is Paris.",
+        "analysisWe need to name the capital of France. It is Paris.",
+        "Sure, calling the tool.assistantcommentary to=functions.get_weather json{\"city\": \"Paris\"}",
+    ],
+)
+def test_stripped_harmony_channels_are_a_template_leak(text):
+    assert flagged(text, "template_leak", prompt="What is the capital of France?")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The analysis is final: the assistant answered, and the final analysis agrees.",
+        "analysis: revenue grew 4% while costs stayed flat.",
+        "Set `assistantfinal` to true in the config to skip the preamble.",
+        "Our analysisThere is no such word, but analysis_final is a column name.",
+    ],
+)
+def test_words_like_the_harmony_channels_are_not_a_leak(text):
+    assert "template_leak" not in assess(text, prompt="Summarise the report.", finish_reason="stop").codes
+
+
+@pytest.mark.parametrize(
+    "text",
     [
         "Hello!\nuser\nWhat is your name?\nassistant\nI am a bot.",
         "Hello!\n\nHuman: tell me a joke",

@@ -34,6 +34,25 @@ def find_template_leaks(text: str, ctx: Context) -> list[Reason]:
     return []
 
 
+# gpt-oss's harmony format with its special tokens stripped (a server without a harmony parser,
+# or decoding with skip_special_tokens): the channel names end up glued to the text around them,
+# "analysisThe user asks ... assistantfinalHello!". A channel name glued after "assistant" is
+# never prose; a leading "analysis" glued to a reasoning opener is the same leak cut shorter.
+_HARMONY_GLUED_RE = re.compile(r"assistant(?:final|analysis|commentary)(?![a-z])")
+_HARMONY_HEAD_RE = re.compile(r"\A\s*(?:analysis|commentary)(?=(?:The|We|User|Let|I|Okay|OK|So|Need|Now)\b)")
+
+
+def find_harmony_residue(text: str, ctx: Context) -> list[Reason]:
+    """gpt-oss harmony channel names left in the text once its special tokens are stripped."""
+    match = _HARMONY_GLUED_RE.search(text) or _HARMONY_HEAD_RE.search(text)
+    if match is None or match.group().strip() in ctx.prompt or inside_spans(match.start(), ctx.code_spans):
+        return []
+    glued = match.re is _HARMONY_GLUED_RE
+    detail = (f"gpt-oss harmony channel {match.group().strip()!r} glued to the text "
+              "(the template's special tokens stripped: no harmony parser?)")
+    return [Reason("template_leak", detail, excerpt(text, *match.span()), 0.9 if glued else 0.6, match.span())]
+
+
 def find_role_leaks(text: str, ctx: Context) -> list[Reason]:
     """Conversation turn markers (``user:``, ``### Instruction:``) the model should not write."""
     if ":" not in text and "\n" not in text and not text.lstrip().lower().startswith(("user", "assistant")):
@@ -155,4 +174,4 @@ def _continues_conversation(text: str, end: int, marker: str) -> bool:
     return "?" in rest or "!" in rest or len(rest.split()) >= 3
 
 
-DETECTORS = (find_template_leaks, find_role_leaks)
+DETECTORS = (find_template_leaks, find_harmony_residue, find_role_leaks)

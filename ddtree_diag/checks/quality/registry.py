@@ -48,7 +48,8 @@ REGISTRY: tuple[ReasonCode, ...] = (
     ReasonCode("script_mix", "hard/soft", "a script the prompt does not use (CJK inside English), or homoglyphs",
                "scripts", kind="another writing system"),
     ReasonCode("template_leak", "hard",
-               "chat-template tokens (`<\\|im_start\\|>`, `<\\|endoftext\\|>`, `</s>`, `[INST]`)", "leaks",
+               "chat-template tokens (`<\\|im_start\\|>`, `<\\|endoftext\\|>`, `</s>`, `[INST]`), or gpt-oss "
+               "channel names glued to the text once they are stripped (`assistantfinal`)", "leaks",
                kind="chat-template tokens"),
     ReasonCode("role_leak", "hard/soft",
                "turn markers (`user:`, `# user:`, `Human:`, `### Instruction:`, `assistant`)", "leaks",
