@@ -58,6 +58,7 @@ class Engine:
         # captures as a CUDA graph on the H200), the readable eager loop on CPU.
         self.decode_path = decode_path or ("fast" if self.device.type == "cuda" else "eager")
         self._decoders: dict[str, Decoder] = {}
+        self._harmony: bool | None = None
         # On CUDA every linear stores its weight transposed (cuBLAS reads it faster at a verify's
         # few rows; see fast.layers.store_column_major), before any decode path runs, so that
         # every path, and the HF model itself, computes with one layout.
@@ -304,10 +305,26 @@ class Engine:
         return self._decoders[path]
 
     def decode_text(self, token_ids: list[int]) -> str:
-        """Text of output token ids (special tokens dropped)."""
+        """Text of output token ids (special tokens dropped; a gpt-oss answer's harmony messages
+        rewritten by ``harmony_as_think``: its reasoning as a think block, tool calls as tags)."""
         if self.tokenizer is None:
             return ""
+        if self.harmony:
+            from ddtree_diag.server.parsing import HARMONY_TOKENS, harmony_as_think
+
+            raw = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+            if HARMONY_TOKENS[0] in raw:
+                return harmony_as_think(raw)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @property
+    def harmony(self) -> bool:
+        """Whether the tokenizer speaks gpt-oss's harmony format (``prompting.speaks_harmony``)."""
+        if self._harmony is None:
+            from ddtree_diag.server.prompting import speaks_harmony
+
+            self._harmony = speaks_harmony(self.tokenizer)
+        return self._harmony
 
     # ---- baseline ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -12,6 +12,8 @@ whole one cannot disagree.
   function): one call, its arguments streamed as they are generated.
 - ``TaggedToolCalls``: ``tool_choice`` "auto": Hermes/Qwen ``<tool_call>{...}</tool_call>`` blocks
   become tool calls, the text around them stays content, a block that does not parse stays too.
+- ``harmony_as_think``: a gpt-oss answer (harmony messages, decoded with their special tokens)
+  rewritten in the forms above, so the same parsers read it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,46 @@ Delta = dict[str, Any]
 
 THINK_START, THINK_END = "<think>", "</think>"
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
+
+
+# One harmony message of an answer: "<|channel|>NAME[ to=RECIPIENT][ <|constrain|>FORMAT]<|message|>
+# BODY" ended by <|end|>, <|return|> or <|call|> (an answer's later messages open with
+# "<|start|>assistant"); the last one may still be growing.
+_HARMONY_MESSAGE_RE = re.compile(
+    r"<\|channel\|>(?P<channel>[^<\s]*)(?P<header>[^<]*)(?:<\|constrain\|>[^<]*)?<\|message\|>(?P<body>.*?)"
+    r"(?P<end><\|(?:end|return|call)\|>|<\|start\|>|\Z)",
+    re.S,
+)
+_HARMONY_RECIPIENT_RE = re.compile(r"\bto=(?:functions\.)?(?P<name>[^\s<]+)")
+HARMONY_TOKENS = ("<|channel|>", "<|message|>")
+
+
+def harmony_as_think(text: str) -> str:
+    """A gpt-oss answer decoded with its special tokens, in the forms the parsers here read: the
+    analysis messages as one ``<think>`` block (closed once the last of them ended), then the
+    final messages' text and the commentary preambles, and each tool call (a commentary message
+    to a function) as a Hermes ``<tool_call>`` block. A growing answer's rewrite only grows (a
+    stream of it stays consistent: a message whose header is still arriving adds nothing yet).
+    Text without a harmony channel is returned unchanged."""
+    if HARMONY_TOKENS[0] not in text:
+        return text
+    reasoning: list[str] = []
+    content: list[str] = []
+    closed = True
+    for match in _HARMONY_MESSAGE_RE.finditer(text):
+        body, ended = match["body"], bool(match["end"])
+        if match["channel"] == "analysis":
+            reasoning.append(body)
+            closed = ended
+            continue
+        recipient = _HARMONY_RECIPIENT_RE.search(match["header"])
+        if recipient is None:
+            content.append(body)
+        else:
+            content.append(f'{CALL_START}\n{{"name": {json.dumps(recipient["name"])}, "arguments": {body}'
+                           + (f"}}\n{CALL_END}" if ended else ""))
+    head = THINK_START + "\n".join(reasoning) + (THINK_END if closed else "") if reasoning else ""
+    return head + "".join(content)
 
 
 def new_call_id() -> str:

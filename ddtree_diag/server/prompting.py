@@ -71,11 +71,23 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], *, thinking: bool | N
 _PREFILLED: dict[tuple[int, bool | None], bool] = {}
 
 
+def speaks_harmony(tokenizer: Any) -> bool:
+    """Whether the tokenizer is gpt-oss's (harmony format): its answers always carry an analysis
+    (reasoning) message, whatever the thinking setting, and read as ``parsing.harmony_as_think``
+    puts them."""
+    from ddtree_diag.server.parsing import HARMONY_TOKENS
+
+    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+    return all(token in vocab for token in (*HARMONY_TOKENS, "<|return|>"))
+
+
 def think_prefilled(tokenizer: Any, thinking: bool | None) -> bool:
     """Whether the template opens the think block itself for this thinking setting (the prompt
     ends with ``<think>``), so the answer starts inside it. Templates that leave it to the model
     (Qwen3's) or never think (SmolLM2's) do not."""
     key = (id(tokenizer), thinking)
+    if key not in _PREFILLED and speaks_harmony(tokenizer):
+        _PREFILLED[key] = False  # harmony_as_think opens its think block itself
     if key not in _PREFILLED:
         try:
             text = render_text(tokenizer, [{"role": "user", "content": "Hi"}], thinking=thinking)

@@ -89,7 +89,8 @@ def answer_parser(body: Any, tokenizer: Any) -> AnswerParser:
     the template opened the think block, else only after an opening tag), tool calls when it has
     tools (see ``parsing``)."""
     thinking = body.thinking()
-    return AnswerParser(thinking=thinking is not False, prefilled=prompting.think_prefilled(tokenizer, thinking),
+    splits = thinking is not False or prompting.speaks_harmony(tokenizer)  # gpt-oss always reasons
+    return AnswerParser(thinking=splits, prefilled=prompting.think_prefilled(tokenizer, thinking),
                         tool_mode=body.tool_mode(),
                         tool_names=[tool.function.name for tool in body.tools or ()], named=body.named_tool())
 

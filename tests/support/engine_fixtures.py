@@ -34,24 +34,36 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer(directory: Path):
+# gpt-oss's harmony format: its special tokens and a template of its shape (a generation starts
+# after "<|start|>assistant"; the model writes "<|channel|>analysis<|message|>...<|end|>" first).
+HARMONY_SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
+HARMONY_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+
+
+def make_tokenizer(directory: Path, harmony: bool = False):
+    """The tiny byte-level tokenizer with a ChatML template (``harmony``: gpt-oss's tokens and
+    template shape instead, ending turns with <|return|>)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    specials = SPECIALS + (HARMONY_SPECIALS if harmony else [])
     byte_tokens = list(pre_tokenizers.ByteLevel.alphabet())
     vocab = {tok: i for i, tok in enumerate(sorted(byte_tokens))}
-    for tok in SPECIALS:
+    for tok in specials:
         vocab[tok] = len(vocab)
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        eos_token="<|im_end|>",
+        eos_token="<|return|>" if harmony else "<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIALS,
+        additional_special_tokens=specials,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = HARMONY_TEMPLATE if harmony else CHAT_TEMPLATE
     tokenizer.save_pretrained(directory)
     return tokenizer
 
