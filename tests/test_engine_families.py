@@ -75,6 +75,14 @@ VARIANTS = {
     ),
     "mixtral-every-layer-slides": ("mixtral", dict(sliding_window=WINDOW)),
     "glm4-moe": ("glm4_moe", dict(use_qk_norm=True, first_k_dense_replace=1, n_shared_experts=1)),
+    # multi-head latent attention: DeepSeek-V3 (a low-rank q, rotary pairs interleaved in the
+    # weights, yarn with its attention-scale correction), GLM-4.7-Flash (a full-rank q)
+    "deepseek-v3-latent-attention": ("deepseek_v3", dict(rope_interleave=True)),
+    "deepseek-v3-yarn": ("deepseek_v3", dict(rope_interleave=False, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128, beta_fast=32.0,
+        beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+    ))),
+    "glm4-moe-lite-latent-attention": ("glm4_moe_lite", dict(rope_interleave=True)),
     # gpt-oss: attention sinks, rotary on a head's halves, q/k/v/o biases, every other layer slides
     "gpt-oss-sinks": ("gpt_oss", dict(sliding_window=WINDOW, rope_parameters=dict(
         rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=128,
@@ -117,6 +125,12 @@ def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_p
     }
     assert engine.target.arch.rope_tables == tables.get(model_type, ("",) * 4)
     assert engine.target.arch.sandwich_norms == (model_type == "gemma3_text")
+    latent = model_type in ("deepseek_v3", "glm4_moe_lite")
+    assert engine.target.arch.latent_attention == latent
+    if latent:  # K and V expanded per head: q/k 16 + 8 dims, v 12
+        assert (engine.target.head_dim, engine.target.v_head_dim, engine.target.kv_heads) == (24, 12, 4)
+        rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": "d"}))
+        assert rows["latent attention"] == "latent 16; per head q/k 24 (8 rotary), v 12"
     if variant in EXPECTED_WINDOWS:
         windows = EXPECTED_WINDOWS[variant]
         assert engine.target.arch.windows == windows
@@ -187,7 +201,10 @@ def test_harmony_turns_end_at_return_not_at_a_messages_end():
     harmony = {"<|start|>": 1, "<|end|>": 2, "<|return|>": 3, "<|call|>": 4, "<|channel|>": 5}
     assert sorted(stop_tokens(harmony)) == [3, 4]
     # elsewhere (Phi-3's template) <|end|> ends the turn
-    assert stop_tokens({"<|end|>": 7, "<|user|>": 8}) == [7]
+    assert stop_tokens({"<|end|>": 7, "<|assistant|>": 8}) == [7]
+    # GLM: an answer ends by opening the next turn (<|user|>) or a tool result's (<|observation|>)
+    glm = {"<|user|>": 5, "<|observation|>": 6, "<|endoftext|>": 4, "<|assistant|>": 3}
+    assert sorted(stop_tokens(glm)) == [4, 5, 6]
     assert stop_tokens({"<|im_end|>": 9, "hello": 10}) == [9]
     # the likelihood check scores <|return|> as gpt-oss's end of an answer, not its <|endoftext|>
     from ddtree_diag.checks.likelihood import _end_of_turn_id
@@ -195,6 +212,8 @@ def test_harmony_turns_end_at_return_not_at_a_messages_end():
     vocab = {**harmony, "<|endoftext|>": 6}
     tokenizer = SimpleNamespace(convert_tokens_to_ids=lambda name: vocab.get(name))
     assert _end_of_turn_id(tokenizer, sorted([6, *stop_tokens(vocab)])) == 3
+    tokenizer = SimpleNamespace(convert_tokens_to_ids=lambda name: glm.get(name))
+    assert _end_of_turn_id(tokenizer, stop_tokens(glm)) == 5
 
 
 def test_a_gemma3_checkpoint_with_a_vision_tower_runs_its_text_model_with_a_draft(draft, tmp_path):

@@ -15,6 +15,7 @@ from ddtree_diag.backends.engine import EngineBackend, split_reasoning  # noqa: 
 from ddtree_diag.commands.engine_info import run_engine_info  # noqa: E402
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.arch import check_supported  # noqa: E402
+from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
 from ddtree_diag.errors import UsageError  # noqa: E402
 from ddtree_diag.records import ProbeCase  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
@@ -225,27 +226,63 @@ def test_engine_info_json_and_table(paths, capsys):
     assert not set(out) & set("┃│─━┏┗+|"), "no table borders when piped"
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "gpt_oss", "glm4_moe"])
-def test_a_bf16_load_keeps_the_buffers_hf_keeps_in_fp32(tmp_path, model_type):
-    """The rotary inv_freq (and GLM-MoE's router bias) stay fp32 as in HF's own bf16 load: cast to
-    bf16 they put a long context's rotary angles far off. The engine's cos/sin at position 3000
-    then equal those of the model loaded by HF alone."""
+@pytest.mark.parametrize(("model_type", "dtype"), [("qwen3", "bf16"), ("gpt_oss", "fp16"), ("glm4_moe", "bf16")])
+def test_a_half_precision_load_keeps_what_hf_keeps_in_fp32(tmp_path, model_type, dtype):
+    """The rotary inv_freq, GLM-MoE's router bias and a keep-in-fp32 list's parameters (gpt-oss's
+    norms in fp16) stay fp32 as in HF's own load: cast, inv_freq would put a long context's rotary
+    angles far off. The engine's cos/sin at position 3000 then equal those of HF's own model."""
     from transformers import AutoModelForCausalLM
 
     path = fx.make_target(tmp_path / model_type, model_type=model_type)
-    engine = load_engine(path, device="cpu", dtype="bf16")
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    ours = dict(engine.target.hf.named_buffers())
-    theirs = {name: b for name, b in reference.named_buffers() if b.dtype == torch.float32}
+    engine = load_engine(path, device="cpu", dtype=dtype)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=half)
+    ours = dict(engine.target.hf.named_buffers()) | dict(engine.target.hf.named_parameters())
+    theirs = {name: t for name, t in (*reference.named_buffers(), *reference.named_parameters())
+              if t.dtype == torch.float32}
     assert any(name.endswith("inv_freq") for name in theirs)
-    for name, buffer in theirs.items():
-        assert ours[name].dtype == torch.float32 and torch.equal(ours[name], buffer), name
+    for name, tensor in theirs.items():
+        assert ours[name].dtype == torch.float32 and torch.equal(ours[name], tensor), name
+    if model_type == "gpt_oss":
+        assert any(name.endswith("input_layernorm.weight") for name in theirs)
     if model_type == "glm4_moe":
         assert any(name.endswith("e_score_correction_bias") for name in theirs)
     positions = torch.tensor([3000, 3001])
-    hidden = torch.zeros(1, 2, fx.HIDDEN, dtype=torch.bfloat16)
+    hidden = torch.zeros(1, 2, fx.HIDDEN, dtype=half)
     cos, sin = engine.target.rope(hidden, positions)
     want_cos, want_sin = reference.model.rotary_emb(hidden, positions[None])
     if engine.target.arch.rope_on_halves:
         want_cos, want_sin = torch.cat([want_cos] * 2, -1), torch.cat([want_sin] * 2, -1)
     assert torch.equal(cos[:, 0], want_cos) and torch.equal(sin[:, 0], want_sin)
+
+
+def test_a_checkpoint_missing_weights_is_refused_in_one_line(tmp_path):
+    """HF fills missing weights with random values and says so in a warning only."""
+    path = fx.make_target(tmp_path / "t")
+    fx.rewrite_checkpoint(path, lambda state: {k: v for k, v in state.items() if "layers.1.mlp.down_proj" not in k})
+    with pytest.raises(UsageError, match=r"lacks 1 weight\(s\).*layers\.1\.mlp\.down_proj") as info:
+        load_engine(path, device="cpu")
+    assert "\n" not in str(info.value)
+
+
+def test_quantized_checkpoints_fp8_loads_and_says_so_other_methods_are_refused(tmp_path):
+    """Block-wise FP8 (Qwen3-*-FP8): on a CPU HF dequantizes it, the engine decodes it as HF's own
+    model does, and engine-info says what it loaded; a method the engine does not load is refused
+    in one line before any weight is read."""
+    path = fx.make_target(tmp_path / "fp8")
+    fx.rewrite_checkpoint(path, fx.fp8_quantize, quantization_config=fx.FP8_CONFIG)
+    engine = load_engine(path, device="cpu")
+    assert engine.info()["quantization"] == "fp8, dequantized to float32"
+    rows = dict(engine_info_rows(engine.info() | {"model": "m", "target_path": "t", "draft_path": None}))
+    assert rows["quantization"] == "fp8, dequantized to float32"
+    prompt = fx.PROMPTS[2]
+    tokens = engine.generate_ids(prompt, max_tokens=10, stop_token_ids=[]).token_ids
+    with torch.no_grad():
+        logits = engine.target.hf(torch.tensor([prompt + tokens])).logits[0]
+    assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == tokens
+    assert "quantization" not in load_engine(fx.make_target(tmp_path / "plain"), device="cpu").info()
+    awq = fx.make_target(tmp_path / "awq")
+    fx.rewrite_checkpoint(awq, quantization_config={"quant_method": "awq", "bits": 4})
+    with pytest.raises(UsageError, match="quantized with 'awq', which the engine does not load") as info:
+        load_engine(awq, device="cpu")
+    assert "\n" not in str(info.value)

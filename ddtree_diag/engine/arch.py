@@ -8,7 +8,10 @@ logit per head that takes a share of every softmax; rotary on the two halves of 
 layers by ``layer_types``). SmolLM3 (every fourth layer without rotary) and Seed-OSS are Llama
 with those twists; Gemma 3 adds sandwich norms (each half-layer's output normed before its
 residual add), a rotary table per layer type and an embedding scale (the HF module's own).
-Attention or logit softcapping (Gemma 2) is refused. Hybrid targets: Qwen3.5 /
+Attention or logit softcapping (Gemma 2) is refused. DeepSeek-V3 and GLM-4.7-Flash
+(``glm4_moe_lite``) attend with multi-head latent attention (``Arch.latent_attention``: K and V
+expanded per head from a compressed latent, rotary on a few dims of each head, V narrower than
+K); the cache keeps the expanded K and V. Hybrid targets: Qwen3.5 /
 Qwen3.6 (``qwen3_5``, also their MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated
 DeltaNet ("linear attention") layers sit between full-attention layers with a gated query
 (``q_proj`` gives query|gate per head, the output is scaled by sigmoid(gate)) and partial rotary
@@ -30,7 +33,7 @@ from ddtree_diag.errors import UsageError
 
 DENSE_MODEL_TYPES = {
     "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss", "gemma3_text",
-    "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss",
+    "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "glm4_moe_lite",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
 # (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.
@@ -48,10 +51,12 @@ EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 # Stop tokens besides EOS: the end-of-turn tokens of the chat templates we know, where the
 # tokenizer's vocabulary has them (``stop_tokens``). In order of preference for the token that
-# ends an ordinary answer (the likelihood check scores it): gpt-oss's <|return|> before its
-# <|endoftext|>; <|call|> (a tool call) last.
+# ends an ordinary answer (the likelihood check scores it): gpt-oss's <|return|> and GLM's
+# <|user|> (a GLM answer ends by opening the next turn) before their <|endoftext|>; tool calls'
+# <|call|> / <|observation|> last.
 END_OF_TURN_TOKENS = (
-    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|return|>", "<|end|>", "<|endoftext|>", "<|call|>",
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|return|>", "<|end|>", "<|user|>", "<|endoftext|>",
+    "<|call|>", "<|observation|>",
 )
 # gpt-oss's harmony format ends a turn with <|return|> (or <|call|>, a tool call); its <|end|> closes
 # one message of the turn (the analysis channel's, before the final answer), so it is no stop there.
@@ -95,6 +100,8 @@ class Arch:
     # type (Gemma 3: one table per type, each with its own base), or None (no rotary: SmolLM3's NoPE
     # layers)
     rope_tables: tuple[str | None, ...] = ()
+    # Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash): ``target.latent_qkv``
+    latent_attention: bool = False
     # Gemma's sandwich norms: post_attention_layernorm on the attention's output, then
     # pre_feedforward_layernorm before the MLP and post_feedforward_layernorm on its output
     sandwich_norms: bool = False
@@ -118,10 +125,31 @@ def is_hybrid(config: Any) -> bool:
     return cfg.model_type in HYBRID_MODEL_TYPES or "linear_attention" in (getattr(cfg, "layer_types", None) or [])
 
 
+# Checkpoint quantizations the engine loads (HF's FP8 block-wise linears and gpt-oss's MXFP4
+# experts, run as HF's modules or dequantized by HF where it has no kernels; a GGUF file, which HF
+# always dequantizes); others are refused.
+SUPPORTED_QUANTIZATION = ("fp8", "mxfp4", "gguf")
+
+
+def quantization_method(config: Any) -> str | None:
+    """The checkpoint's ``quantization_config.quant_method`` (None when not quantized)."""
+    for cfg in (config, text_config(config)):
+        quantization = getattr(cfg, "quantization_config", None)
+        if quantization:
+            method = quantization.get("quant_method") if isinstance(quantization, dict) else getattr(
+                quantization, "quant_method", None)
+            return str(getattr(method, "value", method))
+    return None
+
+
 def check_supported(config: Any) -> None:
     """Refuse targets our forward cannot run exactly, with one line saying why."""
     cfg = text_config(config)
     model_type = getattr(cfg, "model_type", "?")
+    method = quantization_method(config)
+    if method is not None and method not in SUPPORTED_QUANTIZATION:
+        raise UsageError(f"target is quantized with {method!r}, which the engine does not load "
+                         f"(supported: {', '.join(SUPPORTED_QUANTIZATION)}: pass a GGUF file with --gguf)")
     if model_type in HYBRID_MODEL_TYPES or (model_type in DENSE_MODEL_TYPES and not is_hybrid(cfg)):
         for field in UNSUPPORTED_SETTINGS:
             if getattr(cfg, field, None):
@@ -148,7 +176,8 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         model_type=config.model_type,
         linear_layers=linear,
         num_layers=len(layers),
-        gated_query=attn.q_proj.out_features == 2 * config.num_attention_heads * attn.head_dim,
+        gated_query=getattr(attn, "q_proj", None) is not None and not hasattr(attn, "kv_a_proj_with_mqa")
+        and attn.q_proj.out_features == 2 * config.num_attention_heads * attn.head_dim,
         qk_norm=hasattr(attn, "q_norm"),
         multimodal_rope=hasattr(rotary_emb, "mrope_section"),
         rope_on_halves=config.model_type in ROPE_ON_HALVES_TYPES,
@@ -156,6 +185,7 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         windows=layer_windows(config, layers, linear),
         rope_tables=rope_tables(config, layers, linear, rotary_emb),
         sandwich_norms=hasattr(layers[attention[0]], "pre_feedforward_layernorm"),
+        latent_attention=hasattr(attn, "kv_a_proj_with_mqa"),
     )
 
 

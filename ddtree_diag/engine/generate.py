@@ -119,6 +119,11 @@ class Engine:
             data["experts"] = {"count": experts, "per_token": getattr(config, "num_experts_per_tok", None)}
         if self.target.arch.attention_sinks:
             data["attention_sinks"] = True
+        if self.target.arch.latent_attention:
+            data["latent_attention"] = {
+                "kv_lora_rank": config.kv_lora_rank, "qk_head_dim": self.target.head_dim,
+                "qk_rope_head_dim": config.qk_rope_head_dim, "v_head_dim": self.target.v_head_dim,
+            }
         if self.target.hybrid:
             kinds = ["L" if i in self.target.linear_layers else "A" for i in range(self.target.num_layers)]
             data["hybrid"] = {
@@ -236,6 +241,10 @@ class Engine:
             raise UsageError(f"max_tokens must be >= 1, got {max_tokens}")
         if not prompt_ids:
             raise UsageError("the prompt is empty")
+        vocab = self.target.config.vocab_size
+        outside = next((token for token in prompt_ids if not 0 <= token < vocab), None)
+        if outside is not None:
+            raise UsageError(f"prompt token id {outside} is outside the target's vocabulary (0..{vocab - 1})")
         if not 0 <= temperature < float("inf"):  # NaN fails this too
             raise UsageError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if 0 < temperature < MIN_SAMPLING_TEMPERATURE:

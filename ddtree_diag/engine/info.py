@@ -35,6 +35,7 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
         ("context length", str(info.get("context_length"))),
         ("device", str(info.get("device"))),
         ("dtype", str(info.get("dtype"))),
+        *([("quantization", str(info["quantization"]))] if info.get("quantization") else []),
         ("stop token ids", ", ".join(map(str, info.get("stop_token_ids") or [])) or "—"),
         ("chat template", "yes" if info.get("chat_template") else "no (plain transcript)"),
         ("draft", str(info.get("draft_path")) if draft else "none (AR only)"),
@@ -56,6 +57,10 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     if experts:
         per_token = f", {experts['per_token']} a token" if experts.get("per_token") else ""
         rows.append(("mixture of experts", f"{experts['count']} experts{per_token} (the MLP runs as HF's module)"))
+    latent = info.get("latent_attention")
+    if latent:
+        rows.append(("latent attention", f"latent {latent['kv_lora_rank']}; per head q/k {latent['qk_head_dim']} "
+                                         f"({latent['qk_rope_head_dim']} rotary), v {latent['v_head_dim']}"))
     if info.get("attention_sinks"):
         rows.append(("attention sinks", "one logit a head on every attention layer"))
     hybrid = info.get("hybrid")

@@ -105,8 +105,10 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def check_draft_fits(draft_config: Any, target_config: Any, tokenizer_vocab: int) -> None:
-    """One-line errors for a draft that cannot work with this target."""
+def check_draft_fits(draft_config: Any, target_config: Any) -> None:
+    """One-line errors for a draft that cannot work with this target. (A tokenizer larger than the
+    target's vocabulary is no error: Gemma 3's counts an image token past it, which text never
+    produces; a prompt with an id outside the vocabulary is refused in ``Engine.generate``.)"""
     hidden = target_config.hidden_size
     layers = target_config.num_hidden_layers
     if draft_config.hidden_size != hidden:
@@ -125,8 +127,6 @@ def check_draft_fits(draft_config: Any, target_config: Any, tokenizer_vocab: int
         raise UsageError(
             f"draft mask_token_id {draft_config.mask_token_id} is outside the target vocabulary ({vocab})"
         )
-    if tokenizer_vocab > vocab:
-        raise UsageError(f"tokenizer has {tokenizer_vocab} tokens but the target's vocabulary is {vocab}")
     if draft_config.block_size < 2:
         raise UsageError(f"draft block_size {draft_config.block_size} must be at least 2")
 
@@ -163,7 +163,7 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
 
     hf_logging.disable_progress_bar()  # our own output stays readable; errors still surface
     hf_logging.set_verbosity_error()
-    from ddtree_diag.engine.arch import check_supported, text_config
+    from ddtree_diag.engine.arch import check_supported, quantization_method, text_config
     from ddtree_diag.engine.generate import Engine
     from ddtree_diag.engine.target import TargetModel
 
@@ -173,21 +173,36 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
     config = target_config(directory, gguf_name)
     check_supported(config)
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, **kwargs)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch_dtype, output_loading_info=True, **kwargs
+        )
         tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
     except Exception as exc:
         raise UsageError(f"cannot load the target from {directory}: {_first_line(exc)}") from exc
-    model = move_keeping_fp32_buffers(model, torch_device, torch_dtype).eval()
+    missing = list(loading.get("missing_keys") or [])
+    if missing:  # HF fills them with random values and says so only in a warning
+        raise UsageError(f"the target checkpoint lacks {len(missing)} weight(s) the model needs, "
+                         f"e.g. {sorted(missing)[0]!r}: an incomplete or mismatched checkpoint")
+    # By device only: from_pretrained applied the dtype, and a cast here would also round what HF
+    # keeps in fp32 on purpose (every rotary inv_freq: in bf16 the angles of position 1,000 come out
+    # up to ~1 rad off; GLM-MoE's router bias; a keep-in-fp32 list's norms) or turn FP8 weights
+    # into bf16 numbers their scales no longer describe.
+    model = model.to(device=torch_device).eval()
     draft_model = None
     if draft is not None:
         draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
-        check_draft_fits(draft_model.config, text_config(model.config), len(tokenizer))  # a VLM: its text model
+        check_draft_fits(draft_model.config, text_config(model.config))  # a VLM: its text model's
     info = {
         "model": name,
         "target_path": str(directory if gguf_name is None else directory / gguf_name),
         "draft_path": str(draft) if draft is not None else None,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
+    method = quantization_method(config)
+    if method:  # HF dequantizes where it has no kernels for the method (a CPU always)
+        kept = getattr(text_config(model.config), "quantization_config", None) or getattr(
+            model.config, "quantization_config", None)
+        info["quantization"] = method if kept else f"{method}, dequantized to {str(torch_dtype).removeprefix('torch.')}"
     engine = Engine(
         TargetModel(model, max_len=256),
         tokenizer,
@@ -205,32 +220,6 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
             where = "decode path" if decode_path else "DDTREE_DIAG_DECODE"
             raise UsageError(f"{where}: {exc}") from exc
     return engine
-
-
-def move_keeping_fp32_buffers(model: Any, device: Any, dtype: Any) -> Any:
-    """``model.to(device, dtype)``, but what HF's load left in fp32 stays fp32, as in HF's own
-    model: the rotary ``inv_freq`` buffers (cast to bf16 they put the angles of gpt-oss-20b's yarn
-    rope at position 4,000 up to 0.9 rad off, Qwen3-8B's at 1,000 up to 0.9), GLM-MoE's router
-    bias, the parameters a model lists to keep in fp32 (gpt-oss's norms)."""
-    import torch
-
-    if dtype == torch.float32:
-        return model.to(device=device)
-    kept = [
-        (name, tensor, isinstance(tensor, torch.nn.Parameter))
-        for name, tensor in (*model.named_buffers(), *model.named_parameters())
-        if tensor.dtype == torch.float32
-    ]
-    model = model.to(device=device, dtype=dtype)
-    for name, tensor, parameter in kept:
-        owner, _, attribute = name.rpartition(".")
-        module = model.get_submodule(owner)
-        moved = tensor.detach().to(device)
-        if parameter:
-            module._parameters[attribute] = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
-        else:
-            module._buffers[attribute] = moved
-    return model
 
 
 def hf_kwargs(gguf_name: str | None) -> dict[str, Any]:

@@ -79,6 +79,34 @@ def grouped_kv(keys: torch.Tensor, values: torch.Tensor, heads: int) -> tuple[to
     return keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1), False
 
 
+def latent_qkv(
+    attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Multi-head latent attention's q, k [1, heads, T, nope + rope dims] and v [1, heads, T, v
+    dims] for rows ``x`` [1, T, H], as HF's DeepSeek-V3 / GLM-4.7-Flash attention makes them: q
+    from its (low-rank) projection, K and V expanded from the normed latent by the module's own
+    ``expand_kv``, rotary on q's and the shared key's last dims (pairs interleaved in the weights
+    where the config says ``rope_interleave``: de-interleaved first, as HF does)."""
+    t = x.shape[1]
+    q = attn.q_proj(x) if attn.q_lora_rank is None else attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
+    q = q.view(1, t, -1, attn.qk_head_dim).transpose(1, 2)
+    q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
+    latent, k_rot = torch.split(attn.kv_a_proj_with_mqa(x), [attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
+    latent = attn.kv_a_layernorm(latent).view(1, 1, t, attn.kv_lora_rank)
+    k_rot = k_rot.view(1, 1, t, attn.qk_rope_head_dim)
+    if getattr(attn.config, "rope_interleave", False):
+        q_rot, k_rot = _deinterleave(q_rot), _deinterleave(k_rot)
+    q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
+    k, v = attn.expand_kv(latent, k_rot)
+    return torch.cat((q_pass, q_rot), dim=-1), k, v
+
+
+def _deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """Rotary pairs stored interleaved (x0, y0, x1, y1, ...) as halves (x0, x1, ..., y0, y1, ...)."""
+    *lead, dims = x.shape
+    return x.view(*lead, dims // 2, 2).transpose(-1, -2).reshape(*lead, dims)
+
+
 # Head dims added to q and k that carry a sink's logit into the scores (a multiple of 8: SDPA's
 # fused CUDA kernels want aligned head dims).
 SINK_DIMS = 8
@@ -121,15 +149,17 @@ def attend_with_sinks(
 
 class KVCache:
     """The target's K/V for its full-attention layers: ``k``, ``v`` [layers, 1, kv_heads, capacity,
-    head_dim]. Slots [0, length) hold the committed tokens; a forward writes its block after them."""
+    head_dim] (``v_head_dim``: V's, where narrower: latent attention). Slots [0, length) hold the
+    committed tokens; a forward writes its block after them."""
 
     def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, capacity: int, device: torch.device, dtype: torch.dtype
+        self, layers: int, kv_heads: int, head_dim: int, capacity: int, device: torch.device, dtype: torch.dtype,
+        v_head_dim: int | None = None,
     ) -> None:
         self.length = 0
         shape = (layers, 1, kv_heads, capacity, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros((*shape[:-1], v_head_dim or head_dim), device=device, dtype=dtype)
 
     @property
     def capacity(self) -> int:
@@ -139,9 +169,9 @@ class KVCache:
         """Nothing committed; reallocate (zeroed) when ``capacity`` exceeds what is allocated."""
         self.length = 0
         if capacity is not None and capacity > self.capacity:
-            shape = (*self.k.shape[:3], capacity, self.k.shape[4])
-            self.k = torch.zeros(shape, device=self.k.device, dtype=self.k.dtype)
-            self.v = torch.zeros(shape, device=self.v.device, dtype=self.v.dtype)
+            grown = [torch.zeros((*t.shape[:3], capacity, t.shape[4]), device=t.device, dtype=t.dtype)
+                     for t in (self.k, self.v)]
+            self.k, self.v = grown
 
     def write(
         self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -185,15 +215,20 @@ class TargetModel:
         self.attention_layers = list(self.arch.attention_layers)
         self.cache_slot = {layer: slot for slot, layer in enumerate(self.attention_layers)}
         attn = self.layers[self.attention_layers[0]].self_attn
-        self.head_dim = attn.head_dim
         self.heads = self.config.num_attention_heads
-        self.kv_heads = self.config.num_key_value_heads
+        if self.arch.latent_attention:  # K and V expanded per head from the latent: one KV head a head
+            self.head_dim, self.v_head_dim, self.kv_heads = attn.qk_head_dim, attn.v_head_dim, self.heads
+        else:
+            self.head_dim = self.v_head_dim = attn.head_dim
+            self.kv_heads = self.config.num_key_value_heads
         self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
         # Per layer: its sliding attention window or None (HF's own choice per layer: ``arch``)
         self.windows = self.arch.windows
         weight = self.inner.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.kv = KVCache(len(self.attention_layers), self.kv_heads, self.head_dim, max_len, self.device, self.dtype)
+        self.kv = KVCache(
+            len(self.attention_layers), self.kv_heads, self.head_dim, max_len, self.device, self.dtype, self.v_head_dim
+        )
         # Linear-attention layers: committed state [Hv, dk, dv] fp32 and conv window [conv_dim, K-1]
         # (None until something is committed), and what the last forward left to commit from.
         self.recurrent: dict[int, torch.Tensor | None] = dict.fromkeys(self.linear_layers)
@@ -269,17 +304,20 @@ class TargetModel:
         attn = self.layers[layer_index].self_attn
         t = x.shape[1]
         gate = None
-        if self.arch.gated_query:
+        if self.arch.latent_attention:
+            q, k, v = latent_qkv(attn, x, cos, sin)
+        elif self.arch.gated_query:
             q, gate = attn.q_proj(x).view(1, t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(1, t, self.heads * self.head_dim)
         else:
             q = attn.q_proj(x).view(1, t, self.heads, self.head_dim)
-        k = attn.k_proj(x).view(1, t, self.kv_heads, self.head_dim)
-        v = attn.v_proj(x).view(1, t, self.kv_heads, self.head_dim)
-        if self.arch.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if not self.arch.latent_attention:
+            k = attn.k_proj(x).view(1, t, self.kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(1, t, self.kv_heads, self.head_dim)
+            if self.arch.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = self.kv.write(self.cache_slot[layer_index], slots, k, v)
         end = self.length + t
         keys, values = keys[:, :, :end], values[:, :, :end]
@@ -293,7 +331,7 @@ class TargetModel:
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling, enable_gqa=gqa
             )
-        out = out.transpose(1, 2).reshape(1, t, self.heads * self.head_dim)
+        out = out.transpose(1, 2).reshape(1, t, self.heads * self.v_head_dim)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return attn.o_proj(out)

@@ -473,18 +473,21 @@ def init_draft_from_target(draft: DFlashDraft, target) -> None:
     """Start each draft layer as a copy of one of the target's last full-attention layers, and the
     draft's final norm as the target's: its output already lives in the space the frozen lm_head
     reads. A gated query (Qwen3.5/3.6) gives the draft its query half; norms are copied as the
-    scale they apply (zero-centred Qwen3.5 norms included); a MoE MLP stays random, as does fc."""
+    scale they apply (zero-centred Qwen3.5 norms included); a MoE MLP stays random, as does fc,
+    and so does the attention of a target whose projections are not the draft's (latent
+    attention)."""
     inner = getattr(target.model, "language_model", target.model)
     sources = [layer for layer in inner.layers if hasattr(layer, "self_attn")][-len(draft.layers) :]
     offset = len(draft.layers) - len(sources)
     for layer, source in zip(draft.layers[offset:], sources, strict=True):
         attn, src = layer.self_attn, source.self_attn
-        query = src.q_proj.weight
-        if query.shape[0] == 2 * attn.q_proj.out_features:  # [query | gate] per head
-            query = query.view(attn.heads, 2, attn.head_dim, -1)[:, 0].reshape(attn.q_proj.out_features, -1)
-        attn.q_proj.weight.copy_(query)
-        for name in ("k_proj", "v_proj", "o_proj"):
-            getattr(attn, name).weight.copy_(getattr(src, name).weight)
+        if all(getattr(src, name, None) is not None for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            query = src.q_proj.weight
+            if query.shape[0] == 2 * attn.q_proj.out_features:  # [query | gate] per head
+                query = query.view(attn.heads, 2, attn.head_dim, -1)[:, 0].reshape(attn.q_proj.out_features, -1)
+            attn.q_proj.weight.copy_(query)
+            for name in ("k_proj", "v_proj", "o_proj"):
+                getattr(attn, name).weight.copy_(getattr(src, name).weight)
         if hasattr(source.mlp, "gate_proj"):
             for name in ("gate_proj", "up_proj", "down_proj"):
                 getattr(layer.mlp, name).weight.copy_(getattr(source.mlp, name).weight)

@@ -84,7 +84,15 @@ DENSE_FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+    # multi-head latent attention (with an MoE)
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM"),
 }
+# Latent attention's shapes: a compressed latent of 16, per head 16 + 8 rotary dims of q/k and 12
+# of v (narrower than k, as in DeepSeek-V3: 128 + 64 and 128); the rotary module's head_dim is
+# the rotary dims.
+SMALL_LATENT = dict(kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, v_head_dim=12,
+                    num_key_value_heads=4)
 # A small MoE for the families that have one (each family names its expert count its own way)
 SMALL_MOE = {
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
@@ -94,6 +102,10 @@ SMALL_MOE = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
+                        first_k_dense_replace=1, q_lora_rank=32, **SMALL_LATENT),
+    "glm4_moe_lite": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
+                          first_k_dense_replace=1, q_lora_rank=None, **SMALL_LATENT),
 }
 
 
@@ -126,6 +138,39 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **con
                 p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
     model.save_pretrained(directory)
     return directory
+
+
+def rewrite_checkpoint(directory: Path, tensors=None, **config) -> None:
+    """Rewrite a saved checkpoint in place: ``tensors(state) -> state`` on its weights, ``config``
+    fields set in its config.json."""
+    import safetensors.torch
+
+    weights = directory / "model.safetensors"
+    if tensors is not None:
+        safetensors.torch.save_file(tensors(safetensors.torch.load_file(str(weights))), str(weights),
+                                    metadata={"format": "pt"})
+    if config:
+        path = directory / "config.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | config, indent=1))
+
+
+def fp8_quantize(state: dict, block: int = 16) -> dict:
+    """The projections' weights as HF's block-wise FP8 checkpoints store them: e4m3 codes in
+    [block x block] tiles, each with its scale (``weight_scale_inv``: the tile's max / 448)."""
+    out = {}
+    for name, weight in state.items():
+        if name.endswith("proj.weight") and weight.dim() == 2:
+            rows, cols = weight.shape
+            tiles = weight.reshape(rows // block, block, cols // block, block)
+            scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-6) / 448.0
+            out[name] = (tiles / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+            out[name.removesuffix("weight") + "weight_scale_inv"] = scale.float()
+        else:
+            out[name] = weight
+    return out
+
+
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
 
 
 def make_gemma3_vlm_target(directory: Path, seed: int = 0, sliding_window: int = 6) -> Path:

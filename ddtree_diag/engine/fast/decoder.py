@@ -358,7 +358,8 @@ class FastDecoder:
                 else:
                     cache_k, cache_v = t.kv.write(slot, slots, k, v)
                 size = t.windows[index]
-                tree_rows = parents is not None and size is None and not t.arch.attention_sinks
+                plain = not (t.arch.attention_sinks or t.arch.latent_attention)  # the split-key kernel's kind
+                tree_rows = parents is not None and size is None and plain
                 kernel = kernels.attention_kernel(q, cache_k) if tree_rows else None
                 if kernel is not None:
                     scale = t.head_dim**-0.5 if t.scaling is None else t.scaling
@@ -379,8 +380,8 @@ class FastDecoder:
                         if size not in biases:
                             biases[size] = additive_mask(allowed[size], t.dtype)
                         out = attend(q, keys, values, biases[size], t.scaling)
-                    out = out.reshape(1, t.heads, rows, t.head_dim).transpose(1, 2)
-                    out = out.reshape(1, rows, t.heads * t.head_dim)
+                    out = out.reshape(1, t.heads, rows, t.v_head_dim).transpose(1, 2)
+                    out = out.reshape(1, rows, t.heads * t.v_head_dim)
                 hidden, residual = post(layer, hidden, out, fused, gate, defer=True) if fold else (
                     post(layer, hidden, out, fused, gate), None
                 )

@@ -43,6 +43,11 @@ def target_pre_attention(
     attn = layer.self_attn
     rows = hidden.shape[1]
     hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
+    if hasattr(attn, "kv_a_proj_with_mqa"):  # latent attention (DeepSeek-V3): the caller writes k, v
+        from ddtree_diag.engine.target import latent_qkv
+
+        q, k, v = latent_qkv(attn, x, cos, sin)
+        return q, k, v, None, hidden
     if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
     else:
