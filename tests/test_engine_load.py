@@ -179,6 +179,8 @@ def test_prompt_longer_than_context_and_bad_budget(engine):
         engine.generate(prompt_ids=[5] * 600, max_tokens=4)
     with pytest.raises(UsageError, match="tree_budget"):
         engine.generate(prompt_ids=[5, 6], tree_budget=-1)
+    with pytest.raises(UsageError, match=f"prompt token id {fx.VOCAB + 3} is outside the target's vocabulary"):
+        engine.generate(prompt_ids=[5, fx.VOCAB + 3], max_tokens=2)
 
 
 def test_backend_maps_generation_to_probe_result(paths):
