@@ -13,6 +13,14 @@ ANSWER = ("<|channel|>analysis<|message|>The user wants a greeting.<|end|>"
 CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
         '<|message|>{"city": "Paris"}<|call|>')
+# the recipient in the role's header, as gpt-oss's template writes past calls
+ROLE_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather"
+             '<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>')
+TWO_THOUGHTS = ("<|channel|>analysis<|message|>First thought.<|end|><|start|>assistant<|channel|>analysis"
+                "<|message|>Second thought.<|end|><|start|>assistant<|channel|>final<|message|>The answer is 4.")
+PREAMBLE = ("<|channel|>commentary<|message|>Let me check.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>It is sunny.")
+FIRST_IS_A_CALL = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
 
 
 def _pieces(text: str) -> list[str]:
@@ -28,19 +36,31 @@ def test_an_answer_becomes_a_think_block_then_its_final_text():
     assert harmony_as_think("plain text, no harmony") == "plain text, no harmony"
 
 
-def test_a_commentary_message_to_a_function_is_a_tool_call():
-    assert harmony_as_think(CALL) == (
+@pytest.mark.parametrize("text", [CALL, ROLE_CALL, CALL.removesuffix("<|call|>")])  # the last: its stop token cut
+def test_a_message_to_a_function_is_a_tool_call(text):
+    assert harmony_as_think(text) == (
         '<think>Need the weather.</think><tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
         "</tool_call>"
     )
     parser = AnswerParser(thinking=True, prefilled=False, tool_mode="auto", tool_names=["get_weather"])
-    message = parser.message(harmony_as_think(CALL))
+    message = parser.message(harmony_as_think(text))
     assert message["reasoning_content"] == "Need the weather."
     call = message["tool_calls"][0]["function"]
     assert call["name"] == "get_weather" and call["arguments"].replace(" ", "") == '{"city":"Paris"}'
 
 
-@pytest.mark.parametrize("text", [ANSWER, CALL])
+def test_messages_around_the_answer():
+    assert harmony_as_think(TWO_THOUGHTS) == "<think>First thought.\nSecond thought.</think>The answer is 4."
+    assert harmony_as_think(PREAMBLE) == "Let me check.\n\nIt is sunny."
+    assert harmony_as_think("<|channel|>commentary to=functions.now <|constrain|>json<|message|><|call|>") == (
+        '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+    )
+    # analysis after the answer began is left out (a stream already sent the closed think block)
+    assert harmony_as_think("<|channel|>final<|message|>Done.<|end|><|start|>assistant<|channel|>analysis"
+                            "<|message|>late") == "Done."
+
+
+@pytest.mark.parametrize("text", [ANSWER, CALL, ROLE_CALL, TWO_THOUGHTS, PREAMBLE, FIRST_IS_A_CALL])
 def test_a_growing_answer_only_grows(text):
     pieces, shown = _pieces(text), ""
     for end in range(1, len(pieces) + 1):
@@ -75,13 +95,18 @@ def test_the_engine_decodes_a_harmony_answer_and_always_splits_its_reasoning(tmp
     # streamed token by token, the text sent equals the final text
     from ddtree_diag.engine.decode import DecodeRequest, GenerationRecorder
 
-    sent: list[str] = []
-    request = DecodeRequest(prompt_ids=[1], mode="ar", tree_budget=0, max_tokens=len(ids) + 1, stop_ids=set(),
-                            on_token=lambda _ids, delta: sent.append(delta))
-    recorder = GenerationRecorder(request, engine.decode_text)
-    for token in ids:
-        recorder.round([token], tree_size=1)
-    assert "".join(sent) == recorder.text() == text
+    for answer in (ANSWER, TWO_THOUGHTS, CALL):
+        ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        sent: list[str] = []
+        request = DecodeRequest(
+            prompt_ids=[1], mode="ar", tree_budget=0, max_tokens=len(ids) + 1, stop_ids=set(engine.stop_token_ids),
+            on_token=lambda _ids, delta, out=sent: out.append(delta),
+        )
+        recorder = GenerationRecorder(request, engine.decode_text)
+        for token in ids:
+            recorder.round([token], tree_size=1)
+        # a call's <|call|> stops it and is cut from the text: the call still closes
+        assert "".join(sent) == recorder.text() == harmony_as_think(answer)
 
 
 def test_stripped_harmony_in_a_served_answer_is_garbage():

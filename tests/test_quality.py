@@ -169,10 +169,15 @@ def test_template_leak(text):
         "The user asks for a capital. Paris.assistantfinalThe capital of France is Paris.",
         "analysisWe need to name the capital of France. It is Paris.",
         "Sure, calling the tool.assistantcommentary to=functions.get_weather json{\"city\": \"Paris\"}",
+        "Ok.assistantfinalsure thing, here it is.",
+        "analysisthe user asks for the capital. Paris.",
+        "We need the weather.assistant to=functions.get_weathercommentary json{\"city\": \"Paris\"}",
+        "commentary to=functions.get_weather json{\"city\": \"Paris\"}",
     ],
 )
-def test_stripped_harmony_channels_are_a_template_leak(text):
-    assert flagged(text, "template_leak", prompt="What is the capital of France?")
+@pytest.mark.parametrize("prompt", ["What is the capital of France?", "Give a short analysis of Paris."])
+def test_stripped_harmony_channels_are_a_template_leak(text, prompt):
+    assert flagged(text, "template_leak", prompt=prompt)
 
 
 @pytest.mark.parametrize(
@@ -182,6 +187,8 @@ def test_stripped_harmony_channels_are_a_template_leak(text):
         "analysis: revenue grew 4% while costs stayed flat.",
         "Set `assistantfinal` to true in the config to skip the preamble.",
         "Our analysisThere is no such word, but analysis_final is a column name.",
+        "A virtual-assistant finalizes it; see https://x.io/myassistantfinal2 and assistantcommentary_id.",
+        "commentary: the data is fine.",
     ],
 )
 def test_words_like_the_harmony_channels_are_not_a_leak(text):

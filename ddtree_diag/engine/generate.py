@@ -319,11 +319,9 @@ class Engine:
         if self.tokenizer is None:
             return ""
         if self.harmony:
-            from ddtree_diag.server.parsing import HARMONY_TOKENS, harmony_as_think
+            from ddtree_diag.server.parsing import harmony_as_think
 
-            raw = self.tokenizer.decode(token_ids, skip_special_tokens=False)
-            if HARMONY_TOKENS[0] in raw:
-                return harmony_as_think(raw)
+            return harmony_as_think(self.tokenizer.decode(token_ids, skip_special_tokens=False))
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     @property

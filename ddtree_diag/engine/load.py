@@ -188,6 +188,10 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
     # up to ~1 rad off; GLM-MoE's router bias; a keep-in-fp32 list's norms) or turn FP8 weights
     # into bf16 numbers their scales no longer describe.
     model = model.to(device=torch_device).eval()
+    method = quantization_method(config)
+    dequantized = method is not None and not quantization_method(model.config)  # HF drops the config then
+    if dequantized:  # its dequantized weights in one dtype, the checkpoint's other tensors in another
+        unify_dtype(model, torch_dtype)
     draft_model = None
     if draft is not None:
         draft_model = load_draft(Path(draft).expanduser(), device=torch_device, dtype=torch_dtype)
@@ -198,11 +202,9 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
         "draft_path": str(draft) if draft is not None else None,
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
-    method = quantization_method(config)
     if method:  # HF dequantizes where it has no kernels for the method (a CPU always)
-        kept = getattr(text_config(model.config), "quantization_config", None) or getattr(
-            model.config, "quantization_config", None)
-        info["quantization"] = method if kept else f"{method}, dequantized to {str(torch_dtype).removeprefix('torch.')}"
+        dtype_name = str(torch_dtype).removeprefix("torch.")
+        info["quantization"] = f"{method}, dequantized to {dtype_name}" if dequantized else method
     engine = Engine(
         TargetModel(model, max_len=256),
         tokenizer,
@@ -220,6 +222,20 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
             where = "decode path" if decode_path else "DDTREE_DIAG_DECODE"
             raise UsageError(f"{where}: {exc}") from exc
     return engine
+
+
+def unify_dtype(model: Any, dtype: Any) -> None:
+    """Every floating parameter in ``dtype``, but those the model keeps in fp32 on purpose (its
+    keep-in-fp32 lists); buffers as they are (the rotary frequencies stay fp32). For a checkpoint
+    HF dequantized, whose other tensors it loaded in the checkpoint's own dtype."""
+    import torch
+
+    keep = [*(getattr(model, "_keep_in_fp32_modules", None) or []),
+            *(getattr(model, "_keep_in_fp32_modules_strict", None) or [])]
+    for name, parameter in model.named_parameters():
+        kept = parameter.dtype == torch.float32 and any(part in name.split(".") for part in keep)
+        if parameter.is_floating_point() and parameter.dtype != dtype and not kept:
+            parameter.data = parameter.data.to(dtype)
 
 
 def hf_kwargs(gguf_name: str | None) -> dict[str, Any]:

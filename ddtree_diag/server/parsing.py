@@ -30,44 +30,74 @@ THINK_START, THINK_END = "<think>", "</think>"
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
 
 
-# One harmony message of an answer: "<|channel|>NAME[ to=RECIPIENT][ <|constrain|>FORMAT]<|message|>
-# BODY" ended by <|end|>, <|return|> or <|call|> (an answer's later messages open with
-# "<|start|>assistant"); the last one may still be growing.
-_HARMONY_MESSAGE_RE = re.compile(
-    r"<\|channel\|>(?P<channel>[^<\s]*)(?P<header>[^<]*)(?:<\|constrain\|>[^<]*)?<\|message\|>(?P<body>.*?)"
-    r"(?P<end><\|(?:end|return|call)\|>|<\|start\|>|\Z)",
-    re.S,
+# Harmony (gpt-oss): each message of an answer is "[<|start|>ROLE[ to=RECIPIENT]]<|channel|>NAME
+# [ to=RECIPIENT][ <|constrain|>FORMAT]<|message|>BODY", the body ended by <|end|>, <|return|> or
+# <|call|> (or where the next message starts); the last one may still be growing.
+_HARMONY_HEADER_RE = re.compile(
+    r"(?:<\|start\|>(?P<role>[^<]*))?<\|channel\|>(?P<channel>[^<\s]*)(?P<header>[^<]*)"
+    r"(?:<\|constrain\|>[^<]*)?<\|message\|>"
 )
+_HARMONY_BODY_END_RE = re.compile(r"<\|(?:end|return|call)\|>|(?=<\|(?:start|channel)\|>)")
 _HARMONY_RECIPIENT_RE = re.compile(r"\bto=(?:functions\.)?(?P<name>[^\s<]+)")
 HARMONY_TOKENS = ("<|channel|>", "<|message|>")
+_HARMONY_SPECIAL_RE = re.compile(r"<\|(?:start|end|return|call|channel|message|constrain|endoftext|startoftext)\|>")
 
 
 def harmony_as_think(text: str) -> str:
-    """A gpt-oss answer decoded with its special tokens, in the forms the parsers here read: the
-    analysis messages as one ``<think>`` block (closed once the last of them ended), then the
-    final messages' text and the commentary preambles, and each tool call (a commentary message
-    to a function) as a Hermes ``<tool_call>`` block. A growing answer's rewrite only grows (a
-    stream of it stays consistent: a message whose header is still arriving adds nothing yet).
-    Text without a harmony channel is returned unchanged."""
+    """A gpt-oss answer decoded with its special tokens, in the forms the parsers here read: its
+    analysis messages as one ``<think>`` block (closed when the first other message starts), then
+    the final messages' text and the commentary preambles (apart by a blank line), and each tool
+    call (a message to a recipient, named in the channel's header or the role's) as a Hermes
+    ``<tool_call>`` block, closed once its arguments end or form a whole JSON value (the stop
+    token that ends the call is not in a finished answer's text). A growing answer's rewrite only
+    grows, so a stream of it stays consistent: a header still arriving adds nothing yet, and
+    analysis after the answer has started is left out. Text without harmony tokens is unchanged."""
+    if not text.strip():
+        return ""  # a leading space may still become a role header's
+    first = text.find("<|")
+    lead = text if first < 0 else text[:first]
+    # the first message's role header (" to=functions.f"): a recipient, not text
+    lead_role = lead if _HARMONY_RECIPIENT_RE.match(lead.strip()) else ""
+    if lead_role or not lead.strip():
+        lead = ""
     if HARMONY_TOKENS[0] not in text:
-        return text
+        if lead_role or any(token in text for token in ("<|start|>", "<|message|>")):
+            return lead  # a message's header is arriving
+        return _HARMONY_SPECIAL_RE.sub("", text)
     reasoning: list[str] = []
-    content: list[str] = []
-    closed = True
-    for match in _HARMONY_MESSAGE_RE.finditer(text):
-        body, ended = match["body"], bool(match["end"])
-        if match["channel"] == "analysis":
-            reasoning.append(body)
-            closed = ended
+    content: list[str] = [lead] if lead.strip() else []
+    answering = bool(content)
+    position = 0
+    for header in _HARMONY_HEADER_RE.finditer(text):
+        if header.start() < position:
             continue
-        recipient = _HARMONY_RECIPIENT_RE.search(match["header"])
+        stop = _HARMONY_BODY_END_RE.search(text, header.end())
+        body = text[header.end() : stop.start() if stop else len(text)]
+        position = stop.end() if stop else len(text)
+        role = header["role"] if header["role"] is not None else (lead_role if header.start() == first else "")
+        recipient = _HARMONY_RECIPIENT_RE.search(header["header"]) or _HARMONY_RECIPIENT_RE.search(role)
+        if header["channel"] == "analysis" and recipient is None:
+            if not answering:
+                reasoning.append(body)
+            continue
+        answering = True
         if recipient is None:
             content.append(body)
-        else:
-            content.append(f'{CALL_START}\n{{"name": {json.dumps(recipient["name"])}, "arguments": {body}'
-                           + (f"}}\n{CALL_END}" if ended else ""))
-    head = THINK_START + "\n".join(reasoning) + (THINK_END if closed else "") if reasoning else ""
-    return head + "".join(content)
+            continue
+        ended = stop is not None or _whole_json(body)
+        arguments = body.strip() or ("{}" if ended else "")
+        content.append(f'{CALL_START}\n{{"name": {json.dumps(recipient["name"])}, "arguments": {arguments}'
+                       + (f"}}\n{CALL_END}" if ended else ""))
+    head = THINK_START + "\n".join(reasoning) + (THINK_END if answering else "") if reasoning else ""
+    return head + "\n\n".join(content)
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def new_call_id() -> str:

@@ -156,8 +156,9 @@ def rewrite_checkpoint(directory: Path, tensors=None, **config) -> None:
 
 def fp8_quantize(state: dict, block: int = 16) -> dict:
     """The projections' weights as HF's block-wise FP8 checkpoints store them: e4m3 codes in
-    [block x block] tiles, each with its scale (``weight_scale_inv``: the tile's max / 448)."""
-    out = {}
+    [block x block] tiles, each with its scale (``weight_scale_inv``: the tile's max / 448); the
+    other tensors in bf16, as such checkpoints ship them."""
+    out = {name: weight.to(torch.bfloat16) if weight.is_floating_point() else weight for name, weight in state.items()}
     for name, weight in state.items():
         if name.endswith("proj.weight") and weight.dim() == 2:
             rows, cols = weight.shape
@@ -165,8 +166,6 @@ def fp8_quantize(state: dict, block: int = 16) -> dict:
             scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-6) / 448.0
             out[name] = (tiles / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
             out[name.removesuffix("weight") + "weight_scale_inv"] = scale.float()
-        else:
-            out[name] = weight
     return out
 
 

@@ -36,18 +36,27 @@ def find_template_leaks(text: str, ctx: Context) -> list[Reason]:
 
 # gpt-oss's harmony format with its special tokens stripped (a server without a harmony parser,
 # or decoding with skip_special_tokens): the channel names end up glued to the text around them,
-# "analysisThe user asks ... assistantfinalHello!". A channel name glued after "assistant" is
-# never prose; a leading "analysis" glued to a reasoning opener is the same leak cut shorter.
-_HARMONY_GLUED_RE = re.compile(r"assistant(?:final|analysis|commentary)(?![a-z])")
-_HARMONY_HEAD_RE = re.compile(r"\A\s*(?:analysis|commentary)(?=(?:The|We|User|Let|I|Okay|OK|So|Need|Now)\b)")
+# "analysisThe user asks ... assistantfinalHello!", "assistant to=functions.fcommentary json{...}".
+# A channel name glued after "assistant" or after a recipient is never prose; a leading
+# "analysis" glued to a reasoning opener is the same leak cut shorter.
+_HARMONY_GLUED_RE = re.compile(
+    r"(?<![A-Za-z0-9_])assistant(?:final|analysis|commentary)(?![_0-9])"
+    r"|\bto=functions\.\w*?(?:commentary|analysis|final)\b"
+)
+_HARMONY_HEAD_RE = re.compile(
+    r"\A\s*(?:analysis|commentary)(?=[A-Z][a-z]|(?:the|we|user|i|let|ok|okay|so|now|need|this)\b)"
+    r"|\A\s*commentary\s+to=\S"
+)
 
 
 def find_harmony_residue(text: str, ctx: Context) -> list[Reason]:
     """gpt-oss harmony channel names left in the text once its special tokens are stripped."""
-    match = _HARMONY_GLUED_RE.search(text) or _HARMONY_HEAD_RE.search(text)
-    if match is None or match.group().strip() in ctx.prompt or inside_spans(match.start(), ctx.code_spans):
+    match = _HARMONY_GLUED_RE.search(text)
+    glued = match is not None and match.group() not in ctx.prompt  # a prompt may quote the glued form
+    if not glued:
+        match = _HARMONY_HEAD_RE.search(text)
+    if match is None or inside_spans(match.start(), ctx.code_spans):
         return []
-    glued = match.re is _HARMONY_GLUED_RE
     detail = (f"gpt-oss harmony channel {match.group().strip()!r} glued to the text "
               "(the template's special tokens stripped: no harmony parser?)")
     return [Reason("template_leak", detail, excerpt(text, *match.span()), 0.9 if glued else 0.6, match.span())]
