@@ -75,6 +75,13 @@ VARIANTS = {
     ),
     "mixtral-every-layer-slides": ("mixtral", dict(sliding_window=WINDOW)),
     "glm4-moe": ("glm4_moe", dict(use_qk_norm=True, first_k_dense_replace=1, n_shared_experts=1)),
+    # OLMo 2 / 3: post norms (no input norm), q/k normed over all heads at once; OLMo 3 slides its
+    # layer_types layers, with a rotary table per layer type
+    "olmo2-post-norms": ("olmo2", dict(pad_token_id=0)),
+    "olmo3-sliding-layers": ("olmo3", dict(
+        pad_token_id=0, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    )),
     # multi-head latent attention: DeepSeek-V3 (a low-rank q, rotary pairs interleaved in the
     # weights, yarn with its attention-scale correction), GLM-4.7-Flash (a full-rank q)
     "deepseek-v3-latent-attention": ("deepseek_v3", dict(rope_interleave=True)),
@@ -103,6 +110,7 @@ EXPECTED_WINDOWS = {
     "smollm3-nope-sliding": (None, None, None, WINDOW),
     "smollm3-layer-types-without-the-switch": (None, WINDOW, None, WINDOW),
     "gemma3-sliding-local-rope": (WINDOW, WINDOW, None, WINDOW),
+    "olmo3-sliding-layers": (WINDOW, WINDOW, WINDOW, None),
     "qwen2-moe-sliding-layers": (WINDOW, None, WINDOW, None),
     "mixtral-every-layer-slides": (WINDOW,) * 4,
     "glm4-moe": (None,) * 4,
@@ -122,9 +130,12 @@ def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_p
     tables = {  # SmolLM3: every fourth layer without rotary; Gemma 3: one table per layer type
         "smollm3": ("", "", "", None),
         "gemma3_text": ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention"),
+        "olmo3": ("sliding_attention",) * 3 + ("full_attention",) if variant == "olmo3-sliding-layers" else None,
     }
-    assert engine.target.arch.rope_tables == tables.get(model_type, ("",) * 4)
+    assert engine.target.arch.rope_tables == (tables.get(model_type) or ("",) * 4)
     assert engine.target.arch.sandwich_norms == (model_type == "gemma3_text")
+    olmo = model_type in ("olmo2", "olmo3")
+    assert (engine.target.arch.post_norms, engine.target.arch.qk_norm_whole) == (olmo, olmo)
     latent = model_type in ("deepseek_v3", "glm4_moe_lite")
     assert engine.target.arch.latent_attention == latent
     if latent:  # K and V expanded per head: q/k 16 + 8 dims, v 12

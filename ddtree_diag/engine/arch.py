@@ -7,7 +7,9 @@ GLM-4.5/4.7 MoE: the MLP runs as the HF module itself), and gpt-oss (attention s
 logit per head that takes a share of every softmax; rotary on the two halves of a head; sliding
 layers by ``layer_types``). SmolLM3 (every fourth layer without rotary) and Seed-OSS are Llama
 with those twists; Gemma 3 adds sandwich norms (each half-layer's output normed before its
-residual add), a rotary table per layer type and an embedding scale (the HF module's own).
+residual add), a rotary table per layer type and an embedding scale (the HF module's own); OLMo 2
+/ 3 norm only each half's output (``Arch.post_norms``) and norm q and k over all their heads at
+once (``Arch.qk_norm_whole``).
 Attention or logit softcapping (Gemma 2) is refused. DeepSeek-V3 and GLM-4.7-Flash
 (``glm4_moe_lite``) attend with multi-head latent attention (``Arch.latent_attention``: K and V
 expanded per head from a compressed latent, rotary on a few dims of each head, V narrower than
@@ -33,7 +35,7 @@ from ddtree_diag.errors import UsageError
 
 DENSE_MODEL_TYPES = {
     "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss", "gemma3_text",
-    "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "glm4_moe_lite",
+    "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "glm4_moe_lite", "olmo2", "olmo3",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
 # (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.
@@ -102,6 +104,11 @@ class Arch:
     rope_tables: tuple[str | None, ...] = ()
     # Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash): ``target.latent_qkv``
     latent_attention: bool = False
+    # OLMo's post norms: no input norm; post_attention_layernorm on the attention's output and
+    # post_feedforward_layernorm on the MLP's, each before its residual add
+    post_norms: bool = False
+    # q and k normed over all their heads at once (OLMo: q_norm over heads * head_dim), not per head
+    qk_norm_whole: bool = False
     # Gemma's sandwich norms: post_attention_layernorm on the attention's output, then
     # pre_feedforward_layernorm before the MLP and post_feedforward_layernorm on its output
     sandwich_norms: bool = False
@@ -186,6 +193,8 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         rope_tables=rope_tables(config, layers, linear, rotary_emb),
         sandwich_norms=hasattr(layers[attention[0]], "pre_feedforward_layernorm"),
         latent_attention=hasattr(attn, "kv_a_proj_with_mqa"),
+        post_norms=not hasattr(layers[attention[0]], "input_layernorm"),
+        qk_norm_whole=hasattr(attn, "q_norm") and attn.q_norm.weight.shape[-1] != attn.head_dim,
     )
 
 

@@ -312,9 +312,12 @@ class TargetModel:
         else:
             q = attn.q_proj(x).view(1, t, self.heads, self.head_dim)
         if not self.arch.latent_attention:
-            k = attn.k_proj(x).view(1, t, self.kv_heads, self.head_dim)
+            k = attn.k_proj(x)
+            if self.arch.qk_norm_whole:  # OLMo: over all heads at once, before the heads are split
+                q, k = attn.q_norm(q.reshape(1, t, -1)).view(q.shape), attn.k_norm(k)
+            k = k.view(1, t, self.kv_heads, self.head_dim)
             v = attn.v_proj(x).view(1, t, self.kv_heads, self.head_dim)
-            if self.arch.qk_norm:
+            if self.arch.qk_norm and not self.arch.qk_norm_whole:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -406,12 +409,15 @@ class TargetModel:
         features: dict[int, torch.Tensor] = {}
         self._pending = {}
         for index, layer in enumerate(self.layers):
-            x = layer.input_layernorm(hidden)
+            x = hidden if self.arch.post_norms else layer.input_layernorm(hidden)
             if index in self.cache_slot:
                 out = self._attention(index, x, *ropes[index], masks[self.windows[index]], slots)
             else:
                 out = self._linear_attention(index, x, parents)
-            if self.arch.sandwich_norms:  # Gemma: each half's output normed before its residual add
+            if self.arch.post_norms:  # OLMo: each half's output normed, its input not
+                hidden = hidden + layer.post_attention_layernorm(out)
+                hidden = hidden + layer.post_feedforward_layernorm(self.mlp(layer, hidden))
+            elif self.arch.sandwich_norms:  # Gemma: each half's output normed before its residual add
                 hidden = hidden + layer.post_attention_layernorm(out)
                 out = self.mlp(layer, layer.pre_feedforward_layernorm(hidden))
                 hidden = hidden + layer.post_feedforward_layernorm(out)

@@ -78,6 +78,8 @@ DENSE_FAMILIES = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
     # mixture-of-experts kin (the MLP runs as the HF module) and gpt-oss (attention sinks)
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),

@@ -71,6 +71,7 @@ from ddtree_diag.engine.fast.layers import (
     linear_attention_rows,
     mlp_half,
     residual_norm,
+    settle,
     target_post_attention,
     target_pre_attention,
 )
@@ -101,11 +102,6 @@ def use_persistent_compile_cache() -> None:
     from ddtree_diag.engine.embedded import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
-
-
-def _settle(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """The hidden state with a deferred MLP output (``mlp_half``'s defer) added, where one waits."""
-    return hidden if residual is None else hidden + residual
 
 
 def _without_window(key: tuple) -> tuple:
@@ -339,7 +335,7 @@ class FastDecoder:
         for index, layer in enumerate(t.layers):
             if repeats.skip(layer, residual is None, index in wanted, index == t.num_layers - 1, t.windows[index]):
                 if index in wanted and index != t.num_layers - 1:  # the head still reads its features
-                    hidden, residual = _settle(hidden, residual), None
+                    hidden, residual = settle(hidden, residual), None
                     features[index] = hidden
                 continue
             fused = self.fused[index]
@@ -386,9 +382,9 @@ class FastDecoder:
                     post(layer, hidden, out, fused, gate), None
                 )
             if index in wanted and index != t.num_layers - 1:
-                hidden, residual = _settle(hidden, residual), None
+                hidden, residual = settle(hidden, residual), None
                 features[index] = hidden
-        hidden = _settle(hidden, residual)
+        hidden = settle(hidden, residual)
         return t.head(hidden, features, self.feature_layers if with_features else None, last_only)
 
     def _prefill(self, prompt: torch.Tensor, with_features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -14,6 +14,11 @@ from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.rope import apply_rope
 
 
+def settle(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """The hidden state with a deferred MLP output (``mlp_half``'s defer) added, where one waits."""
+    return hidden if residual is None else hidden + residual
+
+
 def residual_norm(
     norm: torch.nn.Module, hidden: torch.Tensor, delta: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +47,10 @@ def target_pre_attention(
     GEMM instead of three). Norms, rotary and SwiGLU go through ``kernels`` (fused on CUDA)."""
     attn = layer.self_attn
     rows = hidden.shape[1]
-    hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
+    if getattr(layer, "input_layernorm", None) is None:  # post norms (OLMo): the input as it is
+        hidden = x = settle(hidden, residual)
+    else:
+        hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
     if hasattr(attn, "kv_a_proj_with_mqa"):  # latent attention (DeepSeek-V3): the caller writes k, v
         from ddtree_diag.engine.target import latent_qkv
 
@@ -53,6 +61,8 @@ def target_pre_attention(
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     gate = None
+    if qk_norm and attn.q_norm.weight.shape[-1] != head_dim:  # OLMo: over all heads at once, then rotary alone
+        q, k, qk_norm = attn.q_norm(q), attn.k_norm(k), False
     if gated_query:
         q, gate = q.view(1, rows, heads, 2 * head_dim).chunk(2, dim=-1)
         gate = gate.reshape(1, rows, heads * head_dim)
@@ -82,6 +92,12 @@ def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
     itself otherwise, MoE included), residual. ``defer``: return (hidden, MLP output) instead of
     their sum, for the next norm to add in its own kernel (``add_rms_norm``): one elementwise
     kernel less per layer, the same sum."""
+    if getattr(layer, "input_layernorm", None) is None:  # post norms (OLMo): each half's output normed
+        if delta is not None:
+            hidden = hidden + kernels.rms_norm(layer.post_attention_layernorm, delta)
+        out = layer.mlp(hidden)
+        out = kernels.rms_norm(layer.post_feedforward_layernorm, out[0] if isinstance(out, tuple) else out)
+        return (hidden, out) if defer else hidden + out
     sandwich = getattr(layer, "pre_feedforward_layernorm", None)
     if sandwich is not None:  # Gemma: the attention's output normed before its add; the MLP's likewise
         if delta is not None:
