@@ -82,6 +82,15 @@ VARIANTS = {
         pad_token_id=0, sliding_window=WINDOW,
         layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     )),
+    # Phi-3 / Phi-4: one q|k|v linear, a fused gate|up MLP; Phi-4-mini's partial rotary with
+    # longrope factors (the short ones below original_max_position_embeddings); a window slides all
+    "phi3-fused-qkv": ("phi3", dict(pad_token_id=0)),
+    "phi4-mini-partial-rotary-longrope": ("phi3", dict(pad_token_id=0, original_max_position_embeddings=128,
+                                                       max_position_embeddings=512, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+        short_factor=[1.0, 1.1, 1.2, 1.5, 2.0, 3.0], long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+    ))),
+    "phi3-sliding": ("phi3", dict(pad_token_id=0, sliding_window=WINDOW)),
     # multi-head latent attention: DeepSeek-V3 (a low-rank q, rotary pairs interleaved in the
     # weights, yarn with its attention-scale correction), GLM-4.7-Flash (a full-rank q)
     "deepseek-v3-latent-attention": ("deepseek_v3", dict(rope_interleave=True)),
@@ -111,6 +120,7 @@ EXPECTED_WINDOWS = {
     "smollm3-layer-types-without-the-switch": (None, WINDOW, None, WINDOW),
     "gemma3-sliding-local-rope": (WINDOW, WINDOW, None, WINDOW),
     "olmo3-sliding-layers": (WINDOW, WINDOW, WINDOW, None),
+    "phi3-sliding": (WINDOW,) * 4,
     "qwen2-moe-sliding-layers": (WINDOW, None, WINDOW, None),
     "mixtral-every-layer-slides": (WINDOW,) * 4,
     "glm4-moe": (None,) * 4,

@@ -370,14 +370,15 @@ def test_folded_residual_and_cache_write_equal_the_unfolded_layer(fused, tmp_pat
     assert fused["norm_rope_cache"] == 1
 
 
-@pytest.mark.parametrize("model_type", ("qwen3", "llama", "gpt_oss", "smollm3", "gemma3_text", "olmo2"))
+@pytest.mark.parametrize("model_type", ("qwen3", "llama", "gpt_oss", "smollm3", "gemma3_text", "olmo2", "phi3"))
 def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, monkeypatch, model_type):
     """Every norm, q/k norm + rotary (Llama: rotary alone) and SwiGLU of the target and the draft
     through the kernels: the fast rounds still give the eager path's tokens and acceptance (fp32,
     T=0). gpt-oss: rotary on a head's halves through the one-kernel cache write, attention sinks
     beside it (SDPA), its MoE and norms as HF's modules. SmolLM3: its NoPE layers' identity rotary.
     Gemma 3: sandwich norms (offset style) and a rotary table per layer type. OLMo 2: post norms,
-    q/k normed over all heads before the one-kernel rotary and cache write."""
+    q/k normed over all heads before the one-kernel rotary and cache write. Phi-3: its own q|k|v
+    linear."""
     target = fx.make_target(tmp_path / "t", model_type=model_type)
     engine = load_engine(target, fx.make_draft(tmp_path / "d", block_size=4), device=DEVICE, dtype="fp32")
     written: set[int] = set()  # the storages the one-kernel K/V write wrote into

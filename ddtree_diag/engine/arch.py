@@ -9,7 +9,8 @@ layers by ``layer_types``). SmolLM3 (every fourth layer without rotary) and Seed
 with those twists; Gemma 3 adds sandwich norms (each half-layer's output normed before its
 residual add), a rotary table per layer type and an embedding scale (the HF module's own); OLMo 2
 / 3 norm only each half's output (``Arch.post_norms``) and norm q and k over all their heads at
-once (``Arch.qk_norm_whole``).
+once (``Arch.qk_norm_whole``); Phi-3 / Phi-4 project q|k|v in one linear (``Arch.fused_qkv``;
+its MLP's fused gate|up runs as HF's module) and slide every layer by the config's window.
 Attention or logit softcapping (Gemma 2) is refused. DeepSeek-V3 and GLM-4.7-Flash
 (``glm4_moe_lite``) attend with multi-head latent attention (``Arch.latent_attention``: K and V
 expanded per head from a compressed latent, rotary on a few dims of each head, V narrower than
@@ -36,6 +37,7 @@ from ddtree_diag.errors import UsageError
 DENSE_MODEL_TYPES = {
     "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss", "gemma3_text",
     "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "glm4_moe_lite", "olmo2", "olmo3",
+    "phi3",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
 # (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.
@@ -77,6 +79,7 @@ def stop_tokens(vocab: dict[str, int]) -> list[int]:
 NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
     "MinistralRMSNorm": "cast", "SmolLM3RMSNorm": "cast", "SeedOssRMSNorm": "cast", "Gemma3RMSNorm": "offset",
+    "Phi3RMSNorm": "cast",
     "Qwen3MoeRMSNorm": "cast", "Qwen2MoeRMSNorm": "cast", "MixtralRMSNorm": "cast", "Glm4MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
@@ -109,6 +112,8 @@ class Arch:
     post_norms: bool = False
     # q and k normed over all their heads at once (OLMo: q_norm over heads * head_dim), not per head
     qk_norm_whole: bool = False
+    # q|k|v from one linear, ``qkv_proj`` (Phi-3), split by heads
+    fused_qkv: bool = False
     # Gemma's sandwich norms: post_attention_layernorm on the attention's output, then
     # pre_feedforward_layernorm before the MLP and post_feedforward_layernorm on its output
     sandwich_norms: bool = False
@@ -195,6 +200,7 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         latent_attention=hasattr(attn, "kv_a_proj_with_mqa"),
         post_norms=not hasattr(layers[attention[0]], "input_layernorm"),
         qk_norm_whole=hasattr(attn, "q_norm") and attn.q_norm.weight.shape[-1] != attn.head_dim,
+        fused_qkv=hasattr(attn, "qkv_proj"),
     )
 
 
@@ -219,7 +225,7 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
     a linear layer). Qwen2/Qwen3 and Ministral attention modules carry their own (``layer_types``:
     Qwen's slide from ``max_window_layers`` on, and none unless ``use_sliding_window``; the config's
     ``layer_types`` where a module does not say); Mistral and Mixtral slide every layer by the
-    config's ``sliding_window`` (HF ignores their ``layer_types``); Llama, GLM-MoE and the hybrids
+    config's ``sliding_window`` (HF ignores their ``layer_types``), Phi-3 too; Llama, GLM-MoE and the hybrids
     never slide (gpt-oss and Qwen3-MoE modules carry their own); SmolLM3 slides its
     ``layer_types`` layers (its module's window is what flash attention reads; HF's masks slide
     even where ``use_sliding_window`` is off)."""
@@ -238,7 +244,7 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
             window = getattr(config, "sliding_window", None) if typed else None
         elif hasattr(attn, "sliding_window"):
             window = attn.sliding_window
-        elif model_type in ("mistral", "mixtral"):
+        elif model_type in ("mistral", "mixtral", "phi3"):
             window = config_window
         elif model_type in ("qwen2", "qwen3", "qwen2_moe", "ministral") and index < len(layer_types):
             window = config_window if layer_types[index] == "sliding_attention" else None

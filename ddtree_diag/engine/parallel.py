@@ -69,6 +69,8 @@ def plan_shards(config: Any, world: int) -> ShardPlan:
     moe = any(getattr(cfg, name, None) for name in EXPERT_COUNT_FIELDS)
     if moe and world > 1:
         raise UsageError(f"{cfg.model_type} has an MoE MLP: tensor parallelism shards dense MLPs only (use 1 device)")
+    if getattr(cfg, "model_type", "") == "phi3" and world > 1:
+        raise UsageError("phi3 projects q|k|v in one linear: tensor parallelism splits separate ones (use 1 device)")
     if getattr(cfg, "kv_lora_rank", None) and world > 1:
         raise UsageError(f"{cfg.model_type} has latent attention: tensor parallelism splits q/k/v heads (use 1 device)")
     heads = _divides("attention heads", cfg.num_attention_heads, world)

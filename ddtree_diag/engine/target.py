@@ -101,6 +101,11 @@ def latent_qkv(
     return torch.cat((q_pass, q_rot), dim=-1), k, v
 
 
+def qkv_sizes(heads: int, kv_heads: int, head_dim: int) -> list[int]:
+    """The q, k, v widths of a fused q|k|v projection (Phi-3's ``qkv_proj``)."""
+    return [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+
+
 def _deinterleave(x: torch.Tensor) -> torch.Tensor:
     """Rotary pairs stored interleaved (x0, y0, x1, y1, ...) as halves (x0, x1, ..., y0, y1, ...)."""
     *lead, dims = x.shape
@@ -306,17 +311,21 @@ class TargetModel:
         gate = None
         if self.arch.latent_attention:
             q, k, v = latent_qkv(attn, x, cos, sin)
+        elif self.arch.fused_qkv:  # Phi-3: one q|k|v linear
+            q, k, v = attn.qkv_proj(x).split(qkv_sizes(self.heads, self.kv_heads, self.head_dim), dim=-1)
+            q = q.view(1, t, self.heads, self.head_dim)
         elif self.arch.gated_query:
             q, gate = attn.q_proj(x).view(1, t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(1, t, self.heads * self.head_dim)
         else:
             q = attn.q_proj(x).view(1, t, self.heads, self.head_dim)
         if not self.arch.latent_attention:
-            k = attn.k_proj(x)
+            if not self.arch.fused_qkv:
+                k, v = attn.k_proj(x), attn.v_proj(x)
             if self.arch.qk_norm_whole:  # OLMo: over all heads at once, before the heads are split
                 q, k = attn.q_norm(q.reshape(1, t, -1)).view(q.shape), attn.k_norm(k)
             k = k.view(1, t, self.kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(1, t, self.kv_heads, self.head_dim)
+            v = v.view(1, t, self.kv_heads, self.head_dim)
             if self.arch.qk_norm and not self.arch.qk_norm_whole:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

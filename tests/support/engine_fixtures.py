@@ -80,6 +80,7 @@ DENSE_FAMILIES = {
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     # mixture-of-experts kin (the MLP runs as the HF module) and gpt-oss (attention sinks)
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
@@ -125,13 +126,14 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **con
     )
     if model_type == "llama":
         fields["attention_bias"] = True
-    if model_type == "smollm3":
-        fields["pad_token_id"] = None  # its default pad id lies past the tiny vocabulary
     fields.update(SMALL_MOE.get(model_type, {}))
     fields.update(config)
     config_name, model_name = DENSE_FAMILIES[model_type]
     torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**fields))
+    hf_config = getattr(transformers, config_name)(**fields)
+    if (hf_config.pad_token_id or 0) >= VOCAB:  # a family's default pad id past the tiny vocabulary
+        hf_config.pad_token_id = None
+    model = getattr(transformers, model_name)(hf_config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "sinks" in name:  # large enough that a forward without them differs

@@ -58,6 +58,10 @@ def target_pre_attention(
         return q, k, v, None, hidden
     if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
+    elif hasattr(attn, "qkv_proj"):  # Phi-3: the checkpoint's own q|k|v linear
+        from ddtree_diag.engine.target import qkv_sizes
+
+        q, k, v = attn.qkv_proj(x).split(qkv_sizes(heads, kv_heads, head_dim), dim=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     gate = None
