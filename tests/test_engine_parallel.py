@@ -54,6 +54,7 @@ def test_plan_splits_heads_and_mlp():
         ({"num_local_experts": 8}, 2, "MoE"),  # Mixtral, gpt-oss
         ({"n_routed_experts": 8}, 2, "MoE"),  # GLM-MoE
         ({"kv_lora_rank": 512}, 2, "latent attention"),  # DeepSeek-V3's attention
+        ({"model_type": "phi3"}, 2, "q|k|v in one linear"),
         ({}, 0, "--devices must be >= 1"),
     ],
 )
