@@ -91,6 +91,12 @@ VARIANTS = {
         short_factor=[1.0, 1.1, 1.2, 1.5, 2.0, 3.0], long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
     ))),
     "phi3-sliding": ("phi3", dict(pad_token_id=0, sliding_window=WINDOW)),
+    # EXAONE 4: post norms with per-head q/k norms; with a window, its layer_types layers slide and
+    # its full-attention layers have no rotary
+    "exaone4-hybrid-nope": ("exaone4", dict(
+        sliding_window=WINDOW, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+    )),
+    "exaone4-full": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),
     # multi-head latent attention: DeepSeek-V3 (a low-rank q, rotary pairs interleaved in the
     # weights, yarn with its attention-scale correction), GLM-4.7-Flash (a full-rank q)
     "deepseek-v3-latent-attention": ("deepseek_v3", dict(rope_interleave=True)),
@@ -121,6 +127,8 @@ EXPECTED_WINDOWS = {
     "gemma3-sliding-local-rope": (WINDOW, WINDOW, None, WINDOW),
     "olmo3-sliding-layers": (WINDOW, WINDOW, WINDOW, None),
     "phi3-sliding": (WINDOW,) * 4,
+    "exaone4-hybrid-nope": (WINDOW, WINDOW, WINDOW, None),
+    "exaone4-full": (None,) * 4,
     "qwen2-moe-sliding-layers": (WINDOW, None, WINDOW, None),
     "mixtral-every-layer-slides": (WINDOW,) * 4,
     "glm4-moe": (None,) * 4,
@@ -141,11 +149,12 @@ def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_p
         "smollm3": ("", "", "", None),
         "gemma3_text": ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention"),
         "olmo3": ("sliding_attention",) * 3 + ("full_attention",) if variant == "olmo3-sliding-layers" else None,
+        "exaone4": ("", "", "", None) if variant == "exaone4-hybrid-nope" else None,
     }
     assert engine.target.arch.rope_tables == (tables.get(model_type) or ("",) * 4)
     assert engine.target.arch.sandwich_norms == (model_type == "gemma3_text")
     olmo = model_type in ("olmo2", "olmo3")
-    assert (engine.target.arch.post_norms, engine.target.arch.qk_norm_whole) == (olmo, olmo)
+    assert (engine.target.arch.post_norms, engine.target.arch.qk_norm_whole) == (olmo or model_type == "exaone4", olmo)
     latent = model_type in ("deepseek_v3", "glm4_moe_lite")
     assert engine.target.arch.latent_attention == latent
     if latent:  # K and V expanded per head: q/k 16 + 8 dims, v 12

@@ -10,7 +10,9 @@ with those twists; Gemma 3 adds sandwich norms (each half-layer's output normed 
 residual add), a rotary table per layer type and an embedding scale (the HF module's own); OLMo 2
 / 3 norm only each half's output (``Arch.post_norms``) and norm q and k over all their heads at
 once (``Arch.qk_norm_whole``); Phi-3 / Phi-4 project q|k|v in one linear (``Arch.fused_qkv``;
-its MLP's fused gate|up runs as HF's module) and slide every layer by the config's window.
+its MLP's fused gate|up runs as HF's module) and slide every layer by the config's window;
+EXAONE 4 has OLMo's post norms, slides its ``layer_types`` layers and leaves its full-attention
+layers without rotary when it slides at all.
 Attention or logit softcapping (Gemma 2) is refused. DeepSeek-V3 and GLM-4.7-Flash
 (``glm4_moe_lite``) attend with multi-head latent attention (``Arch.latent_attention``: K and V
 expanded per head from a compressed latent, rotary on a few dims of each head, V narrower than
@@ -37,7 +39,7 @@ from ddtree_diag.errors import UsageError
 DENSE_MODEL_TYPES = {
     "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss", "gemma3_text",
     "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "glm4_moe_lite", "olmo2", "olmo3",
-    "phi3",
+    "phi3", "exaone4",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
 # (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.
@@ -79,7 +81,7 @@ def stop_tokens(vocab: dict[str, int]) -> list[int]:
 NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
     "MinistralRMSNorm": "cast", "SmolLM3RMSNorm": "cast", "SeedOssRMSNorm": "cast", "Gemma3RMSNorm": "offset",
-    "Phi3RMSNorm": "cast",
+    "Phi3RMSNorm": "cast", "Exaone4RMSNorm": "cast",
     "Qwen3MoeRMSNorm": "cast", "Qwen2MoeRMSNorm": "cast", "MixtralRMSNorm": "cast", "Glm4MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
@@ -206,14 +208,19 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
 
 def rope_tables(config: Any, layers: list[Any], linear: tuple[int, ...], rotary_emb: Any) -> tuple[str | None, ...]:
     """Each layer's rotary table (``Arch.rope_tables``): a rotary module whose forward takes a
-    ``layer_type`` keeps one per type (Gemma 3); a SmolLM3 attention with ``use_rope`` False has none."""
+    ``layer_type`` keeps one per type (Gemma 3); a SmolLM3 attention with ``use_rope`` False has
+    none, nor has an EXAONE 4 full-attention layer of a model that slides."""
     import inspect
 
     typed = "layer_type" in inspect.signature(rotary_emb.forward).parameters
     layer_types = getattr(config, "layer_types", None) or []
     tables: list[str | None] = []
     for index, layer in enumerate(layers):
-        if index not in linear and not getattr(layer.self_attn, "use_rope", True):
+        attn = None if index in linear else layer.self_attn
+        # SmolLM3's NoPE layers; EXAONE 4's full-attention layers where it also slides ("global NoPE")
+        nope = attn is not None and (not getattr(attn, "use_rope", True) or (
+            getattr(attn, "is_sliding", None) is False and getattr(attn, "sliding_window", None) is not None))
+        if nope:
             tables.append(None)
         else:
             tables.append(layer_types[index] if typed and index not in linear else "")
@@ -228,7 +235,8 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
     config's ``sliding_window`` (HF ignores their ``layer_types``), Phi-3 too; Llama, GLM-MoE and the hybrids
     never slide (gpt-oss and Qwen3-MoE modules carry their own); SmolLM3 slides its
     ``layer_types`` layers (its module's window is what flash attention reads; HF's masks slide
-    even where ``use_sliding_window`` is off)."""
+    even where ``use_sliding_window`` is off), and so does EXAONE 4 (its modules all carry the
+    window)."""
     model_type = getattr(config, "model_type", "")
     config_window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", True) is False:
@@ -239,7 +247,7 @@ def layer_windows(config: Any, layers: list[Any], linear: tuple[int, ...] = ()) 
         attn = None if index in linear else layer.self_attn
         if attn is None:
             window = None
-        elif model_type == "smollm3":  # HF's masks follow layer_types, whatever use_sliding_window says
+        elif model_type in ("smollm3", "exaone4"):  # HF's masks follow layer_types (the module's window is flash's)
             typed = index < len(layer_types) and layer_types[index] == "sliding_attention"
             window = getattr(config, "sliding_window", None) if typed else None
         elif hasattr(attn, "sliding_window"):
