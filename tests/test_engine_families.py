@@ -105,6 +105,10 @@ VARIANTS = {
         beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
     ))),
     "glm4-moe-lite-latent-attention": ("glm4_moe_lite", dict(rope_interleave=True)),
+    "deepseek-v2-complex-rotary": ("deepseek_v2", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128, beta_fast=32.0,
+        beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707,
+    ))),
     # gpt-oss: attention sinks, rotary on a head's halves, q/k/v/o biases, every other layer slides
     "gpt-oss-sinks": ("gpt_oss", dict(sliding_window=WINDOW, rope_parameters=dict(
         rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=128,
@@ -155,7 +159,7 @@ def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_p
     assert engine.target.arch.sandwich_norms == (model_type == "gemma3_text")
     olmo = model_type in ("olmo2", "olmo3")
     assert (engine.target.arch.post_norms, engine.target.arch.qk_norm_whole) == (olmo or model_type == "exaone4", olmo)
-    latent = model_type in ("deepseek_v3", "glm4_moe_lite")
+    latent = model_type in ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
     assert engine.target.arch.latent_attention == latent
     if latent:  # K and V expanded per head: q/k 16 + 8 dims, v 12
         assert (engine.target.head_dim, engine.target.v_head_dim, engine.target.kv_heads) == (24, 12, 4)

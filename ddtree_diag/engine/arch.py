@@ -12,7 +12,8 @@ residual add), a rotary table per layer type and an embedding scale (the HF modu
 once (``Arch.qk_norm_whole``); Phi-3 / Phi-4 project q|k|v in one linear (``Arch.fused_qkv``;
 its MLP's fused gate|up runs as HF's module) and slide every layer by the config's window;
 EXAONE 4 has OLMo's post norms, slides its ``layer_types`` layers and leaves its full-attention
-layers without rotary when it slides at all.
+layers without rotary when it slides at all. DeepSeek-V2 is DeepSeek-V3's latent attention with
+a complex rotary (each pair of dims turned as one complex number, in fp32).
 Attention or logit softcapping (Gemma 2) is refused. DeepSeek-V3 and GLM-4.7-Flash
 (``glm4_moe_lite``) attend with multi-head latent attention (``Arch.latent_attention``: K and V
 expanded per head from a compressed latent, rotary on a few dims of each head, V narrower than
@@ -39,7 +40,7 @@ from ddtree_diag.errors import UsageError
 DENSE_MODEL_TYPES = {
     "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss", "gemma3_text",
     "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "glm4_moe_lite", "olmo2", "olmo3",
-    "phi3", "exaone4",
+    "phi3", "exaone4", "deepseek_v2",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
 # (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.

@@ -86,7 +86,8 @@ def latent_qkv(
     dims] for rows ``x`` [1, T, H], as HF's DeepSeek-V3 / GLM-4.7-Flash attention makes them: q
     from its (low-rank) projection, K and V expanded from the normed latent by the module's own
     ``expand_kv``, rotary on q's and the shared key's last dims (pairs interleaved in the weights
-    where the config says ``rope_interleave``: de-interleaved first, as HF does)."""
+    where the config says ``rope_interleave``: de-interleaved first, as HF does; DeepSeek-V2's
+    complex rotary is the same turn of interleaved pairs)."""
     t = x.shape[1]
     q = attn.q_proj(x) if attn.q_lora_rank is None else attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
     q = q.view(1, t, -1, attn.qk_head_dim).transpose(1, 2)
@@ -94,9 +95,11 @@ def latent_qkv(
     latent, k_rot = torch.split(attn.kv_a_proj_with_mqa(x), [attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
     latent = attn.kv_a_layernorm(latent).view(1, 1, t, attn.kv_lora_rank)
     k_rot = k_rot.view(1, 1, t, attn.qk_rope_head_dim)
-    if getattr(attn.config, "rope_interleave", False):
+    # DeepSeek-V2 turns each pair as a complex number, in fp32 (its rotary module's cos/sin are)
+    if getattr(attn.config, "rope_interleave", False) or attn.config.model_type == "deepseek_v2":
         q_rot, k_rot = _deinterleave(q_rot), _deinterleave(k_rot)
-    q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
+    q_rot = apply_rope(q_rot.to(cos.dtype), cos, sin).to(q_rot.dtype)
+    k_rot = apply_rope(k_rot.to(cos.dtype), cos, sin).to(k_rot.dtype)
     k, v = attn.expand_kv(latent, k_rot)
     return torch.cat((q_pass, q_rot), dim=-1), k, v
 
@@ -277,7 +280,11 @@ class TargetModel:
         ids = positions[None]
         if self.arch.multimodal_rope:
             ids = ids[None].expand(3, 1, -1)  # one row per rope section (time, height, width); equal for text
-        cos, sin = self.inner.rotary_emb(hidden, ids, table) if table else self.inner.rotary_emb(hidden, ids)
+        angles = self.inner.rotary_emb(hidden, ids, table) if table else self.inner.rotary_emb(hidden, ids)
+        if torch.is_tensor(angles) and angles.is_complex():  # DeepSeek-V2: cos + i sin per pair, in fp32
+            cos, sin = torch.cat([angles.real] * 2, dim=-1), torch.cat([angles.imag] * 2, dim=-1)
+        else:
+            cos, sin = angles
         if self.arch.rope_on_halves:  # half a head's angles: the usual rotation with them repeated
             cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         return cos[:, None], sin[:, None]

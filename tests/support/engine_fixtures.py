@@ -91,6 +91,7 @@ DENSE_FAMILIES = {
     # multi-head latent attention (with an MoE)
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM"),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
 }
 # Latent attention's shapes: a compressed latent of 16, per head 16 + 8 rotary dims of q/k and 12
 # of v (narrower than k, as in DeepSeek-V3: 128 + 64 and 128); the rotary module's head_dim is
@@ -108,6 +109,8 @@ SMALL_MOE = {
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
     "deepseek_v3": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
                         first_k_dense_replace=1, q_lora_rank=32, **SMALL_LATENT),
+    "deepseek_v2": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
+                        first_k_dense_replace=1, q_lora_rank=None, **SMALL_LATENT),
     "glm4_moe_lite": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
                           first_k_dense_replace=1, q_lora_rank=None, **SMALL_LATENT),
 }
