@@ -97,6 +97,11 @@ VARIANTS = {
         sliding_window=WINDOW, layer_types=["sliding_attention"] * 3 + ["full_attention"],
     )),
     "exaone4-full": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),
+    # Granite: multipliers on the embeddings, each half's output and (a divisor) the logits, and
+    # an attention scale that is not head_dim's
+    "granite-multipliers": ("granite", dict(
+        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0,
+    )),
     # multi-head latent attention: DeepSeek-V3 (a low-rank q, rotary pairs interleaved in the
     # weights, yarn with its attention-scale correction), GLM-4.7-Flash (a full-rank q)
     "deepseek-v3-latent-attention": ("deepseek_v3", dict(rope_interleave=True)),

@@ -13,7 +13,10 @@ once (``Arch.qk_norm_whole``); Phi-3 / Phi-4 project q|k|v in one linear (``Arch
 its MLP's fused gate|up runs as HF's module) and slide every layer by the config's window;
 EXAONE 4 has OLMo's post norms, slides its ``layer_types`` layers and leaves its full-attention
 layers without rotary when it slides at all. DeepSeek-V2 is DeepSeek-V3's latent attention with
-a complex rotary (each pair of dims turned as one complex number, in fp32).
+a complex rotary (each pair of dims turned as one complex number, in fp32). Granite is Llama with
+multipliers: on the embeddings, on each half's output before its residual add (the layer's
+``residual_multiplier``), and a divisor on the logits (``Arch.embedding_multiplier`` /
+``logits_scaling``; its attention multiplier is the module's ``scaling``).
 Attention or logit softcapping (Gemma 2) is refused. DeepSeek-V3 and GLM-4.7-Flash
 (``glm4_moe_lite``) attend with multi-head latent attention (``Arch.latent_attention``: K and V
 expanded per head from a compressed latent, rotary on a few dims of each head, V narrower than
@@ -40,7 +43,7 @@ from ddtree_diag.errors import UsageError
 DENSE_MODEL_TYPES = {
     "llama", "qwen2", "qwen3", "mistral", "ministral", "smollm3", "seed_oss", "gemma3_text",
     "qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3", "glm4_moe_lite", "olmo2", "olmo3",
-    "phi3", "exaone4", "deepseek_v2",
+    "phi3", "exaone4", "deepseek_v2", "granite",
 }
 # Model types whose rotary module returns cos/sin for half a head's dims, applied to its two halves
 # (x1 * cos - x2 * sin, x2 * cos + x1 * sin): the usual rotation with cos/sin repeated once.
@@ -82,7 +85,7 @@ def stop_tokens(vocab: dict[str, int]) -> list[int]:
 NORM_STYLES = {
     "Qwen3RMSNorm": "cast", "Qwen2RMSNorm": "cast", "LlamaRMSNorm": "cast", "MistralRMSNorm": "cast",
     "MinistralRMSNorm": "cast", "SmolLM3RMSNorm": "cast", "SeedOssRMSNorm": "cast", "Gemma3RMSNorm": "offset",
-    "Phi3RMSNorm": "cast", "Exaone4RMSNorm": "cast",
+    "Phi3RMSNorm": "cast", "Exaone4RMSNorm": "cast", "GraniteRMSNorm": "cast",
     "Qwen3MoeRMSNorm": "cast", "Qwen2MoeRMSNorm": "cast", "MixtralRMSNorm": "cast", "Glm4MoeRMSNorm": "cast",
     "Qwen3_5RMSNorm": "offset", "Qwen3_5MoeRMSNorm": "offset", "Qwen3NextRMSNorm": "offset",
     "Qwen3_5RMSNormGated": "gated", "Qwen3_5MoeRMSNormGated": "gated", "Qwen3NextRMSNormGated": "gated",
@@ -117,6 +120,9 @@ class Arch:
     qk_norm_whole: bool = False
     # q|k|v from one linear, ``qkv_proj`` (Phi-3), split by heads
     fused_qkv: bool = False
+    # Granite: the input embeddings times this, the logits divided by ``logits_scaling``
+    embedding_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     # Gemma's sandwich norms: post_attention_layernorm on the attention's output, then
     # pre_feedforward_layernorm before the MLP and post_feedforward_layernorm on its output
     sandwich_norms: bool = False
@@ -204,6 +210,8 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         post_norms=not hasattr(layers[attention[0]], "input_layernorm"),
         qk_norm_whole=hasattr(attn, "q_norm") and attn.q_norm.weight.shape[-1] != attn.head_dim,
         fused_qkv=hasattr(attn, "qkv_proj"),
+        embedding_multiplier=float(getattr(config, "embedding_multiplier", 1.0) or 1.0),
+        logits_scaling=float(getattr(config, "logits_scaling", 1.0) or 1.0),
     )
 
 

@@ -265,7 +265,13 @@ class TargetModel:
         self._pending = {}
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding module's rows (what a DFlash draft embeds its noise block with)."""
         return self.inner.embed_tokens(token_ids)
+
+    def embed_input(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The target's first hidden state: ``embed`` times Granite's embedding multiplier."""
+        hidden = self.embed(token_ids)
+        return hidden if self.arch.embedding_multiplier == 1.0 else hidden * self.arch.embedding_multiplier
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.hf.lm_head(hidden)
@@ -418,7 +424,7 @@ class TargetModel:
         if self.arch.attention_sinks:  # additive, with the sink's slot (a prompt's None: causal)
             causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
             masks = {w: sink_bias(causal if m is None else m, self.dtype) for w, m in masks.items()}
-        hidden = self.embed(token_ids[None])
+        hidden = self.embed_input(token_ids[None])
         ropes = self.layer_ropes(hidden, positions)
         slots = torch.arange(self.length, self.length + t, device=self.device)  # where the block's K/V go
         wanted = set(feature_layers or [])
@@ -438,8 +444,10 @@ class TargetModel:
                 out = self.mlp(layer, layer.pre_feedforward_layernorm(hidden))
                 hidden = hidden + layer.post_feedforward_layernorm(out)
             else:
-                hidden = hidden + out
-                hidden = hidden + self.mlp(layer, layer.post_attention_layernorm(hidden))
+                scale = getattr(layer, "residual_multiplier", None)  # Granite: each half's output scaled
+                hidden = hidden + (out if scale is None else out * scale)
+                out = self.mlp(layer, layer.post_attention_layernorm(hidden))
+                hidden = hidden + (out if scale is None else out * scale)
             if index in wanted and index != self.num_layers - 1:
                 features[index] = hidden
         return self.head(hidden, features, feature_layers, last_only)
@@ -474,6 +482,8 @@ class TargetModel:
         if feature_layers and self.num_layers - 1 in feature_layers:
             features[self.num_layers - 1] = hidden
         logits = self.lm_head(hidden[:, -1:] if last_only else hidden)[0]
+        if self.arch.logits_scaling != 1.0:  # Granite divides its logits (a draft reads lm_head's own)
+            logits = logits / self.arch.logits_scaling
         feats = torch.cat([features[i] for i in feature_layers], dim=-1)[0] if feature_layers else None
         return logits, feats
 

@@ -82,6 +82,7 @@ DENSE_FAMILIES = {
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
     # mixture-of-experts kin (the MLP runs as the HF module) and gpt-oss (attention sinks)
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),

@@ -315,7 +315,7 @@ class FastDecoder:
         allowed: dict[int | None, torch.Tensor] = {}
         biases: dict[int | None, torch.Tensor] = {}
         sink_biases: dict[int | None, torch.Tensor] = {}
-        hidden = t.embed(tokens[None])
+        hidden = t.embed_input(tokens[None])
         ropes = t.layer_ropes(hidden, positions)
         # tree rows' root paths for the Gated DeltaNet solve kernel, once for all its layers
         paths = None

@@ -102,6 +102,9 @@ def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
         out = layer.mlp(hidden)
         out = kernels.rms_norm(layer.post_feedforward_layernorm, out[0] if isinstance(out, tuple) else out)
         return (hidden, out) if defer else hidden + out
+    scale = getattr(layer, "residual_multiplier", None)  # Granite: each half's output scaled before its add
+    if scale is not None and delta is not None:
+        delta = delta * scale
     sandwich = getattr(layer, "pre_feedforward_layernorm", None)
     if sandwich is not None:  # Gemma: the attention's output normed before its add; the MLP's likewise
         if delta is not None:
@@ -116,6 +119,8 @@ def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
         out = layer.mlp.down_proj(kernels.silu_mul(layer.mlp.act_fn, F.linear(x, fused.gate_up_weight)))
     if sandwich is not None:
         out = kernels.rms_norm(layer.post_feedforward_layernorm, out)
+    if scale is not None:
+        out = out * scale
     return (hidden, out) if defer else hidden + out
 
 
