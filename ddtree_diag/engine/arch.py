@@ -1,36 +1,41 @@
 """What the engine knows about target architectures, in one place.
 
-Dense targets: the Llama / Qwen2 / Qwen3 / Mistral / Ministral family (pre-norm decoder layers,
-rope, GQA, optional q/k norm and q/k/v bias, sliding-window layers), their mixture-of-experts
-kin whose attention is the same (Qwen3-MoE, e.g. Qwen3-Coder-30B-A3B; Qwen2-MoE; Mixtral;
-GLM-4.5/4.7 MoE: the MLP runs as the HF module itself), and gpt-oss (attention sinks: a learned
-logit per head that takes a share of every softmax; rotary on the two halves of a head; sliding
-layers by ``layer_types``). SmolLM3 (every fourth layer without rotary) and Seed-OSS are Llama
-with those twists; Gemma 3 adds sandwich norms (each half-layer's output normed before its
-residual add), a rotary table per layer type and an embedding scale (the HF module's own); OLMo 2
-/ 3 norm only each half's output (``Arch.post_norms``) and norm q and k over all their heads at
-once (``Arch.qk_norm_whole``); Phi-3 / Phi-4 project q|k|v in one linear (``Arch.fused_qkv``;
-its MLP's fused gate|up runs as HF's module) and slide every layer by the config's window;
-EXAONE 4 has OLMo's post norms, slides its ``layer_types`` layers and leaves its full-attention
-layers without rotary when it slides at all. DeepSeek-V2 is DeepSeek-V3's latent attention with
-a complex rotary (each pair of dims turned as one complex number, in fp32). Granite is Llama with
-multipliers: on the embeddings, on each half's output before its residual add (the layer's
-``residual_multiplier``), and a divisor on the logits (``Arch.embedding_multiplier`` /
-``logits_scaling``; its attention multiplier is the module's ``scaling``).
-Attention or logit softcapping (Gemma 2) is refused. DeepSeek-V3 and GLM-4.7-Flash
-(``glm4_moe_lite``) attend with multi-head latent attention (``Arch.latent_attention``: K and V
-expanded per head from a compressed latent, rotary on a few dims of each head, V narrower than
-K); the cache keeps the expanded K and V. Hybrid targets: Qwen3.5 /
-Qwen3.6 (``qwen3_5``, also their MoE variant) and Qwen3-Next (``qwen3_next``), whose Gated
-DeltaNet ("linear attention") layers sit between full-attention layers with a gated query
-(``q_proj`` gives query|gate per head, the output is scaled by sigmoid(gate)) and partial rotary
-embeddings (HF's rotary module returns cos/sin for the rotated dims only; ``rope.apply_rope``
-turns those and keeps the rest).
+The base is the Llama / Qwen2 / Qwen3 / Mistral / Ministral decoder: pre-norm layers, rotary,
+GQA, optional q/k norms and q/k/v biases, sliding-window layers. The other families are that with
+twists, each an ``Arch`` field (or a rule below) that the target forward and the fast path read:
 
-``detect`` reads a loaded HF model once into an ``Arch`` that the target forward and the fast path
-read; ``check_supported`` refuses the rest from the config alone (before any weight is read).
-Norm styles are per module class (``norm_style``): the fused kernels reproduce a norm only when
-they know where it applies its weight. Nothing here imports torch.
+- mixture of experts (Qwen3-MoE, e.g. Qwen3-Coder-30B-A3B; Qwen2-MoE; Mixtral; GLM-4.5/4.7 MoE;
+  gpt-oss; DeepSeek): the MLP runs as HF's own module;
+- gpt-oss: attention sinks (a learned logit per head that takes a share of every softmax:
+  ``attention_sinks``), rotary on the two halves of a head (``rope_on_halves``);
+- SmolLM3's NoPE layers and EXAONE 4's full-attention layers (where it slides) skip rotary;
+  Gemma 3 and OLMo 3 keep a rotary table per layer type (``rope_tables``);
+- Gemma 3: sandwich norms (each half's output normed before its residual add: ``sandwich_norms``)
+  and an embedding scale (its embedding module's own);
+- OLMo 2 / 3 and EXAONE 4: norms on each half's output only, none on its input (``post_norms``);
+  OLMo norms q and k over all their heads at once (``qk_norm_whole``);
+- Phi-3 / Phi-4: one q|k|v linear (``fused_qkv``; the fused gate|up MLP runs as HF's module);
+- Granite: multipliers on the embeddings, on each half's output (the layer's
+  ``residual_multiplier``) and a divisor on the logits (``embedding_multiplier``,
+  ``logits_scaling``; its attention multiplier is the module's ``scaling``);
+- DeepSeek-V3 / V2 and GLM-4.7-Flash (``glm4_moe_lite``): multi-head latent attention
+  (``latent_attention``: K and V expanded per head from a compressed latent, rotary on a few dims
+  of each head, V narrower than K; V2's rotary turns each pair as a complex number in fp32); the
+  cache keeps K and V expanded;
+- the Gated DeltaNet hybrids, Qwen3.5 / Qwen3.6 (``qwen3_5``, also their MoE variant) and
+  Qwen3-Next (``qwen3_next``): linear-attention layers between full-attention layers with a gated
+  query (``q_proj`` gives query|gate per head, the output is scaled by sigmoid(gate)) and partial
+  rotary (HF's rotary module returns cos/sin for the rotated dims only; ``rope.apply_rope`` turns
+  those and keeps the rest).
+
+Which layers slide, and by how much, is each family's own rule (``layer_windows``). Settings our
+forward does not apply (Gemma 2's softcapping, a bidirectional variant) and quantizations the
+engine has not been checked with are refused, like unknown model types.
+
+``detect`` reads a loaded HF model once into an ``Arch``; ``check_supported`` refuses the rest
+from the config alone (before any weight is read). Norm styles are per module class
+(``norm_style``): the fused kernels reproduce a norm only when they know where it applies its
+weight. Nothing here imports torch.
 """
 
 from __future__ import annotations
