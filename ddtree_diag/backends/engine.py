@@ -149,11 +149,10 @@ class EngineBackend:
             return ProbeResult(
                 case=case, status=STATUS_ENGINE_ERROR, error=f"{type(exc).__name__}: {line}", dialect="engine"
             )
-        from ddtree_diag.server.prompting import speaks_harmony, think_prefilled
+        from ddtree_diag.server.prompting import think_prefilled
 
         answer, reasoning = gen.text, None
-        if case.enable_thinking is not False or speaks_harmony(engine.tokenizer):  # gpt-oss always reasons
-
+        if case.enable_thinking is not False or engine.harmony:  # gpt-oss always reasons
             answer, reasoning = split_reasoning(gen.text, prefilled=think_prefilled(engine.tokenizer,
                                                                                    case.enable_thinking))
         tool_calls, finish = None, gen.finish_reason
@@ -229,7 +228,7 @@ class EngineBackend:
                                         tool_choice=case.tool_choice if tools else None, thinking=thinking)
         tool_mode = parsing.tool_mode(tools is not None, case.tool_choice)
         named = (case.tool_choice.get("function") or {}).get("name") if isinstance(case.tool_choice, dict) else None
-        splits = case.enable_thinking is not False or prompting.speaks_harmony(engine.tokenizer)
+        splits = case.enable_thinking is not False or engine.harmony
         parser = parsing.AnswerParser(thinking=splits,
                               prefilled=prompting.think_prefilled(engine.tokenizer, case.enable_thinking),
                               tool_mode=tool_mode,

@@ -73,14 +73,20 @@ END_OF_TURN_TOKENS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|return|>", "<|end|>", "<|user|>", "<|endoftext|>",
     "<|call|>", "<|observation|>",
 )
-# gpt-oss's harmony format ends a turn with <|return|> (or <|call|>, a tool call); its <|end|> closes
-# one message of the turn (the analysis channel's, before the final answer), so it is no stop there.
-HARMONY_TURN_END = "<|return|>"
+# gpt-oss's harmony format: messages open a channel and its message, a turn ends with <|return|>
+# (or <|call|>, a tool call); its <|end|> closes one message of the turn (the analysis channel's,
+# before the final answer), so it is no stop there.
+HARMONY_TOKENS = ("<|channel|>", "<|return|>")
+
+
+def speaks_harmony(vocab: dict[str, int]) -> bool:
+    """Whether a tokenizer's ``vocab`` (token -> id) is gpt-oss's harmony format's."""
+    return all(token in vocab for token in HARMONY_TOKENS)
 
 
 def stop_tokens(vocab: dict[str, int]) -> list[int]:
     """The ids of ``END_OF_TURN_TOKENS`` in a tokenizer's ``vocab`` (token -> id)."""
-    harmony = HARMONY_TURN_END in vocab
+    harmony = speaks_harmony(vocab)
     return [vocab[token] for token in END_OF_TURN_TOKENS if token in vocab and not (harmony and token == "<|end|>")]
 
 # RMSNorm classes by where they apply the weight. "cast": Llama / Qwen2 / Qwen3 / the DFlash draft

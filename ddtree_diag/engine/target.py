@@ -324,19 +324,17 @@ class TargetModel:
         gate = None
         if self.arch.latent_attention:
             q, k, v = latent_qkv(attn, x, cos, sin)
-        elif self.arch.fused_qkv:  # Phi-3: one q|k|v linear
-            q, k, v = attn.qkv_proj(x).split(qkv_sizes(self.heads, self.kv_heads, self.head_dim), dim=-1)
-            q = q.view(1, t, self.heads, self.head_dim)
-        elif self.arch.gated_query:
-            q, gate = attn.q_proj(x).view(1, t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(1, t, self.heads * self.head_dim)
         else:
-            q = attn.q_proj(x).view(1, t, self.heads, self.head_dim)
-        if not self.arch.latent_attention:
-            if not self.arch.fused_qkv:
-                k, v = attn.k_proj(x), attn.v_proj(x)
+            if self.arch.fused_qkv:  # Phi-3: one q|k|v linear
+                q, k, v = attn.qkv_proj(x).split(qkv_sizes(self.heads, self.kv_heads, self.head_dim), dim=-1)
+            else:
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
             if self.arch.qk_norm_whole:  # OLMo: over all heads at once, before the heads are split
-                q, k = attn.q_norm(q.reshape(1, t, -1)).view(q.shape), attn.k_norm(k)
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            if self.arch.gated_query:
+                q, gate = q.view(1, t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+                gate = gate.reshape(1, t, self.heads * self.head_dim)
+            q = q.reshape(1, t, self.heads, self.head_dim)
             k = k.view(1, t, self.kv_heads, self.head_dim)
             v = v.view(1, t, self.kv_heads, self.head_dim)
             if self.arch.qk_norm and not self.arch.qk_norm_whole:

@@ -39,7 +39,7 @@ _HARMONY_HEADER_RE = re.compile(
 )
 _HARMONY_BODY_END_RE = re.compile(r"<\|(?:end|return|call)\|>|(?=<\|(?:start|channel)\|>)")
 _HARMONY_RECIPIENT_RE = re.compile(r"\bto=(?:functions\.)?(?P<name>[^\s<]+)")
-HARMONY_TOKENS = ("<|channel|>", "<|message|>")
+_HARMONY_CHANNEL = "<|channel|>"
 _HARMONY_SPECIAL_RE = re.compile(r"<\|(?:start|end|return|call|channel|message|constrain|endoftext|startoftext)\|>")
 
 
@@ -48,7 +48,7 @@ def harmony_as_think(text: str) -> str:
     analysis messages as one ``<think>`` block (closed when the first other message starts), then
     the final messages' text and the commentary preambles (apart by a blank line), and each tool
     call (a message to a recipient, named in the channel's header or the role's) as a Hermes
-    ``<tool_call>`` block, closed once its arguments end or form a whole JSON value (the stop
+    ``<tool_call>`` block, closed once its arguments end or form a whole JSON object (the stop
     token that ends the call is not in a finished answer's text). A growing answer's rewrite only
     grows, so a stream of it stays consistent: a header still arriving adds nothing yet, and
     analysis after the answer has started is left out. Text without harmony tokens is unchanged."""
@@ -60,7 +60,7 @@ def harmony_as_think(text: str) -> str:
     lead_role = lead if _HARMONY_RECIPIENT_RE.match(lead.strip()) else ""
     if lead_role or not lead.strip():
         lead = ""
-    if HARMONY_TOKENS[0] not in text:
+    if _HARMONY_CHANNEL not in text:
         if lead_role or any(token in text for token in ("<|start|>", "<|message|>")):
             return lead  # a message's header is arriving
         return _HARMONY_SPECIAL_RE.sub("", text)
@@ -84,20 +84,12 @@ def harmony_as_think(text: str) -> str:
         if recipient is None:
             content.append(body)
             continue
-        ended = stop is not None or _whole_json(body)
+        ended = stop is not None or _is_json_object(body)
         arguments = body.strip() or ("{}" if ended else "")
         content.append(f'{CALL_START}\n{{"name": {json.dumps(recipient["name"])}, "arguments": {arguments}'
                        + (f"}}\n{CALL_END}" if ended else ""))
     head = THINK_START + "\n".join(reasoning) + (THINK_END if answering else "") if reasoning else ""
     return head + "\n\n".join(content)
-
-
-def _whole_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def new_call_id() -> str:

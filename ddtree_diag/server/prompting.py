@@ -69,16 +69,19 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], *, thinking: bool | N
 
 
 _PREFILLED: dict[tuple[int, bool | None], bool] = {}
+_HARMONY: dict[int, bool] = {}
 
 
 def speaks_harmony(tokenizer: Any) -> bool:
     """Whether the tokenizer is gpt-oss's (harmony format): its answers always carry an analysis
     (reasoning) message, whatever the thinking setting, and read as ``parsing.harmony_as_think``
-    puts them."""
-    from ddtree_diag.server.parsing import HARMONY_TOKENS
+    puts them. Once per tokenizer (its vocabulary is a dict of 200k entries built on each call)."""
+    from ddtree_diag.engine.arch import speaks_harmony as vocab_speaks_harmony
 
-    vocab = tokenizer.get_vocab() if tokenizer is not None else {}
-    return all(token in vocab for token in (*HARMONY_TOKENS, "<|return|>"))
+    key = id(tokenizer)
+    if key not in _HARMONY:
+        _HARMONY[key] = tokenizer is not None and vocab_speaks_harmony(tokenizer.get_vocab())
+    return _HARMONY[key]
 
 
 def think_prefilled(tokenizer: Any, thinking: bool | None) -> bool:

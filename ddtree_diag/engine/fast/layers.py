@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.rope import apply_rope
+from ddtree_diag.engine.target import latent_qkv, qkv_sizes
 
 
 def settle(hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -52,15 +53,11 @@ def target_pre_attention(
     else:
         hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
     if hasattr(attn, "kv_a_proj_with_mqa"):  # latent attention (DeepSeek-V3): the caller writes k, v
-        from ddtree_diag.engine.target import latent_qkv
-
         q, k, v = latent_qkv(attn, x, cos, sin)
         return q, k, v, None, hidden
     if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
     elif hasattr(attn, "qkv_proj"):  # Phi-3: the checkpoint's own q|k|v linear
-        from ddtree_diag.engine.target import qkv_sizes
-
         q, k, v = attn.qkv_proj(x).split(qkv_sizes(heads, kv_heads, head_dim), dim=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
