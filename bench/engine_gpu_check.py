@@ -1,7 +1,8 @@
 """Lossless check of the engine on a device: T=0 output == the target's own greedy decode.
 
-fp32: every case must match exactly. bf16: counts the cases that differ and, for each, reports the
-target's top-2 logit gap at the first divergent token (a near-tie flip vs a real bug).
+fp32: every case must match exactly. bf16: counts the cases that differ and judges each at its
+first divergent token with ``divergence.first_divergence`` (the plain forward's gap in nats and in
+rounding steps: a near-tie flip vs a real bug).
 ``--paths eager,fast`` (default: both) runs every case through both decode paths; fast must also
 equal eager token for token in fp32.
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ddtree_diag.engine import load_engine
+from ddtree_diag.engine.divergence import first_divergence
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
 from ddtree_diag.engine.generate import DECODE_PATHS, Engine
 from ddtree_diag.engine.target import TargetModel
@@ -73,18 +75,11 @@ def medium_hybrid_engine(device: str, dtype: torch.dtype, block_size: int) -> En
     return _with_draft(model, device, dtype, block_size)
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def top2_gap(engine: Engine, prefix: list[int]) -> float:
+def judged(engine: Engine, prompt: list[int], reference: list[int], other: list[int]) -> str:
+    """Where ``other`` leaves ``reference`` and whether the plain forward calls it a near-tie."""
     with torch.no_grad():
-        logits = engine.target.hf(torch.tensor([prefix], device=engine.device)).logits[0, -1].float()
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
+        found = first_divergence(engine.target.hf, prompt, reference, other)
+    return "length differs" if found is None else found.describe()
 
 
 PATHS: list[str] = ["eager", "fast"]
@@ -107,19 +102,19 @@ def check(
                     outputs[path] = gen.token_ids
                     fallbacks += gen.extras.get("fast_tree_fallbacks", 0)
                     cases += 1
-                    at = first_divergence(gen.token_ids, reference)
-                    if at is not None:
+                    if gen.token_ids != reference:
                         differ += 1
-                        gap = top2_gap(engine, prompt + reference[:at])
                         print(
                             f"  DIFF {name} {path} block={block_size} budget={budget} prompt_len={len(prompt)}: "
-                            f"first divergence at token {at}, reference top-2 logit gap there {gap:.4f}"
+                            + judged(engine, prompt, reference, gen.token_ids)
                         )
                 for path, tokens in outputs.items():
                     if "eager" in outputs and path != "eager" and tokens != outputs["eager"]:
                         differ += 1
-                        at = first_divergence(tokens, outputs["eager"])
-                        print(f"  {path} != eager {name} block={block_size} budget={budget}: first divergence at {at}")
+                        print(
+                            f"  {path} != eager {name} block={block_size} budget={budget} prompt_len={len(prompt)}: "
+                            + judged(engine, prompt, outputs["eager"], tokens)
+                        )
     print(f"{name} ({'+'.join(PATHS)}): {differ}/{cases} cases differ; fast tree fallbacks {fallbacks}")
     return cases, differ
 
@@ -135,7 +130,17 @@ def main() -> int:
         "--targets", default="dense,hybrid",
         help="dense (Qwen3), hybrid (Qwen3.5-style), and/or fixture families (gpt_oss, qwen3_moe, gemma3_text, ...)",
     )
+    parser.add_argument(
+        "--all-experts", action="store_true",
+        help="MoE fixtures route every token to all their experts: with no discrete router choice left to "
+        "flip, every bf16 divergence should be a near-tie",
+    )
     args = parser.parse_args()
+    if args.all_experts:
+        for settings in fx.SMALL_MOE.values():
+            names = ("num_experts", "num_local_experts", "n_routed_experts")
+            count = next(settings[name] for name in names if name in settings)
+            settings["num_experts_per_tok"] = count
     targets = args.targets.split(",")
     PATHS[:] = args.paths.split(",")
     BUDGETS[:] = [int(b) for b in args.budgets.split(",")]

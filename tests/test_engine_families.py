@@ -302,3 +302,43 @@ def test_attention_with_sinks_equals_hfs_softmax_over_scores_and_sinks(head_dim)
     # and the sinks matter here: without them the result is another one
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, additive, scale=scale, enable_gqa=True)
     assert not torch.allclose(plain.transpose(1, 2), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", sorted(fx.DENSE_FAMILIES))
+def test_every_family_decodes_in_bf16_on_both_paths(model_type, draft, tmp_path):
+    """bf16, the GPU default, where a family's modules may hand back another dtype than they take
+    (OLMo's rotary gives fp32 cos/sin to bf16 heads): both decode paths run a tree round and an AR
+    decode to the end. (Which tokens bf16 gives is for the GPU check's near-tie judge, not here.)"""
+    target = fx.make_target(tmp_path / model_type, model_type=model_type)
+    engine = load_engine(target, draft, device="cpu", dtype="bf16")
+    assert engine.target.hf.dtype == torch.bfloat16
+    vocab = engine.target.hf.get_output_embeddings().weight.shape[0]
+    for path in ("eager", "fast-nograph"):
+        engine.use_path(path)
+        for budget in (0, 4):
+            gen = engine.generate_ids(PROMPT, tree_budget=budget, max_tokens=6, stop_token_ids=[])
+            assert len(gen.token_ids) == 6, (path, budget)
+            assert all(0 <= token < vocab for token in gen.token_ids)
+
+
+@pytest.mark.parametrize("model_type", ["olmo2", "olmo3", "llama"])
+def test_rotary_keeps_the_heads_dtype_and_hfs_rounding(model_type):
+    """HF's rotary modules give OLMo fp32 cos/sin (turned in fp32, rounded once to the heads'
+    dtype) and the others cos/sin in the heads' dtype: ``apply_rope`` returns the heads' dtype and
+    HF's bits either way."""
+    import importlib
+
+    from ddtree_diag.engine.rope import apply_rope
+
+    hf = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 7, 16, generator=generator).to(torch.bfloat16)
+    k = torch.randn(1, 2, 7, 16, generator=generator).to(torch.bfloat16)
+    angles = torch.arange(7.0)[:, None] * torch.logspace(0, -3, 8)[None]
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1)[None], torch.cat([angles.sin()] * 2, dim=-1)[None]
+    if model_type == "llama":
+        cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
+    want_q, want_k = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    got_q, got_k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
+    assert got_q.dtype == got_k.dtype == torch.bfloat16
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)

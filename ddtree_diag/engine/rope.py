@@ -17,12 +17,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` [..., T, D] by ``cos``/``sin`` broadcastable to it. When cos covers fewer than D
-    dims (partial rotary, as in Qwen3.5/3.6), only the first ``cos.shape[-1]`` dims turn."""
+    dims (partial rotary, as in Qwen3.5/3.6), only the first ``cos.shape[-1]`` dims turn. The result
+    keeps ``x``'s dtype: OLMo's rotary module gives fp32 cos/sin to bf16 heads, and HF turns them in
+    fp32 and rounds once."""
     rotary = cos.shape[-1]
     if rotary == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin
+        return (x * cos + rotate_half(x) * sin).to(x.dtype)
     turned, kept = x[..., :rotary], x[..., rotary:]
-    return torch.cat([turned * cos + rotate_half(turned) * sin, kept], dim=-1)
+    return torch.cat([(turned * cos + rotate_half(turned) * sin).to(x.dtype), kept], dim=-1)
 
 
 def inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
