@@ -10,6 +10,8 @@ is a GPU measurement (``bench.engine_speed``'s first-request column on a cold Tr
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -300,3 +302,31 @@ def test_after_a_real_pass_the_rounds_compile_nothing(kernels_on, tmp_path, monk
     assert "error" not in report and report["kernels"] > 0, report
     after = [name for name, inside in compiles if not inside]
     assert not after, f"compiled at their first launch, after the pass: {after}"
+
+
+def test_an_op_without_a_fake_kernel_abandons_the_pass_without_logging_a_traceback():
+    """HF's MoE experts call ``torch._grouped_mm`` in fp32 on CUDA, whose shape function takes bf16
+    only: the pass raises (its caller runs the request without it), and FakeTensorMode's logged
+    traceback does not reach the user's terminal."""
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    fake_log, records = logging.getLogger("torch._subclasses.fake_tensor"), Records()
+    fake_log.addHandler(records)
+    x, w, offs = torch.randn(8, 16), torch.randn(2, 16, 4), torch.tensor([4, 8], dtype=torch.int32)
+    try:
+        with pytest.raises(RuntimeError, match="BF16"):
+            ahead.dry_run([lambda: torch._grouped_mm(x, w, offs)])
+        with pytest.raises(RuntimeError, match="BF16"), FakeTensorMode(allow_non_fake_inputs=True):
+            torch._grouped_mm(x, w, offs)  # outside the pass the log is as it was
+    finally:
+        fake_log.removeHandler(records)
+    assert [message for message in records.messages if "failed while attempting" in message] == [
+        "failed while attempting to run meta for aten._grouped_mm.default"
+    ]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -282,11 +283,17 @@ def _fake_pass(stage_fns: Iterable[Callable[[], None]], keep: Iterable[object], 
 
     kept = [(obj, dict(vars(obj))) for obj in keep]
     token = _ACTIVE.set(recorder)
+    # An op with no fake kernel for its inputs (HF's MoE experts run ``torch._grouped_mm`` in fp32
+    # on CUDA, whose shape function takes bf16 only) raises, and the pass is abandoned (only ever a
+    # speed-up); FakeTensorMode would first log the traceback at ERROR, pages of it on stderr.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    fake_log_was_disabled, fake_log.disabled = fake_log.disabled, True
     try:
         with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), _real_writes_skipped():
             for fn in stage_fns:
                 fn()
     finally:
+        fake_log.disabled = fake_log_was_disabled
         _ACTIVE.reset(token)
         for obj, attributes in kept:
             for name in set(vars(obj)) - set(attributes):
