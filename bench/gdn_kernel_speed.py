@@ -17,7 +17,7 @@ import torch
 
 from bench.tree_kernel_speed import graph_ms
 from ddtree_diag.engine import gdn
-from ddtree_diag.engine.fast import triton_gdn, triton_gdn_state
+from ddtree_diag.engine.fast import triton_gdn_state
 from ddtree_diag.engine.tree import ancestor_mask
 
 KEY_HEADS, VALUE_HEADS, DK, DV, WIDTH = 16, 48, 128, 128, 4
@@ -52,7 +52,6 @@ def inputs(rows: int, generator: torch.Generator) -> dict:
         keys=(0.1 * torch.randn(VALUE_HEADS, rows, DK, generator=generator)).to(dev),
         updates=(0.1 * torch.randn(VALUE_HEADS, rows, DV, generator=generator)).to(dev),
         path_decay=(anc.float() @ g).transpose(0, 1).contiguous().to(dev),
-        paths=triton_gdn.path_table(anc.to(dev), 16),
         last=torch.tensor([path[-1]], device=dev),
         path=torch.tensor(path + [0] * (16 - len(path)), device=dev),
         count=torch.tensor([len(path)], device=dev),
@@ -61,7 +60,7 @@ def inputs(rows: int, generator: torch.Generator) -> dict:
 
 
 def time_rows(rows: int, generator: torch.Generator) -> list[float]:
-    """[conv PyTorch us, conv kernel us (parent walk), conv kernel us (path table), conv max diff, commit
+    """[conv PyTorch us, conv kernel us, conv max diff, commit
     PyTorch us, commit kernel us, commit max diff]."""
     x = inputs(rows, generator)
     kept = torch.empty(rows, CHANNELS, dtype=torch.bfloat16, device="cuda")
@@ -72,14 +71,11 @@ def time_rows(rows: int, generator: torch.Generator) -> list[float]:
         kept.copy_(x["mixed"])
         return out
 
-    def conv_kernel(paths=None):
-        return triton_gdn_state.conv_rows(x["mixed"], x["parents"], x["conv_state"], x["weight"], None, "silu", kept,
-                                          paths=paths)[0]
+    def conv_kernel():
+        return triton_gdn_state.conv_rows(x["mixed"], x["parents"], x["conv_state"], x["weight"], None, "silu", kept)[0]
 
     conv_diff = float((conv_pytorch().float() - conv_kernel().float()).abs().max())
-    conv_diff = max(conv_diff, float((conv_pytorch().float() - conv_kernel(x["paths"]).float()).abs().max()))
-    conv_times = [graph_ms(conv_pytorch) * 1000, graph_ms(conv_kernel) * 1000,
-                  graph_ms(lambda: conv_kernel(x["paths"])) * 1000]
+    conv_times = [graph_ms(conv_pytorch) * 1000, graph_ms(conv_kernel) * 1000]
 
     # the commit writes in place: each side gets its own state copies (replays keep adding to them)
     def commit_pytorch(state, conv_state):
@@ -137,13 +133,13 @@ def main() -> int:
     generator = torch.Generator().manual_seed(0)
     print(f"gdn_kernel_speed: {torch.cuda.get_device_name()}, us per layer call (CUDA graph replays);")
     print(f"x{LAYERS}: a 27B round's {LAYERS} Gated DeltaNet layers, in ms")
-    head = f"{'rows':>5} | {'conv torch':>10} {'kernel':>8} {'+paths':>7} {'x48 saved':>9} {'max diff':>9}"
+    head = f"{'rows':>5} | {'conv torch':>10} {'kernel':>8} {'x48 saved':>9} {'max diff':>9}"
     print(head + f" | {'commit torch':>12} {'kernel':>8} {'x48 saved':>9} {'max diff':>9}")
     for rows in [int(r) for r in args.rows.split(",")]:
-        conv_t, conv_k, conv_p, conv_d, commit_t, commit_k, commit_d = time_rows(rows, generator)
+        conv_t, conv_k, conv_d, commit_t, commit_k, commit_d = time_rows(rows, generator)
         conv_saved, commit_saved = (conv_t - conv_k) * LAYERS / 1000, (commit_t - commit_k) * LAYERS / 1000
         print(
-            f"{rows:>5} | {conv_t:>10.1f} {conv_k:>8.1f} {conv_p:>7.1f} {conv_saved:>9.2f} {conv_d:>9.2e}"
+            f"{rows:>5} | {conv_t:>10.1f} {conv_k:>8.1f} {conv_saved:>9.2f} {conv_d:>9.2e}"
             f" | {commit_t:>12.1f} {commit_k:>8.1f} {commit_saved:>9.2f} {commit_d:>9.2e}"
         )
     if args.sweep:

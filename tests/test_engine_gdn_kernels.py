@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from ddtree_diag.engine import gdn  # noqa: E402
-from ddtree_diag.engine.fast import triton_gdn, triton_gdn_state  # noqa: E402
+from ddtree_diag.engine.fast import triton_gdn_state  # noqa: E402
 from tests.support.kernel_tests import DEVICE, MARKS, skip_without_gpu  # noqa: E402
 
 pytestmark = MARKS
@@ -74,12 +74,11 @@ CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("with_paths", [False, True], ids=("parent-walk", "path-table"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("n", "shape", "padding", "use_bias", "activation"), CONV_CASES)
-def test_conv_rows_matches_reference(n, shape, padding, use_bias, activation, dtype, with_paths):
-    """Each row's window from its parent chain, walked one load a step, or read at once from the
-    rows' path table: the reference's windows either way (forests and padding rows too)."""
+def test_conv_rows_matches_reference(n, shape, padding, use_bias, activation, dtype):
+    """Each row's window from its parent chain: the reference's windows (forests and padding rows
+    too)."""
     generator = torch.Generator().manual_seed(n * 31 + padding + len(shape))
     channels = 300  # two channel blocks, the second partly outside: the edge masks run
     parents = random_parents(n, shape, padding, generator)
@@ -93,10 +92,9 @@ def test_conv_rows_matches_reference(n, shape, padding, use_bias, activation, dt
     b = bias if use_bias else None
     windows = gdn.conv_windows(mixed, parents, conv_state, WIDTH)
     expected = gdn.conv_from_windows(windows, weight, b, activation).to(dtype)
-    paths = triton_gdn.path_table(ancestors(parents), rows).to(DEVICE) if with_paths else None
     out, kept = triton_gdn_state.conv_rows(
         mixed.to(DEVICE), parents.to(DEVICE), conv_state.to(DEVICE), weight.to(DEVICE),
-        None if b is None else b.to(DEVICE), activation, paths=paths,
+        None if b is None else b.to(DEVICE), activation,
     )
     assert out.dtype == dtype and kept.dtype == dtype
     assert kept.is_contiguous() and torch.equal(kept.cpu(), mixed)  # the inputs, copied: exact

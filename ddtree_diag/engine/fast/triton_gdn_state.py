@@ -31,11 +31,10 @@ from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 @triton.jit
 def _conv_rows_kernel(
-    x_ptr, parents_ptr, state_ptr, w_ptr, b_ptr, out_ptr, inputs_ptr, paths_ptr,
+    x_ptr, parents_ptr, state_ptr, w_ptr, b_ptr, out_ptr, inputs_ptr,
     rows, channels, history,
     x_row_stride, x_col_stride, state_row_stride, state_col_stride, w_row_stride, w_col_stride,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-    PATH: tl.constexpr, HAS_PATHS: tl.constexpr,
 ):
     node = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     chan = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -49,15 +48,8 @@ def _conv_rows_kernel(
     # Walk back from the node itself (window slot K-1) to slot 0. ``at`` >= 0 is a tree row;
     # < 0 is committed history: -1 the newest column of the conv state, -2 the one before, ...
     at = node
-    if HAS_PATHS:  # the rows' root paths (``triton_gdn.path_table``): every step's row at once
-        place = tl.arange(0, PATH)
-        table = tl.load(paths_ptr + node[:, None] * PATH + place[None, :], mask=node_in[:, None], other=-1)
-        depth = tl.sum(tl.where(table == node[:, None], place[None, :], 0), axis=1)
     for step in tl.static_range(K):
         slot = K - 1 - step
-        if HAS_PATHS and step > 0:  # the ancestor ``step`` places up, or past the root into history
-            back = depth - step
-            at = tl.where(back >= 0, tl.sum(tl.where(place[None, :] == back[:, None], table, 0), axis=1), back)
         on_tree = at >= 0
         from_tree = tl.load(
             x_ptr + at[:, None] * x_row_stride + chan[None, :] * x_col_stride,
@@ -77,7 +69,7 @@ def _conv_rows_kernel(
         window = _rounded(value.to(tl.float32), conv_dtype)
         weight = tl.load(w_ptr + chan * w_row_stride + slot * w_col_stride, mask=chan_in, other=0.0).to(tl.float32)
         acc += window * weight[None, :]
-        if step < K - 1 and not HAS_PATHS:
+        if step < K - 1:
             parent = tl.load(parents_ptr + at, mask=node_in & on_tree, other=-1)
             at = tl.where(on_tree, parent, at - 1)
     # the conv's output rounds to its dtype; silu runs in fp32 and rounds again
@@ -99,7 +91,6 @@ def conv_rows(
     block_n: int = 4,
     block_c: int = 256,
     num_warps: int = 4,
-    paths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree-row causal conv: ``gdn.conv_from_windows(gdn.conv_windows(mixed, parents, conv_state,
     K), weight, bias, activation).to(mixed.dtype)``, and a contiguous copy of ``mixed`` (what the
@@ -112,10 +103,9 @@ def conv_rows(
     contiguous [N, C] buffer to write the inputs into (returned).
     block_n / block_c / num_warps: the tile (rows x channels, powers of two) and its warps; the
     defaults were the fastest of six tried on the H200 at the 27B shape, 272 rows
-    (``bench.gdn_kernel_speed --sweep``: 4 x 256 on 4 warps 19.1 us, 2 x 256 22.2). ``paths``:
-    the rows' root paths (``triton_gdn.path_table``, paths no longer than its width) to read each
-    window's rows from at once instead of walking ``parents`` one dependent load a step; the
-    same result (``bench.gdn_kernel_speed`` times both; the decoder does not pass it yet)."""
+    (``bench.gdn_kernel_speed --sweep``: 4 x 256 on 4 warps 19.1 us, 2 x 256 22.2). Reading each
+    window's rows from the verify's path table at once, instead of walking ``parents`` one
+    dependent load a step, was no faster in the 27B budget-256 round (31.99 against 31.88 ms)."""
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"unsupported conv activation {activation!r}")
     rows, channels = mixed.shape
@@ -129,17 +119,14 @@ def conv_rows(
         return out, inputs_out
     block_n = min(block_n, max(2, triton.next_power_of_2(rows)))
     grid = (triton.cdiv(rows, block_n), triton.cdiv(channels, block_c))
-    if paths is not None:
-        assert paths.shape[0] == rows and paths.dtype == torch.int32 and paths.is_contiguous()
     launch(
         _conv_rows_kernel, grid,
         mixed, parents, conv_state, weight, weight if bias is None else bias, out, inputs_out,
-        parents if paths is None else paths,
         rows, channels, conv_state.shape[-1],
         mixed.stride(0), mixed.stride(1), conv_state.stride(0), conv_state.stride(1), weight.stride(0),
         weight.stride(1),
         K=width, HAS_BIAS=bias is not None, SILU=activation is not None,
-        BLOCK_N=block_n, BLOCK_C=block_c, PATH=16 if paths is None else paths.shape[1], HAS_PATHS=paths is not None,
+        BLOCK_N=block_n, BLOCK_C=block_c,
         num_warps=num_warps,
     )
     return out, inputs_out
