@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ddtree_diag.engine import load_engine
+from ddtree_diag.engine.arch import EXPERT_COUNT_FIELDS
 from ddtree_diag.engine.divergence import first_divergence
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
 from ddtree_diag.engine.generate import DECODE_PATHS, Engine
@@ -160,8 +161,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.all_experts:
         for settings in fx.SMALL_MOE.values():
-            names = ("num_experts", "num_local_experts", "n_routed_experts")
-            count = next(settings[name] for name in names if name in settings)
+            count = next(settings[name] for name in EXPERT_COUNT_FIELDS if name in settings)
             settings["num_experts_per_tok"] = count
     targets = args.targets.split(",")
     PATHS[:] = args.paths.split(",")

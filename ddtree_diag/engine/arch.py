@@ -40,6 +40,7 @@ weight. Nothing here imports torch.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,8 +231,6 @@ def rope_tables(config: Any, layers: list[Any], linear: tuple[int, ...], rotary_
     """Each layer's rotary table (``Arch.rope_tables``): a rotary module whose forward takes a
     ``layer_type`` keeps one per type (Gemma 3); a SmolLM3 attention with ``use_rope`` False has
     none, nor has an EXAONE 4 full-attention layer of a model that slides."""
-    import inspect
-
     typed = "layer_type" in inspect.signature(rotary_emb.forward).parameters
     layer_types = getattr(config, "layer_types", None) or []
     tables: list[str | None] = []

@@ -58,7 +58,6 @@ class Engine:
         # captures as a CUDA graph on the H200), the readable eager loop on CPU.
         self.decode_path = decode_path or ("fast" if self.device.type == "cuda" else "eager")
         self._decoders: dict[str, Decoder] = {}
-        self._harmony: bool | None = None
         # On CUDA every linear stores its weight transposed (cuBLAS reads it faster at a verify's
         # few rows; see fast.layers.store_column_major), before any decode path runs, so that
         # every path, and the HF model itself, computes with one layout.
@@ -326,12 +325,11 @@ class Engine:
 
     @property
     def harmony(self) -> bool:
-        """Whether the tokenizer speaks gpt-oss's harmony format (``prompting.speaks_harmony``)."""
-        if self._harmony is None:
-            from ddtree_diag.server.prompting import speaks_harmony
+        """Whether the tokenizer speaks gpt-oss's harmony format (``prompting.speaks_harmony``,
+        which reads a tokenizer's vocabulary once)."""
+        from ddtree_diag.server.prompting import speaks_harmony
 
-            self._harmony = speaks_harmony(self.tokenizer)
-        return self._harmony
+        return speaks_harmony(self.tokenizer)
 
     # ---- baseline ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -95,11 +95,11 @@ def latent_qkv(
     latent, k_rot = torch.split(attn.kv_a_proj_with_mqa(x), [attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
     latent = attn.kv_a_layernorm(latent).view(1, 1, t, attn.kv_lora_rank)
     k_rot = k_rot.view(1, 1, t, attn.qk_rope_head_dim)
-    # DeepSeek-V2 turns each pair as a complex number, in fp32 (its rotary module's cos/sin are)
+    # DeepSeek-V2 turns each pair as a complex number, in fp32 (its rotary module's cos/sin are,
+    # and ``apply_rope`` turns in their dtype)
     if getattr(attn.config, "rope_interleave", False) or attn.config.model_type == "deepseek_v2":
         q_rot, k_rot = _deinterleave(q_rot), _deinterleave(k_rot)
-    q_rot = apply_rope(q_rot.to(cos.dtype), cos, sin).to(q_rot.dtype)
-    k_rot = apply_rope(k_rot.to(cos.dtype), cos, sin).to(k_rot.dtype)
+    q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
     k, v = attn.expand_kv(latent, k_rot)
     return torch.cat((q_pass, q_rot), dim=-1), k, v
 

@@ -117,6 +117,17 @@ SMALL_MOE = {
 }
 
 
+def randomize(model, keep: tuple[str, ...] = ()) -> None:
+    """Random weights large enough that every path matters: norms (and parameters ending in
+    ``keep``) stay at their initial values; attention sinks get a wide spread, so that a forward
+    without them differs."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(keep):
+                continue
+            p.normal_(0, 2.0 if "sinks" in name else 0.25 if p.dim() > 1 else 0.05)
+
+
 def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **config) -> Path:
     """Random dense target (Qwen3 by default; ``model_type`` any of ``DENSE_FAMILIES``) with weights
     large enough that argmax gaps are not tiny; ``config``: overrides of the HF config's fields."""
@@ -139,12 +150,7 @@ def make_target(directory: Path, seed: int = 0, model_type: str = "qwen3", **con
     if (hf_config.pad_token_id or 0) >= VOCAB:  # a family's default pad id past the tiny vocabulary
         hf_config.pad_token_id = None
     model = getattr(transformers, model_name)(hf_config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "sinks" in name:  # large enough that a forward without them differs
-                p.normal_(0, 2.0)
-            elif "norm" not in name:
-                p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
+    randomize(model)
     model.save_pretrained(directory)
     return directory
 
@@ -201,10 +207,7 @@ def make_gemma3_vlm_target(directory: Path, seed: int = 0, sliding_window: int =
     )
     torch.manual_seed(seed)
     model = transformers.Gemma3ForConditionalGeneration(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
+    randomize(model)
     model.save_pretrained(directory)
     return directory
 
@@ -239,11 +242,7 @@ def make_hybrid_target(
         model = Qwen3NextForCausalLM(config)
     else:
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**common, intermediate_size=128))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(("A_log", "dt_bias")):
-                continue  # keep the decay gates and norms at their (stable) initial values
-            p.normal_(0, 0.25 if p.dim() > 1 else 0.05)
+    randomize(model, keep=("A_log", "dt_bias"))  # the decay gates at their (stable) initial values
     model.save_pretrained(directory)
     return directory
 
