@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -272,10 +273,14 @@ def _worker(rank: int, world: int, device_type: str, init_method: str, job: Any,
             pickle.dump(result, handle)
         os.replace(path + ".part", path)  # whole or absent: the launcher may end this process any time
     if result[0] == "ok":
-        dist.barrier()  # every rank done before any tears the group down
-        dist.destroy_process_group()
-    else:
-        os._exit(1)  # the other ranks may be blocked in a collective: the launcher ends them
+        dist.barrier()  # every rank done before any leaves
+    # Leave without tearing the group down or running the interpreter's exit: rank 0's result is
+    # on disk, and gloo's teardown at exit now and then aborted a rank of a finished job
+    # ("terminate called without an active exception"). After an error the other ranks may be
+    # blocked in a collective: the launcher ends them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if result[0] == "ok" else 1)
 
 
 def rendezvous(folder: str) -> str:
@@ -313,8 +318,10 @@ def launch(job: Any, world: int, device_type: str = "cpu", args: tuple = ()) -> 
     errors = sorted((when, rank, value) for rank, (status, value, when) in results.items() if status == "error")
     if errors:  # the first to fail; the others mostly report the connection it dropped
         raise RuntimeError(f"rank {errors[0][1]}: {errors[0][2]}")
-    if failure is not None or 0 not in results:
+    if 0 not in results:
         raise RuntimeError(f"a rank ended without a result ({failure or 'no error reported'})")
+    # Rank 0 wrote its result once every collective of the job had run, so a rank that dies after
+    # that (on its way out) cannot have changed it.
     return results[0][1]
 
 
