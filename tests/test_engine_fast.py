@@ -281,14 +281,14 @@ def test_fused_projections_share_the_modules_weights(engines):
     cos, sin = t.rope(hidden, torch.arange(3))
     cos, sin = cos[:, None], sin[:, None]
     with torch.no_grad():
-        shape, flags = (t.heads, t.kv_heads, t.head_dim), {"gated_query": t.arch.gated_query, "qk_norm": t.arch.qk_norm}
+        shape, flags = (t.heads, t.kv_heads, t.head_dim), {"arch": t.arch}
         one_gemm = fast_layers.target_pre_attention(layer, hidden, cos, sin, *shape, fused, **flags)
         modules = fast_layers.target_pre_attention(layer, hidden, cos, sin, *shape, **flags)
         for a, b in zip(one_gemm, modules, strict=True):
             torch.testing.assert_close(a, b)
         torch.testing.assert_close(
-            fast_layers.target_post_attention(layer, hidden, attn_out, fused),
-            fast_layers.target_post_attention(layer, hidden, attn_out),
+            fast_layers.target_post_attention(layer, hidden, attn_out, fused, arch=t.arch),
+            fast_layers.target_post_attention(layer, hidden, attn_out, arch=t.arch),
         )
 
 

@@ -343,7 +343,7 @@ def test_folded_residual_and_cache_write_equal_the_unfolded_layer(fused, tmp_pat
     cos, sin = t.rope(hidden, torch.arange(3, 3 + rows, device=DEVICE))
     start = torch.tensor(7, device=DEVICE)
     slot = t.cache_slot[index]
-    shape, flags = (t.heads, t.kv_heads, t.head_dim), {"gated_query": t.arch.gated_query, "qk_norm": t.arch.qk_norm}
+    shape, flags = (t.heads, t.kv_heads, t.head_dim), {"arch": t.arch}
     with torch.no_grad():
         t.kv.k.normal_()
         t.kv.v.normal_()
@@ -365,8 +365,10 @@ def test_folded_residual_and_cache_write_equal_the_unfolded_layer(fused, tmp_pat
         assert torch.equal(t.kv.k, want_k) and torch.equal(t.kv.v, want_v)
         # the MLP half's residual left for the next norm: the same sum once added
         attn_out = torch.randn(1, rows, t.heads * t.head_dim, generator=generator).to(DEVICE, t.dtype)
-        kept, delta = fast_layers.target_post_attention(layer, total, attn_out, fused_weights, gate, defer=True)
-        assert torch.equal(kept + delta, fast_layers.target_post_attention(layer, total, attn_out, fused_weights, gate))
+        kept, delta = fast_layers.target_post_attention(layer, total, attn_out, fused_weights, gate, True, t.arch)
+        assert torch.equal(
+            kept + delta, fast_layers.target_post_attention(layer, total, attn_out, fused_weights, gate, arch=t.arch)
+        )
     assert fused["norm_rope_cache"] == 1
 
 

@@ -132,8 +132,10 @@ class Arch:
     qk_norm_whole: bool = False
     # q|k|v from one linear, ``qkv_proj`` (Phi-3), split by heads
     fused_qkv: bool = False
-    # Granite: the input embeddings times this, the logits divided by ``logits_scaling``
+    # Granite: the input embeddings times this, each half's output times ``residual_multiplier``
+    # before its add (the layer's own), the logits divided by ``logits_scaling``
     embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
     # Gemma's sandwich norms: post_attention_layernorm on the attention's output, then
     # pre_feedforward_layernorm before the MLP and post_feedforward_layernorm on its output
@@ -223,6 +225,7 @@ def detect(config: Any, layers: list[Any], rotary_emb: Any) -> Arch:
         qk_norm_whole=hasattr(attn, "q_norm") and attn.q_norm.weight.shape[-1] != attn.head_dim,
         fused_qkv=hasattr(attn, "qkv_proj"),
         embedding_multiplier=float(getattr(config, "embedding_multiplier", 1.0) or 1.0),
+        residual_multiplier=float(getattr(layers[attention[0]], "residual_multiplier", 1.0)),
         logits_scaling=float(getattr(config, "logits_scaling", 1.0) or 1.0),
     )
 

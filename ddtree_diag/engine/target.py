@@ -442,10 +442,10 @@ class TargetModel:
                 out = self.mlp(layer, layer.pre_feedforward_layernorm(hidden))
                 hidden = hidden + layer.post_feedforward_layernorm(out)
             else:
-                scale = getattr(layer, "residual_multiplier", None)  # Granite: each half's output scaled
-                hidden = hidden + (out if scale is None else out * scale)
+                scale = self.arch.residual_multiplier  # Granite: each half's output scaled
+                hidden = hidden + (out if scale == 1.0 else out * scale)
                 out = self.mlp(layer, layer.post_attention_layernorm(hidden))
-                hidden = hidden + (out if scale is None else out * scale)
+                hidden = hidden + (out if scale == 1.0 else out * scale)
             if index in wanted and index != self.num_layers - 1:
                 features[index] = hidden
         return self.head(hidden, features, feature_layers, last_only)

@@ -341,13 +341,13 @@ class FastDecoder:
             fused = self.fused[index]
             if index in self.linear_state:
                 delta, hidden = self._linear_layer(index, layer, hidden, residual, parents, anc, paths, continued)
-                hidden, residual = mlp_half(layer, hidden, fused, delta=delta, defer=True)
+                hidden, residual = mlp_half(layer, hidden, fused, delta=delta, defer=True, arch=t.arch)
             else:
                 slot = t.cache_slot[index]
                 cache = (t.kv.k[slot], t.kv.v[slot], self.start) if fold else None
                 q, k, v, gate, hidden = pre(
                     layer, hidden, *ropes[index], t.heads, t.kv_heads, t.head_dim, fused,
-                    gated_query=t.arch.gated_query, qk_norm=t.arch.qk_norm, residual=residual, cache=cache,
+                    arch=t.arch, residual=residual, cache=cache,
                 )
                 if k is None:  # q/k norm, rotary and the K/V write ran as one kernel
                     cache_k, cache_v = cache[0], cache[1]
@@ -378,8 +378,8 @@ class FastDecoder:
                         out = attend(q, keys, values, biases[size], t.scaling)
                     out = out.reshape(1, t.heads, rows, t.v_head_dim).transpose(1, 2)
                     out = out.reshape(1, rows, t.heads * t.v_head_dim)
-                hidden, residual = post(layer, hidden, out, fused, gate, defer=True) if fold else (
-                    post(layer, hidden, out, fused, gate), None
+                hidden, residual = post(layer, hidden, out, fused, gate, True, t.arch) if fold else (
+                    post(layer, hidden, out, fused, gate, arch=t.arch), None
                 )
             if index in wanted and index != t.num_layers - 1:
                 hidden, residual = settle(hidden, residual), None

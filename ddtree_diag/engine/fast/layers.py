@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree_diag.engine import gdn
+from ddtree_diag.engine.arch import Arch
 from ddtree_diag.engine.fast import kernels
 from ddtree_diag.engine.rope import apply_rope
 from ddtree_diag.engine.target import latent_qkv, qkv_sizes
@@ -31,13 +32,13 @@ def residual_norm(
 
 
 def target_pre_attention(
-    layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None, *, gated_query: bool, qk_norm: bool,
+    layer, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int, fused=None, *, arch: Arch,
     residual=None, cache=None,
 ):
     """A decoder layer up to attention: norm, q/k/v projections, q/k norms, rotary. Returns q, k, v
     as [1, heads, rows, head_dim], the output gate [1, rows, heads * head_dim] of a gated query,
-    else None (``gated_query``, ``qk_norm``: the target's ``arch.Arch``), and the layer's input
-    hidden state.
+    else None, and the layer's input hidden state. ``arch``: the target's ``arch.Arch`` (which
+    norms, which projections, which twists), read as the eager forward reads it.
     ``residual``: the previous layer's MLP output, not yet added to ``hidden`` (``mlp_half`` with
     ``defer``): the add runs in the input norm's kernel, and the sum is the hidden state returned.
     ``cache``: (cache_k, cache_v, start) of this layer: where the one-kernel path applies
@@ -48,65 +49,68 @@ def target_pre_attention(
     GEMM instead of three). Norms, rotary and SwiGLU go through ``kernels`` (fused on CUDA)."""
     attn = layer.self_attn
     rows = hidden.shape[1]
-    if getattr(layer, "input_layernorm", None) is None:  # post norms (OLMo): the input as it is
+    if arch.post_norms:  # OLMo: the input as it is
         hidden = x = settle(hidden, residual)
     else:
         hidden, x = residual_norm(layer.input_layernorm, hidden, residual)
-    if hasattr(attn, "kv_a_proj_with_mqa"):  # latent attention (DeepSeek-V3): the caller writes k, v
+    if arch.latent_attention:  # DeepSeek-V3: the caller writes k, v
         q, k, v = latent_qkv(attn, x, cos, sin)
         return q, k, v, None, hidden
     if fused is not None and fused.qkv_weight is not None:
         q, k, v = F.linear(x, fused.qkv_weight, fused.qkv_bias).split(fused.qkv_sizes, dim=-1)
-    elif hasattr(attn, "qkv_proj"):  # Phi-3: the checkpoint's own q|k|v linear
+    elif arch.fused_qkv:  # Phi-3: the checkpoint's own q|k|v linear
         q, k, v = attn.qkv_proj(x).split(qkv_sizes(heads, kv_heads, head_dim), dim=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     gate = None
-    if qk_norm and attn.q_norm.weight.shape[-1] != head_dim:  # OLMo: over all heads at once, then rotary alone
-        q, k, qk_norm = attn.q_norm(q), attn.k_norm(k), False
-    if gated_query:
+    if arch.qk_norm_whole:  # OLMo: over all heads at once, then rotary alone
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    per_head_norm = arch.qk_norm and not arch.qk_norm_whole
+    if arch.gated_query:
         q, gate = q.view(1, rows, heads, 2 * head_dim).chunk(2, dim=-1)
         gate = gate.reshape(1, rows, heads * head_dim)
     q = q.reshape(1, rows, heads, head_dim)
     k = k.view(1, rows, kv_heads, head_dim)
     v = v.view(1, rows, kv_heads, head_dim)
     if cache is not None:
-        written = kernels.norm_rope_cache(attn if qk_norm else None, q, k, v, cos, sin, *cache)
+        written = kernels.norm_rope_cache(attn if per_head_norm else None, q, k, v, cos, sin, *cache)
         if written is not None:
             return written, None, None, gate, hidden
-    if qk_norm:
+    if per_head_norm:
         q, k = kernels.norm_rope(attn.q_norm, q, cos, sin), kernels.norm_rope(attn.k_norm, k, cos, sin)
     else:
         q, k = kernels.rope(q, cos, sin), kernels.rope(k, cos, sin)
     return q, k, v.transpose(1, 2), gate, hidden
 
 
-def target_post_attention(layer, hidden, attn_out, fused=None, gate=None, defer: bool = False):
+def target_post_attention(layer, hidden, attn_out, fused=None, gate=None, defer: bool = False,
+                          arch: Arch | None = None):
     """The rest of a decoder layer: (gated) output projection, residual, then ``mlp_half``."""
     if gate is not None:
         attn_out = attn_out * torch.sigmoid(gate)
-    return mlp_half(layer, hidden, fused, delta=layer.self_attn.o_proj(attn_out), defer=defer)
+    return mlp_half(layer, hidden, fused, delta=layer.self_attn.o_proj(attn_out), defer=defer, arch=arch)
 
 
-def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
+def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False, arch: Arch | None = None):
     """Residual ``hidden + delta`` (when given), norm, MLP (one gate|up GEMM when fused; the module
     itself otherwise, MoE included), residual. ``defer``: return (hidden, MLP output) instead of
     their sum, for the next norm to add in its own kernel (``add_rms_norm``): one elementwise
-    kernel less per layer, the same sum."""
-    if getattr(layer, "input_layernorm", None) is None:  # post norms (OLMo): each half's output normed
+    kernel less per layer, the same sum. ``arch``: the target's ``arch.Arch`` (its norms'
+    places, Granite's residual multiplier); None: a plain pre-norm layer (the draft's)."""
+    if arch is not None and arch.post_norms:  # OLMo: each half's output normed, its input not
         if delta is not None:
             hidden = hidden + kernels.rms_norm(layer.post_attention_layernorm, delta)
         out = layer.mlp(hidden)
         out = kernels.rms_norm(layer.post_feedforward_layernorm, out[0] if isinstance(out, tuple) else out)
         return (hidden, out) if defer else hidden + out
-    scale = getattr(layer, "residual_multiplier", None)  # Granite: each half's output scaled before its add
-    if scale is not None and delta is not None:
+    scale = None if arch is None or arch.residual_multiplier == 1.0 else arch.residual_multiplier
+    if scale is not None and delta is not None:  # Granite: each half's output scaled before its add
         delta = delta * scale
-    sandwich = getattr(layer, "pre_feedforward_layernorm", None)
-    if sandwich is not None:  # Gemma: the attention's output normed before its add; the MLP's likewise
+    sandwich = arch is not None and arch.sandwich_norms
+    if sandwich:  # Gemma: the attention's output normed before its add; the MLP's likewise
         if delta is not None:
             delta = kernels.rms_norm(layer.post_attention_layernorm, delta)
-        hidden, x = residual_norm(sandwich, hidden, delta)
+        hidden, x = residual_norm(layer.pre_feedforward_layernorm, hidden, delta)
     else:
         hidden, x = residual_norm(layer.post_attention_layernorm, hidden, delta)
     if fused is None or fused.gate_up_weight is None:
@@ -114,7 +118,7 @@ def mlp_half(layer, hidden, fused=None, delta=None, defer: bool = False):
         out = out[0] if isinstance(out, tuple) else out
     else:
         out = layer.mlp.down_proj(kernels.silu_mul(layer.mlp.act_fn, F.linear(x, fused.gate_up_weight)))
-    if sandwich is not None:
+    if sandwich:
         out = kernels.rms_norm(layer.post_feedforward_layernorm, out)
     if scale is not None:
         out = out * scale
