@@ -251,6 +251,36 @@ def test_fast_path_equals_the_eager_scan(hybrid, config):
     assert chain.token_ids == references[tuple(PROMPTS[0])]
 
 
+# Config variants the fixtures' default shape does not reach: Qwen3.5's MoE variant, three value
+# heads a key head, head dims that are no power of two, another conv window, full rotary on one KV
+# head, Qwen3-Next with dense MLP layers among its sparse ones.
+VARIANTS = {
+    "qwen3_5-moe": ("qwen3_5_moe", "LLAL", {}),
+    "three-value-heads-a-key-head": ("qwen3_5", "LLAL", dict(linear_num_value_heads=6)),
+    "odd-head-dims": ("qwen3_5", "LALL", dict(linear_key_head_dim=24, linear_value_head_dim=12)),
+    "conv-window-3": ("qwen3_5", "LLAL", dict(linear_conv_kernel_dim=3)),
+    "full-rotary-one-kv-head": ("qwen3_5", "ALLA", dict(num_key_value_heads=1, rope_parameters=dict(
+        rope_type="default", rope_theta=10000.0, partial_rotary_factor=1.0))),
+    "next-dense-layers": ("qwen3_next", "LALA", dict(mlp_only_layers=[0, 2])),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_config_variants_decode_the_full_forward_greedy_on_both_paths(variant, tmp_path):
+    kind, pattern, config = VARIANTS[variant]
+    target = fx.make_hybrid_target(tmp_path / "target", kind=kind, pattern=pattern, **config)
+    draft = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=1)
+    engine = load_engine(target, draft, device="cpu", dtype="fp32")
+    assert engine.target.arch.model_type.startswith(kind) and engine.info()["hybrid"]["layer_pattern"] == pattern
+    prompt = PROMPTS[0]
+    reference = full_forward_greedy(engine, prompt, 16)
+    for path in ("eager", "fast"):
+        for budget in (0, 4, 16):
+            gen = run_path(engine, path, prompt, tree_budget=budget, max_tokens=16)
+            assert gen.token_ids == reference, (path, budget)
+            check_accounting(gen)
+
+
 def test_hybrid_round_stages_never_read_device_values_on_the_host(hybrid):
     """The CPU twin of "the hybrid round captures as CUDA graphs": no stage reads a tensor's value
     into Python (the parallel solve, the conv windows and the commit of the recurrent state

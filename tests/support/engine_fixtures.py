@@ -219,10 +219,17 @@ HYBRID_PATTERNS = {"linear-first": "LLAL", "full-first": "ALLA", "linear-last": 
 def make_hybrid_target(
     directory: Path, kind: str = "qwen3_5", pattern: str = "LLAL", seed: int = 0, **config
 ) -> Path:
-    """Random hybrid target (``qwen3_5``: Qwen3.5/3.6 text model; ``qwen3_next``: Qwen3-Next with a
-    small MoE) with the given layer pattern, saved with the tiny tokenizer and chat template;
-    ``config``: overrides of the HF config's fields."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+    """Random hybrid target (``qwen3_5``: Qwen3.5/3.6 text model; ``qwen3_5_moe``: its MoE variant;
+    ``qwen3_next``: Qwen3-Next; the MoE kinds with a small MoE) with the given layer pattern, saved
+    with the tiny tokenizer and chat template; ``config``: overrides of the HF config's fields."""
+    from transformers import (
+        Qwen3_5ForCausalLM,
+        Qwen3_5MoeForCausalLM,
+        Qwen3_5MoeTextConfig,
+        Qwen3_5TextConfig,
+        Qwen3NextConfig,
+        Qwen3NextForCausalLM,
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(directory)
@@ -236,10 +243,11 @@ def make_hybrid_target(
     )
     common.update(config)
     torch.manual_seed(seed)
+    small_moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
     if kind == "qwen3_next":
-        config = Qwen3NextConfig(**common, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
-                                 moe_intermediate_size=32, shared_expert_intermediate_size=32)
-        model = Qwen3NextForCausalLM(config)
+        model = Qwen3NextForCausalLM(Qwen3NextConfig(**common, intermediate_size=96, **small_moe))
+    elif kind == "qwen3_5_moe":
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**common, **small_moe))
     else:
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**common, intermediate_size=128))
     randomize(model, keep=("A_log", "dt_bias"))  # the decay gates at their (stable) initial values
