@@ -528,6 +528,37 @@ def test_repetition_asked_for_is_fine():
     assert not assess("hello " * 10, prompt="Repeat the word hello 10 times.", finish_reason="stop").garbage
 
 
+@pytest.mark.parametrize(("prompt", "count"), [
+    ("Say hello 20 times.", 20),
+    ("Repeat the word hello fifty times, please", 50),
+    ("重复 hello 30次", 30),
+])
+def test_repetition_as_often_as_the_prompt_asks_is_fine_but_not_more_nor_other_words(prompt, count):
+    for text in ("hello " * count, "Hello! " * count, "".join(f"{i}. hello\n" for i in range(1, count + 1))):
+        assert not assess(text.strip(), prompt=prompt, finish_reason="stop").garbage, text[:40]
+    # three times what was asked, or a phrase the prompt never said, is a loop again
+    assert assess("hello " * (3 * count), prompt=prompt, finish_reason="stop").garbage
+    assert assess("the cat " * count, prompt=prompt, finish_reason="stop").garbage
+    # with no count, the old bar: a repetition prompt allows a dozen or so, not 40
+    assert assess("hello " * 40, prompt="Repeat the word hello.", finish_reason="stop").garbage
+
+
+def test_the_counts_a_repetition_prompt_names():
+    from ddtree_diag.checks.quality.context import Context
+
+    def count(prompt: str) -> int:
+        return Context(prompt, truncated=False).repeat_count
+
+    assert count("Say hello 20 times.") == 20
+    assert count("Count from 1 to 1,000 in words") == 1000
+    assert count("Say it twice, then repeat it a dozen times") == 12
+    assert count("Repeat after me 5x: ok") == 5
+    assert count("List all the events of 2024") == 0  # a year is no count
+    assert count("repeat 3.5 times") == 0
+    assert count("Say hello 20 times? No: say it once.") == 20  # the largest named
+    assert count("Explain why 20 is an even number") == 0  # no repetition prompt
+
+
 def test_same_text_in_its_own_language_is_fine_but_not_in_another():
     chinese = "北京是中国的首都。"
     assert not assess(chinese, prompt="中国的首都是哪里？").garbage

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from ddtree_diag.checks.quality.patterns import (
     ANY_SCRIPT_RE,
+    COUNT_RE,
     DIALOGUE_PROMPT_RE,
     EVIDENCE_CHARS,
     HAS_CONTENT_RE,
@@ -33,6 +34,7 @@ from ddtree_diag.checks.quality.patterns import (
     ONLY_MARKER_RE,
     REPEAT_PROMPT_RE,
     TEMPLATE_PROMPT_RE,
+    count_value,
 )
 from ddtree_diag.records import Reason
 
@@ -172,6 +174,12 @@ class Context:
     @_fact
     def repeat(self) -> bool:  # the prompt asked for repetition
         return bool(self.prompt) and bool(REPEAT_PROMPT_RE.search(self.prompt))
+
+    @_fact
+    def repeat_count(self) -> int:  # the largest count a repetition prompt names (0: none, or no such prompt)
+        if not self.repeat:
+            return 0
+        return max((count_value(match) for match in COUNT_RE.finditer(self.prompt)), default=0)
 
     # The text being read
     @_text_fact

@@ -42,6 +42,16 @@ def _is_word(token: str) -> bool:
     )
 
 
+def _asked_for(ctx: Context, unit: list[str]) -> float:
+    """How many repeats of ``unit`` (tokens) a repetition prompt asks for ("say hello 50 times":
+    the prompt's own words, its count), a little over (a count splits into tokens otherwise); 0
+    where it asks for none."""
+    said = [token.strip() for token in unit if _is_word(token) or token.strip().isdigit()]
+    if not ctx.repeat_count or not said or not all(word in ctx.prompt_lower for word in said):
+        return 0.0
+    return ctx.repeat_count * 1.1 + 1
+
+
 def _periodic_runs(ids: list[int], max_period: int = 200) -> list[tuple[int, int, int]]:
     """Maximal stretches where the token sequence repeats with some period.
 
@@ -197,6 +207,7 @@ def _loops_in(
             needed = max(needed * 2, 6.0)
         if ctx.repeat:
             needed = max(needed * 3, 12.0)
+            needed = max(needed, _asked_for(ctx, [names[t] for t in unit]))
         if repeats < needed:
             continue
         reaches_end = at_text_end and n - end <= max(2, period)
@@ -251,6 +262,8 @@ def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | 
     if not common:
         return None
     gram, count = common[0]
+    if count < _asked_for(ctx, [names[t] for t in gram]):
+        return None
     frequent = {g for g, c in counts.items() if c >= 3 and sum(1 for t in g if t in word_ids) >= 3}
     hits = [i for i, g in enumerate(zip(*(ids[k:] for k in range(size)), strict=False)) if g in frequent]
     first = hits[0]

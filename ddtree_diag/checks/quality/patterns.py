@@ -215,6 +215,30 @@ REPEAT_PROMPT_RE = re.compile(
     re.IGNORECASE,
 )
 
+# How many times a repetition prompt asks for something: "50 times", "twice", "count to 1,000",
+# "20 次" (digits, or English number words). The answer may repeat that often.
+_COUNT_WORDS = {
+    word: value for value, words in enumerate((
+        "", "once", "two twice", "three thrice", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+        "twelve dozen", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
+    )) for word in words.split()
+} | {"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
+     "hundred": 100, "thousand": 1000}
+_NUMBER = r"\d{1,3}(?:,\d{3})+(?![\d.,]\d)|\d{1,5}(?![\d.,]\d)|\b(?:" + "|".join(_COUNT_WORDS) + r")\b"
+COUNT_RE = re.compile(
+    rf"(?<![\d.,])(?P<times>{_NUMBER})\s*(?:times\b|repetitions\b|x\b|次|回|раз)|\b(?P<word>twice|thrice)\b"
+    rf"|\bcount\b[^.\n]{{0,30}}?\bto\s+(?P<to>{_NUMBER})",
+    re.IGNORECASE,
+)
+
+
+def count_value(match: re.Match) -> int:
+    """The count a ``COUNT_RE`` match names."""
+    token = match.group("times") or match.group("word") or match.group("to")
+    token = token.replace(",", "")
+    return int(token) if token.isdigit() else _COUNT_WORDS[token.lower()]
+
+
 # Interjections and sounds that people do write several times in a row.
 _INTERJECTIONS_TEXT = (
     "ha he hi ho hah heh hee la na da di do doo oh ooh ah aah uh um hmm mm no yes yeah yay "
