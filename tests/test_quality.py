@@ -112,6 +112,20 @@ def test_a_passage_said_twice_in_a_row():
     assert not assess("Go team! Go team! We won.", finish_reason="stop").garbage
 
 
+def test_a_whole_answer_said_twice_after_a_blank_line():
+    answer = (
+        "The sky looks blue because the air scatters sunlight, and blue light, with its shorter "
+        "wavelength, is scattered far more strongly than red light."
+    )
+    for separator in ("\n\n", " ", "\n"):  # the second copy lacks the separator the first one ends with
+        assert flagged(answer + separator + answer, "line_loop" if "\n" in separator else "phrase_loop",
+                       prompt="Why is the sky blue?", finish_reason="stop"), repr(separator)
+    assert not assess(answer + "\n\n" + answer, prompt="Say your answer twice.", finish_reason="stop").garbage
+    # a numbered list whose lines differ only by their number is no passage said twice
+    listed = "".join(f"{i}. Check the cable.\n" for i in range(1, 3))
+    assert not assess(listed, prompt="Two steps, please.", finish_reason="stop").garbage
+
+
 def test_a_sentence_said_twice_where_the_reply_is_cut():
     text = "Tokyo is the capital. It is a large city with many people. It is a large city with many people."
     assert flagged(text, "phrase_loop", finish_reason="length")
@@ -307,6 +321,44 @@ def test_control_chars(text):
 def test_mojibake(text):
     verdict = assess(text)
     assert verdict.garbage and verdict.top_reason.code == "mojibake"
+
+
+@pytest.mark.parametrize("text", [
+    "ĠThe Ġsky Ġlooks Ġblue Ġbecause Ġthe Ġair Ġscatters Ġsunlight.",  # byte-level BPE, spaced
+    "ĠTheĠskyĠisĠblueĠbecauseĠofĠRayleighĠscattering.",  # glued
+    "▁The▁sky▁looks▁blue▁because▁the▁air▁scatters▁sunlight.",  # SentencePiece
+    "The sky is blue.ĊĊIt is because of scattering.ĊĊThe end.ĊThanks.",  # newline marks
+    "Hello<0x0A>world<0x0A>this is a test<0xE4><0xBD><0xA0>",  # byte fallback
+])
+def test_undecoded_tokenizer_pieces(text):
+    verdict = assess(text, prompt="Why is the sky blue?", finish_reason="stop")
+    assert verdict.garbage and verdict.top_reason.code == "token_pieces", verdict.to_dict()
+
+
+@pytest.mark.parametrize(("text", "prompt"), [
+    # Maltese writes Ġ and Ċ as letters
+    ("Ġużeppi u Ċensu marru Għawdex. Ġimgħa wara, Ġanni ġie lura mill-Ġermanja. Ċikku kien ċkejken.",
+     "Ikteb paragrafu bil-Malti."),
+    ("CPU over the last hour: ▁▂▃▅▇▇▅▃▂▁▁▂▃ (peak at 12:30).", "Show CPU usage as a sparkline."),
+    ("GPT-2 marks a leading space with Ġ, so \" The\" becomes ĠThe, and a newline becomes Ċ.",
+     "How does BPE mark spaces?"),
+    ("ĠThe ĠThe ĠThe: each piece keeps its Ġ mark.", "Show me raw GPT-2 tokenizer pieces."),
+])
+def test_tokenizer_marks_as_letters_bars_or_the_topic_are_fine(text, prompt):
+    assert "token_pieces" not in codes(text, prompt=prompt, finish_reason="stop")
+
+
+def test_a_token_said_twice_at_every_round_is_doubled_words():
+    answer = ("The sky looks blue because sunlight is scattered by the molecules of the air, and blue light "
+              "has a shorter wavelength than red light, so it is scattered much more strongly when it "
+              "passes through the atmosphere on its way to our eyes.")
+    words = answer.split()
+    # the first token of every round written twice, rounds of 4 or 5 tokens
+    stuttered = " ".join(w + " " + w if i % 5 == 0 or i % 5 == 4 else w for i, w in enumerate(words))
+    assert flagged(stuttered, "doubled_words", prompt="Why is the sky blue?", finish_reason="stop")
+    # printed values are data, not stutter
+    printed = "mask = [True True False False True True]; valid = [None None 1 2 None None]"
+    assert "doubled_words" not in codes(printed, prompt="Show the mask.", finish_reason="stop")
 
 
 def test_compression_ratio_flags_long_repetition_as_a_soft_signal():

@@ -1,11 +1,12 @@
-"""Encoding damage: mojibake (found with ftfy), with a stdlib fallback."""
+"""Encoding damage: mojibake (found with ftfy, with a stdlib fallback) and tokenizer pieces left
+undecoded."""
 
 from __future__ import annotations
 
 import re
 
 from ddtree_diag.checks.quality.context import Context, excerpt
-from ddtree_diag.checks.quality.patterns import MOJIBAKE_GATE_RE, MOJIBAKE_PROMPT_RE, NONSPACE_RE
+from ddtree_diag.checks.quality.patterns import EVIDENCE_CHARS, MOJIBAKE_GATE_RE, MOJIBAKE_PROMPT_RE, NONSPACE_RE
 from ddtree_diag.records import Reason
 
 
@@ -67,4 +68,40 @@ def _mojibake_without_ftfy(text: str) -> list[Reason]:
     return []
 
 
-DETECTORS = (find_mojibake,)
+# Tokenizer pieces a server returned instead of text: byte-level BPE's space and newline marks
+# (GPT-2 style vocabularies: "ĠThe", "Ċ"), SentencePiece's word mark ("▁The") and its byte
+# fallback tokens ("<0x0A>"). Maltese writes Ġ and Ċ as letters, so a mark counts only where it
+# opens a word of another shape, and a text needs many of them.
+_BPE_MARK_RE = re.compile(r"[\u0120\u010a\u2581](?=[A-Za-z0-9\u0120\u010a\u2581(\[\"'])")
+_BYTE_TOKEN_RE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_PIECES_PROMPT_RE = re.compile(r"[\u0120\u010a\u2581]|<0x[0-9A-Fa-f]{2}>|\btokeni[sz]", re.IGNORECASE)
+
+
+def find_token_pieces(text: str, ctx: Context) -> list[Reason]:
+    """Tokenizer pieces in the text (``ĠThe Ġsky``, ``▁The▁sky``, ``<0x0A>``): the server decoded
+    token strings, not text (a detokenizer or vocabulary mismatch)."""
+    if text.isascii() and "<0x" not in text:
+        return []
+    if ctx.prompt and _PIECES_PROMPT_RE.search(ctx.prompt):
+        return []  # the prompt is about tokenizers or quotes pieces itself
+    marks = list(_BPE_MARK_RE.finditer(text))
+    # glued: a mark right after a letter, digit or sentence mark, where a space or newline belongs
+    # ("blueĠbecause", "sky.ĊIt"); Maltese's capital Ġ / Ċ open a word (after a space or "mill-")
+    glued = sum(1 for m in marks if m.start() and not (text[m.start() - 1].isspace() or text[m.start() - 1] in "-'’"))
+    spaced = len(marks) >= 4 and len(marks) >= 0.6 * len(NONSPACE_RE.findall(text))  # nearly every word
+    found = None
+    if glued >= 3 or spaced:
+        found = marks
+        detail = f"{len(marks)} words opened by a tokenizer mark ({marks[0].group()!r}: undecoded BPE/SentencePiece)"
+    else:
+        byte_tokens = list(_BYTE_TOKEN_RE.finditer(text))
+        if len(byte_tokens) >= 3:
+            found = byte_tokens
+            detail = f"{len(byte_tokens)} byte-fallback tokens ({byte_tokens[0].group()!r}) left undecoded"
+    if not found:
+        return []
+    span = (found[0].start(), min(len(text), found[0].start() + EVIDENCE_CHARS))
+    return [Reason("token_pieces", detail, excerpt(text, *span), 0.75, span)]
+
+
+DETECTORS = (find_mojibake, find_token_pieces)

@@ -167,14 +167,19 @@ def _loops_in(
     for start, end, period in runs:
         covered = end - start
         repeats = covered / period
-        if repeats < 2.0:
-            continue
         unit = ids[start : start + period]
+        # the last repeat may lack only the unit's closing separator ("A.\n\nA." is A said twice)
+        unfinished = unit[covered % period :] if covered % period else []
+        closed = len(unfinished) <= 2 and not any(ch.isalnum() for t in unfinished for ch in names[t])
+        if (repeats if not closed else -(-covered // period)) < 2.0:
+            continue
         unit_words = sum(1 for t in unit if _is_word(names[t]))
         # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault; so
         # is a sentence said twice right where the reply hits the token limit (a loop starting).
         wordy = unit_words >= period / 2
         passage = wordy and (period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2))
+        if passage and closed:
+            repeats = -(-covered // period)
         if repeats < 3.0 and not passage:
             continue
         if passage:

@@ -210,8 +210,8 @@ LYRIC_PROMPT_RE = re.compile(
     re.IGNORECASE,
 )
 REPEAT_PROMPT_RE = re.compile(
-    r"\brepeat|\btimes\b|over and over|again and again|重复|重複|繰り返|повтор|wiederhol|repite|répète|"
-    r"\bspell|\bcount\b|list all",
+    r"\brepeat|\btimes\b|\btwice\b|\bthrice\b|over and over|again and again|"
+    r"重复|重複|繰り返|повтор|wiederhol|repite|répète|\bspell|\bcount\b|list all",
     re.IGNORECASE,
 )
 

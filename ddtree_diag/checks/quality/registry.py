@@ -79,6 +79,9 @@ REGISTRY: tuple[ReasonCode, ...] = (
                kind="control characters"),
     ReasonCode("mojibake", "hard/soft", "UTF-8 decoded with the wrong codec (`Ã©tÃ©` for `été`), found with ftfy",
                "encoding", kind="mis-decoded text"),
+    ReasonCode("token_pieces", "hard",
+               "tokenizer pieces left undecoded (`ĠThe Ġsky`, `▁The▁sky`, `<0x0A>`): the server returned token "
+               "strings, not text", "encoding", kind="undecoded token pieces"),
     ReasonCode("low_likelihood", "hard/soft",
                "`--score-with`: a reference model finds the answer (or a stretch of it) far less likely than "
                "language (mean surprisal, worst span)", "likelihood", kind="text the model finds unlikely"),
