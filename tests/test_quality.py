@@ -343,6 +343,8 @@ def test_undecoded_tokenizer_pieces(text):
     ("GPT-2 marks a leading space with Ġ, so \" The\" becomes ĠThe, and a newline becomes Ċ.",
      "How does BPE mark spaces?"),
     ("ĠThe ĠThe ĠThe: each piece keeps its Ġ mark.", "Show me raw GPT-2 tokenizer pieces."),
+    ("Raw pieces look like `ĠThe Ġsky Ġis`, `▁The▁sky▁is` or `<0x0A><0x0A><0x0A>`: decode them first.",
+     "Why does my output look odd?"),  # quoted as code
 ])
 def test_tokenizer_marks_as_letters_bars_or_the_topic_are_fine(text, prompt):
     assert "token_pieces" not in codes(text, prompt=prompt, finish_reason="stop")
@@ -356,9 +358,35 @@ def test_a_token_said_twice_at_every_round_is_doubled_words():
     # the first token of every round written twice, rounds of 4 or 5 tokens
     stuttered = " ".join(w + " " + w if i % 5 == 0 or i % 5 == 4 else w for i, w in enumerate(words))
     assert flagged(stuttered, "doubled_words", prompt="Why is the sky blue?", finish_reason="stop")
-    # printed values are data, not stutter
+    # printed values are data, not stutter; nor are a table's letters or tab-separated columns
     printed = "mask = [True True False False True True]; valid = [None None 1 2 None None]"
     assert "doubled_words" not in codes(printed, prompt="Show the mask.", finish_reason="stop")
+    table = "Case folding:\n  I  |  Y  Y  Y  n\n  i  |  Y  Y  Y  n\n  x  |  n  n  n  Y\n  y  |  Y  Y  n  Y\n"
+    assert "doubled_words" not in codes(table, prompt="Show the table.", finish_reason="stop")
+    columns = "msgid\tmsgstr\npo\tpo\nmo\tmo\nde\tde\nfr\tfr\nes\tes\nit\tit\n"
+    assert "doubled_words" not in codes(columns, prompt="List the files.", finish_reason="stop")
+
+
+def test_a_rounds_tokens_written_twice_here_and_there_is_doubled_words():
+    answer = ("The sky looks blue because sunlight is scattered by the molecules of the air. Blue light has a "
+              "shorter wavelength than red light, so it is scattered much more strongly, a process called "
+              "Rayleigh scattering.")
+    spans = answer.split()
+    # rounds of 3 words, every third one written twice, as a commit that replays a round's tokens
+    chunks = [spans[i : i + 3] for i in range(0, len(spans), 3)]
+    twice = " ".join(" ".join(chunk * (2 if k % 3 == 1 else 1)) for k, chunk in enumerate(chunks))
+    verdict = assess(twice, prompt="Why is the sky blue?", finish_reason="stop")
+    assert verdict.garbage and "doubled_words" in verdict.codes, twice
+    assert not assess(answer, prompt="Why is the sky blue?", finish_reason="stop").garbage
+    # emphasis once, items that share their first words, and a path said twice are fine
+    for text in (
+        "Go team! Go team! We won the final, and the whole town came out to celebrate with us tonight.",
+        "The fonts: Sans, Sans Bold, Sans Bold Oblique, Sans Mono, Sans Mono Bold, Sans Mono Bold Oblique, "
+        "Serif, Serif Bold, Serif Bold Italic, Serif Condensed, Serif Condensed Bold.",
+        "Clone https://github.com/pydantic/pydantic and https://github.com/fastapi/fastapi, then read "
+        "the docs at https://docs.pydantic.dev/latest/ and https://fastapi.tiangolo.com/tutorial/ first.",
+    ):
+        assert "doubled_words" not in codes(text, prompt="Tell me.", finish_reason="stop"), text
 
 
 def test_compression_ratio_flags_long_repetition_as_a_soft_signal():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ddtree_diag.checks.quality.context import Context, excerpt
+from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
 from ddtree_diag.checks.quality.patterns import EVIDENCE_CHARS, MOJIBAKE_GATE_RE, MOJIBAKE_PROMPT_RE, NONSPACE_RE
 from ddtree_diag.records import Reason
 
@@ -84,7 +84,8 @@ def find_token_pieces(text: str, ctx: Context) -> list[Reason]:
         return []
     if ctx.prompt and _PIECES_PROMPT_RE.search(ctx.prompt):
         return []  # the prompt is about tokenizers or quotes pieces itself
-    marks = list(_BPE_MARK_RE.finditer(text))
+    code_spans = ctx.code_spans  # pieces quoted as code are examples
+    marks = [m for m in _BPE_MARK_RE.finditer(text) if not inside_spans(m.start(), code_spans)]
     # glued: a mark right after a letter, digit or sentence mark, where a space or newline belongs
     # ("blueĠbecause", "sky.ĊIt"); Maltese's capital Ġ / Ċ open a word (after a space or "mill-")
     glued = sum(1 for m in marks if m.start() and not (text[m.start() - 1].isspace() or text[m.start() - 1] in "-'’"))
@@ -94,7 +95,7 @@ def find_token_pieces(text: str, ctx: Context) -> list[Reason]:
         found = marks
         detail = f"{len(marks)} words opened by a tokenizer mark ({marks[0].group()!r}: undecoded BPE/SentencePiece)"
     else:
-        byte_tokens = list(_BYTE_TOKEN_RE.finditer(text))
+        byte_tokens = [m for m in _BYTE_TOKEN_RE.finditer(text) if not inside_spans(m.start(), code_spans)]
         if len(byte_tokens) >= 3:
             found = byte_tokens
             detail = f"{len(byte_tokens)} byte-fallback tokens ({byte_tokens[0].group()!r}) left undecoded"

@@ -68,7 +68,9 @@ REGISTRY: tuple[ReasonCode, ...] = (
                "hollow", loop=True, kind=REPETITION),
     ReasonCode("glued_repeat", "hard", "a word repeated with no separator (`WordWordWordWord`, any script)",
                "stutter", loop=True, kind=REPETITION),
-    ReasonCode("doubled_words", "hard", "every word said twice (`the the cat cat sat sat`)", "stutter",
+    ReasonCode("doubled_words", "hard",
+               "words or short spans said twice back to back, again and again (`the the cat cat sat sat`, "
+               "`is scattered is scattered by`): a round's tokens written twice", "stutter",
                loop=True, kind=REPETITION),
     ReasonCode("word_salad", "hard/soft",
                "pieces of words cut at the wrong places and glued (`ofthe`, `conv ert ed`): far more words "

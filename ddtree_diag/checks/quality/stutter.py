@@ -1,13 +1,14 @@
 """Stutters the token-level loop search cannot see: a word repeated with no separator
-(``partirpartirpartir``, one token to a word splitter, any script), and every word said twice
-(``the the cat cat sat sat``: runs of period 1 that never reach the loop thresholds)."""
+(``partirpartirpartir``, one token to a word splitter, any script), every word said twice
+(``the the cat cat sat sat``: runs of period 1 that never reach the loop thresholds), and short
+spans said twice here and there (a round's tokens written twice)."""
 
 from __future__ import annotations
 
 import re
 
-from ddtree_diag.checks.quality.context import WINDOW, Context, excerpt, inside_spans, reads
-from ddtree_diag.checks.quality.patterns import CJK_CHAR_RE, INTERJECTIONS
+from ddtree_diag.checks.quality.context import WINDOW, Context, excerpt, inside_spans, line_at, reads
+from ddtree_diag.checks.quality.patterns import CJK_CHAR_RE, INTERJECTIONS, TOKEN_RE
 from ddtree_diag.records import Reason
 
 # Candidate words: 8+ letters/marks in a row (a unit of 2 said 4 times, of 3 said 3 times). CJK is left to the loop
@@ -72,7 +73,8 @@ def _in_url(text: str, pos: int) -> bool:
 # Two equal words in a row (case-folded), only whitespace between them.
 # Values printed as data ("[True True False]", "None None"): a row of them is output, not speech.
 _DATA_WORDS = frozenset({"true", "false", "none", "null", "nan", "inf"})
-_DOUBLE_RE = re.compile(rf"(?<![\w'’{_MARKS}-])([\w'’{_MARKS}]+)[ \t]+(\1)(?![\w'’{_MARKS}-])", re.IGNORECASE)
+# (Spaces only: a tab between them is a table's column break, "po\tpo".)
+_DOUBLE_RE = re.compile(rf"(?<![\w'’{_MARKS}-])([\w'’{_MARKS}]+) +(\1)(?![\w'’{_MARKS}-])", re.IGNORECASE)
 _WORD_RE = re.compile(rf"[\w'’{_MARKS}]+")
 
 
@@ -88,6 +90,8 @@ def find_doubled_words(text: str, ctx: Context) -> list[Reason]:
         word = match.group(1).lower()
         if (not word[0].isalpha() and word[0] not in "'’") or CJK_CHAR_RE.match(word) or word in _DATA_WORDS:
             continue  # numbers ("1 1"), identifiers, Chinese reduplication (看看), printed values
+        if len(word) == 1:
+            continue  # a letter: a table's cells ("Y  Y  n"), variables ("x x")
         if inside_spans(match.start(), code_spans):
             continue
         doubles.append(match)
@@ -125,4 +129,59 @@ def find_doubled_words(text: str, ctx: Context) -> list[Reason]:
     return [Reason("doubled_words", f"{detail} ({shown})", excerpt(text, *span), weight, span)]
 
 
-DETECTORS = (find_glued_repeat, find_doubled_words)
+_LONGEST_DOUBLED_SPAN = 10  # tokens; longer spans said twice are the loop search's (a passage said twice)
+
+
+@reads(WINDOW)
+def find_doubled_phrases(text: str, ctx: Context) -> list[Reason]:
+    """Short spans said twice back to back, again and again (``is scattered is scattered by the
+    air. Blue light the air. Blue light``): a decode round's accepted tokens written twice. One
+    such span is emphasis ("Go team! Go team!"); three or more covering a fifth of the stretch are
+    not speech."""
+    if ctx.lyric or ctx.repeat:
+        return []
+    found = [(m.group().lower(), m.start(), m.end()) for m in TOKEN_RE.finditer(text, ctx.lo, ctx.hi)]
+    tokens = [token for token, _, _ in found]
+    code_spans = ctx.code_spans
+    spans: list[tuple[int, int]] = []  # (first token, span length in tokens)
+    at = 0
+    while at < len(tokens):
+        for size in range(2, _LONGEST_DOUBLED_SPAN + 1):
+            end = at + 2 * size
+            if end > len(tokens) or tokens[at : at + size] != tokens[at + size : end]:
+                continue
+            first, last = found[at][1], found[end - 1][2]
+            # words (not a path or URL said twice, "pydantic/pydantic"), outside code and tables
+            if _speech(tokens[at : at + size]) and any(ch.isspace() for ch in text[first:last]) and not (
+                inside_spans(first, code_spans) or line_at(text, first).lstrip().startswith("|")
+            ):
+                spans.append((at, size))
+                at = end - 1
+            break
+        at += 1
+    if len(spans) < 3:
+        return []
+    covered = sum(2 * size for _, size in spans)
+    stretch = spans[-1][0] + 2 * spans[-1][1] - spans[0][0]
+    if covered < 0.2 * stretch and len(spans) < 6:
+        return []
+    start, end = found[spans[0][0]][1], found[spans[-1][0] + 2 * spans[-1][1] - 1][2]
+    shown = ", ".join(repr(text[found[first][1] : found[first + size - 1][2]]) for first, size in spans[:3])
+    weight = 0.7 if len(spans) >= 6 else 0.6
+    detail = f"{len(spans)} short spans each said twice back to back ({shown})"
+    return [Reason("doubled_words", detail, excerpt(text, start, end), weight, (start, end))]
+
+
+def _speech(unit: list[str]) -> bool:
+    """Whether a doubled span is words (not numbers, markup or data): more than half its tokens
+    words of two or more letters, not interjections or printed values; within one line."""
+    words = [t for t in unit if len(t) > 1 and t[0].isalpha() and t not in INTERJECTIONS and t not in _DATA_WORDS]
+    if unit[0] in _LIST_BREAKS or unit[-1] in _LIST_BREAKS:
+        return False  # items of a list that share their first words ("Sans Bold, Sans Bold Oblique")
+    return 2 * len(words) > len([t for t in unit if t.strip()]) and "\n" not in "".join(unit)
+
+
+_LIST_BREAKS = frozenset({",", ";", "、", "，", "；", "/", "|"})
+
+
+DETECTORS = (find_glued_repeat, find_doubled_words, find_doubled_phrases)
