@@ -350,6 +350,37 @@ def test_tokenizer_marks_as_letters_bars_or_the_topic_are_fine(text, prompt):
     assert "token_pieces" not in codes(text, prompt=prompt, finish_reason="stop")
 
 
+Q, B = '"', "\\"  # a quote mark and a backslash, to write escaped text plainly
+
+
+@pytest.mark.parametrize("text", [
+    "It&#39;s blue because light &amp; air interact: the &quot;Rayleigh&quot; effect scatters blue light.",
+    f"Here are the steps:{B}n1. Preheat the oven.{B}n2. Mix the flour and sugar.{B}n3. Bake for 25 minutes.",
+    f"The sky is blue.{B}r{B}n{B}r{B}nThis is because of scattering.{B}r{B}n{B}r{B}nRed light passes through.",
+    f"{B}u5929{B}u7a7a{B}u662f{B}u84dd{B}u8272{B}u7684{B}uff0c{B}u56e0{B}u4e3a{B}u5149",
+    # a whole answer as a JSON string, encoded once more
+    f"{Q}The sky is blue.{B}n{B}nIt{B}u2019s because of {B}{Q}Rayleigh{B}{Q} scattering.{B}nRed light passes.{Q}",
+])
+def test_text_escaped_twice(text):
+    verdict = assess(text, prompt="Why is the sky blue?", finish_reason="stop")
+    assert verdict.garbage and verdict.top_reason.code == "escaped_text", verdict.to_dict()
+
+
+@pytest.mark.parametrize(("text", "prompt"), [
+    (f"Open C:{B}new{B}node{B}run, then C:{B}Users{B}name{B}Documents to find it.", "Where is the file?"),
+    (f"In Python `print('a{B}nb')` prints two lines: `{B}n` is a newline and `{B}t` a tab.", "What does print do?"),
+    ("Write &lt;b&gt; to start bold text and &lt;/b&gt; to end it.", "How do I make text bold on a website?"),
+    ("AT&T and Procter & Gamble are big companies; so is Johnson & Johnson.", "Name big US companies."),
+    (f"Example:\n\n    >>> len('cafe{B}u0301')\n    5\n    >>> '{B}u2640{B}ufe0f'\n", "Show wcwidth usage."),
+    (f"Call it with 'caf{B}u00e9', '{B}u2640' or '{B}u00fc' as the name to see it work.", "Show usage."),
+    ("See https://x.com/?a=1&amp;b=2&amp;c=3 for the details.", "Where are the details?"),
+    (f"Escaped, it reads {Q}It{B}u2019s{B}nfine{B}n{B}n{Q}: a JSON string with {B}n for each break.",
+     "How is this text escaped in JSON?"),
+])
+def test_escapes_in_code_paths_literals_or_on_topic_are_fine(text, prompt):
+    assert "escaped_text" not in codes(text, prompt=prompt, finish_reason="stop")
+
+
 def test_a_token_said_twice_at_every_round_is_doubled_words():
     answer = ("The sky looks blue because sunlight is scattered by the molecules of the air, and blue light "
               "has a shorter wavelength than red light, so it is scattered much more strongly when it "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans
+from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans, line_at
 from ddtree_diag.checks.quality.patterns import EVIDENCE_CHARS, MOJIBAKE_GATE_RE, MOJIBAKE_PROMPT_RE, NONSPACE_RE
 from ddtree_diag.records import Reason
 
@@ -105,4 +105,67 @@ def find_token_pieces(text: str, ctx: Context) -> list[Reason]:
     return [Reason("token_pieces", detail, excerpt(text, *span), 0.75, span)]
 
 
-DETECTORS = (find_mojibake, find_token_pieces)
+# Text escaped once more than it should be (a proxy or server encoding a JSON string twice, or
+# HTML-escaping it): a literal backslash-n where a line breaks (before a capital, a digit, a list
+# mark or another break; "C:\new\node" is a path), \uXXXX where the characters belong, and the
+# quote, apostrophe and ampersand entities in prose ("It&#39;s"; &lt; and &gt; are what answers
+# about HTML explain).
+_LITERAL_NEWLINE_RE = re.compile(r"(?<!\\)\\[rn](?![a-z])")
+_UNICODE_ESCAPE_RE = re.compile(r"(?<!\\)\\u[0-9a-fA-F]{4}")
+_HTML_ENTITY_RE = re.compile(r"&(?:#(?:39|34|38)|#x(?:27|22|26)|quot|amp|apos);")
+_ESCAPES_PROMPT_RE = re.compile(
+    r"escap|json|html|xml|entit|unicode|encod|decod|string literal|\\[nu]|&#|&\w+;|regex|printf|newline char|"
+    r"ampersand|markup|web ?page",
+    re.IGNORECASE,
+)
+
+
+def find_escaped_text(text: str, ctx: Context) -> list[Reason]:
+    """Text escaped twice: literal ``\\n`` for line breaks, ``\\u5929`` for characters, or HTML
+    entities (``It&#39;s``) in prose; not in code, nor when the prompt is about escaping."""
+    if "\\" not in text and "&" not in text:
+        return []
+    if ctx.prompt and _ESCAPES_PROMPT_RE.search(ctx.prompt):
+        return []
+    code_spans = ctx.code_spans
+
+    def outside(pattern: re.Pattern) -> list[re.Match]:
+        found = pattern.finditer(text)
+        return [m for m in found if not (inside_spans(m.start(), code_spans) or _quoted(text, m.start()))]
+
+    newlines, characters, entities = outside(_LITERAL_NEWLINE_RE), outside(_UNICODE_ESCAPE_RE), outside(_HTML_ENTITY_RE)
+    if len(newlines) >= 3 and len(newlines) > text.count("\n"):  # more escaped line breaks than real ones
+        found, what = newlines, "line breaks written as a literal backslash-n"
+    elif len(characters) >= 3:
+        found, what = characters, "characters written as \\u escapes"
+    elif len(entities) >= 2:
+        found, what = entities, "HTML entities in plain text"
+    else:
+        return []
+    span = (found[0].start(), min(len(text), found[0].start() + EVIDENCE_CHARS))
+    detail = f"{len(found)} {what} ({found[0].group()!r}): the text was escaped twice on its way"
+    return [Reason("escaped_text", detail, excerpt(text, *span), 0.7, span)]
+
+
+_QUOTE_RE = re.compile(r"(?<![\\\w])['\"]|['\"](?!\w)")  # quote marks, not escaped ones or apostrophes
+
+
+def _quoted(text: str, pos: int) -> bool:
+    """Whether ``pos`` is in code or a literal the fences do not mark: an indented or prompt line
+    (``>>> 'cafe\u0301'``), inside quotes on its line, or in a URL (``?a=1&amp;b=2``)."""
+    line = line_at(text, pos)
+    if line.startswith(("    ", "\t")) or line.lstrip().startswith((">>>", "$ ", "...")):
+        return True
+    before = text[text.rfind("\n", 0, pos) + 1 : pos]
+    quotes = _QUOTE_RE.findall(before)
+    for mark in ("'", '"'):
+        # a short literal ('cafe\u0301'): opened and closed within a few words, not a whole answer
+        # in quotes (a JSON string encoded twice)
+        opened_near = quotes.count(mark) % 2 and len(before) - before.rfind(mark) <= 30
+        if opened_near and mark in _QUOTE_RE.findall(text, pos, pos + 30):
+            return True
+    word = before[max(before.rfind(" "), before.rfind("(")) + 1 :]
+    return "://" in word or "?" in word or "=" in word
+
+
+DETECTORS = (find_mojibake, find_token_pieces, find_escaped_text)

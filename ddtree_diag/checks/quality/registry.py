@@ -84,6 +84,10 @@ REGISTRY: tuple[ReasonCode, ...] = (
     ReasonCode("token_pieces", "hard",
                "tokenizer pieces left undecoded (`ĠThe Ġsky`, `▁The▁sky`, `<0x0A>`): the server returned token "
                "strings, not text", "encoding", kind="undecoded token pieces"),
+    ReasonCode("escaped_text", "hard",
+               "text escaped twice: a literal `\\n` for line breaks, `\\u5929` for characters, or HTML "
+               "entities (`It&#39;s`) in prose (a proxy or server encoding JSON or HTML twice)", "encoding",
+               kind="doubly escaped text"),
     ReasonCode("low_likelihood", "hard/soft",
                "`--score-with`: a reference model finds the answer (or a stretch of it) far less likely than "
                "language (mean surprisal, worst span)", "likelihood", kind="text the model finds unlikely"),
