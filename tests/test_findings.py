@@ -291,6 +291,11 @@ def test_garbage_shared_with_the_baseline_is_named_by_kind(healthy):
         r.baseline.verdict = "identical"
     [item] = findings.garbage_also_in_baseline(run)
     assert "chat-template tokens" in item.title and "stop tokens" in item.check
+    for r in run.results:  # undecoded pieces the baseline returns too: the serving path, not the model
+        r.output = "ĠThe Ġsky Ġis Ġblue Ġbecause Ġof ĠRayleigh Ġscattering."
+        assess_result(r)
+    [item] = findings.garbage_also_in_baseline(run)
+    assert "undecoded token pieces" in item.title and "detokenizer" in item.check
 
 
 def test_findings_come_from_one_registry_and_the_readme_shows_it():

@@ -282,6 +282,9 @@ def garbage_also_in_baseline(report: RunReport) -> list[Finding]:
                      "lets the model write the next turn)")
     if {"thinking_leak", "unterminated_think"} & set(codes):
         where.append("the thinking toggle and the reasoning parser (how enable_thinking reaches the template)")
+    if {"token_pieces", "escaped_text", "mojibake", "replacement_char"} & set(codes):
+        where.append("the detokenizer and whatever sits between the server and this client (token strings "
+                     "returned instead of text, a proxy encoding the JSON or HTML once more, the wrong codec)")
     if not where:
         where.append("the chat template (thinking block, special tokens), the prompt, and the model weights "
                      "or quantisation")
