@@ -389,6 +389,10 @@ def test_a_token_said_twice_at_every_round_is_doubled_words():
     # the first token of every round written twice, rounds of 4 or 5 tokens
     stuttered = " ".join(w + " " + w if i % 5 == 0 or i % 5 == 4 else w for i, w in enumerate(words))
     assert flagged(stuttered, "doubled_words", prompt="Why is the sky blue?", finish_reason="stop")
+    # Hindi doubles words on purpose (slowly, apart, sometimes...): a double every few words is style there
+    hindi = ("धीरे धीरे मौसम बदल रहा है। लोग अलग अलग जगहों पर जाते हैं और कभी कभी बारिश भी होती है। बच्चे साथ "
+             "साथ खेलते हैं और बार बार हँसते हैं। गाँव के लोग घर घर जाकर मिठाई बाँटते हैं।")
+    assert "doubled_words" not in codes(hindi, prompt="मौसम के बारे में लिखिए।", finish_reason="stop")
     # printed values are data, not stutter; nor are a table's letters or tab-separated columns
     printed = "mask = [True True False False True True]; valid = [None None 1 2 None None]"
     assert "doubled_words" not in codes(printed, prompt="Show the mask.", finish_reason="stop")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from ddtree_diag.checks.quality import lexicon
 from ddtree_diag.checks.quality.context import WINDOW, Context, excerpt, inside_spans, line_at, reads
 from ddtree_diag.checks.quality.patterns import CJK_CHAR_RE, INTERJECTIONS, TOKEN_RE
 from ddtree_diag.records import Reason
@@ -118,8 +119,9 @@ def find_doubled_words(text: str, ctx: Context) -> list[Reason]:
         span = (best_chain[0].start(), best_chain[-1].end())
         weight = 0.7 if len(best_chain) < 5 else 0.8
         detail = f"{len(best_chain)} words in a row each said twice"
-    # a draft's token said twice at round boundaries: a double every few words (4-7 a round)
-    elif (meant >= 4 and density >= 0.4) or (meant >= 6 and density >= 0.2):
+    # a draft's token said twice at round boundaries: a double every few words (4-7 a round), in
+    # a language that does not double words on purpose
+    elif (meant >= 4 and density >= 0.4) or (meant >= 6 and density >= 0.2 and _seldom_doubles(text, first, last)):
         span = (doubles[0].start(), doubles[-1].end())
         weight = 0.6
         detail = f"{len(doubles)} doubled words, {density:.0%} of the words in that stretch"
@@ -127,6 +129,19 @@ def find_doubled_words(text: str, ctx: Context) -> list[Reason]:
         return []
     shown = ", ".join(repr(m.group()) for m in (best_chain or doubles)[:3])
     return [Reason("doubled_words", f"{detail} ({shown})", excerpt(text, *span), weight, span)]
+
+
+# Languages that double words as grammar or style (Hindi "धीरे धीरे", Turkish "yavaş yavaş",
+# Malay/Indonesian "pelan pelan", Vietnamese, Tamil, Persian...): only dense doubling is a stutter
+# there. Scripts the word lists do not cover (Korean, Thai...) count as such too.
+_REDUPLICATING = frozenset({"bn", "fa", "fil", "hi", "id", "ms", "ta", "tr", "ur", "vi"})
+
+
+def _seldom_doubles(text: str, start: int, end: int) -> bool:
+    """Whether the stretch's language (from its frequent words) is one that seldom doubles a word."""
+    words = [w.casefold() for w in _WORD_RE.findall(text, start, end)]
+    ranked = lexicon.identify(words)
+    return bool(ranked) and ranked[0][1] >= 0.1 and ranked[0][0] not in _REDUPLICATING
 
 
 _LONGEST_DOUBLED_SPAN = 10  # tokens; longer spans said twice are the loop search's (a passage said twice)
