@@ -339,6 +339,7 @@ def test_undecoded_tokenizer_pieces(text):
     # Maltese writes Ġ and Ċ as letters
     ("Ġużeppi u Ċensu marru Għawdex. Ġimgħa wara, Ġanni ġie lura mill-Ġermanja. Ċikku kien ċkejken.",
      "Ikteb paragrafu bil-Malti."),
+    ("Marru (Ġużeppi), (Ċensu) u \"Ġanni\" lejn Għawdex, u [Ġorġ] ukoll.", "Min mar?"),
     ("CPU over the last hour: ▁▂▃▅▇▇▅▃▂▁▁▂▃ (peak at 12:30).", "Show CPU usage as a sparkline."),
     ("GPT-2 marks a leading space with Ġ, so \" The\" becomes ĠThe, and a newline becomes Ċ.",
      "How does BPE mark spaces?"),

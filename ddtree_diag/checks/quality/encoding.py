@@ -73,6 +73,7 @@ def _mojibake_without_ftfy(text: str) -> list[Reason]:
 # fallback tokens ("<0x0A>"). Maltese writes Ġ and Ċ as letters, so a mark counts only where it
 # opens a word of another shape, and a text needs many of them.
 _BPE_MARK_RE = re.compile(r"[\u0120\u010a\u2581](?=[A-Za-z0-9\u0120\u010a\u2581(\[\"'])")
+_OPEN = "-'’\"“«([{/"  # what may stand right before a word (Maltese "mill-Ġermanja", "(Ċensu)")
 _BYTE_TOKEN_RE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 _PIECES_PROMPT_RE = re.compile(r"[\u0120\u010a\u2581]|<0x[0-9A-Fa-f]{2}>|\btokeni[sz]", re.IGNORECASE)
 
@@ -87,8 +88,8 @@ def find_token_pieces(text: str, ctx: Context) -> list[Reason]:
     code_spans = ctx.code_spans  # pieces quoted as code are examples
     marks = [m for m in _BPE_MARK_RE.finditer(text) if not inside_spans(m.start(), code_spans)]
     # glued: a mark right after a letter, digit or sentence mark, where a space or newline belongs
-    # ("blueĠbecause", "sky.ĊIt"); Maltese's capital Ġ / Ċ open a word (after a space or "mill-")
-    glued = sum(1 for m in marks if m.start() and not (text[m.start() - 1].isspace() or text[m.start() - 1] in "-'’"))
+    # ("blueĠbecause", "sky.ĊIt"); Maltese's capital Ġ / Ċ open a word
+    glued = sum(1 for m in marks if m.start() and not (text[m.start() - 1].isspace() or text[m.start() - 1] in _OPEN))
     spaced = len(marks) >= 4 and len(marks) >= 0.6 * len(NONSPACE_RE.findall(text))  # nearly every word
     found = None
     if glued >= 3 or spaced:
