@@ -403,6 +403,26 @@ def test_a_token_said_twice_at_every_round_is_doubled_words():
     assert "doubled_words" not in codes(columns, prompt="List the files.", finish_reason="stop")
 
 
+def test_chinese_characters_said_twice_again_and_again_are_doubled_words():
+    answer = ("天空之所以是蓝色的，是因为大气中的气体分子会散射阳光。波长较短的蓝光比波长较长的红光散射得更强烈，"
+              "这种现象被称为瑞利散射。")
+    # one character in four, then every third span of two, written twice
+    by_char = "".join(ch * (2 if k % 4 == 1 else 1) for k, ch in enumerate(answer))
+    by_pair = "".join(answer[k : k + 2] * (2 if k % 6 == 2 else 1) for k in range(0, len(answer), 2))
+    for text in (by_char, by_pair):
+        verdict = assess(text, prompt="为什么天空是蓝色的？", finish_reason="stop")
+        assert verdict.garbage and "doubled_words" in verdict.codes, text
+    # Chinese's own doubles (kinship words, AABB adverbs) and Japanese or Korean mimetic words are fine
+    for text, prompt in (
+        ("我的妈妈和爸爸每天都很忙。哥哥和姐姐常常帮妈妈做饭，弟弟和妹妹天天去上学。周末我们高高兴兴地去公园，"
+         "看看花，说说笑笑，干干净净的小路上人人都很开心。", "写一段话。"),
+        ("キラキラ光る星を見て、ドキドキしました。いろいろな人がそろそろ帰ります。ますます楽しくなりました。",
+         "書いてください。"),
+        ("별이 반짝반짝 빛나고 아이들이 깡충깡충 뛰어요. 나비가 훨훨 날아요.", "써 주세요."),
+    ):
+        assert "doubled_words" not in codes(text, prompt=prompt, finish_reason="stop"), text
+
+
 def test_a_rounds_tokens_written_twice_here_and_there_is_doubled_words():
     answer = ("The sky looks blue because sunlight is scattered by the molecules of the air. Blue light has a "
               "shorter wavelength than red light, so it is scattered much more strongly, a process called "

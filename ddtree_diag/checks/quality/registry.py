@@ -70,7 +70,7 @@ REGISTRY: tuple[ReasonCode, ...] = (
                "stutter", loop=True, kind=REPETITION),
     ReasonCode("doubled_words", "hard",
                "words or short spans said twice back to back, again and again (`the the cat cat sat sat`, "
-               "`is scattered is scattered by`): a round's tokens written twice", "stutter",
+               "`is scattered is scattered by`, `所所以`): a round's tokens written twice", "stutter",
                loop=True, kind=REPETITION),
     ReasonCode("word_salad", "hard/soft",
                "pieces of words cut at the wrong places and glued (`ofthe`, `conv ert ed`): far more words "

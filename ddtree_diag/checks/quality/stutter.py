@@ -199,4 +199,46 @@ def _speech(unit: list[str]) -> bool:
 _LIST_BREAKS = frozenset({",", ";", "、", "，", "；", "/", "|"})
 
 
-DETECTORS = (find_glued_repeat, find_doubled_words, find_doubled_phrases)
+# Chinese writes no spaces, so its stutter is characters said twice: "所所以", "阳光阳光". Kana
+# and Hangul are left out (Japanese and Korean mimetic words double by design: キラキラ, 반짝반짝);
+# so are the characters Chinese itself doubles most (kinship words, 常常, 看看, 慢慢...).
+_HAN_RUN_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff0c\uff1a\uff1b\uff01\uff1f]+")
+_HAN_DOUBLED = frozenset(
+    "妈爸哥姐弟妹爷奶婆公叔伯姑舅姨宝娃星谢"  # kinship and nursery words
+    "常看慢刚渐好轻静悄偷天人个年家处样试想走谈聊说笑高兴干净清楚明白"  # adverbs, "every", AABB words
+)
+
+
+@reads(WINDOW)
+def find_doubled_han(text: str, ctx: Context) -> list[Reason]:
+    """Chinese characters or short spans said twice back to back, again and again (``所所以是蓝色
+    蓝色的``): the stutter of a round's tokens written twice, in a script without spaces."""
+    if ctx.lyric or ctx.repeat:
+        return []
+    code_spans = ctx.code_spans
+    doubles: list[tuple[int, int]] = []  # (start, length of the unit)
+    han = 0
+    for run in _HAN_RUN_RE.finditer(text, ctx.lo, ctx.hi):
+        chars = run.group()
+        han += len(chars)
+        at = 0
+        while at < len(chars) - 1:
+            for size in (1, 2, 3, 4):
+                unit = chars[at : at + size]
+                if at + 2 * size > len(chars) or unit != chars[at + size : at + 2 * size]:
+                    continue
+                if not (size == 1 and unit in _HAN_DOUBLED) and not inside_spans(run.start() + at, code_spans):
+                    doubles.append((run.start() + at, size))
+                at += 2 * size - 1
+                break
+            at += 1
+    if len(doubles) < 4 or len(doubles) * 15 < han:
+        return []
+    start, end = doubles[0][0], doubles[-1][0] + 2 * doubles[-1][1]
+    weight = 0.7 if len(doubles) >= 8 and len(doubles) * 10 >= han else 0.6
+    shown = ", ".join(repr(text[at : at + 2 * size]) for at, size in doubles[:3])
+    detail = f"{len(doubles)} characters or spans said twice back to back in {han} Chinese characters ({shown})"
+    return [Reason("doubled_words", detail, excerpt(text, start, end), weight, (start, end))]
+
+
+DETECTORS = (find_glued_repeat, find_doubled_words, find_doubled_phrases, find_doubled_han)
