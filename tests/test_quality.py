@@ -351,6 +351,32 @@ def test_tokenizer_marks_as_letters_bars_or_the_topic_are_fine(text, prompt):
     assert "token_pieces" not in codes(text, prompt=prompt, finish_reason="stop")
 
 
+@pytest.mark.parametrize(("text", "prompt"), [
+    ("Theskylooksbluebecausesunlightisscatteredbythemoleculesoftheair.Bluelighthasashorterwavelength.",
+     "Why is the sky blue?"),
+    ("Lecielestbleuparcequelalumièredusoleilestdiffuséeparlesmoléculesdelair.", "Pourquoi le ciel est-il bleu ?"),
+    ("Elcieloesazulporquelaluzdelsolsedispersaenlaatmósferayelazulsedispersamás.", "¿Por qué el cielo es azul?"),
+])
+def test_words_run_together_with_no_spaces(text, prompt):
+    verdict = assess(text, prompt=prompt, finish_reason="stop")
+    assert verdict.garbage and "word_salad" in verdict.codes, verdict.to_dict()
+
+
+@pytest.mark.parametrize(("text", "prompt"), [
+    ("Das Wort Donaudampfschifffahrtsgesellschaftskapitän ist lang, ebenso "
+     "Rindfleischetikettierungsüberwachungsaufgabenübertragungsgesetz.", "Nenne lange Wörter."),
+    ("Het woord kindercarnavalsoptochtvoorbereidingswerkzaamheden is erg lang.", "Noem een lang woord."),
+    ("Pitkä sana: lentokonesuihkuturbiinimoottoriapumekaanikkoaliupseerioppilas.", "Kerro pitkä sana."),
+    ("The longest English word is pneumonoultramicroscopicsilicovolcanoconiosis, a lung disease.", "Longest word?"),
+    ("Follow #thisisthebesthashtagintheworld or https://example.com/thisisaverylongpathnamewithwords now.",
+     "Where can I follow you?"),
+    ("The sequence atgcgtacgttagcctaggctaacgttagcatcgatcgg codes for it; the key is "
+     "dGhpc2lzYXRlc3RzdHJpbmdmb3JiYXNlNjQ.", "Show the data."),
+])
+def test_compounds_long_words_tags_and_data_are_not_run_together(text, prompt):
+    assert "word_salad" not in codes(text, prompt=prompt, finish_reason="stop")
+
+
 Q, B = '"', "\\"  # a quote mark and a backslash, to write escaped text plainly
 
 

@@ -74,7 +74,8 @@ REGISTRY: tuple[ReasonCode, ...] = (
                loop=True, kind=REPETITION),
     ReasonCode("word_salad", "hard/soft",
                "pieces of words cut at the wrong places and glued (`ofthe`, `conv ert ed`): far more words "
-               "outside the language's lexicon than its text has", "salad", kind="word salad"),
+               "outside the language's lexicon than its text has; or words run together with no spaces "
+               "(`Theskylooksblue`)", "salad", kind="word salad"),
     ReasonCode("replacement_char", "hard", "U+FFFD replacement characters (broken byte-level decoding)", "content",
                kind="broken bytes (U+FFFD)"),
     ReasonCode("control_chars", "hard", "C0/C1 control characters, lone surrogates or non-characters", "content",

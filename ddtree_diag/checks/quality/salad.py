@@ -10,6 +10,9 @@ number of *short* unknown pieces (<= 4 letters) in the worst stretch of 30 words
 what the language's own frequency list says a clean text leaves (``short_missed`` in the index),
 plus the share of unknown words there.
 
+Words run together with no spaces at all leave too few words for that test: long letter runs are
+split into the language's words instead (``find_run_together``).
+
 Limits: languages without a lexicon (and scripts written without spaces: Chinese, Japanese,
 Thai) are not checked; in a text longer than 16 KiB only the head, the tail and 16 sampled
 KiB between are read.
@@ -297,4 +300,70 @@ def find_word_salad(text: str, ctx: Context) -> list[Reason]:
     )]
 
 
-DETECTORS = (find_word_salad,)
+# Words run together with no spaces at all ("Theskylooksbluebecause"): a detokenizer that drops
+# the space marks. Too few words are left for the lexicon test above, so each long letter run is
+# split into the language's words instead; prose run together splits into many frequent function
+# words ("the", "is", "of"), a compound or a long technical word into none or few.
+_RUN_RE = re.compile(r"(?<![#@\w])[^\W\d_]{25,}(?!\w)")
+_LONGEST_WORD = 20
+_URL_RE = re.compile(r"\S*(?:://|www\.|@|#)\S*")
+
+
+def find_run_together(text: str, ctx: Context) -> list[Reason]:
+    """Prose words run together with no spaces (``Theskylooksbluebecausesunlight``)."""
+    # (not _SKIP_RE's "name.attr" joins: a sentence run into the next one reads "air.Blue")
+    skip = merge_spans(list(ctx.code_spans) + [m.span() for m in _URL_RE.finditer(text)])
+    runs = [m for m in _RUN_RE.finditer(text) if not inside_spans(m.start(), skip) and m.group()[1:].islower()]
+    if not runs:
+        return []
+    # the languages to split in: the text's own (from its other words), the prompt's, English
+    ranked = lexicon.identify([w.casefold() for w in _WORD_RE.findall(text)])
+    langs = [ranked[0][0]] if ranked and ranked[0][1] >= 0.1 else []
+    langs = list(dict.fromkeys([*langs, *filter(None, [_prompt_language(ctx.prompt)]), "en"]))
+    found: list[tuple[re.Match, list[str]]] = []
+    for run in sorted(runs, key=lambda m: -len(m.group()))[:8]:
+        words = _split_run(run.group().casefold(), langs)
+        if words:
+            found.append((run, words))
+    letters = sum(len(run.group()) for run, _ in found)
+    if not found or (len(found) < 2 and letters < 40):
+        return []
+    run, words = max(found, key=lambda pair: len(pair[0].group()))
+    shown = f"{run.group()[:30]!r} = {' '.join(words[:6])}"
+    detail = f"{len(found)} stretch(es) of words run together with no spaces ({shown}…)"
+    return [Reason("word_salad", detail, excerpt(text, *run.span()), 0.75, run.span())]
+
+
+def _split_run(run: str, langs: list[str]) -> list[str] | None:
+    """The run as words of one of ``langs`` (fewest unknown letters, then fewest words), when
+    nearly all of it splits and a third of the words are that language's frequent words."""
+    script = lexicon.script_of_char(run[0])
+    for lang in langs:
+        info = lexicon.index()[lang]
+        if info["script"] != script:
+            continue
+        vocab, top = lexicon.words(lang), frozenset(info["top"])
+        # best[i]: (unknown letters, words) for run[:i]; cut[i]: where its last piece starts
+        best: list[tuple[int, int]] = [(0, 0)] + [(len(run) + 1, 0)] * len(run)
+        cut = [0] * (len(run) + 1)
+        for end in range(1, len(run) + 1):
+            best[end], cut[end] = (best[end - 1][0] + 1, best[end - 1][1]), -(end - 1)  # a letter left over
+            for start in range(max(0, end - _LONGEST_WORD), end - 1):
+                if run[start:end] in vocab and (best[start][0], best[start][1] + 1) < best[end]:
+                    best[end], cut[end] = (best[start][0], best[start][1] + 1), start
+        unknown, count = best[len(run)]
+        if unknown > len(run) // 10 or count < 4:
+            continue
+        words, end = [], len(run)
+        while end > 0:
+            start = abs(cut[end])
+            if cut[end] >= 0 or end - start > 1:
+                words.append(run[start:end])
+            end = start
+        words.reverse()
+        if 3 * sum(1 for w in words if w in top) >= len(words):
+            return words
+    return None
+
+
+DETECTORS = (find_word_salad, find_run_together)
