@@ -49,6 +49,8 @@ def call(name, arguments) -> dict:
     ('{"city": "Paris", "population": "many"}', False, "$.population"),
     ('{"city": "Paris", "population": 1, "x": 1}', False, "Additional properties"),
     ('{"city": "Par', False, "not JSON"),
+    # a key said twice: json.loads would keep the last and the schema would pass
+    ('{"city": "Paris", "city": "Paris", "population": 2100000}', False, "'city' appears twice"),
     ('```json\n{"city": "Paris", "population": 1}\n```', False, "code fence"),
     ("Paris is the capital.", False, "not JSON"),
     ("", False, "empty answer"),
@@ -85,6 +87,7 @@ def test_plain_cases_and_failed_requests_get_no_structured_check():
      "calls 'get_time', tool_choice names get_weather"),
     ([call("get_wether", {"city": "Paris"})], "required", "", "not one of the tools"),
     ([call("get_weather", '{"city": "Par')], "required", "", "arguments are not JSON"),
+    ([call("get_weather", '{"city": "Paris", "city": "Paris"}')], "required", "", "'city' appears twice"),
     ([call("get_weather", {"unit": "c"})], "required", "", "'city' is a required property"),
     ([call("get_weather", {"city": "Paris", "unit": "kelvin"})], "required", "", "is not one of"),
     ([call("get_weather", "[1]")], "auto", "", "not a JSON object"),

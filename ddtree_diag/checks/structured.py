@@ -177,13 +177,35 @@ def can_validate() -> bool:
     return find_spec("jsonschema") is not None
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal keys without a word, and a schema validator then
+    # sees one: a key said twice is most often a span of the answer written twice
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(f"the key {key!r} appears twice in one object (a span written twice?)")
+        seen.add(key)
+    return dict(pairs)
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` that refuses an object naming a key twice (``DuplicateKey``)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def json_problem(text: str, fmt: dict[str, Any]) -> str | None:
     """Why ``text`` is not the JSON ``fmt`` asks for (None: it is)."""
     stripped = text.strip()
     if not stripped:
         return "empty answer, JSON expected"
     try:
-        value = json.loads(stripped)
+        value = loads(stripped)
+    except DuplicateKey as exc:
+        return str(exc)
     except ValueError as exc:
         fenced = _FENCE.match(stripped)
         if fenced and _parses(fenced.group(1)):
@@ -234,7 +256,9 @@ def tool_call_problem(case: ProbeCase, result: ProbeResult) -> str | None:
         arguments = call.get("arguments")
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
+                arguments = loads(arguments) if arguments.strip() else {}
+            except DuplicateKey as exc:
+                return f"tool_calls[{index}] ({name}) arguments: {exc}"
             except ValueError as exc:
                 return f"tool_calls[{index}] ({name}) arguments are not JSON: {_short(str(exc))}"
         if not isinstance(arguments, dict):
