@@ -192,7 +192,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def loads(text: str) -> Any:
+def _loads(text: str) -> Any:
     """``json.loads`` that refuses an object naming a key twice (``DuplicateKey``)."""
     return json.loads(text, object_pairs_hook=_unique_keys)
 
@@ -203,7 +203,7 @@ def json_problem(text: str, fmt: dict[str, Any]) -> str | None:
     if not stripped:
         return "empty answer, JSON expected"
     try:
-        value = loads(stripped)
+        value = _loads(stripped)
     except DuplicateKey as exc:
         return str(exc)
     except ValueError as exc:
@@ -256,7 +256,7 @@ def tool_call_problem(case: ProbeCase, result: ProbeResult) -> str | None:
         arguments = call.get("arguments")
         if isinstance(arguments, str):
             try:
-                arguments = loads(arguments) if arguments.strip() else {}
+                arguments = _loads(arguments) if arguments.strip() else {}
             except DuplicateKey as exc:
                 return f"tool_calls[{index}] ({name}) arguments: {exc}"
             except ValueError as exc:

@@ -171,15 +171,16 @@ def _loops_in(
         # the last repeat may lack only the unit's closing separator ("A.\n\nA." is A said twice)
         unfinished = unit[covered % period :] if covered % period else []
         closed = len(unfinished) <= 2 and not any(ch.isalnum() for t in unfinished for ch in names[t])
-        if (repeats if not closed else -(-covered // period)) < 2.0:
+        complete = -(-covered // period) if closed else repeats  # the last repeat counted whole
+        if complete < 2.0:
             continue
         unit_words = sum(1 for t in unit if _is_word(names[t]))
         # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault; so
         # is a sentence said twice right where the reply hits the token limit (a loop starting).
         wordy = unit_words >= period / 2
         passage = wordy and (period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2))
-        if passage and closed:
-            repeats = -(-covered // period)
+        if passage:
+            repeats = complete
         if repeats < 3.0 and not passage:
             continue
         if passage:
@@ -211,8 +212,7 @@ def _loops_in(
         if (relaxed or ctx.lyric) and not runs_out:
             needed = max(needed * 2, 6.0)
         if ctx.repeat:
-            needed = max(needed * 3, 12.0)
-            needed = max(needed, _asked_for(ctx, [names[t] for t in unit]))
+            needed = max(needed * 3, 12.0, _asked_for(ctx, [names[t] for t in unit]))
         if repeats < needed:
             continue
         reaches_end = at_text_end and n - end <= max(2, period)

@@ -30,8 +30,9 @@ from ddtree_diag.records import Reason
 
 _WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 # Not prose: URLs and addresses, LaTeX ($...$, \\command), markup tags, code-ish joins (name(, =).
+_URL_RE = re.compile(r"\S*(?:://|www\.|@)\S*")
 _SKIP_RE = re.compile(
-    r"\S*(?:://|www\.|@)\S*|\$\$.+?\$\$|\$[^$\n]+\$|\\[A-Za-z]+|</?[A-Za-z][^<>\n]{0,200}>|&[a-z]+;"
+    _URL_RE.pattern + r"|\$\$.+?\$\$|\$[^$\n]+\$|\\[A-Za-z]+|</?[A-Za-z][^<>\n]{0,200}>|&[a-z]+;"
     r"|[^\W\d_]+(?=[(=_./\\:]\S)|(?m:^[ \t]*\$ .*$)",
     re.DOTALL,
 )
@@ -306,12 +307,12 @@ def find_word_salad(text: str, ctx: Context) -> list[Reason]:
 # words ("the", "is", "of"), a compound or a long technical word into none or few.
 _RUN_RE = re.compile(r"(?<![#@\w])[^\W\d_]{25,}(?!\w)")
 _LONGEST_WORD = 20
-_URL_RE = re.compile(r"\S*(?:://|www\.|@|#)\S*")
 
 
 def find_run_together(text: str, ctx: Context) -> list[Reason]:
     """Prose words run together with no spaces (``Theskylooksbluebecausesunlight``)."""
-    # (not _SKIP_RE's "name.attr" joins: a sentence run into the next one reads "air.Blue")
+    # URLs and code only, not _SKIP_RE's "name.attr" joins: a sentence run into the next reads
+    # "air.Blue" (and _RUN_RE skips hashtags and handles itself)
     skip = merge_spans(list(ctx.code_spans) + [m.span() for m in _URL_RE.finditer(text)])
     runs = [m for m in _RUN_RE.finditer(text) if not inside_spans(m.start(), skip) and m.group()[1:].islower()]
     if not runs:

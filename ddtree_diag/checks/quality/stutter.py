@@ -187,16 +187,16 @@ def find_doubled_phrases(text: str, ctx: Context) -> list[Reason]:
     return [Reason("doubled_words", detail, excerpt(text, start, end), weight, (start, end))]
 
 
+_LIST_BREAKS = frozenset({",", ";", "、", "，", "；", "/", "|"})
+
+
 def _speech(unit: list[str]) -> bool:
     """Whether a doubled span is words (not numbers, markup or data): more than half its tokens
     words of two or more letters, not interjections or printed values; within one line."""
-    words = [t for t in unit if len(t) > 1 and t[0].isalpha() and t not in INTERJECTIONS and t not in _DATA_WORDS]
     if unit[0] in _LIST_BREAKS or unit[-1] in _LIST_BREAKS:
         return False  # items of a list that share their first words ("Sans Bold, Sans Bold Oblique")
+    words = [t for t in unit if len(t) > 1 and t[0].isalpha() and t not in INTERJECTIONS and t not in _DATA_WORDS]
     return 2 * len(words) > len([t for t in unit if t.strip()]) and "\n" not in "".join(unit)
-
-
-_LIST_BREAKS = frozenset({",", ";", "、", "，", "；", "/", "|"})
 
 
 # Chinese writes no spaces, so its stutter is characters said twice: "所所以", "阳光阳光". Kana
