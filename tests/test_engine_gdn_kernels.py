@@ -105,6 +105,28 @@ def test_conv_rows_matches_reference(n, shape, padding, use_bias, activation, dt
         assert (out.cpu() != expected).float().mean() < 0.05
 
 
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_conv_rows_rounds_where_inputs_and_weight_differ_in_dtype(x_dtype, w_dtype):
+    """Windows rounded to the weight's dtype before the products, the output to the inputs' (the
+    kernel skips both roundings where the dtypes agree)."""
+    generator = torch.Generator().manual_seed(5)
+    channels = 300
+    parents = random_parents(17, "bushy", 0, generator)
+    mixed = torch.randn(17, channels, generator=generator).to(x_dtype)
+    conv_state = torch.randn(channels, WIDTH - 1, generator=generator).to(x_dtype)
+    weight = (0.5 * torch.randn(channels, WIDTH, generator=generator)).to(w_dtype)
+    windows = gdn.conv_windows(mixed, parents, conv_state, WIDTH)
+    expected = gdn.conv_from_windows(windows, weight, None, "silu").to(x_dtype)
+    out, _ = triton_gdn_state.conv_rows(mixed.to(DEVICE), parents.to(DEVICE), conv_state.to(DEVICE),
+                                        weight.to(DEVICE), None, "silu")
+    assert out.dtype == x_dtype
+    torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=8e-3, atol=8e-3)
+    assert (out.cpu() != expected).float().mean() < 0.05
+    if x_dtype == torch.float32:  # the windows were rounded to bf16: fp32 windows would miss
+        unrounded = gdn.conv_from_windows(windows, weight.float(), None, "silu")
+        assert (out.cpu() != unrounded).float().mean() > 0.5
+
+
 def test_conv_rows_writes_inputs_into_a_buffer_and_pads_a_short_state():
     """A caller's buffer receives the inputs; a conv state narrower than K-1 reads zeros past its
     oldest column, as the reference left-pads it."""

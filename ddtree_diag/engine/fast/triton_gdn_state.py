@@ -35,7 +35,11 @@ def _conv_rows_kernel(
     rows, channels, history,
     x_row_stride, x_col_stride, state_row_stride, state_col_stride, w_row_stride, w_col_stride,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    MIXED_DTYPES: tl.constexpr,
 ):
+    # MIXED_DTYPES: x's dtype is not the weight's. Else a window value already is one of the
+    # weight's dtype and the conv's output one of x's, so rounding them again is the identity
+    # (the kernel is instruction-bound: ~6 integer ops an element a step for bf16)
     node = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     chan = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     node_in = node < rows
@@ -66,7 +70,9 @@ def _conv_rows_kernel(
         # the window holds x's dtype (the reference casts the conv state to it first); F.conv1d
         # runs in the weight's dtype: the window is rounded to it before the products
         value = tl.where(on_tree[:, None], from_tree, from_state.to(x_ptr.dtype.element_ty))
-        window = _rounded(value.to(tl.float32), conv_dtype)
+        window = value.to(tl.float32)
+        if MIXED_DTYPES:
+            window = _rounded(window, conv_dtype)
         weight = tl.load(w_ptr + chan * w_row_stride + slot * w_col_stride, mask=chan_in, other=0.0).to(tl.float32)
         acc += window * weight[None, :]
         if step < K - 1:
@@ -77,7 +83,9 @@ def _conv_rows_kernel(
     if SILU:
         y = _rounded(y / (1.0 + tl.exp(-y)), conv_dtype)
     out_dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + node[:, None] * channels + chan[None, :], _rounded(y, out_dtype).to(out_dtype), mask=inside)
+    if MIXED_DTYPES:
+        y = _rounded(y, out_dtype)
+    tl.store(out_ptr + node[:, None] * channels + chan[None, :], y.to(out_dtype), mask=inside)
 
 
 def conv_rows(
@@ -126,7 +134,7 @@ def conv_rows(
         mixed.stride(0), mixed.stride(1), conv_state.stride(0), conv_state.stride(1), weight.stride(0),
         weight.stride(1),
         K=width, HAS_BIAS=bias is not None, SILU=activation is not None,
-        BLOCK_N=block_n, BLOCK_C=block_c,
+        BLOCK_N=block_n, BLOCK_C=block_c, MIXED_DTYPES=mixed.dtype != weight.dtype,
         num_warps=num_warps,
     )
     return out, inputs_out
