@@ -27,12 +27,13 @@ from ddtree_diag.engine.tree import ancestor_mask
 
 LAYERS, REPLAYS = 36, 20
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
-PLAN_NAMES = ("TARGET_PROGRAMS", "BLOCK_N", "MIN_SPLIT_BLOCKS")
+PLAN_NAMES = ("TARGET_PROGRAMS", "BLOCK_N", "MIN_SPLIT_BLOCKS", "STAGES", "WIDE_WARPS")
 DEFAULT = tuple(getattr(triton_attention, name) for name in PLAN_NAMES)
-PLANS = [(128, 32, 1), (256, 32, 1), (256, 32, 2), (256, 32, 4)]
+PLANS = [(128, 32, 1, 3, 8), (256, 32, 1, 3, 8), (256, 32, 2, 3, 8), (256, 32, 4, 3, 8), (256, 32, 2, 2, 8)]
 SHAPES = {  # layers, query heads, KV heads, head_dim; plans
     "8b": (36, 32, 8, 128, PLANS),
-    "27b": (16, 24, 4, 256, [(256, 32, 2), (512, 32, 2), (1024, 32, 2), (512, 32, 1), (1024, 32, 1)]),
+    "27b": (16, 24, 4, 256, [(256, 32, 2, 3, 8), (256, 32, 2, 2, 8), (256, 32, 2, 1, 8), (256, 32, 2, 2, 4),
+                             (512, 32, 2, 2, 8), (256, 16, 2, 2, 8)]),
 }
 
 

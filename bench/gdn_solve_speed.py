@@ -1,10 +1,11 @@
 """The Gated DeltaNet tree solve alone on a GPU: the PyTorch solve (``gdn.gdn_gates`` +
 ``gdn.parallel_gated_delta``, about forty kernels) against the Triton solves
-(``triton_gdn.tree_solve``: the path solve's plans (heads a program, warps, prep tile) and the
-blocked solve's two), per row count, each captured in a CUDA graph and replayed (device time per
-layer call). Shape: one Qwen3.6-27B Gated DeltaNet layer (16 key heads, 48 value heads, head dims
-128) in bf16, on a random tree of depth at most 15 (a block-16 draft's), the path bound given as
-the decoder gives it. Also prints the kernels' worst difference from the PyTorch solve.
+(``triton_gdn.tree_solve``: the path solve's plans (heads a program, value columns a step of its
+sums, warps, prep tile) and the blocked solve), per row count, each captured in a CUDA graph and
+replayed (device time per layer call). Shape: one Qwen3.6-27B Gated DeltaNet layer (16 key heads,
+48 value heads, head dims 128) in bf16, on a random tree of depth at most 15 (a block-16 draft's),
+the path bound given as the decoder gives it. Also prints the kernels' worst difference from the
+PyTorch solve.
 
     python -m bench.gdn_solve_speed [--rows 1,32,80,272]
 
@@ -30,12 +31,13 @@ PLANS = {  # name: tree_solve's keywords
     "path 1hd": dict(method="path", share_heads=False, paths="table"),  # a program per value head
     "path": dict(method="path", paths="table", share_heads=True),  # a program per key head's value heads (3 here)
     "auto": dict(method="path", paths="table"),  # shared past SHARE_HEADS_FROM rows (the default)
-    "path 2w": dict(method="path", path_warps=2, paths="table", share_heads=True),
-    "prep 16r": dict(method="path", paths="table", share_heads=True, prep_rows=16),  # the prep's tile
-    "prep 32r8w": dict(method="path", paths="table", share_heads=True, prep_rows=32, prep_warps=8),
+    # the sums over the path's right-hand sides in steps of 64 / 32 value columns (fewer registers)
+    "sv64": dict(method="path", paths="table", share_heads=True, solve_columns=64),
+    "sv32": dict(method="path", paths="table", share_heads=True, solve_columns=32),
+    "sv64 2w": dict(method="path", paths="table", share_heads=True, solve_columns=64, path_warps=2),
+    "1hd sv64": dict(method="path", paths="table", share_heads=False, solve_columns=64),
     "prep 64r8w": dict(method="path", paths="table", share_heads=True, prep_rows=64, prep_warps=8),
     "blk c64": dict(method="blocked"),  # block_n 16, block_v 64, 8 warps, tf32
-    "blk c32": dict(method="blocked", block_c=32),
 }
 
 
@@ -80,6 +82,8 @@ def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float
     def kernel(plan):
         if plan.get("paths") == "table":
             plan = {**plan, "paths": table}
+        plan = dict(plan)
+        triton_gdn.SOLVE_COLUMNS = plan.pop("solve_columns", 128)
         return triton_gdn.tree_solve(x["conv_out"], a, b, x["a_log"], x["dt_bias"], x["anc"], x["state"], *parts,
                                      decay, KEY_HEADS, DK, max_path=BLOCK, **plan)
 

@@ -63,6 +63,8 @@ TARGET_PROGRAMS = 1 if UPCAST else 256
 MIN_SPLIT_BLOCKS = 2
 # Group rows per combine program (8B budget 16: 8 KV heads x 8 = 64 programs).
 COMBINE_ROWS = 16
+# The split kernel's software pipeline depth (Triton's default) and warps for heads wider than 128
+STAGES, WIDE_WARPS = 3, 8
 
 
 @triton.jit
@@ -273,7 +275,7 @@ def _attention(
         stride(q, 1), stride(q, 2), stride(cache_k, 1), cache_k.stride(2), stride(cache_v, 1), cache_v.stride(2),
         mask_row_stride,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST, MASKED=masked,
-        num_warps=4 if block_d <= 128 else 8,
+        num_warps=4 if block_d <= 128 else WIDE_WARPS, num_stages=STAGES,
     )
     launch(
         _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),

@@ -357,6 +357,7 @@ def _one_row_kernel(
 
 
 SHARE_HEADS_FROM = 64  # rows past which a path-solve program takes all value heads of a key head
+SOLVE_COLUMNS = 128  # value columns a step of the path solve's sums over its path (bench.gdn_solve_speed sweeps)
 PATH_LIMIT = 64  # longest root-to-row path the path solve takes; longer ones go to the blocked solve
 
 
@@ -488,7 +489,7 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
         _path_solve_kernel, (n_rows, value_heads // group),
         conv_out, paths, keys, beta, path_decay, rhs, base, out, updates,
         n_rows, conv_out.stride(0), key_heads * dk, heads_per_key, dk, dv, float(dk**0.5),
-        PATH=width, BLOCK_K=block_k, BLOCK_V=min(128, max(16, triton.next_power_of_2(dv))),
+        PATH=width, BLOCK_K=block_k, BLOCK_V=min(SOLVE_COLUMNS, max(16, triton.next_power_of_2(dv))),
         PRECISION=precision, GROUP=group, GROUP_TILE=triton.next_power_of_2(group), num_warps=warps,
     )
 
