@@ -61,15 +61,22 @@ def _conv_rows_kernel(
         )
         if step == 0:  # the node's own input, kept contiguous: the commit rebuilds a window from these
             tl.store(inputs_ptr + node[:, None] * channels + chan[None, :], from_tree, mask=inside)
-        # a state narrower than K-1 columns reads zeros past its oldest, as the reference pads
-        column = history + at
-        from_state = tl.load(
-            state_ptr + chan[None, :] * state_row_stride + column[:, None] * state_col_stride,
-            mask=inside & (~on_tree & (column >= 0))[:, None], other=0.0,
-        )
-        # the window holds x's dtype (the reference casts the conv state to it first); F.conv1d
-        # runs in the weight's dtype: the window is rounded to it before the products
-        value = tl.where(on_tree[:, None], from_tree, from_state.to(x_ptr.dtype.element_ty))
+        # past the tree (from_tree's 0 there), committed history: -1 its newest column. A state
+        # narrower than K-1 columns reads zeros past its oldest, as the reference pads. The node
+        # itself is always a tree row, and most tiles of a deep tree read no history at all: those
+        # skip the load and its addressing (the kernel is instruction-bound)
+        value = from_tree
+        if step > 0:
+            column = history + at
+            from_history = ~on_tree & (column >= 0) & node_in
+            if tl.sum(from_history.to(tl.int32), axis=0) > 0:
+                from_state = tl.load(
+                    state_ptr + chan[None, :] * state_row_stride + column[:, None] * state_col_stride,
+                    mask=chan_in[None, :] & from_history[:, None], other=0.0,
+                )
+                # the window holds x's dtype (the reference casts the conv state to it first)
+                value = tl.where(on_tree[:, None], from_tree, from_state.to(x_ptr.dtype.element_ty))
+        # F.conv1d runs in the weight's dtype: the window is rounded to it before the products
         window = value.to(tl.float32)
         if MIXED_DTYPES:
             window = _rounded(window, conv_dtype)
