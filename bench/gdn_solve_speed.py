@@ -27,6 +27,7 @@ from ddtree_diag.engine.tree import ancestor_mask
 
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
 BLOCK, MAX_DEPTH = 16, 15
+SOLVE_COLUMNS = triton_gdn.SOLVE_COLUMNS  # the default, for the plans that do not name their own
 PLANS = {  # name: tree_solve's keywords
     "path 1hd": dict(method="path", share_heads=False, paths="table"),  # a program per value head
     "path": dict(method="path", paths="table", share_heads=True),  # a program per key head's value heads (3 here)
@@ -80,10 +81,10 @@ def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float
     table = triton_gdn.path_table(x["anc"], BLOCK)
 
     def kernel(plan):
-        if plan.get("paths") == "table":
-            plan = {**plan, "paths": table}
         plan = dict(plan)
-        triton_gdn.SOLVE_COLUMNS = plan.pop("solve_columns", 128)
+        if plan.get("paths") == "table":
+            plan["paths"] = table
+        triton_gdn.SOLVE_COLUMNS = plan.pop("solve_columns", SOLVE_COLUMNS)
         return triton_gdn.tree_solve(x["conv_out"], a, b, x["a_log"], x["dt_bias"], x["anc"], x["state"], *parts,
                                      decay, KEY_HEADS, DK, max_path=BLOCK, **plan)
 
