@@ -246,8 +246,8 @@ def _path_prep_kernel(
 def _path_solve_kernel(
     conv_ptr, paths_ptr, keys_ptr, beta_ptr, decay_ptr, rhs_ptr, base_ptr, out_ptr, updates_ptr,
     n_rows, conv_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
-    PATH: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
-    GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
+    PATH: tl.constexpr, BLOCK_K: tl.constexpr, KEY_STEP: tl.constexpr, BLOCK_V: tl.constexpr,
+    PRECISION: tl.constexpr, GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
 ):
     # one program per (row, GROUP value heads of one key head): the row's path (root .. row) is a
     # closed chain system of at most PATH rows, solved here whole; other programs redo the same
@@ -269,14 +269,22 @@ def _path_solve_kernel(
     lost = tl.where(found > 0, 0.0, float("nan"))
     on_path = (step <= depth) & (path >= 0)  # (a row missing from its own table row reads nothing)
     at_row = step == depth
-    # the prepared keys are the key head's, repeated per value head: the first head's serve all
-    k = tl.load(keys_ptr + first_head * n_rows * dk + path[:, None] * dk + d[None, :],
-                mask=on_path[:, None] & d_ok[None, :], other=0.0)
-    lower = (step[:, None] > step[None, :]) & on_path[:, None] & on_path[None, :]
-    gram = tl.dot(k, tl.trans(k), input_precision=PRECISION)
     q = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
-    q_keys = tl.sum(k * q[None, :], axis=1)
+    q_scale = tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
+    # the path's Gram matrix and q's products with its keys, KEY_STEP key columns a step: a
+    # [PATH, KEY_STEP] tile of keys at a time instead of [PATH, dk] (registers bound how many
+    # programs share a multiprocessor). The prepared keys are the key head's, repeated per value
+    # head: the first head's serve all.
+    gram = tl.zeros([PATH, PATH], tl.float32)
+    q_keys = tl.zeros([PATH], tl.float32)
+    for d0 in tl.static_range(0, BLOCK_K, KEY_STEP):
+        dd = d0 + tl.arange(0, KEY_STEP)
+        dd_ok = dd < dk
+        k = tl.load(keys_ptr + first_head * n_rows * dk + path[:, None] * dk + dd[None, :],
+                    mask=on_path[:, None] & dd_ok[None, :], other=0.0)
+        gram = tl.dot(k, tl.trans(k), gram, input_precision=PRECISION)
+        q_part = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + dd, mask=dd_ok, other=0.0)
+        q_keys += tl.sum(k * (q_part.to(tl.float32) * q_scale)[None, :], axis=1)
     # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every
     # earlier row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row needs
     # two sums over the path's x: its own update (x at its depth) and its output's
@@ -293,8 +301,6 @@ def _path_solve_kernel(
     # path log-decays: G_t of each place's row (the prep's, from the root to that row)
     decay = tl.load(decay_ptr + at, mask=head_path, other=0.0)
     own_decay = tl.sum(tl.where(at_row[None, :], decay, 0.0), axis=1)
-    system = tl.where(lower[None, :, :],
-                      beta[:, :, None] * tl.exp(decay[:, :, None] - decay[:, None, :]) * gram[None, :, :], 0.0)
     weight = tl.where(on_path[None, :], tl.exp(own_decay[:, None] - decay) * q_keys[None, :], 0.0)
     which = tl.arange(0, 2)[:, None]  # 0: the update, 1: the output
     pick = which[None, :, :]
@@ -302,7 +308,13 @@ def _path_solve_kernel(
     solved = tl.where(pick == 0, at_row.to(tl.float32)[None, None, :], weight[:, None, :])  # [GROUP_TILE, 2, PATH]
     for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
         t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
-        column = tl.sum(tl.where(place == t, system, 0.0), axis=2)
+        # column t of each head's L, built here rather than kept as a [GROUP, PATH, PATH] tile
+        # across the loop (registers again): the Gram column and G_t are shared picks
+        at_t = step == t
+        gram_column = tl.sum(tl.where(at_t[None, :], gram, 0.0), axis=1)
+        decay_t = tl.sum(tl.where(at_t[None, :], decay, 0.0), axis=1)
+        column = tl.where(((step > t) & on_path)[None, :],
+                          beta * tl.exp(decay - decay_t[:, None]) * gram_column[None, :], 0.0)
         solved -= tl.where(place == t, tl.sum(solved * column[:, None, :], axis=2)[:, :, None], 0.0)
     for index in tl.static_range(GROUP):
         head = first_head + index
@@ -358,6 +370,7 @@ def _one_row_kernel(
 
 SHARE_HEADS_FROM = 64  # rows past which a path-solve program takes all value heads of a key head
 SOLVE_COLUMNS = 128  # value columns a step of the path solve's sums over its path (bench.gdn_solve_speed sweeps)
+SOLVE_KEY_COLUMNS = None  # key columns a step of its Gram product (None: all at once; the bench sweeps)
 PATH_LIMIT = 64  # longest root-to-row path the path solve takes; longer ones go to the blocked solve
 
 
@@ -489,7 +502,8 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
         _path_solve_kernel, (n_rows, value_heads // group),
         conv_out, paths, keys, beta, path_decay, rhs, base, out, updates,
         n_rows, conv_out.stride(0), key_heads * dk, heads_per_key, dk, dv, float(dk**0.5),
-        PATH=width, BLOCK_K=block_k, BLOCK_V=min(SOLVE_COLUMNS, max(16, triton.next_power_of_2(dv))),
+        PATH=width, BLOCK_K=block_k, KEY_STEP=min(SOLVE_KEY_COLUMNS or block_k, block_k),
+        BLOCK_V=min(SOLVE_COLUMNS, max(16, triton.next_power_of_2(dv))),
         PRECISION=precision, GROUP=group, GROUP_TILE=triton.next_power_of_2(group), num_warps=warps,
     )
 
