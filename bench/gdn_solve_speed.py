@@ -27,8 +27,9 @@ from ddtree_diag.engine.tree import ancestor_mask
 
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
 BLOCK, MAX_DEPTH = 16, 15
-SOLVE_COLUMNS, SOLVE_KEY_COLUMNS = triton_gdn.SOLVE_COLUMNS, triton_gdn.SOLVE_KEY_COLUMNS  # defaults, for the
-# plans that do not name their own
+# the defaults, for the plans that do not name their own
+SOLVE_COLUMNS, SOLVE_KEY_COLUMNS = triton_gdn.SOLVE_COLUMNS, triton_gdn.SOLVE_KEY_COLUMNS
+PREP_KEY_COLUMNS = triton_gdn.PREP_KEY_COLUMNS
 PLANS = {  # name: tree_solve's keywords
     "path 1hd": dict(method="path", share_heads=False, paths="table"),  # a program per value head
     "path": dict(method="path", paths="table", share_heads=True),  # a program per key head's value heads (3 here)
@@ -44,6 +45,9 @@ PLANS = {  # name: tree_solve's keywords
     "k32 sv32 2w": dict(method="path", paths="table", share_heads=True, solve_columns=32, key_columns=32,
                         path_warps=2),
     "prep 64r8w": dict(method="path", paths="table", share_heads=True, prep_rows=64, prep_warps=8),
+    # the prep's products with the state over 32 key columns a step
+    "prep k32": dict(method="path", paths="table", share_heads=True, prep_key_columns=32),
+    "prep 64r k32": dict(method="path", paths="table", share_heads=True, prep_rows=64, prep_key_columns=32),
     "blk c64": dict(method="blocked"),  # block_n 16, block_v 64, 8 warps, tf32
 }
 
@@ -92,6 +96,7 @@ def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float
             plan["paths"] = table
         triton_gdn.SOLVE_COLUMNS = plan.pop("solve_columns", SOLVE_COLUMNS)
         triton_gdn.SOLVE_KEY_COLUMNS = plan.pop("key_columns", SOLVE_KEY_COLUMNS)
+        triton_gdn.PREP_KEY_COLUMNS = plan.pop("prep_key_columns", PREP_KEY_COLUMNS)
         return triton_gdn.tree_solve(x["conv_out"], a, b, x["a_log"], x["dt_bias"], x["anc"], x["state"], *parts,
                                      decay, KEY_HEADS, DK, max_path=BLOCK, **plan)
 

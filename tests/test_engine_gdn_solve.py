@@ -121,18 +121,20 @@ def test_solve_handles_head_ratios_and_dims_that_are_not_tile_sized(solver, key_
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("key_columns, value_columns", [(16, None), (None, 16), (16, 32)])
+@pytest.mark.parametrize("key_columns, value_columns, prep_key_columns",
+                         [(16, None, None), (None, 16, None), (None, None, 16), (16, 32, 32)])
 @pytest.mark.parametrize("share_heads", [False, True])
 def test_the_path_solve_in_steps_of_key_and_value_columns_solves_the_same_system(
-        solver, monkeypatch, key_columns, value_columns, share_heads):
-    """The path solve's Gram product over its keys and its sums over the right-hand sides, taken a
-    slice of columns a step (fewer registers) rather than whole: the same system, every slice
-    counted once. Dims that are not a whole number of steps leave a masked last slice."""
+        solver, monkeypatch, key_columns, value_columns, prep_key_columns, share_heads):
+    """The path solve's Gram product over its keys and its sums over the right-hand sides, and the
+    prep's products of k and q with the state (and their norms), taken a slice of columns a step
+    (fewer registers) rather than whole: the same system, every slice counted once. Dims that are
+    not a whole number of steps leave a masked last slice."""
     module = kernels._triton_gdn()
-    if key_columns:
-        monkeypatch.setattr(module, "SOLVE_KEY_COLUMNS", key_columns)
-    if value_columns:
-        monkeypatch.setattr(module, "SOLVE_COLUMNS", value_columns)
+    for name, columns in (("SOLVE_KEY_COLUMNS", key_columns), ("SOLVE_COLUMNS", value_columns),
+                          ("PREP_KEY_COLUMNS", prep_key_columns)):
+        if columns:
+            monkeypatch.setattr(module, name, columns)
     got, want = solve_both(23, "tree", torch.float32, 1, 3, 40, 72, seed=5, method="path", share_heads=share_heads)
     for mine, theirs in zip(got, want, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)

@@ -193,8 +193,8 @@ def _path_prep_kernel(
     keys_ptr, beta_ptr, decay_ptr, rhs_ptr, base_ptr,
     n_rows, conv_row_stride, a_row_stride, b_row_stride,
     key_dim, heads_per_key, dk, dv, q_divisor,
-    PATH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PATH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KEY_STEP: tl.constexpr,
+    BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # one program per (value head, block of rows, slice of value columns): everything of a row
     # that does not depend on which descendant's path it is on. Its path decay G (the gates summed
@@ -224,22 +224,56 @@ def _path_prep_kernel(
     decay = tl.sum(tl.where(here, tl.cumsum(tl.where(on_path, g, 0.0), axis=1), 0.0), axis=1)
     # a path longer than the table (a caller's bound too small): NaN, not a quiet wrong answer
     decay += tl.where(tl.sum(here.to(tl.int32), axis=1) > 0, 0.0, float("nan"))
-    k = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_dim + key_head * dk, d, d_ok, 1.0)
-    q = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_head * dk, d, d_ok, q_divisor)
     # the value-column slices of a head hold the same keys, beta and decays: the first one stores them
-    tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + d[None, :], k,
-             mask=(row_ok & first_slice)[:, None] & d_ok[None, :])
     tl.store(beta_ptr + head * n_rows + rows, beta, mask=row_ok & first_slice)
     tl.store(decay_ptr + head * n_rows + rows, decay, mask=row_ok & first_slice)
-    state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :], mask=d_ok[:, None] & e_ok[None, :],
-                    other=0.0)
+    if KEY_STEP == BLOCK_K:
+        k = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_dim + key_head * dk, d, d_ok, 1.0)
+        q = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_head * dk, d, d_ok, q_divisor)
+        tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + d[None, :], k,
+                 mask=(row_ok & first_slice)[:, None] & d_ok[None, :])
+        state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :],
+                        mask=d_ok[:, None] & e_ok[None, :], other=0.0)
+        k_state = tl.dot(k, state, input_precision=PRECISION)
+        q_state = tl.dot(q, state, input_precision=PRECISION)
+    else:
+        # KEY_STEP key columns a step: [BLOCK_N, KEY_STEP] tiles of k and q and [KEY_STEP,
+        # BLOCK_V] of the state instead of whole rows (registers). The norms need whole rows
+        # first: a pass over the columns for them, then one for the products.
+        k_sum = tl.zeros([BLOCK_N], tl.float32)
+        q_sum = tl.zeros([BLOCK_N], tl.float32)
+        for d0 in tl.static_range(0, BLOCK_K, KEY_STEP):
+            dd = d0 + tl.arange(0, KEY_STEP)
+            at = conv_ptr + rows[:, None] * conv_row_stride + key_head * dk + dd[None, :]
+            some = row_ok[:, None] & (dd < dk)[None, :]
+            k_part = tl.load(at + key_dim, mask=some, other=0.0).to(tl.float32)
+            q_part = tl.load(at, mask=some, other=0.0).to(tl.float32)
+            k_sum += tl.sum(k_part * k_part, axis=1)
+            q_sum += tl.sum(q_part * q_part, axis=1)
+        k_scale = tl.rsqrt(k_sum + 1e-6)[:, None]  # gdn.L2NORM_EPS, inside the rsqrt
+        q_scale = tl.rsqrt(q_sum + 1e-6)[:, None]
+        k_state = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
+        q_state = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
+        for d0 in tl.static_range(0, BLOCK_K, KEY_STEP):
+            dd = d0 + tl.arange(0, KEY_STEP)
+            dd_ok = dd < dk
+            at = conv_ptr + rows[:, None] * conv_row_stride + key_head * dk + dd[None, :]
+            some = row_ok[:, None] & dd_ok[None, :]
+            k = tl.load(at + key_dim, mask=some, other=0.0).to(tl.float32) * k_scale
+            q = tl.load(at, mask=some, other=0.0).to(tl.float32) * q_scale / q_divisor
+            tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + dd[None, :], k,
+                     mask=some & first_slice[:, None])
+            state = tl.load(state_ptr + head * dk * dv + dd[:, None] * dv + e[None, :],
+                            mask=dd_ok[:, None] & e_ok[None, :], other=0.0)
+            k_state = tl.dot(k, state, k_state, input_precision=PRECISION)
+            q_state = tl.dot(q, state, q_state, input_precision=PRECISION)
     ok = row_ok[:, None] & e_ok[None, :]
     v = tl.load(conv_ptr + rows[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :], mask=ok,
                 other=0.0).to(tl.float32)
     grow = tl.exp(decay)[:, None]
     here = head * n_rows * dv + rows[:, None] * dv + e[None, :]
-    tl.store(rhs_ptr + here, beta[:, None] * (v - grow * tl.dot(k, state, input_precision=PRECISION)), mask=ok)
-    tl.store(base_ptr + here, grow * tl.dot(q, state, input_precision=PRECISION), mask=ok)
+    tl.store(rhs_ptr + here, beta[:, None] * (v - grow * k_state), mask=ok)
+    tl.store(base_ptr + here, grow * q_state, mask=ok)
 
 
 @triton.jit
@@ -371,6 +405,7 @@ def _one_row_kernel(
 SHARE_HEADS_FROM = 64  # rows past which a path-solve program takes all value heads of a key head
 SOLVE_COLUMNS = 128  # value columns a step of the path solve's sums over its path (bench.gdn_solve_speed sweeps)
 SOLVE_KEY_COLUMNS = None  # key columns a step of its Gram product (None: all at once; the bench sweeps)
+PREP_KEY_COLUMNS = None  # key columns a step of the path prep's products with the state (likewise)
 PATH_LIMIT = 64  # longest root-to-row path the path solve takes; longer ones go to the blocked solve
 
 
@@ -489,7 +524,8 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
         conv_out, a, b, a_log, dt_bias, state, paths, keys, beta, path_decay, rhs, base,
         n_rows, conv_out.stride(0), a.stride(0), b.stride(0),
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
-        PATH=width, BLOCK_N=prep_rows, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=prep_warps,
+        PATH=width, BLOCK_N=prep_rows, BLOCK_K=block_k, KEY_STEP=min(PREP_KEY_COLUMNS or block_k, block_k),
+        BLOCK_V=prep_v, PRECISION=precision, num_warps=prep_warps,
     )
     heads_per_key = value_heads // key_heads
     if share_heads is None:
