@@ -1,7 +1,7 @@
 """The Gated DeltaNet tree solve alone on a GPU: the PyTorch solve (``gdn.gdn_gates`` +
 ``gdn.parallel_gated_delta``, about forty kernels) against the Triton solves
-(``triton_gdn.tree_solve``: the path solve's plans (heads a program, value and key columns a step
-of its sums, warps, prep tile) and the blocked solve), per row count, each captured in a CUDA graph and
+(``triton_gdn.tree_solve``: the path solve's plans (heads a program, value columns a step of its
+sums, warps, prep tile) and the blocked solve), per row count, each captured in a CUDA graph and
 replayed (device time per layer call). Shape: one Qwen3.6-27B Gated DeltaNet layer (16 key heads,
 48 value heads, head dims 128) in bf16, on a random tree of depth at most 15 (a block-16 draft's),
 the path bound given as the decoder gives it. Also prints the kernels' worst difference from the
@@ -27,9 +27,7 @@ from ddtree_diag.engine.tree import ancestor_mask
 
 KEY_HEADS, VALUE_HEADS, DK, DV = 16, 48, 128, 128
 BLOCK, MAX_DEPTH = 16, 15
-# the defaults, for the plans that do not name their own
-SOLVE_COLUMNS, SOLVE_KEY_COLUMNS = triton_gdn.SOLVE_COLUMNS, triton_gdn.SOLVE_KEY_COLUMNS
-PREP_KEY_COLUMNS = triton_gdn.PREP_KEY_COLUMNS
+SOLVE_COLUMNS = triton_gdn.SOLVE_COLUMNS  # the default, for the plans that do not name their own
 PLANS = {  # name: tree_solve's keywords
     "path 1hd": dict(method="path", share_heads=False, paths="table"),  # a program per value head
     "path": dict(method="path", paths="table", share_heads=True),  # a program per key head's value heads (3 here)
@@ -39,15 +37,7 @@ PLANS = {  # name: tree_solve's keywords
     "sv32": dict(method="path", paths="table", share_heads=True, solve_columns=32),
     "sv64 2w": dict(method="path", paths="table", share_heads=True, solve_columns=64, path_warps=2),
     "1hd sv64": dict(method="path", paths="table", share_heads=False, solve_columns=64),
-    # and the Gram product over 32 key columns a step
-    "k32 sv64": dict(method="path", paths="table", share_heads=True, solve_columns=64, key_columns=32),
-    "k32 sv32": dict(method="path", paths="table", share_heads=True, solve_columns=32, key_columns=32),
-    "k32 sv32 2w": dict(method="path", paths="table", share_heads=True, solve_columns=32, key_columns=32,
-                        path_warps=2),
     "prep 64r8w": dict(method="path", paths="table", share_heads=True, prep_rows=64, prep_warps=8),
-    # the prep's products with the state over 32 key columns a step
-    "prep k32": dict(method="path", paths="table", share_heads=True, prep_key_columns=32),
-    "prep 64r k32": dict(method="path", paths="table", share_heads=True, prep_rows=64, prep_key_columns=32),
     "blk c64": dict(method="blocked"),  # block_n 16, block_v 64, 8 warps, tf32
 }
 
@@ -95,8 +85,6 @@ def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float
         if plan.get("paths") == "table":
             plan["paths"] = table
         triton_gdn.SOLVE_COLUMNS = plan.pop("solve_columns", SOLVE_COLUMNS)
-        triton_gdn.SOLVE_KEY_COLUMNS = plan.pop("key_columns", SOLVE_KEY_COLUMNS)
-        triton_gdn.PREP_KEY_COLUMNS = plan.pop("prep_key_columns", PREP_KEY_COLUMNS)
         return triton_gdn.tree_solve(x["conv_out"], a, b, x["a_log"], x["dt_bias"], x["anc"], x["state"], *parts,
                                      decay, KEY_HEADS, DK, max_path=BLOCK, **plan)
 

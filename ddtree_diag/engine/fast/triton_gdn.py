@@ -193,8 +193,8 @@ def _path_prep_kernel(
     keys_ptr, beta_ptr, decay_ptr, rhs_ptr, base_ptr,
     n_rows, conv_row_stride, a_row_stride, b_row_stride,
     key_dim, heads_per_key, dk, dv, q_divisor,
-    PATH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KEY_STEP: tl.constexpr,
-    BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+    PATH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # one program per (value head, block of rows, slice of value columns): everything of a row
     # that does not depend on which descendant's path it is on. Its path decay G (the gates summed
@@ -224,64 +224,30 @@ def _path_prep_kernel(
     decay = tl.sum(tl.where(here, tl.cumsum(tl.where(on_path, g, 0.0), axis=1), 0.0), axis=1)
     # a path longer than the table (a caller's bound too small): NaN, not a quiet wrong answer
     decay += tl.where(tl.sum(here.to(tl.int32), axis=1) > 0, 0.0, float("nan"))
+    k = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_dim + key_head * dk, d, d_ok, 1.0)
+    q = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_head * dk, d, d_ok, q_divisor)
     # the value-column slices of a head hold the same keys, beta and decays: the first one stores them
+    tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + d[None, :], k,
+             mask=(row_ok & first_slice)[:, None] & d_ok[None, :])
     tl.store(beta_ptr + head * n_rows + rows, beta, mask=row_ok & first_slice)
     tl.store(decay_ptr + head * n_rows + rows, decay, mask=row_ok & first_slice)
-    if KEY_STEP == BLOCK_K:
-        k = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_dim + key_head * dk, d, d_ok, 1.0)
-        q = _normed(conv_ptr, rows, row_ok, conv_row_stride, key_head * dk, d, d_ok, q_divisor)
-        tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + d[None, :], k,
-                 mask=(row_ok & first_slice)[:, None] & d_ok[None, :])
-        state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :],
-                        mask=d_ok[:, None] & e_ok[None, :], other=0.0)
-        k_state = tl.dot(k, state, input_precision=PRECISION)
-        q_state = tl.dot(q, state, input_precision=PRECISION)
-    else:
-        # KEY_STEP key columns a step: [BLOCK_N, KEY_STEP] tiles of k and q and [KEY_STEP,
-        # BLOCK_V] of the state instead of whole rows (registers). The norms need whole rows
-        # first: a pass over the columns for them, then one for the products.
-        k_sum = tl.zeros([BLOCK_N], tl.float32)
-        q_sum = tl.zeros([BLOCK_N], tl.float32)
-        for d0 in tl.static_range(0, BLOCK_K, KEY_STEP):
-            dd = d0 + tl.arange(0, KEY_STEP)
-            at = conv_ptr + rows[:, None] * conv_row_stride + key_head * dk + dd[None, :]
-            some = row_ok[:, None] & (dd < dk)[None, :]
-            k_part = tl.load(at + key_dim, mask=some, other=0.0).to(tl.float32)
-            q_part = tl.load(at, mask=some, other=0.0).to(tl.float32)
-            k_sum += tl.sum(k_part * k_part, axis=1)
-            q_sum += tl.sum(q_part * q_part, axis=1)
-        k_scale = tl.rsqrt(k_sum + 1e-6)[:, None]  # gdn.L2NORM_EPS, inside the rsqrt
-        q_scale = tl.rsqrt(q_sum + 1e-6)[:, None]
-        k_state = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
-        q_state = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
-        for d0 in tl.static_range(0, BLOCK_K, KEY_STEP):
-            dd = d0 + tl.arange(0, KEY_STEP)
-            dd_ok = dd < dk
-            at = conv_ptr + rows[:, None] * conv_row_stride + key_head * dk + dd[None, :]
-            some = row_ok[:, None] & dd_ok[None, :]
-            k = tl.load(at + key_dim, mask=some, other=0.0).to(tl.float32) * k_scale
-            q = tl.load(at, mask=some, other=0.0).to(tl.float32) * q_scale / q_divisor
-            tl.store(keys_ptr + head * n_rows * dk + rows[:, None] * dk + dd[None, :], k,
-                     mask=some & first_slice[:, None])
-            state = tl.load(state_ptr + head * dk * dv + dd[:, None] * dv + e[None, :],
-                            mask=dd_ok[:, None] & e_ok[None, :], other=0.0)
-            k_state = tl.dot(k, state, k_state, input_precision=PRECISION)
-            q_state = tl.dot(q, state, q_state, input_precision=PRECISION)
+    state = tl.load(state_ptr + head * dk * dv + d[:, None] * dv + e[None, :], mask=d_ok[:, None] & e_ok[None, :],
+                    other=0.0)
     ok = row_ok[:, None] & e_ok[None, :]
     v = tl.load(conv_ptr + rows[:, None] * conv_row_stride + 2 * key_dim + head * dv + e[None, :], mask=ok,
                 other=0.0).to(tl.float32)
     grow = tl.exp(decay)[:, None]
     here = head * n_rows * dv + rows[:, None] * dv + e[None, :]
-    tl.store(rhs_ptr + here, beta[:, None] * (v - grow * k_state), mask=ok)
-    tl.store(base_ptr + here, grow * q_state, mask=ok)
+    tl.store(rhs_ptr + here, beta[:, None] * (v - grow * tl.dot(k, state, input_precision=PRECISION)), mask=ok)
+    tl.store(base_ptr + here, grow * tl.dot(q, state, input_precision=PRECISION), mask=ok)
 
 
 @triton.jit
 def _path_solve_kernel(
     conv_ptr, paths_ptr, keys_ptr, beta_ptr, decay_ptr, rhs_ptr, base_ptr, out_ptr, updates_ptr,
     n_rows, conv_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
-    PATH: tl.constexpr, BLOCK_K: tl.constexpr, KEY_STEP: tl.constexpr, BLOCK_V: tl.constexpr,
-    PRECISION: tl.constexpr, GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
+    PATH: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
 ):
     # one program per (row, GROUP value heads of one key head): the row's path (root .. row) is a
     # closed chain system of at most PATH rows, solved here whole; other programs redo the same
@@ -303,22 +269,13 @@ def _path_solve_kernel(
     lost = tl.where(found > 0, 0.0, float("nan"))
     on_path = (step <= depth) & (path >= 0)  # (a row missing from its own table row reads nothing)
     at_row = step == depth
+    # the prepared keys are the key head's, repeated per value head: the first head's serve all
+    k = tl.load(keys_ptr + first_head * n_rows * dk + path[:, None] * dk + d[None, :],
+                mask=on_path[:, None] & d_ok[None, :], other=0.0)
+    gram = tl.dot(k, tl.trans(k), input_precision=PRECISION)
     q = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + d, mask=d_ok, other=0.0).to(tl.float32)
-    q_scale = tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
-    # the path's Gram matrix and q's products with its keys, KEY_STEP key columns a step: a
-    # [PATH, KEY_STEP] tile of keys at a time instead of [PATH, dk] (registers bound how many
-    # programs share a multiprocessor). The prepared keys are the key head's, repeated per value
-    # head: the first head's serve all.
-    gram = tl.zeros([PATH, PATH], tl.float32)
-    q_keys = tl.zeros([PATH], tl.float32)
-    for d0 in tl.static_range(0, BLOCK_K, KEY_STEP):
-        dd = d0 + tl.arange(0, KEY_STEP)
-        dd_ok = dd < dk
-        k = tl.load(keys_ptr + first_head * n_rows * dk + path[:, None] * dk + dd[None, :],
-                    mask=on_path[:, None] & dd_ok[None, :], other=0.0)
-        gram = tl.dot(k, tl.trans(k), gram, input_precision=PRECISION)
-        q_part = tl.load(conv_ptr + row * conv_row_stride + key_head * dk + dd, mask=dd_ok, other=0.0)
-        q_keys += tl.sum(k * (q_part.to(tl.float32) * q_scale)[None, :], axis=1)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_divisor
+    q_keys = tl.sum(k * q[None, :], axis=1)
     # (I + L) x = rhs on the path, L[s, t] = beta_s e^{G_s - G_t} k_s . k_t for t < s (every
     # earlier row of a path is an ancestor), rhs_t = beta_t (v_t - e^{G_t} k_t S0). The row needs
     # two sums over the path's x: its own update (x at its depth) and its output's
@@ -342,8 +299,9 @@ def _path_solve_kernel(
     solved = tl.where(pick == 0, at_row.to(tl.float32)[None, None, :], weight[:, None, :])  # [GROUP_TILE, 2, PATH]
     for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
         t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
-        # column t of each head's L, built here rather than kept as a [GROUP, PATH, PATH] tile
-        # across the loop (registers again): the Gram column and G_t are shared picks
+        # column t of each head's L, built here from the shared Gram column and G_t: a [GROUP,
+        # PATH, PATH] tile of L held across the loop took the registers that bound how many
+        # programs share a multiprocessor (H100, 27B shape, 272 rows: 86.7 -> 65.7 us a layer)
         at_t = step == t
         gram_column = tl.sum(tl.where(at_t[None, :], gram, 0.0), axis=1)
         decay_t = tl.sum(tl.where(at_t[None, :], decay, 0.0), axis=1)
@@ -404,8 +362,6 @@ def _one_row_kernel(
 
 SHARE_HEADS_FROM = 64  # rows past which a path-solve program takes all value heads of a key head
 SOLVE_COLUMNS = 128  # value columns a step of the path solve's sums over its path (bench.gdn_solve_speed sweeps)
-SOLVE_KEY_COLUMNS = None  # key columns a step of its Gram product (None: all at once; the bench sweeps)
-PREP_KEY_COLUMNS = None  # key columns a step of the path prep's products with the state (likewise)
 PATH_LIMIT = 64  # longest root-to-row path the path solve takes; longer ones go to the blocked solve
 
 
@@ -524,8 +480,7 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
         conv_out, a, b, a_log, dt_bias, state, paths, keys, beta, path_decay, rhs, base,
         n_rows, conv_out.stride(0), a.stride(0), b.stride(0),
         key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5),
-        PATH=width, BLOCK_N=prep_rows, BLOCK_K=block_k, KEY_STEP=min(PREP_KEY_COLUMNS or block_k, block_k),
-        BLOCK_V=prep_v, PRECISION=precision, num_warps=prep_warps,
+        PATH=width, BLOCK_N=prep_rows, BLOCK_K=block_k, BLOCK_V=prep_v, PRECISION=precision, num_warps=prep_warps,
     )
     heads_per_key = value_heads // key_heads
     if share_heads is None:
@@ -538,8 +493,7 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
         _path_solve_kernel, (n_rows, value_heads // group),
         conv_out, paths, keys, beta, path_decay, rhs, base, out, updates,
         n_rows, conv_out.stride(0), key_heads * dk, heads_per_key, dk, dv, float(dk**0.5),
-        PATH=width, BLOCK_K=block_k, KEY_STEP=min(SOLVE_KEY_COLUMNS or block_k, block_k),
-        BLOCK_V=min(SOLVE_COLUMNS, max(16, triton.next_power_of_2(dv))),
+        PATH=width, BLOCK_K=block_k, BLOCK_V=min(SOLVE_COLUMNS, max(16, triton.next_power_of_2(dv))),
         PRECISION=precision, GROUP=group, GROUP_TILE=triton.next_power_of_2(group), num_warps=warps,
     )
 
