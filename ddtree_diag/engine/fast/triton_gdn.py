@@ -295,7 +295,6 @@ def _path_solve_kernel(
     weight = tl.where(on_path[None, :], tl.exp(own_decay[:, None] - decay) * q_keys[None, :], 0.0)
     which = tl.arange(0, 2)[:, None]  # 0: the update, 1: the output
     pick = which[None, :, :]
-    place = step[None, None, :]
     solved = tl.where(pick == 0, at_row.to(tl.float32)[None, None, :], weight[:, None, :])  # [GROUP_TILE, 2, PATH]
     for back in range(0, depth):  # the row's depth steps, not PATH: nothing lies past it
         t = depth - 1 - back  # y_t -= sum over s > t of y_s L[s, t] (column t of L, rows below it)
@@ -307,7 +306,7 @@ def _path_solve_kernel(
         decay_t = tl.sum(tl.where(at_t[None, :], decay, 0.0), axis=1)
         column = tl.where(((step > t) & on_path)[None, :],
                           beta * tl.exp(decay - decay_t[:, None]) * gram_column[None, :], 0.0)
-        solved -= tl.where(place == t, tl.sum(solved * column[:, None, :], axis=2)[:, :, None], 0.0)
+        solved -= tl.where(at_t[None, None, :], tl.sum(solved * column[:, None, :], axis=2)[:, :, None], 0.0)
     for index in tl.static_range(GROUP):
         head = first_head + index
         mine = tl.sum(tl.where(member[:, None, None] == index, solved, 0.0), axis=0)  # [2, PATH]
@@ -486,7 +485,8 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
     if share_heads is None:
         # on the H200, 27B shape: shared at 272 rows 74.8 us against 83.7, but 17.6 against 15.9 at
         # 32 rows, where one program per head spreads the work over more of the card. Paths past
-        # 32 places: the heads' [GROUP, PATH, PATH] systems would not fit one warp's registers.
+        # 32 places stay one head a program: set when a program held its heads' [GROUP, PATH,
+        # PATH] systems (too many registers for one warp); not measured since it holds none.
         share_heads = n_rows > SHARE_HEADS_FROM and width <= 32
     group = heads_per_key if share_heads and heads_per_key <= 4 else 1
     launch(
