@@ -308,9 +308,7 @@ def stage_timelines(engine: Engine, budget: int, out_dir: str | None) -> None:
 
     decoder = engine.decoder(engine.decode_path if engine.decode_path != "eager" else "fast")
     engine.generate_ids([1, 2, 3, 4] * 32, tree_budget=budget, max_tokens=24, stop_token_ids=[])
-    from ddtree_diag.engine.fast.tree import bucket_size
-
-    rows = 1 if budget == 0 else bucket_size(budget + 1)
+    rows = budget + 1  # the verify batch (one row for AR)
     picked = {}
     for key, stage in decoder.stages.items():
         name = key[0]

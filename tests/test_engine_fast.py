@@ -124,8 +124,7 @@ def test_ancestor_mask_from_parent_tensor():
     assert torch.equal(fast_tree.ancestors_from_parents(parents, 4), ancestor_mask(tree.parents))
 
 
-def test_bucket_and_node_count():
-    assert [fast_tree.bucket_size(n) for n in (1, 2, 16, 17, 65, 257)] == [1, 16, 16, 32, 80, 272]
+def test_node_count():
     assert fast_tree.tree_node_count(64, 15, 151936) == 64
     assert fast_tree.tree_node_count(64, 2, 5) == 5 + 25
     assert fast_tree.tree_node_count(3, 0, 10) == 0
@@ -240,10 +239,20 @@ def test_fast_engine_reuses_buffers_across_requests_and_grows(engines):
     first_len = decoder.max_len
     run_path(engine, "fast", prompt_ids=PROMPTS[1], tree_budget=16, max_tokens=8, stop_token_ids=[])
     assert decoder.max_len == first_len  # same static buffers
-    long_prompt = list(range(10, 250)) * 2
+    long_prompt = list(range(10, 255)) * 2  # with its tokens and a round past the first 512 slots
     eager, quick = both(engine, prompt_ids=long_prompt, tree_budget=16, max_tokens=8, stop_token_ids=[])
     assert decoder.max_len > first_len
     assert quick.token_ids == eager.token_ids
+
+
+def test_the_verify_batch_is_the_budget_and_the_root_unrounded(engines):
+    engine = engines[4]
+    decoder = engine.decoder("fast")
+    for budget in (5, 16, 23):
+        eager, quick = both(engine, prompt_ids=PROMPTS[0], tree_budget=budget, max_tokens=12, stop_token_ids=[])
+        assert quick.token_ids == eager.token_ids
+        assert budget + 1 in decoder.trees and decoder.outputs[budget + 1]["logits"].shape[0] == budget + 1
+    assert not {32, 48} & set(decoder.trees)  # no batch rounded up to a multiple of 16
 
 
 def test_fast_attention_window_grows_with_the_context_and_changes_nothing(engines):

@@ -1,5 +1,5 @@
 """The DDTree draft tree as device tensors: ``tree.build_tree`` with tensor ops only (no host
-sync, capturable in a CUDA graph), the ancestor mask from parent indices, and padding sizes."""
+sync, capturable in a CUDA graph), the ancestor mask from parent indices, and node counts."""
 
 from __future__ import annotations
 
@@ -7,14 +7,8 @@ import torch
 
 from ddtree_diag.engine.fast import kernels
 
-BUCKET = 16  # verify batches are padded to a multiple of this
 DOUBLING_STEPS = 4  # pointer-doubling passes over tied pusher chains (settles chains of 2**4)
 REFINE_STEPS = 1  # passes of the heap's tie rule after them (>= 1: the last one proves the order)
-
-
-def bucket_size(tokens: int) -> int:
-    """Padded verify batch for ``tokens`` rows (1 stays 1: an AR step is one row)."""
-    return 1 if tokens <= 1 else -(-tokens // BUCKET) * BUCKET
 
 
 def tree_node_count(budget: int, depth: int, vocab: int) -> int:

@@ -1,6 +1,6 @@
 """Verify and draft attention as a split-key (flash-decoding) Triton kernel (imported only where Triton is).
 
-A verify round attends ~17-272 tree rows (times the query heads of a KV head) to the committed
+A verify round attends ~17-257 tree rows (times the query heads of a KV head) to the committed
 cache plus their tree ancestors. PyTorch's memory-efficient SDPA kernel tiles the queries only:
 at the 8B shape, budget 16, that is 8 KV heads x 2 query tiles = 16 thread blocks on a 132-SM
 card, ~14 us per layer for a few hundred keys. Here the keys are split too:
