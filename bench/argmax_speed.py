@@ -12,7 +12,7 @@ Each call in a graph reads its own copy of the logits, enough that they do not f
 verify's logits come straight from the LM head's GEMM, but 272 rows of them never fit);
 ``--warm`` reuses one.
 
-    python -m bench.argmax_speed [--shapes 1x151936,272x248320] [--dtype bf16] [--warm]
+    python -m bench.argmax_speed [--shapes 1x151936,257x248320] [--dtype bf16] [--warm]
 
 Without CUDA (a smoke run): tiny shapes through Triton's interpreter, checked against torch,
 nothing timed.
@@ -32,9 +32,9 @@ from bench.graph_timing import graph_us, kernel_bench_args
 from bench.norm_kernel_speed import REPLAYS, copies_for
 from ddtree_diag.engine.fast import triton_argmax
 
-# (rows, vocab): one row (AR, a last round), a 32-row verify, 272-row trees on the 8B / Qwen3's
-# 151936 vocabulary and Qwen3.6-27B's 248320
-SHAPES = [(1, 151936), (32, 151936), (272, 151936), (272, 248320)]
+# (rows, vocab): one row (AR, a last round), a budget-16 verify, budget-256 trees (257 rows) on the
+# 8B / Qwen3's 151936 vocabulary and Qwen3.6-27B's 248320
+SHAPES = [(1, 151936), (17, 151936), (257, 151936), (257, 248320)]
 SMOKE_SHAPES = [(1, 3000), (5, 2100)]
 # (entries per chunk program, warps) of the sweep
 PLANS = [(1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)]

@@ -5,11 +5,11 @@ bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; 
 (TARGET_PROGRAMS / BLOCK_N / MIN_SPLIT_BLOCKS). Also checks the kernel against SDPA on the same
 inputs (bf16 steps).
 
-    python -m bench.attention_kernel_speed [--start 176] [--rows 1,32,80,272] [--shape 27b]
+    python -m bench.attention_kernel_speed [--start 176] [--rows 1,17,65,257] [--shape 27b]
 
 ``--shape 27b``: Qwen3.6-27B's attention layers instead (24 query heads, 4 KV heads, head_dim 256,
-16 layers), with plans aiming for more programs (its 32-row query blocks of 6 heads x 272 rows
-are 204 programs before any key split).
+16 layers), with plans aiming for more programs (its 32-row query blocks of 6 heads x 257 rows
+are 196 programs before any key split).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import random
 
 import torch
 
-from bench.graph_timing import graph_us
+from bench.graph_timing import graph_us, needs_cuda
 from ddtree_diag.engine.fast import triton_attention
 from ddtree_diag.engine.fast.decoder import attention_window
 from ddtree_diag.engine.fast.layers import additive_mask, attend
@@ -45,9 +45,10 @@ def layers_us(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", type=int, default=176, help="committed slots (prompt 128 + ~48 decoded)")
-    parser.add_argument("--rows", default="1,32,80,272")
+    parser.add_argument("--rows", default="1,17,65,257")
     parser.add_argument("--shape", default="8b", choices=sorted(SHAPES))
     args = parser.parse_args()
+    needs_cuda("attention_kernel_speed")
     global LAYERS, HEADS, KV_HEADS, HEAD_DIM, PLANS
     LAYERS, HEADS, KV_HEADS, HEAD_DIM, PLANS = SHAPES[args.shape]
     start = args.start

@@ -5,7 +5,7 @@ replayed (device time per layer call; a Qwen3.6-27B round runs 48 such layers). 
 Qwen3.6-27B Gated DeltaNet layer (16 key heads, 48 value heads, head dims 128, conv width 4) in
 bf16. Also prints each kernel's worst difference from PyTorch.
 
-    python -m bench.gdn_kernel_speed [--rows 1,32,272] [--sweep]
+    python -m bench.gdn_kernel_speed [--rows 1,17,257] [--sweep]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from bench.graph_timing import needs_cuda
 from bench.tree_kernel_speed import graph_ms
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.fast import triton_gdn_state
@@ -127,9 +128,10 @@ def sweep(rows: int, generator: torch.Generator) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="1,32,272")
+    parser.add_argument("--rows", default="1,17,257")
     parser.add_argument("--sweep", action="store_true", help="also time other tiles of each kernel")
     args = parser.parse_args()
+    needs_cuda("gdn_kernel_speed")
     generator = torch.Generator().manual_seed(0)
     print(f"gdn_kernel_speed: {torch.cuda.get_device_name()}, us per layer call (CUDA graph replays);")
     print(f"x{LAYERS}: a 27B round's {LAYERS} Gated DeltaNet layers, in ms")

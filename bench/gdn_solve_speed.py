@@ -7,7 +7,7 @@ replayed (device time per layer call). Shape: one Qwen3.6-27B Gated DeltaNet lay
 the path bound given as the decoder gives it. Also prints the kernels' worst difference from the
 PyTorch solve.
 
-    python -m bench.gdn_solve_speed [--rows 1,32,80,272]
+    python -m bench.gdn_solve_speed [--rows 1,17,65,257]
 
 Rows 1 runs the one-row kernel whatever the plan (the plans apply from 2 rows up).
 """
@@ -20,6 +20,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from bench.graph_timing import needs_cuda
 from bench.tree_kernel_speed import graph_ms
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.fast import triton_gdn
@@ -102,8 +103,9 @@ def time_rows(rows: int, generator: torch.Generator) -> tuple[list[float], float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="1,32,80,272")
+    parser.add_argument("--rows", default="1,17,65,257")
     args = parser.parse_args()
+    needs_cuda("gdn_solve_speed")
     generator = torch.Generator().manual_seed(0)
     print(f"gdn_solve_speed: {torch.cuda.get_device_name()}, us per layer call (CUDA graph replays)")
     names = " ".join(f"{name:>10}" for name in PLANS)

@@ -1,9 +1,9 @@
 """Skinny bf16 GEMMs of a decode round: cuBLAS (F.linear) against a simple Triton skinny GEMM.
 
-The verify batch is 1-272 rows against weights of 4096-24576 columns: memory bound, so the
+The verify batch is 1-257 rows (budget + 1) against weights of 4096-24576 columns: memory bound, so the
 figure is the share of the weight-read bandwidth (4.8 TB/s on an H200) each reaches. Timed in
 CUDA graphs (launch cost excluded, as in the decode stages). Usage:
-``python -m bench.gemm_shapes [--rows 1,17,32,80,272]``.
+``python -m bench.gemm_shapes [--rows 1,17,65,257]``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from bench.graph_timing import needs_cuda
 
 HBM = 4.8e12
 # (name, in, out) of the Qwen3-8B shape's projections (fused q|k|v and gate|up) and lm_head
@@ -80,7 +82,7 @@ def timed_us(fn, reps: int = 50) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", default="1,32,80,272")
+    parser.add_argument("--rows", default="1,17,65,257")
     parser.add_argument(
         "--layouts", action="store_true",
         help="instead: cuBLAS on the weight stored [out, in] (F.linear, a TN GEMM) against the same values "
@@ -92,6 +94,7 @@ def main() -> int:
         "computed transposed (w^T @ x^T, the rows as cuBLAS's N), both shapes' projections",
     )
     args = parser.parse_args()
+    needs_cuda("gemm_shapes")
     torch.manual_seed(0)
     if args.orientations:
         rows = "256,257,272,288" if args.rows == parser.get_default("rows") else args.rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 import torch
@@ -32,6 +33,14 @@ def graph_us(calls: list[Callable[[], object]], replays: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1000 / (replays * len(calls))
+
+
+def needs_cuda(bench: str) -> None:
+    """One line and exit status 2 where there is no CUDA device: these benches time GPU kernels
+    only (no interpreter smoke run), and a traceback from CUDA's lazy init says less."""
+    if not torch.cuda.is_available():
+        print(f"{bench}: needs a CUDA GPU (it times GPU kernels); none here", file=sys.stderr)
+        raise SystemExit(2)
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

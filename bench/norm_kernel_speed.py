@@ -11,7 +11,7 @@ This prints every plan's time, the default's, the best per shape, and the HBM fl
 Each call in a graph reads its own copy of the inputs, enough copies that they do not fit the L2
 (a verify layer's norm reads activations the weight reads have pushed out); ``--warm`` reuses one.
 
-    python -m bench.norm_kernel_speed [--shapes 272x5120,13056x128g] [--dtype bf16] [--warm]
+    python -m bench.norm_kernel_speed [--shapes 257x5120,12336x128g] [--dtype bf16] [--warm]
 
 Without CUDA (a smoke run): tiny shapes through Triton's interpreter, each plan checked against
 the default, nothing timed.
@@ -34,10 +34,10 @@ from bench.graph_timing import graph_us, kernel_bench_args
 from ddtree_diag.engine.fast import triton_kernels
 
 # (rows, cols, gated, offset): the 8B's hidden norms (Qwen3: weight after the cast), Qwen3.6-27B's
-# (Qwen3.5 style: 1 + weight) at a chain/small-tree verify and a 272-row tree, and its Gated
-# DeltaNet output norm (rows x 48 value heads, 128 wide; gated, never with a residual add)
-SHAPES = [(32, 4096, False, False), (272, 4096, False, False), (17, 5120, False, True), (272, 5120, False, True),
-          (13056, 128, True, False)]
+# (Qwen3.5 style: 1 + weight) at a budget-16 verify (17 rows) and a budget-256 one (257 rows), and its
+# Gated DeltaNet output norm (rows x 48 value heads, 128 wide; gated, never with a residual add)
+SHAPES = [(17, 4096, False, False), (257, 4096, False, False), (17, 5120, False, True), (257, 5120, False, True),
+          (12336, 128, True, False)]
 SMOKE_SHAPES = [(5, 96, False, False), (37, 64, True, False)]
 L2_BYTES = 128 * 2**20  # well past the H200's 50 MiB L2 (and the next GPU's)
 MAX_COPIES = 256

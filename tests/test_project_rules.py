@@ -4,7 +4,11 @@ README; tests share helpers through tests/support/, never by importing conftest.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Variables of other tools the code reads or sets on purpose (documented where they are used).
@@ -53,3 +57,15 @@ def test_no_formatter_markers():
     marked = [str(path.relative_to(ROOT)) for folder in ("ddtree_diag", "tests", "bench", "scripts")
               for path in (ROOT / folder).rglob("*.py") if marker in path.read_text(encoding="utf-8")]
     assert marked == []
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("bench", ["attention_kernel_speed", "gdn_kernel_speed", "gdn_solve_speed", "gemm_shapes"])
+def test_a_gpu_only_bench_without_cuda_says_so_in_one_line(bench):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA: the bench would run")
+    done = subprocess.run([sys.executable, "-m", f"bench.{bench}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"{bench}: needs a CUDA GPU (it times GPU kernels); none here"]
