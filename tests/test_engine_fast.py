@@ -124,6 +124,24 @@ def test_ancestor_mask_from_parent_tensor():
     assert torch.equal(fast_tree.ancestors_from_parents(parents, 4), ancestor_mask(tree.parents))
 
 
+@pytest.mark.parametrize("depth", [0, 1, 2, 3, 7, 8, 15, 16])
+def test_ancestor_mask_by_pointer_doubling_reaches_the_whole_depth(depth):
+    """Random trees exactly ``depth`` deep (a chain to the bottom, other rows hung anywhere above),
+    with padding rows (parent -1) after them: equal to the host's mask row by row."""
+    generator = torch.Generator().manual_seed(depth)
+    parents, depths = [-1, *range(depth)], list(range(depth + 1))
+    for _ in range(20):
+        parent = int(torch.randint(len(parents), (), generator=generator))
+        if depths[parent] < depth:
+            parents.append(parent)
+            depths.append(depths[parent] + 1)
+    padded = parents + [-1] * 5
+    got = fast_tree.ancestors_from_parents(torch.tensor(padded), depth)
+    assert torch.equal(got, ancestor_mask(padded))
+    if depth >= 2:  # one step too few leaves the deepest row's root out
+        assert not torch.equal(fast_tree.ancestors_from_parents(torch.tensor(padded), depth // 2), got)
+
+
 def test_node_count():
     assert fast_tree.tree_node_count(64, 15, 151936) == 64
     assert fast_tree.tree_node_count(64, 2, 5) == 5 + 25

@@ -248,13 +248,15 @@ def build_tree_kernel(depth_logprobs: torch.Tensor, budget: int, depth_limit: to
     return kernels.tree_kernel(device).build_tree(values, ids, budget, limit)
 
 
-def ancestors_from_parents(parents: torch.Tensor, rounds: int) -> torch.Tensor:
-    """[T, T] bool ancestor-or-self mask from parent indices (-1: none), in ``rounds`` gathers
-    (the tree depth), with no host sync."""
+def ancestors_from_parents(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """[T, T] bool ancestor-or-self mask from parent indices (-1: none) of a tree at most ``depth``
+    deep, with no host sync. Pointer doubling: after step s a row holds its ancestors less than 2**s
+    up and ``jump`` its 2**s-th one, so depth 15 takes 4 steps (12 small kernels, not 30)."""
     size = parents.shape[0]
-    eye = torch.eye(size, dtype=torch.bool, device=parents.device)
-    parent = torch.where(parents >= 0, parents, torch.arange(size, device=parents.device))
-    mask = eye
-    for _ in range(rounds):
-        mask = eye | mask[parent]
+    index = torch.arange(size, device=parents.device)
+    jump = torch.where(parents >= 0, parents, index)  # a parentless row stays put: idempotent
+    mask = index[:, None] == index[None, :]
+    for _ in range(max(depth, 0).bit_length()):  # 2**steps > depth
+        mask = mask | mask[jump]
+        jump = jump[jump]
     return mask
