@@ -369,6 +369,20 @@ def test_folded_residual_and_cache_write_equal_the_unfolded_layer(fused, tmp_pat
         assert torch.equal(
             kept + delta, fast_layers.target_post_attention(layer, total, attn_out, fused_weights, gate, arch=t.arch)
         )
+        if gate is not None:
+            # the gate as the eager forward applies it (contiguous, flat heads): bit for bit on the CPU
+            assert gate.shape == (1, rows, t.heads, t.head_dim) and gate.is_contiguous() == (DEVICE == "cpu")
+            flat = gate.reshape(1, rows, t.heads * t.head_dim)
+            plain = fast_layers.mlp_half(layer, total, fused_weights, delta=layer.self_attn.o_proj(
+                attn_out * torch.sigmoid(flat)), arch=t.arch)
+            assert torch.equal(fast_layers.target_post_attention(
+                layer, total, attn_out, fused_weights, gate, arch=t.arch), plain)
+            # CUDA's strided view of the q projection: the same heads and columns (not the same
+            # bits on a CPU, whose SIMD sigmoid ends each strided run with the scalar formula)
+            strided = torch.cat([torch.zeros_like(gate), gate], dim=-1).chunk(2, dim=-1)[1]
+            assert not strided.is_contiguous()
+            torch.testing.assert_close(fast_layers.target_post_attention(
+                layer, total, attn_out, fused_weights, strided, arch=t.arch), plain)
     assert fused["norm_rope_cache"] == 1
 
 
