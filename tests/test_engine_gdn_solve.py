@@ -299,3 +299,48 @@ def test_hybrid_fast_decode_with_the_gdn_kernels_equals_the_pytorch_layers(solve
     # the decoder bounds the paths (no host sync to count them inside a CUDA graph)
     assert all(max_path == 4 for n, max_path in solver if n > 1), solver
     assert {"conv_rows", "commit_states"} == set(state_calls)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, tile", [
+    (19, dict(method="path")), (19, dict(method="path", share_heads=True)), (19, dict(method="blocked")),
+    (1, dict()), (19, dict(method="path", columns=16)), (19, dict(method="path", in_solve=False)),
+])
+def test_the_solve_hands_back_its_output_through_the_gated_output_norm(solver, monkeypatch, dtype, n, tile):
+    """``out_norm``: the layer's gated output norm (norm, weight, times silu(z), z a strided view of
+    a wider projection output) applied to the solve's output rows: by the path solve itself where a
+    program solves one head and one step of its value columns covers it (``NORM_IN_SOLVE``), else
+    (heads shared, more steps, switched off, the blocked and one-row solves) by the norm kernel
+    after it. Either way the module's answer on the plain solve's output."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNormGated
+
+    module, tile = kernels._triton_gdn(), dict(tile)  # (the parameter's dict is shared by both dtypes)
+    if "columns" in tile:
+        monkeypatch.setattr(module, "SOLVE_COLUMNS", tile.pop("columns"))
+    monkeypatch.setattr(module, "NORM_IN_SOLVE", tile.pop("in_solve", True))
+    after = []  # the solves whose output the norm kernel normed afterwards
+    record_calls(monkeypatch, module, "_out_normed", lambda out, dv, out_norm: after.append(out_norm is not None))
+    key_heads, value_heads, dk, dv = 1, 3, 16, 40  # dv not a power of two: masked norm columns
+    generator = torch.Generator().manual_seed(8)
+    wide = (torch.randn(n, 8 + value_heads * dv, generator=generator) * 2).to(DEVICE, dtype)
+    gate = wide[:, 8:].view(n, value_heads, dv)
+    norm = Qwen3_5RMSNormGated(dv, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dv, generator=generator) * 0.3 + 1)
+    norm = norm.to(DEVICE, dtype)
+    out_norm = kernels.gated_norm_for_solve(norm, gate)
+    assert out_norm is not None
+    common = dict(dtype=dtype, key_heads=key_heads, value_heads=value_heads, dk=dk, dv=dv, seed=6)
+    (plain, *_), _ = solve_both(n, "tree", **common, **tile)
+    after.clear()
+    (normed, *_), _ = solve_both(n, "tree", **common, **tile, out_norm=out_norm)
+    in_solve = (n > 1 and tile.get("method") == "path" and not tile.get("share_heads") and module.NORM_IN_SOLVE
+                and dv <= module.SOLVE_COLUMNS)
+    assert any(after) != in_solve  # the norm kernel ran after the solve where the solve could not norm
+    want = norm(plain.reshape(-1, dv), gate.reshape(-1, dv)).reshape(normed.shape)
+    assert normed.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(normed, want, rtol=1e-5, atol=1e-5)
+    else:  # the solve rounds its output to bf16 itself before norming: a bf16 step or two apart
+        step = want.float().abs().clamp(min=2**-8) * 2**-7
+        assert ((normed.float() - want.float()).abs() <= 2 * step).all()

@@ -20,7 +20,7 @@ from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
 from ddtree_diag.engine.rope import apply_rope  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS, turn_kernels_on  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, record_calls, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
@@ -421,7 +421,7 @@ def test_fused_fast_rounds_equal_eager_dense(fused, tmp_path, monkeypatch, model
     assert rows["decode path"] == "fast-nograph, fused Triton kernels"
 
 
-def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path):
+def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path, monkeypatch):
     """The same on a Qwen3.5-style hybrid (offset-style norms, a gated query, partial rotary, the
     Gated DeltaNet output norm); the draft's norms are of the other style, so the offset and gated
     counts come from the target's layers."""
@@ -429,10 +429,20 @@ def test_fused_fast_rounds_equal_eager_hybrid(fused, tmp_path):
     draft = fx.make_draft(tmp_path / "d", block_size=4, layer_ids=(0, 2), layers=1)
     engine = load_engine(target, draft, device=DEVICE, dtype="fp32")
     prompt = fx.PROMPTS[0]
+    solve_norms = []  # row counts of the solves that were handed the output norm
+
+    def note(conv_out, *_, out_norm=None, **__):
+        if out_norm is not None:
+            solve_norms.append(len(conv_out))
+
+    record_calls(monkeypatch, kernels._triton_gdn(), "tree_solve", note)
     for budget in (0, 8):
         eager = generate(engine, "eager", prompt, tree_budget=budget)
         quick = generate(engine, "fast-nograph", prompt, tree_budget=budget)
         assert (quick.token_ids, quick.acceptance_lengths) == (eager.token_ids, eager.acceptance_lengths), budget
     assert fused["rms_norm"] and fused["norm_rope"] and fused["silu_mul"]
     # the target's attention layers: q/k norm + rotary and the K/V write in one kernel (a gated query)
-    assert fused["rms_norm_offset"] and fused["norm_rope_cache_offset"] and fused["gated"]
+    assert fused["rms_norm_offset"] and fused["norm_rope_cache_offset"]
+    # the Gated DeltaNet output norm: by the norm kernel after a one-row solve (AR rounds), inside
+    # the path solve at the tree's rows
+    assert fused["gated"] and 1 in solve_norms and 9 in solve_norms

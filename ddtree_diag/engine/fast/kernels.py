@@ -303,6 +303,19 @@ def gated_rms_norm(module: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor)
     return kernels.rms_norm(x, *params, gate=gate)[0]
 
 
+def gated_norm_for_solve(
+    module: torch.nn.Module, gate: torch.Tensor
+) -> tuple[torch.Tensor, float, bool, torch.Tensor] | None:
+    """(weight, eps, offset, gate) for the solve kernel (``triton_gdn.tree_solve``'s ``out_norm``)
+    to apply a Gated DeltaNet output norm ``module`` to the output rows it makes: ``gate`` [tokens,
+    heads, head_dim] (any token and head strides; the output has its dtype and device), else None
+    (``gated_rms_norm`` runs after the solve)."""
+    if _use(gate) is None or gate.dim() != 3 or gate.stride(-1) != 1:
+        return None
+    params = _norm_params(module, gate, gated=True)
+    return None if params is None else (*params, gate)
+
+
 def norm_rope(module: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``apply_rope(module(x).transpose(1, 2), cos, sin)`` for x [1, rows, heads, head_dim]: a per-head
     q/k norm and rotary (full or partial) in one kernel. Returns [1, heads, rows, head_dim]."""

@@ -256,11 +256,14 @@ def linear_attention_rows(
     solver = kernels.gdn_solver(conv_out, module, a, b) if kept is not None else None
     if solver is not None:  # the whole solve in Triton, its parts written where commit reads them
         keys, updates, path_decay = kept["keys"], kept["updates"], kept["path_decay"]
+        out_norm = kernels.gated_norm_for_solve(module.norm, z)  # z [n, Hv, dv]: read in place
         core = solver.tree_solve(
             conv_out, a, b, module.A_log, module.dt_bias, ancestors, state, keys, updates, path_decay,
-            module.num_k_heads, module.head_k_dim, max_path=max_path, paths=paths,
+            module.num_k_heads, module.head_k_dim, max_path=max_path, paths=paths, out_norm=out_norm,
         )
         parts = gdn.ParallelParts(keys, updates, path_decay, ancestors, state)
+        if out_norm is not None:  # the solve normed and gated its output itself
+            return module.out_proj(core), parts, inputs
     else:
         q, k, v = torch.split(conv_out, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
         g, beta = gdn.gdn_gates(module, b, a)

@@ -51,8 +51,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_diag.engine.fast import triton_kernels
 from ddtree_diag.engine.fast.ahead import launch
-from ddtree_diag.engine.fast.triton_kernels import _rounded
+from ddtree_diag.engine.fast.triton_kernels import _normed_rows, _rounded
 
 
 @triton.jit
@@ -245,14 +246,18 @@ def _path_prep_kernel(
 @triton.jit
 def _path_solve_kernel(
     conv_ptr, paths_ptr, keys_ptr, beta_ptr, decay_ptr, rhs_ptr, base_ptr, out_ptr, updates_ptr,
-    n_rows, conv_row_stride, key_dim, heads_per_key, dk, dv, q_divisor,
+    norm_w_ptr, gate_ptr,
+    n_rows, conv_row_stride, key_dim, heads_per_key, dk, dv, q_divisor, gate_row_stride, gate_head_stride, norm_eps,
     PATH: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
-    GROUP: tl.constexpr, GROUP_TILE: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, NORM: tl.constexpr, NORM_OFFSET: tl.constexpr,
 ):
     # one program per (row, GROUP value heads of one key head): the row's path (root .. row) is a
     # closed chain system of at most PATH rows, solved here whole; other programs redo the same
     # ancestors' rows rather than wait for them. The value heads of a key head share the path, its
     # keys, their Gram matrix and q's products with them: found, loaded and multiplied once.
+    # NORM (BLOCK_V covers dv): each head's output row is the layer's gated output norm's input, so
+    # the norm runs here on it (``_normed_rows``, as the norm kernel computes it) and the normed
+    # row is what is stored: no separate norm kernel, no round trip of the output through memory.
     row = tl.program_id(0)
     first_head = tl.program_id(1) * GROUP
     heads = tl.num_programs(1) * GROUP
@@ -320,7 +325,17 @@ def _path_solve_kernel(
             tl.store(updates_ptr + head * n_rows * dv + row * dv + e, tl.sum(own[:, None] * rhs, axis=0), mask=e_ok)
             out = tl.load(base_ptr + head * n_rows * dv + row * dv + e, mask=e_ok, other=0.0)
             out += tl.sum(through[:, None] * rhs, axis=0)
-            tl.store(out_ptr + row * (heads * dv) + head * dv + e, out.to(dtype), mask=e_ok)
+            if NORM:  # the output as the solve would store it (in the dtype), then normed and gated
+                # (names of their own: a name bound before the unrolled head loop keeps its shape)
+                norm_weight = tl.load(norm_w_ptr + e, mask=e_ok, other=0.0).to(tl.float32)
+                gate = tl.load(gate_ptr + row * gate_row_stride + head * gate_head_stride + e, mask=e_ok,
+                               other=0.0).to(tl.float32)
+                normed = _normed_rows(_rounded(out, dtype)[None, :], norm_weight[None, :], gate[None, :], dv,
+                                      norm_eps, dtype, NORM_OFFSET, True)
+                tl.store(out_ptr + row * (heads * dv) + head * dv + e[None, :], normed.to(dtype),
+                         mask=e_ok[None, :])
+            else:
+                tl.store(out_ptr + row * (heads * dv) + head * dv + e, out.to(dtype), mask=e_ok)
 
 
 @triton.jit
@@ -361,6 +376,9 @@ def _one_row_kernel(
 
 SHARE_HEADS_FROM = 64  # rows past which a path-solve program takes all value heads of a key head
 SOLVE_COLUMNS = 128  # value columns a step of the path solve's sums over its path (bench.gdn_solve_speed sweeps)
+# the path solve applies the layer's gated output norm itself where a program solves one head and
+# one step of its value columns covers the head's values
+NORM_IN_SOLVE = True
 PATH_LIMIT = 64  # longest root-to-row path the path solve takes; longer ones go to the blocked solve
 
 
@@ -389,6 +407,7 @@ def tree_solve(
     share_heads: bool | None = None,
     prep_rows: int = 32,
     prep_warps: int = 4,
+    out_norm: tuple[torch.Tensor, float, bool, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One Gated DeltaNet layer's core over N tree rows: conv_out [N, 2 * key_heads * dk + Hv * dv]
     (q | k | v after the conv, model dtype, unit column stride); a, b [N, Hv] (views with a row
@@ -406,6 +425,10 @@ def tree_solve(
     paths of up to 32 places).
     ``prep_rows`` / ``prep_warps``: the path solve's prep tile (rows a program, a power of two
     >= 16) and its warps.
+    ``out_norm``: (weight, eps, offset, gate [N, Hv, dv], unit stride within a head) of the layer's
+    gated output norm (``kernels.gated_norm_for_solve``): the output comes back normed and gated,
+    by the path solve itself where ``NORM_IN_SOLVE``, a program solves one value head and one step
+    of its value columns covers dv, else by the norm kernel after the solve.
 
     ``method``: "path" (every row's path solved whole by its own program: paths up to
     ``PATH_LIMIT`` rows), "blocked" (the rows in order, blocks of ``block_n``: any tree) or "auto"
@@ -428,7 +451,7 @@ def tree_solve(
             key_heads * dk, value_heads // key_heads, dk, dv, float(dk**0.5), BLOCK_K=block_k, BLOCK_V=32,
             num_warps=4,
         )
-        return out
+        return _out_normed(out, dv, out_norm)
     # fp32 models: IEEE products (the fp32 tests compare with the PyTorch solve); else TF32 tensor
     # cores on the fp32 operands, closer to fp32 than the bf16 inputs themselves
     precision = "ieee" if conv_out.dtype == torch.float32 else precision
@@ -438,11 +461,13 @@ def tree_solve(
         if max_path is None:
             max_path = int(anc_bytes.sum(dim=1).max())
         if max_path <= PATH_LIMIT:
-            _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
-                        key_heads, dk, max_path=max_path, precision=precision, warps=path_warps,
-                        paths=paths if paths is not None and paths.shape[1] == path_width(max_path) else None,
-                        share_heads=share_heads, prep_rows=prep_rows, prep_warps=prep_warps)
-            return out
+            normed = _path_solve(
+                conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
+                key_heads, dk, max_path=max_path, precision=precision, warps=path_warps,
+                paths=paths if paths is not None and paths.shape[1] == path_width(max_path) else None,
+                share_heads=share_heads, prep_rows=prep_rows, prep_warps=prep_warps, out_norm=out_norm,
+            )
+            return out if normed else _out_normed(out, dv, out_norm)
         if method == "path":
             raise ValueError(f"a {max_path}-row path is past the path solve's {PATH_LIMIT}")
     block_v = min(block_v, max(16, triton.next_power_of_2(dv)))
@@ -455,14 +480,23 @@ def tree_solve(
         BLOCK_N=block_n, LOG2_BLOCK_N=block_n.bit_length() - 1, BLOCK_C=max(block_n, block_c), BLOCK_K=block_k,
         BLOCK_V=block_v, PRECISION=precision, num_warps=warps,
     )
-    return out
+    return _out_normed(out, dv, out_norm)
+
+
+def _out_normed(out: torch.Tensor, dv: int, out_norm: tuple | None) -> torch.Tensor:
+    """The solve's output [N, Hv * dv] through the gated output norm (the norm kernel), if any."""
+    if out_norm is None:
+        return out
+    weight, eps, offset, gate = out_norm
+    return triton_kernels.rms_norm(out.view(-1, dv), weight, eps, offset, gate=gate)[0].view(out.shape)
 
 
 def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates, path_decay, out,
                 key_heads, dk, max_path, precision, warps, paths=None, share_heads=None,
-                prep_rows=32, prep_warps=4) -> None:
+                prep_rows=32, prep_warps=4, out_norm=None) -> bool:
     """The path solve: a first kernel prepares what is each row's own (key, beta, path decay, its
-    right-hand side and output state part), a second solves each row's path."""
+    right-hand side and output state part), a second solves each row's path. Returns whether it
+    applied ``out_norm`` (see ``tree_solve``) to ``out`` too."""
     n_rows = conv_out.shape[0]
     value_heads, _, dv = state.shape
     block_k = max(16, triton.next_power_of_2(dk))
@@ -489,13 +523,22 @@ def _path_solve(conv_out, a, b, a_log, dt_bias, anc_bytes, state, keys, updates,
         # PATH] systems (too many registers for one warp); not measured since it holds none.
         share_heads = n_rows > SHARE_HEADS_FROM and width <= 32
     group = heads_per_key if share_heads and heads_per_key <= 4 else 1
+    block_v = min(SOLVE_COLUMNS, max(16, triton.next_power_of_2(dv)))
+    # a program of one head norms its row in its own kernel; a program of GROUP heads does not: on
+    # an H100 (27B shape, 257 rows, three heads a program on one warp) the verify took 0.3 ms
+    # longer with the norms inside than with the norm kernel after, at 17 rows (one head a
+    # program) 0.07 ms less
+    norm_here = out_norm is not None and NORM_IN_SOLVE and block_v >= dv and group == 1
+    weight, eps, offset, gate = out_norm if norm_here else (out, 0.0, False, out[:, None, :])
     launch(
         _path_solve_kernel, (n_rows, value_heads // group),
-        conv_out, paths, keys, beta, path_decay, rhs, base, out, updates,
-        n_rows, conv_out.stride(0), key_heads * dk, heads_per_key, dk, dv, float(dk**0.5),
-        PATH=width, BLOCK_K=block_k, BLOCK_V=min(SOLVE_COLUMNS, max(16, triton.next_power_of_2(dv))),
-        PRECISION=precision, GROUP=group, GROUP_TILE=triton.next_power_of_2(group), num_warps=warps,
+        conv_out, paths, keys, beta, path_decay, rhs, base, out, updates, weight, gate,
+        n_rows, conv_out.stride(0), key_heads * dk, heads_per_key, dk, dv, float(dk**0.5), gate.stride(0),
+        gate.stride(1), eps,
+        PATH=width, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision, GROUP=group,
+        GROUP_TILE=triton.next_power_of_2(group), NORM=norm_here, NORM_OFFSET=offset, num_warps=warps,
     )
+    return norm_here
 
 
 def path_width(max_path: int) -> int:

@@ -56,20 +56,32 @@ def _rms_norm_kernel(
         delta = tl.load(delta_ptr + row * delta_row_stride + offs, mask=inside, other=0.0).to(tl.float32)
         x = _rounded(x + delta, sum_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * sum_row_stride + offs, x.to(sum_ptr.dtype.element_ty), mask=inside)
-    normed = x * tl.rsqrt(tl.sum(x * x, axis=1) / cols + eps)[:, None]
     w = tl.load(w_ptr + offs, mask=offs < cols, other=0.0).to(tl.float32)
+    gate = x
+    if HAS_GATE:
+        # the gate's rows may be heads of wider rows (row = token * gate_heads + head): a Gated
+        # DeltaNet's z is a column slice of its input projection's output, read in place
+        at = (row // gate_heads) * gate_row_stride + (row % gate_heads) * gate_head_stride
+        gate = tl.load(gate_ptr + at + offs, mask=inside, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
+    y = _normed_rows(x, w, gate, cols, eps, dtype, OFFSET, HAS_GATE)
+    tl.store(out_ptr + row * cols + offs, y.to(dtype), mask=inside)
+
+
+@triton.jit
+def _normed_rows(x, w, gate, cols, eps, dtype: tl.constexpr, OFFSET: tl.constexpr, HAS_GATE: tl.constexpr):
+    """RMSNorm of each row of the fp32 tile ``x`` [rows, BLOCK] (columns past ``cols`` hold 0),
+    scaled by the weight ``w`` [1, BLOCK] and, with HAS_GATE, times silu(``gate``) (x's shape); the
+    result in fp32, rounded to ``dtype``. Shared with the Gated DeltaNet path solve, which norms its
+    output rows in its own kernel."""
+    normed = x * tl.rsqrt(tl.sum(x * x, axis=1) / cols + eps)[:, None]
     if OFFSET:  # noqa: SIM108 -- Qwen3.5 / Qwen3-Next: (x * (1 + w)) in fp32, then cast
         y = normed * (1.0 + w)
     else:  # Llama / Qwen3: cast first, then scale by the weight
         y = _rounded(normed, dtype) * w
     if HAS_GATE:  # Gated DeltaNet output norm: (weight * norm(x)) in the dtype, times silu(gate) in fp32
-        # the gate's rows may be heads of wider rows (row = token * gate_heads + head): a Gated
-        # DeltaNet's z is a column slice of its input projection's output, read in place
-        at = (row // gate_heads) * gate_row_stride + (row % gate_heads) * gate_head_stride
-        gate = tl.load(gate_ptr + at + offs, mask=inside, other=0.0).to(tl.float32)
         y = _rounded(y, dtype) * (gate / (1.0 + tl.exp(-gate)))
-    tl.store(out_ptr + row * cols + offs, _rounded(y, dtype).to(dtype), mask=inside)
+    return _rounded(y, dtype)
 
 
 @triton.jit
