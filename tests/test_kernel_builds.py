@@ -30,7 +30,8 @@ from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 from tests.support.kernel_tests import DEVICE, MARKS, turn_kernels_on  # noqa: E402
 
-pytestmark = [*MARKS, pytest.mark.skipif(DEVICE != "cpu", reason="a GPU builds the kernels at their launches")]
+pytestmark = [*MARKS, pytest.mark.e2e,  # the builds run in a process of their own
+              pytest.mark.skipif(DEVICE != "cpu", reason="a GPU builds the kernels at their launches")]
 
 _TYPES = {
     torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
@@ -113,16 +114,15 @@ def launches_of_a_request(monkeypatch, engine, **request) -> set[tuple]:
     named: set[tuple] = set()
 
     def name_only(stage_fns, keep=(), workers=None, identity=None):
-        monkeypatch.setattr(ahead, "launch_signature", build_spec)
         named.update(ahead.dry_run(stage_fns, keep))
         raise _Named
 
-    monkeypatch.setattr(ahead, "compile_ahead", name_only)
     engine.use_path("fast-nograph")
     engine.decoder("fast-nograph").compile_ahead = True  # as on CUDA
-    with pytest.raises(_Named):
+    with monkeypatch.context() as patch, pytest.raises(_Named):
+        patch.setattr(ahead, "compile_ahead", name_only)
+        patch.setattr(ahead, "launch_signature", build_spec)
         engine.generate_ids(fx.PROMPTS[0], stop_token_ids=[], **request)
-    monkeypatch.undo()
     return named
 
 
@@ -141,9 +141,9 @@ def test_every_kernel_a_request_launches_builds_for_sm90(can_build, monkeypatch,
     else:
         target, draft = fx.make_target(tmp_path / "t"), fx.make_draft(tmp_path / "d", block_size=4)
     engine = load_engine(target, draft, device="cpu", dtype="bf16")
+    turn_kernels_on(monkeypatch, on=("DDTREE_DIAG_TOPK_KERNEL",))
     specs: set[tuple] = set()
     for request in (dict(tree_budget=8, max_tokens=6), dict(tree_budget=8, max_tokens=6, temperature=0.8, seed=1)):
-        turn_kernels_on(monkeypatch, on=("DDTREE_DIAG_TOPK_KERNEL",))
         if "seed" in request:  # the path solve with a key head's value heads in one program, as at 257 rows
             monkeypatch.setattr(kernels._triton_gdn(), "SHARE_HEADS_FROM", 0)
         specs |= launches_of_a_request(monkeypatch, engine, **request)
