@@ -93,9 +93,18 @@ def main() -> int:
         help="instead: compute-bound rows (default 256,257,272,288): x @ w against the same product "
         "computed transposed (w^T @ x^T, the rows as cuBLAS's N), both shapes' projections",
     )
+    parser.add_argument(
+        "--backends", action="store_true",
+        help="instead: compute-bound rows (default 256,257): cuBLAS as torch calls it against cuBLASLt "
+        "(torch.backends.cuda.preferred_blas_library), against cuBLAS without reduced-precision split-K "
+        "reductions, and against the GEMM run as two halves of its output columns",
+    )
     args = parser.parse_args()
     needs_cuda("gemm_shapes")
     torch.manual_seed(0)
+    if args.backends:
+        rows = "256,257" if args.rows == parser.get_default("rows") else args.rows
+        return backends([int(r) for r in rows.split(",")])
     if args.orientations:
         rows = "256,257,272,288" if args.rows == parser.get_default("rows") else args.rows
         return orientations([int(r) for r in rows.split(",")])
@@ -167,6 +176,45 @@ def orientations(rows: list[int]) -> int:
                 same = torch.equal(x @ w_t, (w_t.t() @ x.t()).t())
                 print(f"{shape:>6} {name:>8} {m:>5} {straight:>8.1f} {flop / straight / 1e6:>8.0f} {swapped:>9.1f} "
                       f"{flop / swapped / 1e6:>8.0f} {copied:>9.1f} {same!s:>5}", flush=True)
+            del w_t
+    return 0
+
+
+def backends(rows: list[int]) -> int:
+    """Ways to run one verify GEMM (x @ w on the column-major weight, as the engine stores it) that
+    pick other kernels: cuBLASLt's heuristic instead of cuBLAS's, cuBLAS told not to reduce split-K
+    partial sums in bf16, and the output columns as two GEMMs (other tile counts per wave). ``same``:
+    bit-equal to the default's result."""
+    matmul = torch.backends.cuda.matmul
+    default_backend = torch.backends.cuda.preferred_blas_library()
+    reduced = matmul.allow_bf16_reduced_precision_reduction
+    # way: (preferred BLAS library, reduced-precision reductions allowed, output columns in halves)
+    ways = {"cublas": (default_backend, reduced, False), "lt": ("cublaslt", reduced, False),
+            "no-red": (default_backend, False, False), "halves": (default_backend, reduced, True)}
+    print(f"{'shape':>6} {'gemm':>8} {'rows':>5} {'cublas us':>10} {'TFLOP/s':>8}"
+          + "".join(f" {way + ' us':>10} {'same':>5}" for way in list(ways)[1:]))
+    for shape, table in (("8b", SHAPES_8B), ("27b", SHAPES_27B)):
+        for name, k, n in table:
+            w_t = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous()
+            for m in rows:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                cells = []
+                for backend, allow_reduced, split in ways.values():
+                    def product(x=x, w_t=w_t, split=split):
+                        if not split:
+                            return x @ w_t
+                        half = w_t.shape[1] // 2
+                        return torch.cat([x @ w_t[:, :half], x @ w_t[:, half:]], dim=1)
+                    torch.backends.cuda.preferred_blas_library(backend)
+                    matmul.allow_bf16_reduced_precision_reduction = allow_reduced
+                    try:
+                        cells.append((timed_us(product), product()))
+                    finally:
+                        torch.backends.cuda.preferred_blas_library(default_backend)
+                        matmul.allow_bf16_reduced_precision_reduction = reduced
+                (base, reference), *others = cells
+                print(f"{shape:>6} {name:>8} {m:>5} {base:>10.1f} {2 * m * k * n / base / 1e6:>8.0f}"
+                      + "".join(f" {us:>10.1f} {torch.equal(out, reference)!s:>5}" for us, out in others), flush=True)
             del w_t
     return 0
 
