@@ -141,6 +141,7 @@ def run_path(engine: Engine, path: str, prompt: list[int], budgets: list[int], n
 def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], budgets: list[int], new_tokens: int,
                  shape: str, bound_ms: float) -> None:
     engine.use_path(real_path)
+    blas_said: set[str] = set()  # stage shapes whose BLAS choice was printed
     for budget in [0, *budgets]:
         # warm-up: same shapes (and, fast on CUDA, graph capture and kernel compiles) before the
         # timed run; its wall time is what a first request of this shape costs in a fresh process
@@ -162,6 +163,12 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             failed = f"; {ahead['error']}" if "error" in ahead else ""
             say(f"  (first request, budget {budget}: compiled ahead {ahead['kernels']} kernels of "
                 f"{ahead['launches']} launches in {ahead['seconds']:.1f} s{failed})")
+        for stage, choice in first.extras.get("blas_choices", {}).items():  # measured at capture (graphs.Stage)
+            if stage in blas_said:
+                continue
+            blas_said.add(stage)
+            times = " / ".join(f"{name} {ms:.2f}" for name, ms in choice.items() if name != "chosen")
+            say(f"  (first request, budget {budget}: {stage} GEMMs through {choice['chosen']}; replays {times} ms)")
         if compiles:  # ahead: hooks time submit to finish; else each kernel's compile at its launch
             slowest = ", ".join(f"{name} {s:.2f}" for name, s in sorted(compiles, key=lambda c: -c[1])[:6])
             say(f"  (first request, budget {budget}: {len(compiles)} Triton compiles, "

@@ -61,7 +61,7 @@ import torch
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.decode import DecodeContext, DecodeRequest, Generation, GenerationRecorder, make_generator
 from ddtree_diag.engine.fast import ahead, kernels
-from ddtree_diag.engine.fast.graphs import Stage, StageTimer
+from ddtree_diag.engine.fast.graphs import BLAS_LIBRARIES, Stage, StageTimer
 from ddtree_diag.engine.fast.layers import (
     FusedWeights,
     additive_mask,
@@ -85,6 +85,7 @@ from ddtree_diag.engine.fast.tree import (
 from ddtree_diag.engine.grammar import GrammarState
 from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks, sink_bias
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
+from ddtree_diag.errors import UsageError
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
 # Attention reads only the first `window` cache slots, rounded up to this step: a round attends
@@ -102,6 +103,16 @@ def use_persistent_compile_cache() -> None:
     from ddtree_diag.engine.embedded import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
+def blas_setting() -> str:
+    """``DDTREE_DIAG_BLAS``: "auto" (default: each draft / verify stage shape measured under each
+    BLAS library when it is captured, the faster kept), or one of ``graphs.BLAS_LIBRARIES`` for
+    every stage."""
+    value = os.environ.get("DDTREE_DIAG_BLAS", "").strip().lower() or "auto"
+    if value not in ("auto", *BLAS_LIBRARIES):
+        raise UsageError(f"DDTREE_DIAG_BLAS={value!r}: use auto, {' or '.join(BLAS_LIBRARIES)}")
+    return value
 
 
 def _without_window(key: tuple) -> tuple:
@@ -150,6 +161,14 @@ class FastDecoder:
         # before. The CPU tests switch it on to check the pass against the real rounds.
         self.compile_ahead = self.graphs and not torch_compile and not kernels.switched_off("DDTREE_DIAG_COMPILE_AHEAD")
         self.passed: set[tuple] = set()  # stage keys (less the window) a pass compiled: kept when stages clear
+        # The BLAS library of the draft and verify stages' GEMMs (``graphs.Stage``): where they are
+        # captured in bf16 / fp16, each stage shape is captured under each library once and the
+        # faster replay decides for every window of that shape (the window changes no GEMM); fp32,
+        # the dtype the lossless checks compare in, keeps torch's default, as the eager path runs.
+        # DDTREE_DIAG_BLAS fixes one library for all.
+        self.blas = blas_setting()
+        self.blas_choices: dict[tuple, str] = {}  # stage key less window -> library
+        self.blas_ms: dict[tuple, dict[str, float]] = {}  # the replay times that chose it
         # torch_compile: torch.compile the two halves of a decoder layer (norms, rotary, SwiGLU
         # fused into a few kernels) and the tree build. One compiled graph per row count serves
         # every layer, since the layer is an input (inlined nn.Modules). The compiled kernels then
@@ -270,8 +289,18 @@ class FastDecoder:
         stage = self.stages.get(key)
         if stage is None:
             capture = self.graphs and self.capturing and not self.capture_broken
-            stage = self.stages[key] = Stage(fn, capture, self._pool)
+            shape = _without_window(key)
+            blas, choose = None, False
+            if capture and key[0] in ("draft", "verify"):  # the stages with GEMMs
+                if self.blas != "auto":
+                    blas = self.blas
+                elif self.target.dtype in (torch.bfloat16, torch.float16):
+                    blas = self.blas_choices.get(shape)
+                    choose = blas is None
+            stage = self.stages[key] = Stage(fn, capture, self._pool, blas=blas, choose_blas=choose)
             self.capture_broken = self.capture_broken or stage.capture_failed
+            if stage.blas_ms:
+                self.blas_choices[shape], self.blas_ms[shape] = stage.blas, stage.blas_ms
         return stage
 
     # ---- target -------------------------------------------------------------------------------
@@ -780,6 +809,12 @@ class FastDecoder:
             "fused_kernels": kernels.active(self.device, self.target.dtype),
             "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
             "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
+            # per draft / verify stage shape measured so far: the BLAS library kept, and each one's
+            # best replay in ms (graphs.Stage)
+            "blas_choices": {
+                "-".join(map(str, shape)): {"chosen": self.blas_choices[shape], **self.blas_ms[shape]}
+                for shape in sorted(self.blas_choices, key=repr)
+            },
             "fast_tree_fallbacks": fallbacks,
             # what compiling this request's new Triton kernels ahead took (a pass ran: see ahead.py)
             **({"compile_ahead": ahead_report} if ahead_report is not None else {}),

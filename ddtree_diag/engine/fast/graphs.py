@@ -2,12 +2,62 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# The BLAS libraries a stage's GEMMs can run through (``torch.backends.cuda.preferred_blas_library``).
+# Their heuristics pick different kernels for a verify's skinny shapes: on an H100, cuBLASLt ran the
+# 27B down projection in 60 us against cuBLAS's 64-68 at 17-65 rows, and slower at 256 rows
+# (``python -m bench.gemm_shapes --backends``). Which is faster per stage depends on the card and
+# the shapes, so a stage that may choose is captured under each and the faster replay is kept.
+BLAS_LIBRARIES = ("cublas", "cublaslt")
+# A replay must be this much faster to switch libraries: below it the two are noise apart.
+BLAS_MARGIN = 0.005
+_lt_warned = False
+
+
+@contextmanager
+def blas_library(name: str | None) -> Iterator[None]:
+    """GEMMs inside run through ``name`` ("cublas" / "cublaslt"; None: as they are). The choice
+    is read when a GEMM is launched, so a graph captured inside keeps that library's kernels."""
+    global _lt_warned
+    if name is None:
+        yield
+        return
+    previous = torch.backends.cuda.preferred_blas_library()
+    if name != "cublas" and not _lt_warned:
+        # torch warns once, on C++'s stderr, that the switch is experimental: said where it is
+        # documented (the engine's README section), not on every first request's terminal
+        _lt_warned = True
+        with _quiet_stderr():
+            torch.backends.cuda.preferred_blas_library(name)
+    else:
+        torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 pointed at /dev/null inside (C++ writes there, not to ``sys.stderr``)."""
+    sys.stderr.flush()  # what Python holds for fd 2 goes out before, not into /dev/null
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class Stage:
@@ -18,43 +68,107 @@ class Stage:
     instead of breaking the capture. A failed capture can leave the graph memory pool in a
     "recording" state that breaks every later capture, so after one the decoder stops capturing
     (``FastDecoder.capture_broken``) and the remaining stages run eagerly: slower, never wrong.
+
+    ``blas``: the BLAS library its GEMMs are captured with (None: torch's current one).
+    ``choose_blas``: capture it under each of ``BLAS_LIBRARIES`` instead, time their replays
+    (alternated, best of ``BLAS_TRIALS``) and keep the faster graph; ``blas`` and ``blas_ms``
+    then say which and the times. The function must give the same result when run again on the
+    same inputs (the draft and verify stages do: they write what they compute, nothing advances).
     """
 
-    def __init__(self, fn: Callable[[], None], graphs: bool, pool: Any = None) -> None:
+    BLAS_TRIALS = 3
+
+    def __init__(
+        self, fn: Callable[[], None], graphs: bool, pool: Any = None, blas: str | None = None,
+        choose_blas: bool = False,
+    ) -> None:
         self.fn, self.graph = fn, None
         self.error: str | None = None
         self.capture_failed = False
-        if graphs:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            previous = torch.cuda.get_sync_debug_mode()
+        self.blas = blas
+        self.blas_ms: dict[str, float] = {}
+        if not graphs:
+            return
+        if not choose_blas:
+            self.graph = self._capture(pool, blas)
+            return
+        graphs_by_library = {}
+        for library in BLAS_LIBRARIES:
+            graph = self._capture(pool, library, check_syncs=not graphs_by_library)
+            if graph is None:
+                break
+            graphs_by_library[library] = graph
+        if len(graphs_by_library) < len(BLAS_LIBRARIES):  # one would not capture: keep what did
+            self.blas, self.graph = next(iter(graphs_by_library.items()), (None, None))
+            if self.blas is not None:
+                self.error = f"under {BLAS_LIBRARIES[len(graphs_by_library)]}: {self.error}"
+            return
+        self.blas_ms = _fastest_replays(graphs_by_library, self.BLAS_TRIALS)
+        self.blas = faster_library(self.blas_ms)
+        self.graph = graphs_by_library[self.blas]
+
+    def _capture(self, pool: Any, blas: str | None, check_syncs: bool = True) -> Any:
+        """The function captured as a graph with GEMMs through ``blas``, after a warm-up run and
+        (``check_syncs``) a second one that raises on a host sync; None (and ``error`` set) where
+        it cannot be. Another library's capture of the same function needs no second check."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        previous = torch.cuda.get_sync_debug_mode()
+        with blas_library(blas):
             try:
                 with torch.cuda.stream(stream):
-                    fn()  # warm-up outside the capture: allocator, cuBLAS handles, compilation + autotuning
-                    torch.cuda.set_sync_debug_mode("error")
-                    fn()  # the same again, now any host sync raises
+                    self.fn()  # warm-up outside the capture: allocator, BLAS handles, compilation + autotuning
+                    if check_syncs:
+                        torch.cuda.set_sync_debug_mode("error")
+                        self.fn()  # the same again, now any host sync raises
             except RuntimeError as exc:
                 self.error = "host sync in the warm-up: " + _where(exc)
+                return None
             finally:
                 torch.cuda.set_sync_debug_mode(previous)
                 torch.cuda.current_stream().wait_stream(stream)
                 torch.cuda.synchronize()
-            if self.error is None:
-                graph = torch.cuda.CUDAGraph()
-                try:
-                    with torch.cuda.graph(graph, pool=pool):
-                        fn()
-                    self.graph = graph
-                except RuntimeError as exc:  # an op that cannot be captured: stay correct, run eagerly
-                    self.capture_failed = True
-                    self.error = "capture: " + _where(exc)
-                    torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=pool):
+                    self.fn()
+                return graph
+            except RuntimeError as exc:  # an op that cannot be captured: stay correct, run eagerly
+                self.capture_failed = True
+                self.error = "capture: " + _where(exc)
+                torch.cuda.synchronize()
+                return None
 
     def run(self) -> None:
         if self.graph is not None:
             self.graph.replay()
         else:
             self.fn()
+
+
+def faster_library(blas_ms: dict[str, float]) -> str:
+    """The library of ``BLAS_LIBRARIES`` to keep, given each one's replay time: the first (torch's
+    default) unless another is faster by more than ``BLAS_MARGIN``."""
+    default = BLAS_LIBRARIES[0]
+    best = min(BLAS_LIBRARIES, key=lambda name: blas_ms[name])
+    return best if blas_ms[best] < blas_ms[default] * (1 - BLAS_MARGIN) else default
+
+
+def _fastest_replays(graphs: dict[str, Any], trials: int) -> dict[str, float]:
+    """Each graph's best replay time in ms over ``trials`` rounds that replay every graph once in
+    turn (a clock or power change mid-way then costs each alike)."""
+    best = dict.fromkeys(graphs, float("inf"))
+    for graph in graphs.values():  # once each first: the replays' own first-launch work
+        graph.replay()
+    for _ in range(trials):
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            best[name] = min(best[name], start.elapsed_time(end))
+    return best
 
 
 def _where(exc: BaseException) -> str:

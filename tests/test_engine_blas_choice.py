@@ -1,0 +1,170 @@
+"""The BLAS library of the fast path's draft and verify stages: chosen per stage shape by timing
+each library's captured replay (bf16 / fp16), fixed by DDTREE_DIAG_BLAS, never switched in fp32.
+
+CUDA graphs need a GPU, so here a stand-in for ``graphs.Stage`` runs each stage eagerly (as the CPU
+path does), records what the decoder asked of it, and reports scripted replay times where it was
+asked to choose; the decoder's side (which stages choose, that a shape chooses once for all its
+attention windows, what the request reports) is the real code.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from ddtree_diag.engine import load_engine  # noqa: E402
+from ddtree_diag.engine.fast import decoder as fast_decoder  # noqa: E402
+from ddtree_diag.engine.fast import graphs  # noqa: E402
+from ddtree_diag.errors import UsageError  # noqa: E402
+from tests.support import engine_fixtures as fx  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
+
+
+@pytest.mark.parametrize(
+    ("times", "kept"),
+    [
+        ({"cublas": 10.0, "cublaslt": 9.0}, "cublaslt"),
+        ({"cublas": 9.0, "cublaslt": 10.0}, "cublas"),
+        ({"cublas": 10.0, "cublaslt": 9.99}, "cublas"),  # inside the margin: noise, the default stays
+        ({"cublas": 10.0, "cublaslt": 10.0 * (1 - graphs.BLAS_MARGIN) - 0.01}, "cublaslt"),
+    ],
+)
+def test_the_faster_library_is_kept_past_the_margin_only(times, kept):
+    assert graphs.faster_library(times) == kept
+
+
+class RecordingStage(graphs.Stage):
+    """Runs eagerly; records (captured?, blas, choose_blas); where asked to choose, reports
+    cuBLASLt's replay as ``LT_MS`` against cuBLAS's 10 ms."""
+
+    LT_MS = 8.0
+    made: ClassVar[list[RecordingStage]] = []
+
+    def __init__(self, fn, capture, pool=None, blas=None, choose_blas=False):
+        super().__init__(fn, False, pool, blas=blas)
+        self.asked = (capture, blas, choose_blas)
+        if choose_blas:
+            self.blas_ms = {"cublas": 10.0, "cublaslt": self.LT_MS}
+            self.blas = graphs.faster_library(self.blas_ms)
+        self.made.append(self)
+
+
+@pytest.fixture
+def capturing_decoder(tmp_path, monkeypatch):
+    """A fast decoder that believes it captures graphs (on CPU: the stand-in stage), per dtype."""
+    monkeypatch.setattr(fast_decoder, "Stage", RecordingStage)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setenv("DDTREE_DIAG_COMPILE_AHEAD", "off")
+    monkeypatch.delenv("DDTREE_DIAG_BLAS", raising=False)
+    RecordingStage.made = []
+    target = fx.make_target(tmp_path / "target")
+    draft = fx.make_draft(tmp_path / "draft", block_size=4)
+
+    def make(dtype: str):
+        engine = load_engine(target, draft, device="cpu", dtype=dtype)
+        engine._decoders["fast"] = decoder = fast_decoder.FastDecoder(engine, graphs=True)
+        engine.use_path("fast")
+        return engine, decoder
+
+    return make
+
+
+def decode(engine, decoder, prompt, budget=8, max_tokens=60):
+    assert engine.decoder("fast") is decoder
+    return engine.generate_ids(prompt_ids=prompt, tree_budget=budget, max_tokens=max_tokens, stop_token_ids=[])
+
+
+def asked_by_key(decoder) -> dict[tuple, tuple]:
+    return {key: stage.asked for key, stage in decoder.stages.items()}
+
+
+def test_each_stage_shape_chooses_once_and_its_other_windows_follow(capturing_decoder):
+    engine, decoder = capturing_decoder("bf16")
+    # the context crosses a window boundary: two windows' stages in the one request
+    prompt = [(7 * i) % 250 + 10 for i in range(fast_decoder.WINDOW - 40)]
+    result = decode(engine, decoder, prompt)
+    asked = asked_by_key(decoder)
+    windows = {key[-1] for key in asked if key[0] == "verify"}
+    assert windows == {fast_decoder.WINDOW, 2 * fast_decoder.WINDOW}
+    for key, (captured, blas, choose) in asked.items():
+        assert captured
+        if key[0] in ("draft", "verify"):
+            first_window = key[-1] == fast_decoder.WINDOW
+            # the first window of a shape measures; the next one is captured with its choice
+            assert (blas, choose) == ((None, True) if first_window else ("cublaslt", False)), key
+        else:  # tree and commit: no GEMMs, nothing to choose
+            assert (blas, choose) == (None, False), key
+    choices = result.extras["blas_choices"]
+    assert set(choices) == {"draft", "verify-9-True", "verify-1-True"}
+    assert all(choice == {"chosen": "cublaslt", "cublas": 10.0, "cublaslt": 8.0} for choice in choices.values())
+
+    # the same shapes captured again (as after the caches grow, which drops every stage): the
+    # choices made stand, nothing is measured again
+    decoder.stages.clear()
+    RecordingStage.made = []
+    decode(engine, decoder, prompt)
+    assert RecordingStage.made and not any(stage.asked[2] for stage in RecordingStage.made)
+    assert {stage.asked[1] for stage in RecordingStage.made} == {None, "cublaslt"}
+
+
+def test_a_slower_alternative_keeps_cublas(capturing_decoder, monkeypatch):
+    monkeypatch.setattr(RecordingStage, "LT_MS", 12.0)
+    engine, decoder = capturing_decoder("bf16")
+    result = decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
+    assert {choice["chosen"] for choice in result.extras["blas_choices"].values()} == {"cublas"}
+
+
+def test_fp32_keeps_the_default_library_the_eager_path_runs(capturing_decoder):
+    engine, decoder = capturing_decoder("fp32")
+    result = decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
+    assert result.extras["blas_choices"] == {}
+    assert all(blas is None and not choose for _, blas, choose in asked_by_key(decoder).values())
+
+
+@pytest.mark.parametrize("library", graphs.BLAS_LIBRARIES)
+def test_the_environment_fixes_the_library_of_every_gemm_stage(capturing_decoder, monkeypatch, library):
+    monkeypatch.setenv("DDTREE_DIAG_BLAS", library.upper())
+    for dtype in ("bf16", "fp32"):
+        engine, decoder = capturing_decoder(dtype)
+        result = decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
+        assert result.extras["blas_choices"] == {}
+        for key, (_, blas, choose) in asked_by_key(decoder).items():
+            assert blas == (library if key[0] in ("draft", "verify") else None) and not choose, key
+
+
+def test_an_unknown_library_is_one_clear_error(capturing_decoder, monkeypatch):
+    monkeypatch.setenv("DDTREE_DIAG_BLAS", "mkl")
+    with pytest.raises(UsageError, match="DDTREE_DIAG_BLAS='mkl': use auto, cublas or cublaslt"):
+        capturing_decoder("bf16")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_stages_are_captured_under_each_library_and_the_choice_is_reported(tmp_path):
+    """On a GPU in bf16: the draft and verify stages are captured under both libraries and timed,
+    the process's BLAS preference is as it was afterwards, and the tokens stay the eager path's
+    up to bf16 near-ties (the two libraries may sum a GEMM in another order)."""
+    from ddtree_diag.engine.divergence import first_divergence
+
+    before = torch.backends.cuda.preferred_blas_library()
+    target = fx.make_target(tmp_path / "target")
+    engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="bf16")
+    prompt = fx.PROMPTS[1]
+    engine.use_path("eager")
+    eager = engine.generate_ids(prompt_ids=prompt, tree_budget=16, max_tokens=24, stop_token_ids=[])
+    engine.use_path("fast")
+    quick = engine.generate_ids(prompt_ids=prompt, tree_budget=16, max_tokens=24, stop_token_ids=[])
+    assert quick.extras["cuda_graph_errors"] == []
+    choices = quick.extras["blas_choices"]
+    assert {"draft", "verify-17-True", "verify-1-True"} <= set(choices)
+    for choice in choices.values():
+        assert choice["chosen"] in graphs.BLAS_LIBRARIES
+        assert all(choice[name] > 0 for name in graphs.BLAS_LIBRARIES)
+    assert torch.backends.cuda.preferred_blas_library() == before
+    divergence = first_divergence(engine.target.hf, prompt, eager.token_ids, quick.token_ids)
+    assert divergence is None or divergence.near_tie, divergence.describe()
