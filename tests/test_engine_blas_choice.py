@@ -100,7 +100,7 @@ def test_each_stage_shape_chooses_once_and_its_other_windows_follow(capturing_de
         else:  # tree and commit: no GEMMs, nothing to choose
             assert (blas, choose) == (None, False), key
     choices = result.extras["blas_choices"]
-    assert set(choices) == {"draft", "verify-9-True", "verify-1-True"}
+    assert set(choices) == {"draft", "verify-9", "verify-1"}
     assert all(choice == {"chosen": "cublaslt", "cublas": 10.0, "cublaslt": 8.0} for choice in choices.values())
 
     # the same shapes captured again (as after the caches grow, which drops every stage): the
@@ -108,8 +108,13 @@ def test_each_stage_shape_chooses_once_and_its_other_windows_follow(capturing_de
     decoder.stages.clear()
     RecordingStage.made = []
     decode(engine, decoder, prompt)
+    # and an AR request's one-row verify (no draft features to keep): the same GEMMs as the tree
+    # request's one-row last round, so that choice stands too
+    ar = decode(engine, decoder, prompt, budget=0, max_tokens=8)
+    assert any(key[0] == "verify" and key[1:3] == (1, False) for key in decoder.stages)
     assert RecordingStage.made and not any(stage.asked[2] for stage in RecordingStage.made)
     assert {stage.asked[1] for stage in RecordingStage.made} == {None, "cublaslt"}
+    assert ar.extras["blas_choices"] == choices
 
 
 def test_a_slower_alternative_keeps_cublas(capturing_decoder, monkeypatch):
@@ -161,7 +166,7 @@ def test_cuda_stages_are_captured_under_each_library_and_the_choice_is_reported(
     quick = engine.generate_ids(prompt_ids=prompt, tree_budget=16, max_tokens=24, stop_token_ids=[])
     assert quick.extras["cuda_graph_errors"] == []
     choices = quick.extras["blas_choices"]
-    assert {"draft", "verify-17-True", "verify-1-True"} <= set(choices)
+    assert set(choices) == {"draft", "verify-17", "verify-1"}
     for choice in choices.values():
         assert choice["chosen"] in graphs.BLAS_LIBRARIES
         assert all(choice[name] > 0 for name in graphs.BLAS_LIBRARIES)

@@ -162,8 +162,9 @@ class FastDecoder:
         self.compile_ahead = self.graphs and not torch_compile and not kernels.switched_off("DDTREE_DIAG_COMPILE_AHEAD")
         self.passed: set[tuple] = set()  # stage keys (less the window) a pass compiled: kept when stages clear
         # The BLAS library of the draft and verify stages' GEMMs (``graphs.Stage``): where they are
-        # captured in bf16 / fp16, each stage shape is captured under each library once and the
-        # faster replay decides for every window of that shape (the window changes no GEMM); fp32,
+        # captured in bf16 / fp16, each stage shape (the draft; a verify's row count) is captured
+        # under each library once and the faster replay decides for every window and feature
+        # setting of that shape (neither changes a GEMM); fp32,
         # the dtype the lossless checks compare in, keeps torch's default, as the eager path runs.
         # DDTREE_DIAG_BLAS fixes one library for all.
         self.blas = blas_setting()
@@ -289,7 +290,8 @@ class FastDecoder:
         stage = self.stages.get(key)
         if stage is None:
             capture = self.graphs and self.capturing and not self.capture_broken
-            shape = _without_window(key)
+            # what the GEMMs' shapes follow: the draft's are fixed, a verify's are its row count
+            shape = key[:1] if key[0] == "draft" else key[:2]
             blas, choose = None, False
             if capture and key[0] in ("draft", "verify"):  # the stages with GEMMs
                 if self.blas != "auto":
