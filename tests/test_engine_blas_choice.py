@@ -38,6 +38,55 @@ def test_the_faster_library_is_kept_past_the_margin_only(times, kept):
     assert graphs.faster_library(times) == kept
 
 
+class FakePreference:
+    """Stands in for ``torch.backends.cuda.preferred_blas_library``: records what was set, and
+    refuses the libraries in ``refused`` as a build without them does."""
+
+    def __init__(self, refused=()):
+        self.current, self.calls, self.refused = "cublas", [], set(refused)
+
+    def __call__(self, backend=None):
+        if backend is not None:
+            if backend in self.refused:
+                raise RuntimeError(f"Cannot set preferred backend to {backend}")
+            self.calls.append(backend)
+            self.current = backend
+        return self.current
+
+
+def test_a_library_is_set_inside_and_the_previous_one_restored_after(monkeypatch):
+    preference = FakePreference()
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preference)
+    with graphs.blas_library("cublaslt"):
+        assert preference.current == "cublaslt"
+    assert preference.current == "cublas"
+    with pytest.raises(KeyError), graphs.blas_library("cublaslt"):
+        raise KeyError("a failed capture")
+    assert preference.current == "cublas"
+    with graphs.blas_library(None):  # as it is: nothing set
+        pass
+    assert preference.calls == ["cublaslt", "cublas", "cublaslt", "cublas"]
+
+
+@pytest.mark.parametrize(("refused", "switchable"), [((), True), (("cublaslt",), False)])
+def test_a_build_that_refuses_a_library_never_chooses(monkeypatch, refused, switchable):
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", FakePreference(refused))
+    graphs.blas_switchable.cache_clear()
+    try:
+        assert graphs.blas_switchable() is switchable
+    finally:
+        graphs.blas_switchable.cache_clear()
+
+
+def test_torchs_one_experimental_warning_goes_nowhere_and_stderr_comes_back(capfd):
+    import os
+
+    with graphs._quiet_stderr():
+        os.write(2, b"written by C++ to fd 2\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"
+
+
 class RecordingStage(graphs.Stage):
     """Runs eagerly; records (captured?, blas, choose_blas); where asked to choose, reports
     cuBLASLt's replay as ``LT_MS`` against cuBLAS's 10 ms."""

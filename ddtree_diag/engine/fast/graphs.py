@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -44,6 +45,19 @@ def blas_library(name: str | None) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.preferred_blas_library(previous)
+
+
+@functools.cache
+def blas_switchable() -> bool:
+    """Whether this torch build can switch its CUDA GEMMs to every one of ``BLAS_LIBRARIES`` (one
+    built without cuBLASLt refuses): if not, no stage chooses."""
+    try:
+        for name in BLAS_LIBRARIES:
+            with blas_library(name):
+                pass
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+    return True
 
 
 @contextmanager
@@ -89,7 +103,7 @@ class Stage:
         self.blas_ms: dict[str, float] = {}
         if not graphs:
             return
-        if not choose_blas:
+        if not choose_blas or not blas_switchable():
             self.graph = self._capture(pool, blas)
             return
         graphs_by_library = {}
