@@ -164,11 +164,11 @@ class FastDecoder:
         # The BLAS library of the draft and verify stages' GEMMs (``graphs.Stage``): where they are
         # captured in bf16 / fp16, each stage shape (the draft; a verify's row count) is captured
         # under each library once and the faster replay decides for every window and feature
-        # setting of that shape (neither changes a GEMM); fp32,
-        # the dtype the lossless checks compare in, keeps torch's default, as the eager path runs.
-        # DDTREE_DIAG_BLAS fixes one library for all.
+        # setting of that shape (neither changes a GEMM); fp32, the dtype the lossless checks
+        # compare in, keeps torch's default, as the eager path runs. DDTREE_DIAG_BLAS fixes one
+        # library for all.
         self.blas = blas_setting()
-        self.blas_choices: dict[tuple, str] = {}  # stage key less window -> library
+        self.blas_choices: dict[tuple, str] = {}  # stage shape (see _stage) -> library
         self.blas_ms: dict[tuple, dict[str, float]] = {}  # the replay times that chose it
         # torch_compile: torch.compile the two halves of a decoder layer (norms, rotary, SwiGLU
         # fused into a few kernels) and the tree build. One compiled graph per row count serves
