@@ -99,9 +99,18 @@ def main() -> int:
         "(torch.backends.cuda.preferred_blas_library), against cuBLAS without reduced-precision split-K "
         "reductions, and against the GEMM run as two halves of its output columns",
     )
+    parser.add_argument(
+        "--inductor", choices=("DEFAULT", "EXHAUSTIVE"), default=None,
+        help="instead: compute-bound rows (default 257): cuBLAS against what torch.compile's max-autotune picks "
+        "(its Triton GEMM templates, persistent TMA ones included, and cuBLAS), at this search space",
+    )
+    parser.add_argument("--shapes", default="8b,27b", help="with --inductor: which models' projections")
     args = parser.parse_args()
     needs_cuda("gemm_shapes")
     torch.manual_seed(0)
+    if args.inductor:
+        rows = "257" if args.rows == parser.get_default("rows") else args.rows
+        return inductor([int(r) for r in rows.split(",")], args.inductor, args.shapes.split(","))
     if args.backends:
         rows = "256,257" if args.rows == parser.get_default("rows") else args.rows
         return backends([int(r) for r in rows.split(",")])
@@ -215,6 +224,42 @@ def backends(rows: list[int]) -> int:
                 (base, reference), *others = cells
                 print(f"{shape:>6} {name:>8} {m:>5} {base:>10.1f} {2 * m * k * n / base / 1e6:>8.0f}"
                       + "".join(f" {us:>10.1f} {torch.equal(out, reference)!s:>5}" for us, out in others), flush=True)
+            del w_t
+    return 0
+
+
+def inductor(rows: list[int], search_space: str, shapes: list[str]) -> int:
+    """cuBLAS against torch.compile's max-autotune GEMM (Inductor benchmarks its Triton templates
+    and cuBLAS per shape and keeps the fastest; its table of choices goes to stderr), with the
+    compile's seconds: what a per-shape GEMM autotune would cost a first request."""
+    import time
+
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    inductor_config.max_autotune_gemm_backends = "ATEN,TRITON"
+    inductor_config.max_autotune_gemm_search_space = search_space
+    inductor_config.triton.enable_persistent_tma_matmul = True
+    print(f"{'shape':>6} {'gemm':>8} {'rows':>5} {'cublas us':>10} {'TFLOP/s':>8} {'tuned us':>9} {'TFLOP/s':>8} "
+          f"{'compile s':>10} {'max diff':>9}")
+    tables = {"8b": SHAPES_8B, "27b": SHAPES_27B}
+    for shape in shapes:
+        for name, k, n in tables[shape]:
+            w_t = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous()
+            for m in rows:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                torch._dynamo.reset()
+                tuned = torch.compile(lambda x, w: x @ w, mode="max-autotune-no-cudagraphs", dynamic=False)
+                started = time.perf_counter()
+                out = tuned(x, w_t)
+                torch.cuda.synchronize()
+                compile_s = time.perf_counter() - started
+                cublas = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+                ours = timed_us(lambda x=x, w_t=w_t, tuned=tuned: tuned(x, w_t))
+                diff = (out.float() - (x @ w_t).float()).abs().max().item()
+                flop = 2 * m * k * n
+                print(f"{shape:>6} {name:>8} {m:>5} {cublas:>10.1f} {flop / cublas / 1e6:>8.0f} {ours:>9.1f} "
+                      f"{flop / ours / 1e6:>8.0f} {compile_s:>10.1f} {diff:>9.4f}", flush=True)
             del w_t
     return 0
 
