@@ -222,3 +222,35 @@ def test_cuda_stages_are_captured_under_each_library_and_the_choice_is_reported(
     assert torch.backends.cuda.preferred_blas_library() == before
     divergence = first_divergence(engine.target.hf, prompt, eager.token_ids, quick.token_ids)
     assert divergence is None or divergence.near_tie, divergence.describe()
+
+
+def test_engine_info_names_the_gemm_library_where_stages_are_captured(tmp_path, monkeypatch):
+    from ddtree_diag.engine.info import engine_info_rows
+
+    monkeypatch.delenv("DDTREE_DIAG_BLAS", raising=False)
+    target = fx.make_target(tmp_path / "target")
+    draft = fx.make_draft(tmp_path / "draft", block_size=4)
+    engines = {dtype: load_engine(target, draft, device="cpu", dtype=dtype) for dtype in ("bf16", "fp32")}
+    for engine in engines.values():
+        engine.use_path("fast")
+        assert engine.info()["gemm_library"] is None  # on CPU nothing is captured: torch's GEMMs
+
+    def library(engine, path="fast"):  # as on a GPU: the row reads the device type and the path only
+        monkeypatch.setattr(engine, "device", torch.device("cuda"))
+        engine.use_path(path)
+        return engine._gemm_library()
+
+    assert library(engines["bf16"]) == "cuBLAS or cuBLASLt, per draft / verify shape the faster replay at capture"
+    assert library(engines["fp32"]) == "torch's default (fp32: the eager path's GEMMs)"
+    for path in ("fast-nograph", "eager"):
+        assert library(engines["bf16"], path) is None
+    monkeypatch.setenv("DDTREE_DIAG_BLAS", "cublaslt")
+    assert library(engines["fp32"], "fast-compile") == "cublaslt (DDTREE_DIAG_BLAS)"
+    monkeypatch.setenv("DDTREE_DIAG_BLAS", "rocblas")
+    with pytest.raises(UsageError, match="DDTREE_DIAG_BLAS='rocblas'"):
+        library(engines["bf16"])
+
+    base = {"model": "m", "target_path": "t", "draft_path": "d", "decode_path": "fast", "fused_kernels": True}
+    assert "GEMM library" not in dict(engine_info_rows(base))
+    rows = dict(engine_info_rows(base | {"gemm_library": "cublas (DDTREE_DIAG_BLAS)"}))
+    assert rows["GEMM library"] == "cublas (DDTREE_DIAG_BLAS)"

@@ -83,6 +83,21 @@ class Engine:
 
         return kernels.active(self.device, self.dtype)
 
+    def _gemm_library(self) -> str | None:
+        """The BLAS library the decode path's captured stages run their GEMMs through
+        (``fast/graphs.py``); None where it captures none (CPU, eager, fast-nograph) and GEMMs run
+        as torch runs them."""
+        if self.decode_path not in ("fast", "fast-compile") or self.device.type != "cuda":
+            return None
+        from ddtree_diag.engine.fast.graphs import blas_setting
+
+        setting = blas_setting()
+        if setting != "auto":
+            return f"{setting} (DDTREE_DIAG_BLAS)"
+        if self.dtype not in (torch.bfloat16, torch.float16):
+            return "torch's default (fp32: the eager path's GEMMs)"
+        return "cuBLAS or cuBLASLt, per draft / verify shape the faster replay at capture"
+
     def info(self) -> dict[str, Any]:
         params = sum(p.numel() * p.element_size() for p in self.target.hf.parameters())
         draft_params = 0
@@ -105,6 +120,7 @@ class Engine:
             "default_tree_budget": self.default_tree_budget,
             "decode_path": self.decode_path,
             "fused_kernels": self._fused_kernels(),
+            "gemm_library": self._gemm_library(),
             "draft": None,
             "memory": memory,
         }

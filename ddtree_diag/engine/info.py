@@ -73,6 +73,7 @@ def engine_info_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [
         ("default tree budget", str(info.get("default_tree_budget"))),
         ("decode path", _decode_path(info)),
+        *([("GEMM library", str(info["gemm_library"]))] if info.get("gemm_library") else []),
         ("target weights", _size(memory.get("target_weights_bytes"))),
         ("draft weights", _size(memory.get("draft_weights_bytes"))),
     ]

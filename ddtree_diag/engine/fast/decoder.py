@@ -61,7 +61,7 @@ import torch
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.decode import DecodeContext, DecodeRequest, Generation, GenerationRecorder, make_generator
 from ddtree_diag.engine.fast import ahead, kernels
-from ddtree_diag.engine.fast.graphs import BLAS_LIBRARIES, Stage, StageTimer
+from ddtree_diag.engine.fast.graphs import Stage, StageTimer, blas_setting
 from ddtree_diag.engine.fast.layers import (
     FusedWeights,
     additive_mask,
@@ -85,7 +85,6 @@ from ddtree_diag.engine.fast.tree import (
 from ddtree_diag.engine.grammar import GrammarState
 from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks, sink_bias
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
-from ddtree_diag.errors import UsageError
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
 # Attention reads only the first `window` cache slots, rounded up to this step: a round attends
@@ -103,16 +102,6 @@ def use_persistent_compile_cache() -> None:
     from ddtree_diag.engine.embedded import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
-
-
-def blas_setting() -> str:
-    """``DDTREE_DIAG_BLAS``: "auto" (default: each draft / verify stage shape measured under each
-    BLAS library when it is captured, the faster kept), or one of ``graphs.BLAS_LIBRARIES`` for
-    every stage."""
-    value = os.environ.get("DDTREE_DIAG_BLAS", "").strip().lower() or "auto"
-    if value not in ("auto", *BLAS_LIBRARIES):
-        raise UsageError(f"DDTREE_DIAG_BLAS={value!r}: use auto, {' or '.join(BLAS_LIBRARIES)}")
-    return value
 
 
 def _without_window(key: tuple) -> tuple:

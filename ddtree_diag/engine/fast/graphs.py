@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ddtree_diag.errors import UsageError
+
 # The BLAS libraries a stage's GEMMs can run through (``torch.backends.cuda.preferred_blas_library``).
 # Their heuristics pick different kernels for a verify's skinny shapes: on an H100, cuBLASLt ran the
 # 27B down projection in 60 us against cuBLAS's 64-68 at 17-65 rows, and slower at 256 rows
@@ -22,6 +24,16 @@ BLAS_LIBRARIES = ("cublas", "cublaslt")
 # A replay must be this much faster to switch libraries: below it the two are noise apart.
 BLAS_MARGIN = 0.005
 _lt_warned = False
+
+
+def blas_setting() -> str:
+    """``DDTREE_DIAG_BLAS``: "auto" (default: each draft / verify stage shape measured under each
+    BLAS library when it is captured, the faster kept), or one of ``BLAS_LIBRARIES`` for
+    every stage."""
+    value = os.environ.get("DDTREE_DIAG_BLAS", "").strip().lower() or "auto"
+    if value not in ("auto", *BLAS_LIBRARIES):
+        raise UsageError(f"DDTREE_DIAG_BLAS={value!r}: use auto, {' or '.join(BLAS_LIBRARIES)}")
+    return value
 
 
 @contextmanager
