@@ -167,8 +167,10 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             if stage in blas_said:
                 continue
             blas_said.add(stage)
-            times = " / ".join(f"{name} {ms:.2f}" for name, ms in choice.items() if name != "chosen")
-            say(f"  (first request, budget {budget}: {stage} GEMMs through {choice['chosen']}; replays {times} ms)")
+            times = " / ".join(f"{name} {ms:.2f}" for name, ms in choice.items() if name not in ("chosen", "error"))
+            why = f"; the other: {choice['error']}" if "error" in choice else ""
+            say(f"  (first request, budget {budget}: {stage} GEMMs through {choice['chosen']}; "
+                f"replays {times} ms{why})")
         if compiles:  # ahead: hooks time submit to finish; else each kernel's compile at its launch
             slowest = ", ".join(f"{name} {s:.2f}" for name, s in sorted(compiles, key=lambda c: -c[1])[:6])
             say(f"  (first request, budget {budget}: {len(compiles)} Triton compiles, "

@@ -9,6 +9,7 @@ attention windows, what the request reports) is the real code.
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
 import pytest
@@ -92,12 +93,15 @@ class RecordingStage(graphs.Stage):
     cuBLASLt's replay as ``LT_MS`` against cuBLAS's 10 ms."""
 
     LT_MS = 8.0
+    LT_ERROR: str | None = None  # set: cuBLASLt's capture fails with it, cuBLAS's graph stays
     made: ClassVar[list[RecordingStage]] = []
 
     def __init__(self, fn, capture, pool=None, blas=None, choose_blas=False):
         super().__init__(fn, False, pool, blas=blas)
         self.asked = (capture, blas, choose_blas)
-        if choose_blas:
+        if choose_blas and self.LT_ERROR:
+            self.blas, self.blas_error = "cublas", f"under cublaslt: {self.LT_ERROR}"
+        elif choose_blas:
             self.blas_ms = {"cublas": 10.0, "cublaslt": self.LT_MS}
             self.blas = graphs.faster_library(self.blas_ms)
         self.made.append(self)
@@ -110,6 +114,7 @@ def capturing_decoder(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setenv("DDTREE_DIAG_COMPILE_AHEAD", "off")
     monkeypatch.delenv("DDTREE_DIAG_BLAS", raising=False)
+    monkeypatch.setattr(fast_decoder, "blas_switchable", lambda: True)  # as a CUDA build
     RecordingStage.made = []
     target = fx.make_target(tmp_path / "target")
     draft = fx.make_draft(tmp_path / "draft", block_size=4)
@@ -173,6 +178,19 @@ def test_a_slower_alternative_keeps_cublas(capturing_decoder, monkeypatch):
     assert {choice["chosen"] for choice in result.extras["blas_choices"].values()} == {"cublas"}
 
 
+def test_an_alternative_that_will_not_capture_keeps_cublas_and_says_why(capturing_decoder, monkeypatch):
+    monkeypatch.setattr(RecordingStage, "LT_ERROR", "capture: operation not permitted")
+    engine, decoder = capturing_decoder("bf16")
+    prompt = [(7 * i) % 250 + 10 for i in range(fast_decoder.WINDOW - 40)]  # two windows
+    result = decode(engine, decoder, prompt)
+    choices = result.extras["blas_choices"]
+    assert set(choices) == {"draft", "verify-9", "verify-1"}
+    for choice in choices.values():
+        assert choice == {"chosen": "cublas", "error": "under cublaslt: capture: operation not permitted"}
+    # measured once: the second window's stages take the choice, they do not fail again
+    assert sum(stage.asked[2] for stage in RecordingStage.made) == 3
+
+
 def test_fp32_keeps_the_default_library_the_eager_path_runs(capturing_decoder):
     engine, decoder = capturing_decoder("fp32")
     result = decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
@@ -191,10 +209,99 @@ def test_the_environment_fixes_the_library_of_every_gemm_stage(capturing_decoder
             assert blas == (library if key[0] in ("draft", "verify") else None) and not choose, key
 
 
-def test_an_unknown_library_is_one_clear_error(capturing_decoder, monkeypatch):
+def test_an_unknown_library_is_one_clear_error_before_the_weights_load(capturing_decoder, monkeypatch):
     monkeypatch.setenv("DDTREE_DIAG_BLAS", "mkl")
     with pytest.raises(UsageError, match="DDTREE_DIAG_BLAS='mkl': use auto, cublas or cublaslt"):
         capturing_decoder("bf16")
+
+
+def test_a_fixed_library_the_build_cannot_switch_to_is_one_clear_error(capturing_decoder, monkeypatch):
+    engine, _ = capturing_decoder("bf16")
+    monkeypatch.setattr(fast_decoder, "blas_switchable", lambda: False)
+    monkeypatch.setenv("DDTREE_DIAG_BLAS", "cublaslt")
+    with pytest.raises(UsageError, match="DDTREE_DIAG_BLAS=cublaslt: this torch build cannot run its GEMMs"):
+        fast_decoder.FastDecoder(engine, graphs=True)
+    fast_decoder.FastDecoder(engine, graphs=False)  # nothing captured, nothing to switch: no error
+
+
+class FakeGraph:
+    def __init__(self, library):
+        self.library = library
+
+
+def choosing_stage(monkeypatch, outcomes, times=None):
+    """A ``graphs.Stage`` made to choose, its captures and replay timing stood in for: ``outcomes``
+    maps a library to "graph", "warm-up" (fails before capturing) or "capture" (fails capturing)."""
+    tried = []
+
+    def capture(self, pool, blas):
+        tried.append(blas)
+        outcome = outcomes[blas]
+        if outcome == "graph":
+            return FakeGraph(blas), None
+        if outcome == "capture":
+            self.capture_failed = True
+        return None, f"{outcome}: refused under {blas}"
+
+    monkeypatch.setattr(graphs, "blas_switchable", lambda: True)
+    monkeypatch.setattr(graphs.Stage, "_capture", capture)
+    monkeypatch.setattr(graphs, "_fastest_replays", lambda found, trials: {name: times[name] for name in found})
+    stage = graphs.Stage(lambda: None, True, choose_blas=True)
+    return stage, tried
+
+
+def test_a_choosing_stage_keeps_the_faster_graph(monkeypatch):
+    stage, tried = choosing_stage(monkeypatch, {"cublas": "graph", "cublaslt": "graph"},
+                                  {"cublas": 10.0, "cublaslt": 9.0})
+    assert tried == ["cublas", "cublaslt"]
+    assert (stage.blas, stage.graph.library) == ("cublaslt", "cublaslt")
+    assert stage.blas_ms == {"cublas": 10.0, "cublaslt": 9.0}
+    assert stage.error is None and stage.blas_error is None and not stage.capture_failed
+
+
+@pytest.mark.parametrize("failure", ["warm-up", "capture"])
+def test_a_choosing_stage_keeps_cublas_where_the_alternative_fails(monkeypatch, failure):
+    stage, tried = choosing_stage(monkeypatch, {"cublas": "graph", "cublaslt": failure})
+    assert tried == ["cublas", "cublaslt"]
+    assert (stage.blas, stage.graph.library, stage.blas_ms) == ("cublas", "cublas", {})
+    assert stage.error is None  # the stage has its graph: no CUDA-graph error to report
+    assert stage.blas_error == f"under cublaslt: {failure}: refused under cublaslt"
+    # a failed capture may have left the shared pool recording: the decoder must stop capturing
+    assert stage.capture_failed is (failure == "capture")
+
+
+def test_a_stage_that_will_not_capture_under_cublas_tries_nothing_else(monkeypatch):
+    stage, tried = choosing_stage(monkeypatch, {"cublas": "warm-up", "cublaslt": "graph"})
+    assert tried == ["cublas"]
+    assert stage.graph is None and stage.blas is None and stage.error == "warm-up: refused under cublas"
+
+
+def test_the_first_switch_away_from_cublas_is_the_silenced_one(monkeypatch):
+    preference = FakePreference()
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preference)
+    monkeypatch.setattr(graphs, "_lt_warned", False)
+    silenced = []
+
+    @contextlib.contextmanager
+    def quiet():
+        silenced.append(preference.current)
+        yield
+
+    monkeypatch.setattr(graphs, "_quiet_stderr", quiet)
+    with graphs.blas_library("cublas"):
+        pass
+    assert silenced == []  # cuBLAS: torch does not warn
+    with graphs.blas_library("cublaslt"):
+        pass
+    with graphs.blas_library("cublaslt"):
+        pass
+    assert silenced == ["cublas"]  # once, around the first switch (torch warns once a process)
+    # a process whose default is cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1): the restore is its first switch
+    monkeypatch.setattr(graphs, "_lt_warned", False)
+    preference.current = "cublaslt"
+    with graphs.blas_library("cublas"):
+        pass
+    assert silenced == ["cublas", "cublas"] and preference.current == "cublaslt"
 
 
 @pytest.mark.gpu

@@ -87,11 +87,11 @@ class Engine:
         """The BLAS library the decode path's captured stages run their GEMMs through
         (``fast/graphs.py``); None where it captures none (CPU, eager, fast-nograph) and GEMMs run
         as torch runs them."""
-        if self.decode_path not in ("fast", "fast-compile") or self.device.type != "cuda":
-            return None
         from ddtree_diag.engine.fast.graphs import blas_setting
 
         setting = blas_setting()
+        if self.decode_path not in ("fast", "fast-compile") or self.device.type != "cuda":
+            return None
         if setting != "auto":
             return f"{setting} (DDTREE_DIAG_BLAS)"
         if self.dtype not in (torch.bfloat16, torch.float16):

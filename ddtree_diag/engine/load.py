@@ -164,9 +164,11 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
     hf_logging.disable_progress_bar()  # our own output stays readable; errors still surface
     hf_logging.set_verbosity_error()
     from ddtree_diag.engine.arch import check_supported, quantization_method, text_config
+    from ddtree_diag.engine.fast.graphs import blas_setting
     from ddtree_diag.engine.generate import Engine
     from ddtree_diag.engine.target import TargetModel
 
+    blas_setting()  # a bad DDTREE_DIAG_BLAS is one line before the weights load, not an error per request
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     kwargs = hf_kwargs(gguf_name)

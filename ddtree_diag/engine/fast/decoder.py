@@ -55,13 +55,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.decode import DecodeContext, DecodeRequest, Generation, GenerationRecorder, make_generator
 from ddtree_diag.engine.fast import ahead, kernels
-from ddtree_diag.engine.fast.graphs import Stage, StageTimer, blas_setting
+from ddtree_diag.engine.fast.graphs import Stage, StageTimer, blas_setting, blas_switchable
 from ddtree_diag.engine.fast.layers import (
     FusedWeights,
     additive_mask,
@@ -85,6 +86,7 @@ from ddtree_diag.engine.fast.tree import (
 from ddtree_diag.engine.grammar import GrammarState
 from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks, sink_bias
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
+from ddtree_diag.errors import UsageError
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
 # Attention reads only the first `window` cache slots, rounded up to this step: a round attends
@@ -157,8 +159,10 @@ class FastDecoder:
         # compare in, keeps torch's default, as the eager path runs. DDTREE_DIAG_BLAS fixes one
         # library for all.
         self.blas = blas_setting()
+        if self.graphs and self.blas != "auto" and not blas_switchable():
+            raise UsageError(f"DDTREE_DIAG_BLAS={self.blas}: this torch build cannot run its GEMMs through it")
         self.blas_choices: dict[tuple, str] = {}  # stage shape (see _stage) -> library
-        self.blas_ms: dict[tuple, dict[str, float]] = {}  # the replay times that chose it
+        self.blas_ms: dict[tuple, dict[str, Any]] = {}  # the replay times that chose it (or why not)
         # torch_compile: torch.compile the two halves of a decoder layer (norms, rotary, SwiGLU
         # fused into a few kernels) and the tree build. One compiled graph per row count serves
         # every layer, since the layer is an input (inlined nn.Modules). The compiled kernels then
@@ -290,8 +294,9 @@ class FastDecoder:
                     choose = blas is None
             stage = self.stages[key] = Stage(fn, capture, self._pool, blas=blas, choose_blas=choose)
             self.capture_broken = self.capture_broken or stage.capture_failed
-            if stage.blas_ms:
-                self.blas_choices[shape], self.blas_ms[shape] = stage.blas, stage.blas_ms
+            if choose and stage.blas is not None:  # measured (or the alternative would not capture)
+                self.blas_choices[shape] = stage.blas
+                self.blas_ms[shape] = {**stage.blas_ms, **({"error": stage.blas_error} if stage.blas_error else {})}
         return stage
 
     # ---- target -------------------------------------------------------------------------------
@@ -801,7 +806,7 @@ class FastDecoder:
             "cuda_graphs": sorted("-".join(map(str, k)) for k, v in self.stages.items() if v.graph is not None),
             "cuda_graph_errors": sorted({v.error for v in self.stages.values() if v.error}),
             # per draft / verify stage shape measured so far: the BLAS library kept, and each one's
-            # best replay in ms (graphs.Stage)
+            # best replay in ms (graphs.Stage), or the error of the alternative that would not capture
             "blas_choices": {
                 "-".join(map(str, shape)): {"chosen": self.blas_choices[shape], **self.blas_ms[shape]}
                 for shape in sorted(self.blas_choices, key=repr)

@@ -21,8 +21,11 @@ from ddtree_diag.errors import UsageError
 # (``python -m bench.gemm_shapes --backends``). Which is faster per stage depends on the card and
 # the shapes, so a stage that may choose is captured under each and the faster replay is kept.
 BLAS_LIBRARIES = ("cublas", "cublaslt")
-# A replay must be this much faster to switch libraries: below it the two are noise apart.
-BLAS_MARGIN = 0.005
+# A replay must be this much faster to switch libraries. Below it the two are noise apart, and a
+# choice that flips from process to process would make bf16 runs differ at near-ties (the libraries'
+# kernels sum in other orders); the gains taken were 1.3-3 % (H100: 27B verify at 17 / 65 rows, 8B
+# at 65).
+BLAS_MARGIN = 0.01
 _lt_warned = False
 
 
@@ -36,27 +39,37 @@ def blas_setting() -> str:
     return value
 
 
+def _library_name(backend: object) -> str:
+    """"cublas" / "cublaslt" / ... for torch's backend enum (or a name)."""
+    return str(getattr(backend, "name", backend)).lower()
+
+
+def _set_library(backend: object) -> None:
+    """Set torch's preferred BLAS library. torch warns once a process, on C++'s stderr, that
+    choosing one other than cuBLAS is experimental: the README says so where the choice is
+    documented, so that first switch goes to /dev/null instead of a probe's terminal."""
+    global _lt_warned
+    if _library_name(backend) != "cublas" and not _lt_warned:
+        _lt_warned = True
+        with _quiet_stderr():
+            torch.backends.cuda.preferred_blas_library(backend)
+    else:
+        torch.backends.cuda.preferred_blas_library(backend)
+
+
 @contextmanager
 def blas_library(name: str | None) -> Iterator[None]:
     """GEMMs inside run through ``name`` ("cublas" / "cublaslt"; None: as they are). The choice
     is read when a GEMM is launched, so a graph captured inside keeps that library's kernels."""
-    global _lt_warned
     if name is None:
         yield
         return
     previous = torch.backends.cuda.preferred_blas_library()
-    if name != "cublas" and not _lt_warned:
-        # torch warns once, on C++'s stderr, that the switch is experimental: said where it is
-        # documented (the engine's README section), not on every first request's terminal
-        _lt_warned = True
-        with _quiet_stderr():
-            torch.backends.cuda.preferred_blas_library(name)
-    else:
-        torch.backends.cuda.preferred_blas_library(name)
+    _set_library(name)
     try:
         yield
     finally:
-        torch.backends.cuda.preferred_blas_library(previous)
+        _set_library(previous)
 
 
 @functools.cache
@@ -74,9 +87,16 @@ def blas_switchable() -> bool:
 
 @contextmanager
 def _quiet_stderr() -> Iterator[None]:
-    """File descriptor 2 pointed at /dev/null inside (C++ writes there, not to ``sys.stderr``)."""
-    sys.stderr.flush()  # what Python holds for fd 2 goes out before, not into /dev/null
-    saved = os.dup(2)
+    """File descriptor 2 pointed at /dev/null inside (C++ writes there, not to ``sys.stderr``).
+    Process-wide for the moment it lasts (one preference switch, once a process); where fd 2
+    cannot be duplicated (closed), nothing is redirected."""
+    if sys.stderr is not None:
+        sys.stderr.flush()  # what Python holds for fd 2 goes out before, not into /dev/null
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
     try:
         with open(os.devnull, "w") as null:
             os.dup2(null.fileno(), 2)
@@ -98,8 +118,11 @@ class Stage:
     ``blas``: the BLAS library its GEMMs are captured with (None: torch's current one).
     ``choose_blas``: capture it under each of ``BLAS_LIBRARIES`` instead, time their replays
     (alternated, best of ``BLAS_TRIALS``) and keep the faster graph; ``blas`` and ``blas_ms``
-    then say which and the times. The function must give the same result when run again on the
-    same inputs (the draft and verify stages do: they write what they compute, nothing advances).
+    then say which and the times. Where an alternative will not capture, the stage keeps the
+    first library's graph and ``blas_error`` says why (a failed capture still sets
+    ``capture_failed``: the pool it used may be broken). The function must give the same result
+    when run again on the same inputs (the draft and verify stages do: they write what they
+    compute, nothing advances).
     """
 
     BLAS_TRIALS = 3
@@ -113,30 +136,31 @@ class Stage:
         self.capture_failed = False
         self.blas = blas
         self.blas_ms: dict[str, float] = {}
+        self.blas_error: str | None = None
         if not graphs:
             return
         if not choose_blas or not blas_switchable():
-            self.graph = self._capture(pool, blas)
+            self.graph, self.error = self._capture(pool, blas)
             return
-        graphs_by_library = {}
-        for library in BLAS_LIBRARIES:
-            graph = self._capture(pool, library, check_syncs=not graphs_by_library)
+        self.blas = BLAS_LIBRARIES[0]
+        self.graph, self.error = self._capture(pool, self.blas)
+        if self.graph is None:
+            self.blas = None
+            return
+        graphs_by_library = {self.blas: self.graph}
+        for library in BLAS_LIBRARIES[1:]:
+            graph, error = self._capture(pool, library)
             if graph is None:
-                break
+                self.blas_error = f"under {library}: {error}"
+                return
             graphs_by_library[library] = graph
-        if len(graphs_by_library) < len(BLAS_LIBRARIES):  # one would not capture: keep what did
-            self.blas, self.graph = next(iter(graphs_by_library.items()), (None, None))
-            if self.blas is not None:
-                self.error = f"under {BLAS_LIBRARIES[len(graphs_by_library)]}: {self.error}"
-            return
         self.blas_ms = _fastest_replays(graphs_by_library, self.BLAS_TRIALS)
         self.blas = faster_library(self.blas_ms)
         self.graph = graphs_by_library[self.blas]
 
-    def _capture(self, pool: Any, blas: str | None, check_syncs: bool = True) -> Any:
-        """The function captured as a graph with GEMMs through ``blas``, after a warm-up run and
-        (``check_syncs``) a second one that raises on a host sync; None (and ``error`` set) where
-        it cannot be. Another library's capture of the same function needs no second check."""
+    def _capture(self, pool: Any, blas: str | None) -> tuple[Any, str | None]:
+        """(the function captured as a graph with GEMMs through ``blas``, None), after a warm-up
+        run and a second one that raises on a host sync; (None, why) where it cannot be."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         previous = torch.cuda.get_sync_debug_mode()
@@ -144,12 +168,10 @@ class Stage:
             try:
                 with torch.cuda.stream(stream):
                     self.fn()  # warm-up outside the capture: allocator, BLAS handles, compilation + autotuning
-                    if check_syncs:
-                        torch.cuda.set_sync_debug_mode("error")
-                        self.fn()  # the same again, now any host sync raises
+                    torch.cuda.set_sync_debug_mode("error")
+                    self.fn()  # the same again, now any host sync raises
             except RuntimeError as exc:
-                self.error = "host sync in the warm-up: " + _where(exc)
-                return None
+                return None, "host sync in the warm-up: " + _where(exc)
             finally:
                 torch.cuda.set_sync_debug_mode(previous)
                 torch.cuda.current_stream().wait_stream(stream)
@@ -158,12 +180,11 @@ class Stage:
             try:
                 with torch.cuda.graph(graph, pool=pool):
                     self.fn()
-                return graph
+                return graph, None
             except RuntimeError as exc:  # an op that cannot be captured: stay correct, run eagerly
                 self.capture_failed = True
-                self.error = "capture: " + _where(exc)
                 torch.cuda.synchronize()
-                return None
+                return None, "capture: " + _where(exc)
 
     def run(self) -> None:
         if self.graph is not None:
