@@ -3,7 +3,10 @@
 The verify batch is 1-257 rows (budget + 1) against weights of 4096-24576 columns: memory bound, so the
 figure is the share of the weight-read bandwidth (4.8 TB/s on an H200) each reaches. Timed in
 CUDA graphs (launch cost excluded, as in the decode stages). Usage:
-``python -m bench.gemm_shapes [--rows 1,17,65,257]``.
+``python -m bench.gemm_shapes [--rows 1,17,65,257]``; other modes: ``--layouts`` (weight stored
+[out, in] or [in, out]), ``--orientations`` (x @ w or its transposed product), ``--backends``
+(cuBLAS, cuBLASLt, no reduced-precision split-K, column halves), ``--inductor DEFAULT`` (cuBLAS
+against torch.compile's max-autotune GEMM).
 """
 
 from __future__ import annotations
