@@ -167,8 +167,9 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             if stage in blas_said:
                 continue
             blas_said.add(stage)
-            times = " / ".join(f"{name} {ms:.2f}" for name, ms in choice.items() if name not in ("chosen", "error"))
+            times = " / ".join(f"{name} {ms:.2f}" for name, ms in choice.items() if isinstance(ms, float))
             why = f"; the other: {choice['error']}" if "error" in choice else ""
+            why += "; measured by an earlier process" if choice.get("stored") else ""
             say(f"  (first request, budget {budget}: {stage} GEMMs through {choice['chosen']}; "
                 f"replays {times} ms{why})")
         if compiles:  # ahead: hooks time submit to finish; else each kernel's compile at its launch

@@ -10,6 +10,7 @@ attention windows, what the request reports) is the real code.
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import ClassVar
 
 import pytest
@@ -115,6 +116,7 @@ def capturing_decoder(tmp_path, monkeypatch):
     monkeypatch.setenv("DDTREE_DIAG_COMPILE_AHEAD", "off")
     monkeypatch.delenv("DDTREE_DIAG_BLAS", raising=False)
     monkeypatch.setattr(fast_decoder, "blas_switchable", lambda: True)  # as a CUDA build
+    monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "cache"))  # where measured choices are kept
     RecordingStage.made = []
     target = fx.make_target(tmp_path / "target")
     draft = fx.make_draft(tmp_path / "draft", block_size=4)
@@ -176,6 +178,35 @@ def test_a_slower_alternative_keeps_cublas(capturing_decoder, monkeypatch):
     engine, decoder = capturing_decoder("bf16")
     result = decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
     assert {choice["chosen"] for choice in result.extras["blas_choices"].values()} == {"cublas"}
+
+
+def test_a_measured_choice_stands_in_later_processes_on_this_machine(capturing_decoder, tmp_path, monkeypatch):
+    engine, decoder = capturing_decoder("bf16")
+    decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
+    store = tmp_path / "cache" / "blas-choice"
+    assert len(list(store.glob("*.json"))) == 3  # draft, verify at 9 rows and at 1
+
+    def later_process():
+        RecordingStage.made = []
+        engine, decoder = capturing_decoder("bf16")  # a new decoder: nothing measured in memory
+        return decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
+
+    result = later_process()
+    gemm_stages = [stage for stage in RecordingStage.made if stage.asked[1] is not None or stage.asked[2]]
+    assert gemm_stages and all(stage.asked[1:] == ("cublaslt", False) for stage in gemm_stages)
+    stored = {"chosen": "cublaslt", "cublas": 10.0, "cublaslt": 8.0, "stored": True}
+    assert result.extras["blas_choices"] == dict.fromkeys(("draft", "verify-1", "verify-9"), stored)
+
+    # a damaged store is measured again (and rewritten); one that cannot be written is no error
+    for path in store.glob("*.json"):
+        path.write_text("{not json")
+    later_process()
+    assert sum(stage.asked[2] for stage in RecordingStage.made) == 3
+    assert all(json.loads(path.read_text())["chosen"] == "cublaslt" for path in store.glob("*.json"))
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "a file"))
+    assert later_process().token_ids
+    assert sum(stage.asked[2] for stage in RecordingStage.made) == 3
 
 
 def test_an_alternative_that_will_not_capture_keeps_cublas_and_says_why(capturing_decoder, monkeypatch):
@@ -306,12 +337,13 @@ def test_the_first_switch_away_from_cublas_is_the_silenced_one(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_stages_are_captured_under_each_library_and_the_choice_is_reported(tmp_path):
+def test_cuda_stages_are_captured_under_each_library_and_the_choice_is_reported(tmp_path, monkeypatch):
     """On a GPU in bf16: the draft and verify stages are captured under both libraries and timed,
     the process's BLAS preference is as it was afterwards, and the tokens stay the eager path's
     up to bf16 near-ties (the two libraries may sum a GEMM in another order)."""
     from ddtree_diag.engine.divergence import first_divergence
 
+    monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "cache"))  # no choice an earlier run kept
     before = torch.backends.cuda.preferred_blas_library()
     target = fx.make_target(tmp_path / "target")
     engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="bf16")

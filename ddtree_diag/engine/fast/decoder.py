@@ -53,8 +53,12 @@ of this.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,7 +66,14 @@ import torch
 from ddtree_diag.engine import gdn
 from ddtree_diag.engine.decode import DecodeContext, DecodeRequest, Generation, GenerationRecorder, make_generator
 from ddtree_diag.engine.fast import ahead, kernels
-from ddtree_diag.engine.fast.graphs import Stage, StageTimer, blas_setting, blas_switchable
+from ddtree_diag.engine.fast.graphs import (
+    BLAS_LIBRARIES,
+    BLAS_MARGIN,
+    Stage,
+    StageTimer,
+    blas_setting,
+    blas_switchable,
+)
 from ddtree_diag.engine.fast.layers import (
     FusedWeights,
     additive_mask,
@@ -87,6 +98,7 @@ from ddtree_diag.engine.grammar import GrammarState
 from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks, sink_bias
 from ddtree_diag.engine.tree import ancestor_mask, build_tree
 from ddtree_diag.errors import UsageError
+from ddtree_diag.output.reportfile import write_output
 
 CACHE_ROUNDING = 512  # caches grow in these steps so graphs survive similar requests
 # Attention reads only the first `window` cache slots, rounded up to this step: a round attends
@@ -290,14 +302,56 @@ class FastDecoder:
                 if self.blas != "auto":
                     blas = self.blas
                 elif self.target.dtype in (torch.bfloat16, torch.float16):
-                    blas = self.blas_choices.get(shape)
+                    blas = self.blas_choices.get(shape) or self._stored_blas(shape)
                     choose = blas is None
             stage = self.stages[key] = Stage(fn, capture, self._pool, blas=blas, choose_blas=choose)
             self.capture_broken = self.capture_broken or stage.capture_failed
             if choose and stage.blas is not None:  # measured (or the alternative would not capture)
                 self.blas_choices[shape] = stage.blas
                 self.blas_ms[shape] = {**stage.blas_ms, **({"error": stage.blas_error} if stage.blas_error else {})}
+                self._store_blas(shape)
         return stage
+
+    def _blas_file(self, shape: tuple) -> Path | None:
+        """Where this machine keeps a stage shape's measured BLAS choice (``DDTREE_DIAG_CACHE``):
+        keyed by what the GEMMs and the libraries' kernels follow (the stage shape, the models'
+        configs and dtype, torch and CUDA versions, the GPU) and by the margin that decided. None
+        where that cannot be read."""
+        try:
+            from ddtree_diag.engine.embedded import cache_root
+
+            gpu = "cpu"
+            if self.device.type == "cuda":
+                gpu = f"{torch.cuda.get_device_name(self.device)} {torch.cuda.get_device_capability(self.device)}"
+            key = repr((
+                shape, str(self.target.dtype), self.target.config.to_json_string(use_diff=False),
+                repr(getattr(self.draft, "config", None)), torch.__version__, torch.version.cuda, gpu, BLAS_MARGIN,
+            ))
+        except Exception:  # no stored choice: the shape is measured in each process
+            return None
+        return cache_root() / "blas-choice" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+    def _stored_blas(self, shape: tuple) -> str | None:
+        """A choice an earlier process measured for ``shape`` on this machine (it then stands: the
+        same library in every process, so bf16 runs repeat), else None. Remove the cache's
+        ``blas-choice`` folder to measure again."""
+        path = self._blas_file(shape)
+        try:
+            stored = json.loads(path.read_text()) if path is not None else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(stored, dict) or stored.get("chosen") not in BLAS_LIBRARIES:
+            return None
+        self.blas_choices[shape] = stored["chosen"]
+        self.blas_ms[shape] = {name: value for name, value in stored.items() if name != "chosen"} | {"stored": True}
+        return stored["chosen"]
+
+    def _store_blas(self, shape: tuple) -> None:
+        """Keep a measured choice for later processes; a cache that cannot be written is no error."""
+        path = self._blas_file(shape)
+        if path is not None:
+            with contextlib.suppress(UsageError):
+                write_output(path, json.dumps({"chosen": self.blas_choices[shape], **self.blas_ms[shape]}))
 
     # ---- target -------------------------------------------------------------------------------
     def _target_forward(
