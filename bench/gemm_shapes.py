@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from bench.graph_timing import needs_cuda
+from ddtree_diag.engine.fast.graphs import blas_library
 
 HBM = 4.8e12
 # (name, in, out) of the Qwen3-8B shape's projections (fused q|k|v and gate|up) and lm_head
@@ -169,6 +171,15 @@ def layouts(rows: list[int]) -> int:
     return 0
 
 
+def column_major_weights(shapes: list[str]) -> Iterator[tuple[str, str, int, int, torch.Tensor]]:
+    """(shape, GEMM name, in, out, weight) for each projection of the named shapes ("8b", "27b"),
+    the weight [in, out] random bf16 stored as the engine stores it on CUDA; one at a time."""
+    tables = {"8b": SHAPES_8B, "27b": SHAPES_27B}
+    for shape in shapes:
+        for name, k, n in tables[shape]:
+            yield shape, name, k, n, (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous()
+
+
 def orientations(rows: list[int]) -> int:
     """At a few hundred rows a verify GEMM is compute-bound, and the rows' count decides how full
     cuBLAS's tiles are (272 = 256 + 16 rows in 128-row tiles fill 71 %). The same product computed
@@ -176,19 +187,16 @@ def orientations(rows: list[int]) -> int:
     the result row-major again, as the next kernel would need."""
     print(f"{'shape':>6} {'gemm':>8} {'rows':>5} {'x@w us':>8} {'TFLOP/s':>8} {'wT@xT us':>9} {'TFLOP/s':>8} "
           f"{'+copy us':>9} {'same':>5}")
-    for shape, table in (("8b", SHAPES_8B), ("27b", SHAPES_27B)):
-        for name, k, n in table:
-            w_t = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous()
-            for m in rows:
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                flop = 2 * m * k * n
-                straight = timed_us(lambda x=x, w_t=w_t: x @ w_t)
-                swapped = timed_us(lambda x=x, w_t=w_t: w_t.t() @ x.t())
-                copied = timed_us(lambda x=x, w_t=w_t: (w_t.t() @ x.t()).t().contiguous())
-                same = torch.equal(x @ w_t, (w_t.t() @ x.t()).t())
-                print(f"{shape:>6} {name:>8} {m:>5} {straight:>8.1f} {flop / straight / 1e6:>8.0f} {swapped:>9.1f} "
-                      f"{flop / swapped / 1e6:>8.0f} {copied:>9.1f} {same!s:>5}", flush=True)
-            del w_t
+    for shape, name, k, n, w_t in column_major_weights(["8b", "27b"]):
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            flop = 2 * m * k * n
+            straight = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+            swapped = timed_us(lambda x=x, w_t=w_t: w_t.t() @ x.t())
+            copied = timed_us(lambda x=x, w_t=w_t: (w_t.t() @ x.t()).t().contiguous())
+            same = torch.equal(x @ w_t, (w_t.t() @ x.t()).t())
+            print(f"{shape:>6} {name:>8} {m:>5} {straight:>8.1f} {flop / straight / 1e6:>8.0f} {swapped:>9.1f} "
+                  f"{flop / swapped / 1e6:>8.0f} {copied:>9.1f} {same!s:>5}", flush=True)
     return 0
 
 
@@ -198,36 +206,32 @@ def backends(rows: list[int]) -> int:
     partial sums in bf16, and the output columns as two GEMMs (other tile counts per wave). ``same``:
     bit-equal to the default's result."""
     matmul = torch.backends.cuda.matmul
-    default_backend = torch.backends.cuda.preferred_blas_library()
     reduced = matmul.allow_bf16_reduced_precision_reduction
-    # way: (preferred BLAS library, reduced-precision reductions allowed, output columns in halves)
-    ways = {"cublas": (default_backend, reduced, False), "lt": ("cublaslt", reduced, False),
-            "no-red": (default_backend, False, False), "halves": (default_backend, reduced, True)}
+    # way: (BLAS library, the engine's switch: None = as it is; reduced-precision reductions
+    # allowed; output columns in halves)
+    ways = {"cublas": (None, reduced, False), "lt": ("cublaslt", reduced, False),
+            "no-red": (None, False, False), "halves": (None, reduced, True)}
     print(f"{'shape':>6} {'gemm':>8} {'rows':>5} {'cublas us':>10} {'TFLOP/s':>8}"
           + "".join(f" {way + ' us':>10} {'same':>5}" for way in list(ways)[1:]))
-    for shape, table in (("8b", SHAPES_8B), ("27b", SHAPES_27B)):
-        for name, k, n in table:
-            w_t = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous()
-            for m in rows:
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                cells = []
-                for backend, allow_reduced, split in ways.values():
-                    def product(x=x, w_t=w_t, split=split):
-                        if not split:
-                            return x @ w_t
-                        half = w_t.shape[1] // 2
-                        return torch.cat([x @ w_t[:, :half], x @ w_t[:, half:]], dim=1)
-                    torch.backends.cuda.preferred_blas_library(backend)
-                    matmul.allow_bf16_reduced_precision_reduction = allow_reduced
-                    try:
+    for shape, name, k, n, w_t in column_major_weights(["8b", "27b"]):
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            cells = []
+            for library, allow_reduced, split in ways.values():
+                def product(x=x, w_t=w_t, split=split):
+                    if not split:
+                        return x @ w_t
+                    half = w_t.shape[1] // 2
+                    return torch.cat([x @ w_t[:, :half], x @ w_t[:, half:]], dim=1)
+                matmul.allow_bf16_reduced_precision_reduction = allow_reduced
+                try:
+                    with blas_library(library):
                         cells.append((timed_us(product), product()))
-                    finally:
-                        torch.backends.cuda.preferred_blas_library(default_backend)
-                        matmul.allow_bf16_reduced_precision_reduction = reduced
-                (base, reference), *others = cells
-                print(f"{shape:>6} {name:>8} {m:>5} {base:>10.1f} {2 * m * k * n / base / 1e6:>8.0f}"
-                      + "".join(f" {us:>10.1f} {torch.equal(out, reference)!s:>5}" for us, out in others), flush=True)
-            del w_t
+                finally:
+                    matmul.allow_bf16_reduced_precision_reduction = reduced
+            (base, reference), *others = cells
+            print(f"{shape:>6} {name:>8} {m:>5} {base:>10.1f} {2 * m * k * n / base / 1e6:>8.0f}"
+                  + "".join(f" {us:>10.1f} {torch.equal(out, reference)!s:>5}" for us, out in others), flush=True)
     return 0
 
 
@@ -245,25 +249,21 @@ def inductor(rows: list[int], search_space: str, shapes: list[str]) -> int:
     inductor_config.triton.enable_persistent_tma_matmul = True
     print(f"{'shape':>6} {'gemm':>8} {'rows':>5} {'cublas us':>10} {'TFLOP/s':>8} {'tuned us':>9} {'TFLOP/s':>8} "
           f"{'compile s':>10} {'max diff':>9}")
-    tables = {"8b": SHAPES_8B, "27b": SHAPES_27B}
-    for shape in shapes:
-        for name, k, n in tables[shape]:
-            w_t = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous()
-            for m in rows:
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                torch._dynamo.reset()
-                tuned = torch.compile(lambda x, w: x @ w, mode="max-autotune-no-cudagraphs", dynamic=False)
-                started = time.perf_counter()
-                out = tuned(x, w_t)
-                torch.cuda.synchronize()
-                compile_s = time.perf_counter() - started
-                cublas = timed_us(lambda x=x, w_t=w_t: x @ w_t)
-                ours = timed_us(lambda x=x, w_t=w_t, tuned=tuned: tuned(x, w_t))
-                diff = (out.float() - (x @ w_t).float()).abs().max().item()
-                flop = 2 * m * k * n
-                print(f"{shape:>6} {name:>8} {m:>5} {cublas:>10.1f} {flop / cublas / 1e6:>8.0f} {ours:>9.1f} "
-                      f"{flop / ours / 1e6:>8.0f} {compile_s:>10.1f} {diff:>9.4f}", flush=True)
-            del w_t
+    for shape, name, k, n, w_t in column_major_weights(shapes):
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            torch._dynamo.reset()
+            tuned = torch.compile(lambda x, w: x @ w, mode="max-autotune-no-cudagraphs", dynamic=False)
+            started = time.perf_counter()
+            out = tuned(x, w_t)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - started
+            cublas = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+            ours = timed_us(lambda x=x, w_t=w_t, tuned=tuned: tuned(x, w_t))
+            diff = (out.float() - (x @ w_t).float()).abs().max().item()
+            flop = 2 * m * k * n
+            print(f"{shape:>6} {name:>8} {m:>5} {cublas:>10.1f} {flop / cublas / 1e6:>8.0f} {ours:>9.1f} "
+                  f"{flop / ours / 1e6:>8.0f} {compile_s:>10.1f} {diff:>9.4f}", flush=True)
     return 0
 
 

@@ -87,16 +87,16 @@ class Engine:
         """The BLAS library the decode path's captured stages run their GEMMs through
         (``fast/graphs.py``); None where it captures none (CPU, eager, fast-nograph) and GEMMs run
         as torch runs them."""
-        from ddtree_diag.engine.fast.graphs import blas_setting
+        from ddtree_diag.engine.fast.graphs import blas_plan
 
-        setting = blas_setting()
+        plan = blas_plan(self.dtype)
         if self.decode_path not in ("fast", "fast-compile") or self.device.type != "cuda":
             return None
-        if setting != "auto":
-            return f"{setting} (DDTREE_DIAG_BLAS)"
-        if self.dtype not in (torch.bfloat16, torch.float16):
+        if plan is None:
             return "torch's default (fp32: the eager path's GEMMs)"
-        return "cuBLAS or cuBLASLt, per draft / verify shape the faster replay at capture"
+        if plan == "auto":
+            return "cuBLAS or cuBLASLt, per draft / verify shape the faster replay at capture"
+        return f"{plan} (DDTREE_DIAG_BLAS)"
 
     def info(self) -> dict[str, Any]:
         params = sum(p.numel() * p.element_size() for p in self.target.hf.parameters())

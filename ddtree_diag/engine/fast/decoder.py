@@ -71,7 +71,7 @@ from ddtree_diag.engine.fast.graphs import (
     BLAS_MARGIN,
     Stage,
     StageTimer,
-    blas_setting,
+    blas_plan,
     blas_switchable,
 )
 from ddtree_diag.engine.fast.layers import (
@@ -170,11 +170,12 @@ class FastDecoder:
         # setting of that shape (neither changes a GEMM); fp32, the dtype the lossless checks
         # compare in, keeps torch's default, as the eager path runs. DDTREE_DIAG_BLAS fixes one
         # library for all.
-        self.blas = blas_setting()
-        if self.graphs and self.blas != "auto" and not blas_switchable():
+        self.blas = blas_plan(self.target.dtype)
+        if self.graphs and self.blas in BLAS_LIBRARIES and not blas_switchable():
             raise UsageError(f"DDTREE_DIAG_BLAS={self.blas}: this torch build cannot run its GEMMs through it")
-        self.blas_choices: dict[tuple, str] = {}  # stage shape (see _stage) -> library
-        self.blas_ms: dict[tuple, dict[str, Any]] = {}  # the replay times that chose it (or why not)
+        # stage shape (see _stage) -> {"chosen": library, each library's replay ms, or the "error"
+        # of the one that would not capture; "stored": measured by an earlier process}
+        self.blas_choices: dict[tuple, dict[str, Any]] = {}
         # torch_compile: torch.compile the two halves of a decoder layer (norms, rotary, SwiGLU
         # fused into a few kernels) and the tree build. One compiled graph per row count serves
         # every layer, since the layer is an input (inlined nn.Modules). The compiled kernels then
@@ -301,14 +302,14 @@ class FastDecoder:
             if capture and key[0] in ("draft", "verify"):  # the stages with GEMMs
                 if self.blas != "auto":
                     blas = self.blas
-                elif self.target.dtype in (torch.bfloat16, torch.float16):
-                    blas = self.blas_choices.get(shape) or self._stored_blas(shape)
-                    choose = blas is None
+                else:
+                    choice = self.blas_choices.get(shape) or self._stored_blas(shape)
+                    blas, choose = (choice["chosen"], False) if choice else (None, True)
             stage = self.stages[key] = Stage(fn, capture, self._pool, blas=blas, choose_blas=choose)
             self.capture_broken = self.capture_broken or stage.capture_failed
             if choose and stage.blas is not None:  # measured (or the alternative would not capture)
-                self.blas_choices[shape] = stage.blas
-                self.blas_ms[shape] = {**stage.blas_ms, **({"error": stage.blas_error} if stage.blas_error else {})}
+                error = {"error": stage.blas_error} if stage.blas_error else {}
+                self.blas_choices[shape] = {"chosen": stage.blas, **stage.blas_ms, **error}
                 self._store_blas(shape)
         return stage
 
@@ -320,21 +321,16 @@ class FastDecoder:
         try:
             from ddtree_diag.engine.embedded import cache_root
 
-            gpu = "cpu"
-            if self.device.type == "cuda":
-                gpu = f"{torch.cuda.get_device_name(self.device)} {torch.cuda.get_device_capability(self.device)}"
-            key = repr((
-                shape, str(self.target.dtype), self.target.config.to_json_string(use_diff=False),
-                repr(getattr(self.draft, "config", None)), torch.__version__, torch.version.cuda, gpu, BLAS_MARGIN,
-            ))
+            gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+            key = repr((shape, *self._models_and_gpu(), gpu, torch.__version__, torch.version.cuda, BLAS_MARGIN))
         except Exception:  # no stored choice: the shape is measured in each process
             return None
         return cache_root() / "blas-choice" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
-    def _stored_blas(self, shape: tuple) -> str | None:
-        """A choice an earlier process measured for ``shape`` on this machine (it then stands: the
-        same library in every process, so bf16 runs repeat), else None. Remove the cache's
-        ``blas-choice`` folder to measure again."""
+    def _stored_blas(self, shape: tuple) -> dict[str, Any] | None:
+        """A choice an earlier process measured for ``shape`` on this machine, now this decoder's
+        (it then stands: the same library in every process, so bf16 runs repeat), else None.
+        Remove the cache's ``blas-choice`` folder to measure again."""
         path = self._blas_file(shape)
         try:
             stored = json.loads(path.read_text()) if path is not None else None
@@ -342,16 +338,15 @@ class FastDecoder:
             return None
         if not isinstance(stored, dict) or stored.get("chosen") not in BLAS_LIBRARIES:
             return None
-        self.blas_choices[shape] = stored["chosen"]
-        self.blas_ms[shape] = {name: value for name, value in stored.items() if name != "chosen"} | {"stored": True}
-        return stored["chosen"]
+        self.blas_choices[shape] = stored | {"stored": True}
+        return self.blas_choices[shape]
 
     def _store_blas(self, shape: tuple) -> None:
         """Keep a measured choice for later processes; a cache that cannot be written is no error."""
         path = self._blas_file(shape)
         if path is not None:
             with contextlib.suppress(UsageError):
-                write_output(path, json.dumps({"chosen": self.blas_choices[shape], **self.blas_ms[shape]}))
+                write_output(path, json.dumps(self.blas_choices[shape]))
 
     # ---- target -------------------------------------------------------------------------------
     def _target_forward(
@@ -862,8 +857,7 @@ class FastDecoder:
             # per draft / verify stage shape measured so far: the BLAS library kept, and each one's
             # best replay in ms (graphs.Stage), or the error of the alternative that would not capture
             "blas_choices": {
-                "-".join(map(str, shape)): {"chosen": self.blas_choices[shape], **self.blas_ms[shape]}
-                for shape in sorted(self.blas_choices, key=repr)
+                "-".join(map(str, shape)): choice for shape, choice in sorted(self.blas_choices.items(), key=repr)
             },
             "fast_tree_fallbacks": fallbacks,
             # what compiling this request's new Triton kernels ahead took (a pass ran: see ahead.py)
@@ -996,12 +990,20 @@ class FastDecoder:
                 sorted(map(repr, fresh)), temperature > 0,
                 sorted({(rows % 16 == 0, rows == 1) for rows in chunk_rows}),
                 switches,
-                str(self.target.dtype), self.target.config.to_json_string(use_diff=False),
-                repr(getattr(self.draft, "config", None)),
-                torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None,
+                *self._models_and_gpu(),
             ))
         except Exception:  # no marker: the pass runs every time
             return None
+
+    def _models_and_gpu(self) -> tuple:
+        """What this process's kernels and their measured choices follow, for keys that other
+        processes read (a compile-ahead marker, a stored BLAS choice): the target's dtype and
+        config, the draft's config, the GPU's capability."""
+        return (
+            str(self.target.dtype), self.target.config.to_json_string(use_diff=False),
+            repr(getattr(self.draft, "config", None)),
+            torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None,
+        )
 
     def _ar_tree(self, padded: int) -> None:
         """Root only (an AR step, or the last round when no draft node could be committed)."""

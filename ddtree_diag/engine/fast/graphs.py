@@ -39,6 +39,16 @@ def blas_setting() -> str:
     return value
 
 
+def blas_plan(dtype: torch.dtype) -> str | None:
+    """What the GEMMs of the stages captured in ``dtype`` run through: the library DDTREE_DIAG_BLAS
+    fixes, "auto" (bf16 / fp16: chosen per stage shape by its replays), or None (fp32, the dtype
+    the lossless checks compare in: torch's default, as the eager path runs)."""
+    setting = blas_setting()
+    if setting != "auto":
+        return setting
+    return "auto" if dtype in (torch.bfloat16, torch.float16) else None
+
+
 def _library_name(backend: object) -> str:
     """"cublas" / "cublaslt" / ... for torch's backend enum (or a name)."""
     return str(getattr(backend, "name", backend)).lower()
