@@ -68,15 +68,15 @@ fuzz: install
 bench-tree: install
 	$(PYTHON) -m bench.tree_build
 
-# GPU only: the engine's Triton kernels alone against the PyTorch ops they replace (us per call).
-# The embedded default on this CPU: ms per decode round by stage, a long prompt's first token, peak RSS.
 # A long prompt's prefill whole or in 8k chunks: first token, peak memory, the same tokens.
 bench-long-prompt: install
 	$(PYTHON) -m bench.long_prompt
 
+# The embedded default on this CPU: ms per decode round by stage, a long prompt's first token, peak RSS.
 bench-cpu-engine: install
 	$(PYTHON) -m bench.cpu_engine
 
+# GPU only: the engine's Triton kernels alone against the PyTorch ops they replace (us per call).
 bench-kernels: install
 	$(PYTHON) -m bench.tree_kernel_speed
 	$(PYTHON) -m bench.attention_kernel_speed
