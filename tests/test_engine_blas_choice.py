@@ -116,6 +116,8 @@ def capturing_decoder(tmp_path, monkeypatch):
     monkeypatch.setenv("DDTREE_DIAG_COMPILE_AHEAD", "off")
     monkeypatch.delenv("DDTREE_DIAG_BLAS", raising=False)
     monkeypatch.setattr(fast_decoder, "blas_switchable", lambda: True)  # as a CUDA build
+    # a stage that is not captured runs under its library: switching one needs a CUDA build
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", FakePreference())
     monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "cache"))  # where measured choices are kept
     RecordingStage.made = []
     target = fx.make_target(tmp_path / "target")
@@ -209,6 +211,66 @@ def test_a_measured_choice_stands_in_later_processes_on_this_machine(capturing_d
     assert sum(stage.asked[2] for stage in RecordingStage.made) == 3
 
 
+def test_a_choice_kept_by_a_process_measuring_at_the_same_time_is_taken(capturing_decoder, monkeypatch):
+    """Two first processes measure the same shapes at once: the one that keeps its choice first
+    wins, and the other captures its stages again under that choice, so both run the same GEMMs."""
+    engine, decoder = capturing_decoder("bf16")
+    real_store = fast_decoder.FastDecoder._store_blas
+
+    def store_after_another_process(self, shape):
+        other = self.blas_choices[shape] | {"chosen": "cublas"}  # it measured cuBLAS a hair faster
+        path = self._blas_file(shape)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(other))
+        return real_store(self, shape)
+
+    monkeypatch.setattr(fast_decoder.FastDecoder, "_store_blas", store_after_another_process)
+    result = decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
+    choices = result.extras["blas_choices"]
+    assert set(choices) == {"draft", "verify-9", "verify-1"}
+    assert all(choice["chosen"] == "cublas" and choice["stored"] for choice in choices.values())
+    gemm_stages = {key: stage for key, stage in decoder.stages.items() if key[0] in ("draft", "verify")}
+    assert gemm_stages and all(stage.asked[1:] == ("cublas", False) for stage in gemm_stages.values())
+    assert sum(stage.asked[2] for stage in RecordingStage.made) == 3  # measured once a shape, then taken
+
+
+def test_the_stored_choice_follows_what_changes_the_gemms(capturing_decoder, monkeypatch):
+    engine, decoder = capturing_decoder("bf16")
+    file = decoder._blas_file(("verify", 9))
+    assert file == decoder._blas_file(("verify", 9))
+    assert file != decoder._blas_file(("verify", 17)) != decoder._blas_file(("draft",))
+    monkeypatch.setattr(engine.target.config, "_name_or_path", "/elsewhere/the-same-model")
+    assert decoder._blas_file(("verify", 9)) == file  # the same model copied elsewhere: its kernels
+    for name, value in [("DDTREE_DIAG_WEIGHT_LAYOUT", "rows"), ("CUBLASLT_WORKSPACE_SIZE", "1024")]:
+        with monkeypatch.context() as switched:
+            switched.setenv(name, value)
+            assert decoder._blas_file(("verify", 9)) != file, name
+    matmul = torch.backends.cuda.matmul
+    allowed = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = not allowed  # a flag torch reads, not an attribute
+    try:
+        assert decoder._blas_file(("verify", 9)) != file
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = allowed
+    other_config = capturing_decoder("fp16")[1]
+    assert other_config._blas_file(("verify", 9)) != file
+    # a torch that cannot switch libraries reads no stored choice
+    decode(engine, decoder, fx.PROMPTS[0], max_tokens=8)
+    monkeypatch.setattr(fast_decoder, "blas_switchable", lambda: False)
+    fresh = capturing_decoder("bf16")[1]
+    assert fresh._stored_blas(("verify", 9)) is None
+
+
+def test_a_stage_that_is_not_captured_runs_under_its_library(monkeypatch):
+    preference = FakePreference()
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preference)
+    seen = []
+    stage = graphs.Stage(lambda: seen.append(preference.current), False, blas="cublaslt")
+    stage.run()
+    graphs.Stage(lambda: seen.append(preference.current), False).run()
+    assert seen == ["cublaslt", "cublas"] and preference.current == "cublas"
+
+
 def test_an_alternative_that_will_not_capture_keeps_cublas_and_says_why(capturing_decoder, monkeypatch):
     monkeypatch.setattr(RecordingStage, "LT_ERROR", "capture: operation not permitted")
     engine, decoder = capturing_decoder("bf16")
@@ -220,6 +282,14 @@ def test_an_alternative_that_will_not_capture_keeps_cublas_and_says_why(capturin
         assert choice == {"chosen": "cublas", "error": "under cublaslt: capture: operation not permitted"}
     # measured once: the second window's stages take the choice, they do not fail again
     assert sum(stage.asked[2] for stage in RecordingStage.made) == 3
+    # a choice made without its alternative is not kept for later processes (the failure may be
+    # a moment's lack of memory): the next process measures again
+    RecordingStage.made = []
+    monkeypatch.setattr(RecordingStage, "LT_ERROR", None)
+    engine, decoder = capturing_decoder("bf16")
+    later = decode(engine, decoder, fx.PROMPTS[0], max_tokens=8).extras["blas_choices"]
+    assert sum(stage.asked[2] for stage in RecordingStage.made) == 3
+    assert {choice["chosen"] for choice in later.values()} == {"cublaslt"}
 
 
 def test_fp32_keeps_the_default_library_the_eager_path_runs(capturing_decoder):
@@ -344,6 +414,7 @@ def test_cuda_stages_are_captured_under_each_library_and_the_choice_is_reported(
     from ddtree_diag.engine.divergence import first_divergence
 
     monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "cache"))  # no choice an earlier run kept
+    monkeypatch.delenv("DDTREE_DIAG_BLAS", raising=False)
     before = torch.backends.cuda.preferred_blas_library()
     target = fx.make_target(tmp_path / "target")
     engine = load_engine(target, fx.make_draft(tmp_path / "d8", block_size=8), device="cuda", dtype="bf16")
@@ -379,6 +450,9 @@ def test_engine_info_names_the_gemm_library_where_stages_are_captured(tmp_path, 
         engine.use_path(path)
         return engine._gemm_library()
 
+    monkeypatch.setattr(graphs, "blas_switchable", lambda: False)  # this CPU build: no choosing
+    assert library(engines["bf16"]) == "torch's default (this torch build cannot switch BLAS libraries)"
+    monkeypatch.setattr(graphs, "blas_switchable", lambda: True)  # as a CUDA build
     assert library(engines["bf16"]) == "cuBLAS or cuBLASLt, per draft / verify shape the faster replay at capture"
     assert library(engines["fp32"]) == "torch's default (fp32: the eager path's GEMMs)"
     for path in ("fast-nograph", "eager"):

@@ -87,13 +87,15 @@ class Engine:
         """The BLAS library the decode path's captured stages run their GEMMs through
         (``fast/graphs.py``); None where it captures none (CPU, eager, fast-nograph) and GEMMs run
         as torch runs them."""
-        from ddtree_diag.engine.fast.graphs import blas_plan
+        from ddtree_diag.engine.fast.graphs import blas_plan, blas_switchable
 
         plan = blas_plan(self.dtype)
         if self.decode_path not in ("fast", "fast-compile") or self.device.type != "cuda":
             return None
         if plan is None:
             return "torch's default (fp32: the eager path's GEMMs)"
+        if plan == "auto" and not blas_switchable():
+            return "torch's default (this torch build cannot switch BLAS libraries)"
         if plan == "auto":
             return "cuBLAS or cuBLASLt, per draft / verify shape the faster replay at capture"
         return f"{plan} (DDTREE_DIAG_BLAS)"

@@ -57,6 +57,7 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,16 @@ def use_persistent_compile_cache() -> None:
     from ddtree_diag.engine.embedded import cache_root
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
+def _kernel_switches() -> list[tuple[str, str]]:
+    """The environment switches that choose the fast path's kernels and weight layout (part of the
+    keys other processes read: a compile-ahead marker, a stored BLAS choice)."""
+    return sorted(
+        (name, value) for name, value in os.environ.items()
+        if name in ("DDTREE_DIAG_KERNELS", "DDTREE_DIAG_WEIGHT_LAYOUT", "DDTREE_DIAG_ATTENTION")
+        or (name.startswith("DDTREE_DIAG_") and name.endswith("_KERNEL"))
+    )
 
 
 def _without_window(key: tuple) -> tuple:
@@ -299,39 +310,55 @@ class FastDecoder:
             # what the GEMMs' shapes follow: the draft's are fixed, a verify's are its row count
             shape = key[:1] if key[0] == "draft" else key[:2]
             blas, choose = None, False
-            if capture and key[0] in ("draft", "verify"):  # the stages with GEMMs
+            if self.graphs and key[0] in ("draft", "verify"):  # the stages with GEMMs
                 if self.blas != "auto":
                     blas = self.blas
                 else:
                     choice = self.blas_choices.get(shape) or self._stored_blas(shape)
-                    blas, choose = (choice["chosen"], False) if choice else (None, True)
+                    blas, choose = (choice["chosen"], False) if choice else (None, capture)
             stage = self.stages[key] = Stage(fn, capture, self._pool, blas=blas, choose_blas=choose)
             self.capture_broken = self.capture_broken or stage.capture_failed
             if choose and stage.blas is not None:  # measured (or the alternative would not capture)
                 error = {"error": stage.blas_error} if stage.blas_error else {}
                 self.blas_choices[shape] = {"chosen": stage.blas, **stage.blas_ms, **error}
-                self._store_blas(shape)
+                # a choice made without the alternative (it would not capture, perhaps for a
+                # moment's lack of memory) is this process's only; a measured one is kept, unless
+                # another process kept one first: then every process runs that one
+                kept = None if stage.blas_error else self._store_blas(shape)
+                if kept is not None and kept["chosen"] != stage.blas and not self.capture_broken:
+                    stage = self.stages[key] = Stage(fn, capture, self._pool, blas=kept["chosen"])
+                    self.capture_broken = stage.capture_failed
         return stage
 
     def _blas_file(self, shape: tuple) -> Path | None:
         """Where this machine keeps a stage shape's measured BLAS choice (``DDTREE_DIAG_CACHE``):
-        keyed by what the GEMMs and the libraries' kernels follow (the stage shape, the models'
-        configs and dtype, torch and CUDA versions, the GPU) and by the margin that decided. None
-        where that cannot be read."""
+        keyed by what the GEMMs and the libraries' kernels follow (the stage shape, the decode path
+        and kernel switches, the models' configs and dtype, the reduced-precision and workspace
+        settings, torch and CUDA versions, the GPU) and by the margin that decided. None where that
+        cannot be read."""
         try:
             from ddtree_diag.engine.embedded import cache_root
 
             gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-            key = repr((shape, *self._models_and_gpu(), gpu, torch.__version__, torch.version.cuda, BLAS_MARGIN))
+            matmul = torch.backends.cuda.matmul
+            gemm_settings = (
+                matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction,
+                os.environ.get("CUBLAS_WORKSPACE_CONFIG"), os.environ.get("CUBLASLT_WORKSPACE_SIZE"),
+            )
+            key = repr((
+                shape, self.torch_compile, _kernel_switches(), *self._models_and_gpu(), gemm_settings, gpu,
+                torch.__version__, torch.version.cuda, BLAS_MARGIN,
+            ))
         except Exception:  # no stored choice: the shape is measured in each process
             return None
         return cache_root() / "blas-choice" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
     def _stored_blas(self, shape: tuple) -> dict[str, Any] | None:
         """A choice an earlier process measured for ``shape`` on this machine, now this decoder's
-        (it then stands: the same library in every process, so bf16 runs repeat), else None.
-        Remove the cache's ``blas-choice`` folder to measure again."""
-        path = self._blas_file(shape)
+        (it then stands: the same library in every process, so bf16 runs repeat), else None (also
+        where this torch cannot switch libraries). Remove the cache's ``blas-choice`` folder to
+        measure again."""
+        path = self._blas_file(shape) if blas_switchable() else None
         try:
             stored = json.loads(path.read_text()) if path is not None else None
         except (OSError, ValueError):
@@ -341,12 +368,34 @@ class FastDecoder:
         self.blas_choices[shape] = stored | {"stored": True}
         return self.blas_choices[shape]
 
-    def _store_blas(self, shape: tuple) -> None:
-        """Keep a measured choice for later processes; a cache that cannot be written is no error."""
+    def _store_blas(self, shape: tuple) -> dict[str, Any] | None:
+        """Keep this process's measured choice for later ones, unless a process measuring the same
+        shape at the same time kept its own first: that one is returned (and becomes this
+        decoder's). None where nothing could be kept; a cache that cannot be written is no error."""
         path = self._blas_file(shape)
-        if path is not None:
-            with contextlib.suppress(UsageError):
-                write_output(path, json.dumps(self.blas_choices[shape]))
+        if path is None:
+            return None
+        mine = self.blas_choices[shape]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(json.dumps(mine))
+                os.link(temp, path)  # creates the file whole, and only where none is yet
+            finally:
+                os.unlink(temp)
+            return mine
+        except FileExistsError:
+            kept = self._stored_blas(shape)  # None: a damaged file, replaced below
+            if kept is not None:
+                return kept
+        except OSError:  # no hard links here (or no cache): replaced whole below, where it can be
+            pass
+        with contextlib.suppress(UsageError):
+            write_output(path, json.dumps(mine))
+            return mine
+        return None
 
     # ---- target -------------------------------------------------------------------------------
     def _target_forward(
@@ -981,15 +1030,10 @@ class FastDecoder:
         cannot be told."""
         chunk_rows = [end - begin for begin, end in prefill_chunks(prompt_len, self.device)]
         try:
-            switches = sorted(
-                (name, value) for name, value in os.environ.items()
-                if name in ("DDTREE_DIAG_KERNELS", "DDTREE_DIAG_WEIGHT_LAYOUT", "DDTREE_DIAG_ATTENTION")
-                or (name.startswith("DDTREE_DIAG_") and name.endswith("_KERNEL"))
-            )
             return repr((
                 sorted(map(repr, fresh)), temperature > 0,
                 sorted({(rows % 16 == 0, rows == 1) for rows in chunk_rows}),
-                switches,
+                _kernel_switches(),
                 *self._models_and_gpu(),
             ))
         except Exception:  # no marker: the pass runs every time
@@ -999,8 +1043,10 @@ class FastDecoder:
         """What this process's kernels and their measured choices follow, for keys that other
         processes read (a compile-ahead marker, a stored BLAS choice): the target's dtype and
         config, the draft's config, the GPU's capability."""
+        config = self.target.config.to_dict()
+        config.pop("_name_or_path", None)  # the same model copied elsewhere has the same kernels
         return (
-            str(self.target.dtype), self.target.config.to_json_string(use_diff=False),
+            str(self.target.dtype), json.dumps(config, sort_keys=True, default=repr),
             repr(getattr(self.draft, "config", None)),
             torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None,
         )
