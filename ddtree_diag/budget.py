@@ -69,3 +69,30 @@ def over_limit(budget: int | None, limit: int) -> str | None:
     if budget is None or budget <= limit:
         return None
     return f"tree_budget {budget} exceeds this server's limit {limit} (serve --max-tree-budget)"
+
+
+def overrun(budget: int | None, spec: Any) -> str | None:
+    """Why a request's own speculation numbers show more drafting than the budget it sent allowed
+    (the server does not honour a per-request budget), or None: within it, nothing sent, or
+    numbers that cannot tell (none, or server-wide counters other traffic moves).
+
+    ``spec`` is a ``records.SpecMetrics``. At budget 0 any drafted or accepted draft token is too
+    many. At budget N a round can commit at most N accepted tokens plus its bonus, whatever the
+    tree's shape; drafted counts are not compared there (a block draft may propose more tokens
+    than the tree keeps). Rounds a server counts one off (the prefill's token) are allowed for."""
+    if budget is None or spec is None or getattr(spec, "server_wide", False):
+        return None
+    drafted, accepted = spec.draft_tokens or 0, spec.accepted_tokens or 0
+    if budget == AR_BUDGET and (drafted > 0 or accepted > 0):
+        return f"budget 0 sent, yet {drafted} draft tokens were proposed and {accepted} accepted"
+    longest = max(spec.acceptance_lengths or [0])
+    if longest > budget + 1:
+        return f"budget {budget} sent, yet a round committed {longest} tokens (at most {budget + 1} possible)"
+    mean, rounds = spec.mean_acceptance_length, spec.decode_rounds
+    if mean is not None and mean > budget + 1:
+        # the excess in tokens, where the rounds are known: two or more cannot be a count one off
+        excess = (mean - budget - 1) * rounds if rounds else None
+        if (excess is not None and excess >= 2) or (excess is None and mean >= budget + 1.5):
+            return (f"budget {budget} sent, yet {mean:.2f} tokens were committed per round "
+                    f"(at most {budget + 1} possible)")
+    return None

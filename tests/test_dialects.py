@@ -112,6 +112,34 @@ def test_sglang_acceptance_derived_from_rounds_when_missing():
     assert parsed.spec.mean_acceptance_length == 3.0
 
 
+def test_sglang_asks_for_meta_info_only_where_it_is_allowed():
+    # older builds carry the counters in choices[0].meta_info, sent on request; streams refuse it
+    assert dialects.build_request("sglang", case(), "m", stream=False)["return_meta_info"] is True
+    assert "return_meta_info" not in dialects.build_request("sglang", case(), "m", stream=True)
+
+
+def test_sglang_reads_the_counters_of_a_choices_meta_info():
+    payload = body({})
+    payload["choices"][0]["meta_info"] = {
+        "spec_verify_ct": 4, "spec_accepted_drafts": 8, "spec_proposed_drafts": 12, "spec_accept_length": 3.0,
+        "prompt_tokens": 5, "completion_tokens": 12,
+    }
+    spec = dialects.parse_body("sglang", payload, case()).spec
+    assert (spec.decode_rounds, spec.accepted_tokens, spec.draft_tokens, spec.mean_acceptance_length) == (4, 8, 12, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "extra"),
+    [
+        ("sglang", {"sglext": {"spec_tokens_details": {"spec_verify_ct": 0, "spec_accept_length": 0.0}}}),
+        ("ddtree-mlx", {"ddtree_stats": {"tree_budget": 16, "cycles": 0, "avg_acceptance": 0}}),
+    ],
+)
+def test_a_mean_of_zero_over_no_round_is_no_acceptance(dialect, extra):
+    spec = dialects.parse_body(dialect, body(extra, completion=1), case()).spec
+    assert spec.decode_rounds == 0 and spec.mean_acceptance_length is None
+
+
 def test_llamacpp_rounds_are_derived_and_marked():
     parsed = dialects.parse_body("llamacpp", body({"timings": {
         "predicted_n": 30, "predicted_per_second": 55.0, "draft_n": 40, "draft_n_accepted": 20}}), case())

@@ -48,6 +48,7 @@ def test_every_rule_is_quiet_on_a_healthy_run(healthy, rule):
      (("--rounds-mismatch",), "metrics-contradict"),
      (("--server-tps", "5000"), "server-client-speed-mismatch"),
      (("--acceptance-decay",), "acceptance-falling-across-repeats"),
+     (("--ignore-budget",), "budget-not-honoured"),  # its budget0 baseline speculates
      (("--early-stop",), "garbage-also-in-baseline")],  # the stand-in says it at budget 0 too
 )
 @pytest.mark.e2e
@@ -70,6 +71,67 @@ def test_story_run_names_thinking_and_early_stop(tmp_path):
     assert "early-stop" in ids and "garbage-only-thinking" not in ids  # off is garbage too
     early = next(f for f in report.findings if f.id == "early-stop")
     assert "'Hello,'" in early.evidence and all("think=off" in c for c in early.cases)
+
+
+@pytest.mark.e2e
+def test_a_llamacpp_server_that_ignores_the_budget_fails_the_lossless_check_and_says_why(tmp_path):
+    """Current llama.cpp servers drop a request's speculative.n_max: the budget0 baseline then
+    speculates too, and comparing its text would prove nothing."""
+    code, report, _ = gate_run(tmp_path, ("--ignore-budget",), dialect="llamacpp")
+    assert code != 0
+    compared = [r for r in report.results if r.baseline is not None and r.case.temperature == 0]
+    assert compared and all(r.baseline.verdict == "error" for r in compared)
+    assert all(r.baseline.detail.startswith("the baseline speculated") for r in compared)
+    assert "draft tokens were proposed" in compared[0].baseline.detail
+    item = next(f for f in report.findings if f.id == "budget-not-honoured")
+    assert "speculative.n_max" in item.check and "--baseline url:URL" in item.check
+    assert set(item.cases) == {r.case_id for r in compared}
+    # the same server honouring the budget: quiet, and the baseline compares
+    code, report, _ = gate_run(tmp_path, (), dialect="llamacpp")
+    assert "budget-not-honoured" not in finding_ids(report)
+    assert {r.baseline.verdict for r in report.results if r.baseline is not None} == {"identical"}
+
+
+@pytest.mark.e2e
+def test_a_url_baseline_that_speculates_is_no_baseline(tmp_path):
+    from tests.support.processes import start_standin
+
+    speculating = start_standin("--dialect", "vllm")  # reports its speculation per request
+    try:
+        _, report, _ = gate_run(tmp_path, (), dialect="vllm", args=("--baseline", f"url:{speculating.url}"))
+    finally:
+        speculating.process.terminate()
+        speculating.process.wait(timeout=10)
+    compared = [r for r in report.results if r.baseline is not None and r.case.temperature == 0]
+    assert compared and {r.baseline.verdict for r in compared} == {"error"}
+    assert all("it is no non-speculative run" in r.baseline.detail for r in compared)
+    item = next(f for f in report.findings if f.id == "budget-not-honoured")
+    assert item.title == "The lossless baseline speculates"
+
+
+@pytest.mark.parametrize(
+    ("budget", "numbers", "overrun"),
+    [
+        (0, {"draft_tokens": 30, "accepted_tokens": 12}, "30 draft tokens were proposed and 12 accepted"),
+        (0, {"draft_tokens": 0, "accepted_tokens": 0, "decode_rounds": 40, "mean_acceptance_length": 1.0}, None),
+        (0, {"decode_rounds": 47, "mean_acceptance_length": 48 / 47}, None),  # the prefill's token counted
+        (0, {"decode_rounds": 20, "mean_acceptance_length": 2.4}, "2.40 tokens were committed per round"),
+        (2, {"decode_rounds": 10, "mean_acceptance_length": 3.9}, "at most 3 possible"),
+        (2, {"decode_rounds": 10, "mean_acceptance_length": 3.1}, None),  # one token over: a count one off
+        (2, {"mean_acceptance_length": 3.4}, None),
+        (2, {"mean_acceptance_length": 3.6}, "3.60 tokens"),
+        (4, {"acceptance_lengths": [1, 5, 6]}, "a round committed 6 tokens"),
+        (4, {"acceptance_lengths": [1, 5, 5], "draft_tokens": 300, "decode_rounds": 3}, None),  # block drafts
+        (None, {"draft_tokens": 30, "accepted_tokens": 12}, None),  # nothing sent: the server's own
+        (0, {"draft_tokens": 30, "server_wide": True}, None),  # other traffic moves server-wide counters
+    ],
+)
+def test_the_budget_overrun_rule(budget, numbers, overrun):
+    from ddtree_diag.budget import overrun as budget_overrun
+    from ddtree_diag.records import SpecMetrics
+
+    why = budget_overrun(budget, SpecMetrics(**numbers))
+    assert (why is None) if overrun is None else (why is not None and overrun in why), why
 
 
 # --- records from a real run with one field altered: margins ----------------------------------

@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Variables of other tools the code reads or sets on purpose (documented where they are used).
 FOREIGN = {"NO_COLOR", "COLUMNS", "GITHUB_STEP_SUMMARY", "XDG_CACHE_HOME", "OPENAI_API_KEY", "PATH",
-           "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR"}
+           "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR",
+           "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE"}  # read, as part of a cache key, never set
 # os.environ["X"], os.environ.get("X"), os.getenv("X"), envvar="X" / envvar=["X", "Y"]
 READ = re.compile(r"""(?:environ(?:\.get)?\(?\[?|getenv\(|envvar=\[?)\s*["']([A-Z][A-Z0-9_]+)["']""")
 LISTED = re.compile(r"envvar=\[([^\]]*)\]")

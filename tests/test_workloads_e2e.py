@@ -144,7 +144,8 @@ def healthy_ddtree(tmp_path_factory):
 def healthy_vllm(tmp_path_factory):
     """vLLM with a second stand-in (no speculation to fault) as the url baseline, not streamed."""
     tmp = tmp_path_factory.mktemp("healthy-vllm")
-    server, plain = start_standin("--dialect", "vllm"), start_standin("--dialect", "vllm")
+    # the plain server speculates on nothing, so its answers carry no speculation numbers
+    server, plain = start_standin("--dialect", "vllm"), start_standin("--dialect", "vllm", "--no-per-request-metrics")
     try:
         result, report = probe(tmp, server, "vllm", "--baseline", f"url:{plain.url}", "--no-stream")
         return result, report, server.requests()
@@ -270,7 +271,7 @@ def test_faults_against_a_url_baseline(standin, tmp_path):
     """vLLM fixes speculation at start: the faulty server always speculates, a second stand-in
     without the fault is the baseline. Streamed, so broken tool arguments arrive in pieces."""
     server = standin("--dialect", "vllm", "--structured-broken", "--reasoning-in-content", "--cache-lost")
-    plain = standin("--dialect", "vllm")
+    plain = standin("--dialect", "vllm", "--no-per-request-metrics")  # no speculation: no numbers of it
     _, report = probe(tmp_path, server, "vllm", "--baseline", f"url:{plain.url}", "--stream")
     found = workload_findings(report)
     assert sorted(found) == [("prefix-cache-lost-with-speculation", "warning"), ("reasoning-in-content", "error"),

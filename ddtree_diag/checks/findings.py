@@ -17,9 +17,10 @@ from collections import defaultdict
 from itertools import pairwise
 from statistics import mean, median
 
+from ddtree_diag.budget import overrun
 from ddtree_diag.checks.depth import DEPTH_RULES
 from ddtree_diag.checks.findings_base import FindingKind, Rule, compare_advice, ids_of, looks_like_moe, rule, some
-from ddtree_diag.checks.lossless import MISMATCH, NEAR_TIE, repeat_disagreements
+from ddtree_diag.checks.lossless import BASELINE_SPECULATED, MISMATCH, NEAR_TIE, repeat_disagreements
 from ddtree_diag.checks.quality.registry import BY_CODE, LOOP_CODES, REPETITION
 from ddtree_diag.checks.speedup import SPEEDUP_RULES
 from ddtree_diag.checks.workloads import WORKLOAD_RULES
@@ -366,6 +367,52 @@ def acceptance_not_rising_with_budget(report: RunReport) -> list[Finding]:
     )]
 
 
+BUDGET_NOT_HONOURED = FindingKind(
+    "budget-not-honoured", ("warning",),
+    "a request's own numbers show more drafting than the tree budget it sent allows (any draft at "
+    "budget 0; more than budget + 1 tokens a round), or the lossless baseline speculated",
+)
+
+
+@rule(BUDGET_NOT_HONOURED)
+def budget_not_honoured(report: RunReport) -> list[Finding]:
+    """The server ignores the per-request budget: every budget's row then measured the server's
+    own draft setting, and a budget0 baseline compared speculation with speculation."""
+    hits, cases = [], []
+    for r in report.ok_results:
+        why = overrun(r.case.tree_budget, r.spec)
+        if why is not None:
+            hits.append(f"{r.case_id}: {why}")
+            cases.append(r.case_id)
+    speculated = [
+        r for r in report.results if r.baseline is not None and r.baseline.detail.startswith(BASELINE_SPECULATED)
+    ]
+    if speculated:
+        hits.append(f"the baseline speculated for {ids_of(speculated)}")
+    baseline_cases = [r.case_id for r in speculated]
+    if not hits:
+        return []
+    dialect = str(report.target.get("dialect") or "")
+    known = (
+        " llama.cpp's server compiles its per-request speculative.n_max out (the draft length is "
+        "--draft-max at start), so only builds that restore it can sweep per request."
+        if dialect == "llamacpp" else ""
+    )
+    url_baseline = not cases and all(r.baseline.mode == "url" for r in speculated)
+    title = "The server does not honour the per-request tree budget"
+    if url_baseline:
+        title = "The lossless baseline speculates"
+    return [BUDGET_NOT_HONOURED.found(
+        title,
+        some(hits, 6),
+        "Each budget's numbers are the server's own draft setting, not the budget in the table, and "
+        "a budget0 baseline is no non-speculative run." + known + " Sweep budgets by restarting the "
+        "server at each, and check losslessness against a server without a draft (--baseline "
+        "url:URL) or the target alone (--baseline engine).",
+        cases + baseline_cases,
+    )]
+
+
 MAX_CHARS_PER_TOKEN = 40  # non-space characters; a run of "-" or spaces is one token, words are not
 
 
@@ -698,6 +745,7 @@ RULES: list[Rule] = [
     thinking_acceptance_drop,
     acceptance_not_rising_with_budget,
     acceptance_collapse,
+    budget_not_honoured,
     metrics_contradict,
     rounds_accounting,
     acceptance_falling_across_repeats,

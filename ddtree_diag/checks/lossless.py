@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddtree_diag.budget import AR_BUDGET
+from ddtree_diag.budget import AR_BUDGET, overrun
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import (
     BASELINE_ERROR,
@@ -48,7 +48,8 @@ DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the top-2 logprobs; bf16 rounding mo
 DEFAULT_TOP_LOGPROBS = 5
 CONTEXT_CHARS = 30  # characters shown either side of a divergence
 
-ERROR = BASELINE_ERROR  # the baseline request failed
+ERROR = BASELINE_ERROR  # the baseline request failed, or it speculated
+BASELINE_SPECULATED = "the baseline speculated"
 
 _BASELINE_KEYS = {"mode", "url", "near_tie_gap", "top_logprobs"}
 
@@ -237,6 +238,14 @@ def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpe
     record.baseline_output = baseline.output
     record.baseline_reasoning = baseline.reasoning or None
     record.baseline_tool_calls = baseline.tool_calls
+    speculated = overrun(AR_BUDGET, baseline.spec)
+    if speculated is not None:  # speculation against speculation proves nothing
+        record.verdict = ERROR
+        record.detail = f"{BASELINE_SPECULATED} ({speculated.removeprefix('budget 0 sent, yet ')}): " + (
+            "the server does not honour a per-request budget; use --baseline url:URL (a server "
+            "without a draft) or --baseline engine" if spec.mode == "budget0" else "it is no non-speculative run"
+        )
+        return record
     _baseline_workload(record, result, baseline)
     if baseline.extras.get("logprobs_rejected"):
         record.logprobs = "not accepted by the baseline server"

@@ -31,6 +31,8 @@ requests sleep, so concurrency costs nothing). Load faults: ``--slow-spec-under-
 speculation, every token takes UNDER_LOAD_SLOWDOWN times the autoregressive time while more than N
 requests are in flight: faster alone, slower under load) and ``--no-drafts`` (speculation drafts
 nothing: 0 draft tokens where the dialect reports them, one token per round, autoregressive speed).
+``--ignore-budget``: the per-request budget is read by nothing (as current llama.cpp servers drop
+``speculative.n_max``): every request speculates, budget 0 included.
 
 Per-round numbers: a healthy run's rounds commit 1-5 tokens (SMOOTH_ROUNDS: acceptance decays smoothly
 with depth), told as vLLM's ``acceptance_histogram`` (with ``num_spec_tokens``), SGLang's
@@ -116,6 +118,7 @@ class State:
     # Load (the speed-up sweep)
     slow_spec_under_load: int | None = None  # with speculation, slow while more requests are in flight
     no_drafts = False  # speculation drafts nothing: acceptance 1, 0 draft tokens, AR speed
+    ignore_budget = False  # the per-request budget is read by nothing: every request speculates
     in_flight = 0  # chat requests being answered now
     capped_depth: int | None = None  # with speculation, every round accepts exactly this many drafts
     accepted_per_pos: list[int] = []  # noqa: RUF012 - /metrics per-position counters (position 0 = depth 1)
@@ -144,7 +147,7 @@ def budget_of(body: dict):
 def speculating(body: dict) -> bool:
     """Whether this request is decoded with speculation: a budget other than 0 where the dialect
     takes one per request; always where it does not (its baseline is another process)."""
-    return State.dialect not in BUDGET_DIALECTS or budget_of(body) != 0
+    return State.dialect not in BUDGET_DIALECTS or budget_of(body) != 0 or State.ignore_budget
 
 
 def content_text(content) -> str:
@@ -257,15 +260,16 @@ def round_lengths(n: int, rounds: int) -> list[int] | None:
     return lengths
 
 
-def spec_numbers(completion_tokens: int, rounds: int | None = None) -> dict:
+def spec_numbers(completion_tokens: int, rounds: int | None = None, drafting: bool = True) -> dict:
     # A plausible speculative run: rounds of up to 3 committed tokens (accepted drafts + bonus).
+    # Not drafting (budget 0 where the budget is read): rounds of one token, nothing drafted.
     if rounds is None:
         rounds = max(1, -(-completion_tokens // 3))
     accepted = completion_tokens - rounds
-    drafts = 0 if State.no_drafts else rounds * SPEC_TOKENS
+    drafts = rounds * SPEC_TOKENS if drafting and not State.no_drafts else 0
     lengths = round_lengths(completion_tokens, rounds)
     with State.lock:
-        State.drafts += rounds
+        State.drafts += rounds if drafting else 0
         State.draft_tokens += drafts
         State.accepted += accepted
         for length in lengths or []:
@@ -292,7 +296,7 @@ def rounds_for(n: int, body: dict, thinking) -> int | None:
     if n <= 1:
         return None
     budget = budget_of(body)
-    if budget == 0 or State.no_drafts:
+    if (budget == 0 and not State.ignore_budget) or State.no_drafts:
         return n  # plain autoregressive: one token per round
     if State.capped_depth is not None:
         return -(-n // (State.capped_depth + 1))  # no round accepts more than K drafts
@@ -318,7 +322,7 @@ def rounds_for(n: int, body: dict, thinking) -> int | None:
 
 def extras_for(dialect: str, n: int, body: dict, thinking=None, tps: float | None = None, *,
                prompt_n: int = 12, cached: int = 0) -> dict:
-    spec = spec_numbers(n, rounds_for(n, body, thinking))
+    spec = spec_numbers(n, rounds_for(n, body, thinking), drafting=speculating(body))
     tps = State.server_tps if State.server_tps is not None else tps
     if dialect == "ddtree":
         rounds = n if State.rounds_mismatch else spec["rounds"]
@@ -669,12 +673,13 @@ def main() -> None:
     parser.add_argument("--capped-depth", type=int, default=None)  # every round accepts exactly K drafts
     parser.add_argument("--slow-spec-under-load", type=int, default=None)  # N: slow beyond N requests in flight
     parser.add_argument("--no-drafts", action="store_true")
+    parser.add_argument("--ignore-budget", action="store_true")
     args = parser.parse_args()
     for name in ("answer", "lossy", "flaky_text", "tie_gap", "rounds_mismatch", "acceptance_decay",
                  "thinking_garbage", "thinking_low_acceptance", "early_stop", "loop", "inverse_budget",
                  "server_tps", "seconds_per_token", "first_token_delay", "max_model_len", "reasoning",
                  "structured_broken", "no_enforce", "reasoning_in_content", "context_collapse", "cache_lost",
-                 "cache_changes_output", "capped_depth", "slow_spec_under_load", "no_drafts"):
+                 "cache_changes_output", "capped_depth", "slow_spec_under_load", "no_drafts", "ignore_budget"):
         setattr(State, name, getattr(args, name))
     State.dialect = args.dialect
     State.per_request_metrics = not args.no_per_request_metrics

@@ -260,6 +260,9 @@ class Dialect:
         parsed.spec = self.read_spec(parsed.extras, parsed)
         self.fix_quirks(parsed, case)
         spec = parsed.spec
+        if spec.mean_acceptance_length is not None and spec.mean_acceptance_length < 1 and not spec.decode_rounds:
+            # no verify round (or none counted): servers fill the mean with a 0 then, not an acceptance
+            spec.mean_acceptance_length = None
         if spec.mean_acceptance_length is None and spec.decode_rounds and parsed.completion_tokens is not None:
             spec.mean_acceptance_length = parsed.completion_tokens / spec.decode_rounds
             spec.derived = True

@@ -18,6 +18,10 @@ class SGLang(Dialect):
     def shape(self, body: dict[str, Any], case: ProbeCase) -> None:
         super().shape(body, case)
         body["return_spec_tokens_details"] = True
+        if not body.get("stream"):
+            # builds before spec_tokens_details put the counters in choices[0].meta_info, sent only
+            # when asked (and refused with stream=true)
+            body["return_meta_info"] = True
 
     def detect(self, extras: dict[str, Any]) -> bool:
         return "sglext" in extras or "meta_info" in extras
@@ -41,7 +45,9 @@ class SGLang(Dialect):
         return SpecMetrics(
             decode_rounds=rounds,
             mean_acceptance_length=mean,
-            draft_tokens=integer(first(stats, "spec_num_proposed_drafts", "spec_draft_token_num")),
+            draft_tokens=integer(
+                first(stats, "spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+            ),
             accepted_tokens=accepted,
             source="response.sglext.spec_tokens_details",
         )
