@@ -317,6 +317,63 @@ def test_control_chars(text):
     assert flagged(text, "control_chars")
 
 
+@pytest.mark.parametrize(
+    ("text", "finish"),
+    [
+        ("The answer is " + "4" * 90, "length"),  # a digit: one token to the loop search
+        ("I" * 160, "length"),
+        ("The answer is " + "0" * 50, "length"),  # shorter, but it runs into the token limit
+        ("Paris is the capital of France." + " " * 60, "length"),  # blanks up to the limit
+        ("DNS maps names to addresses." + "\t" * 250 + "It also caches.", "stop"),  # a long blank run
+    ],
+)
+def test_one_letter_digit_or_blank_flooding_is_a_token_loop(text, finish):
+    assert flagged(text, "token_loop", finish_reason=finish), assess(text, finish_reason=finish).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("text", "prompt"),
+    [
+        ("Zero as a 64-bit binary number: " + "0" * 64 + ".", "Write 0 as 64-bit binary."),
+        ("mask = 0x" + "f" * 64 + "  # all 256 bits set", "A 256-bit all-ones mask in hex?"),
+        ("Aaaaaaaaaaaaaaaaaaaah! That was a scary film.", "How was the film?"),
+        ("| name | value |\n|------|-------|\n| a" + " " * 30 + "| 1 |", "A table please."),
+        ("Scream: " + "A" * 80, "Write the letter A eighty times in a row."),  # asked for
+    ],
+)
+def test_long_numbers_masks_and_asked_for_runs_are_no_flood(text, prompt):
+    assert "token_loop" not in codes(text, prompt=prompt, finish_reason="stop")
+
+
+def test_a_numbered_list_whose_item_stops_changing_is_a_loop():
+    looping = "1. Make a schedule.\n" + "".join(f"{i}. Take breaks.\n" for i in range(2, 9)) + "9. Take bre"
+    verdict = assess(looping, prompt="Write a list of study tips.", finish_reason="length")
+    assert verdict.garbage and "line_loop" in verdict.codes, verdict.to_dict()
+    assert "under 8 list numbers in a row" in next(r.detail for r in verdict.reasons if r.code == "line_loop")
+    fine = "1. Make a schedule.\n2. Take breaks.\n3. Take breaks.\n4. Sleep well.\n5. Eat well."
+    assert "line_loop" not in codes(fine, prompt="Write a list of study tips.", finish_reason="stop")
+    asked = "".join(f"{i}. I will not talk in class.\n" for i in range(1, 11))
+    assert not assess(asked, prompt="Write 'I will not talk in class' 10 times, numbered.",
+                      finish_reason="stop").garbage
+
+
+@pytest.mark.parametrize("text", ["Au", "Na", "De", "CC(=O)OC1=CC=CC=C1C(=O)O", "H2O"])
+def test_a_one_word_answer_or_a_formula_is_no_premature_stop(text):
+    assert "premature_stop" not in codes(text, prompt="Answer in one word or formula.", finish_reason="stop")
+
+
+def test_bare_json_is_code_not_prose():
+    package = (
+        '{\n  "name": "mini-api",\n  "version": "1.0.0",\n  "main": "index.js",\n  "scripts": {\n'
+        '    "start": "node index.js",\n    "dev": "nodemon index.js"\n  },\n  "dependenc'
+    )
+    assert not assess(package, prompt="package.json for a minimal express app", finish_reason="length").garbage
+    from ddtree_diag.checks.quality.context import bare_json
+
+    assert bare_json(package) and bare_json('[{"a": 1}, {"a": 2}]')
+    assert not bare_json("[1] Smith et al. (2020). A paper.\n[2] Doe (2019).\n[3] Roe.")
+
+
 @pytest.mark.parametrize("text", ["L'Ã©tÃ© Ã  Paris est trÃ¨s chaud.", "Itâ€™s a nice day.", "ÐŸÑ€Ð¸Ð²ÐµÑ‚!"])
 def test_mojibake(text):
     verdict = assess(text)
@@ -329,6 +386,8 @@ def test_mojibake(text):
     "▁The▁sky▁looks▁blue▁because▁the▁air▁scatters▁sunlight.",  # SentencePiece
     "The sky is blue.ĊĊIt is because of scattering.ĊĊThe end.ĊThanks.",  # newline marks
     "Hello<0x0A>world<0x0A>this is a test<0xE4><0xBD><0xA0>",  # byte fallback
+    "First line here.<0x0A>Second line here.",  # one byte token, glued to the words around it
+    'print(<0x22>hello<0x22>)',
 ])
 def test_undecoded_tokenizer_pieces(text):
     verdict = assess(text, prompt="Why is the sky blue?", finish_reason="stop")
@@ -346,6 +405,7 @@ def test_undecoded_tokenizer_pieces(text):
     ("ĠThe ĠThe ĠThe: each piece keeps its Ġ mark.", "Show me raw GPT-2 tokenizer pieces."),
     ("Raw pieces look like `ĠThe Ġsky Ġis`, `▁The▁sky▁is` or `<0x0A><0x0A><0x0A>`: decode them first.",
      "Why does my output look odd?"),  # quoted as code
+    ("In llama.cpp logs a newline shows as <0x0A> and a quote as <0x22> .", "What do odd log lines mean?"),
 ])
 def test_tokenizer_marks_as_letters_bars_or_the_topic_are_fine(text, prompt):
     assert "token_pieces" not in codes(text, prompt=prompt, finish_reason="stop")

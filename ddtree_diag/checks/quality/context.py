@@ -18,6 +18,8 @@ is given:
 
 from __future__ import annotations
 
+import json
+import re
 import zlib
 from bisect import bisect_right
 from collections.abc import Callable
@@ -204,7 +206,10 @@ def excerpt(text: str, start: int, end: int) -> str:
 
 
 def code_spans_of(text: str) -> list[tuple[int, int]]:
-    """Fenced blocks (an unclosed fence runs to the end) and inline `code`, sorted, disjoint."""
+    """Fenced blocks (an unclosed fence runs to the end) and inline `code`, sorted, disjoint; a
+    whole answer that is bare JSON ("return only JSON") is one span."""
+    if bare_json(text):
+        return [(0, len(text))]
     if "`" not in text and "~~~" not in text:
         return []
     fences = _fence_spans(text)
@@ -213,6 +218,30 @@ def code_spans_of(text: str) -> list[tuple[int, int]]:
         spans += [m.span() for m in INLINE_CODE_RE.finditer(text) if not inside_spans(m.start(), fences)]
     spans.sort()
     return spans
+
+
+# A line of JSON: a key, a string or number item, a literal, or brackets alone.
+_JSON_LINE_RE = re.compile(
+    r'\s*(?:"(?:[^"\\]|\\.)*"\s*:.*|"(?:[^"\\]|\\.)*",?|-?\d[\d.eE+-]*,?|true,?|false,?|null,?|[\[\]{}]+,?)\s*'
+)
+
+
+def bare_json(text: str) -> bool:
+    """Whether the whole text is JSON without a fence: it parses, or (cut by the token limit) it
+    opens with a bracket and 3+ lines, nearly all of them JSON lines."""
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "{[":
+        return False
+    try:
+        json.loads(stripped)
+        return True
+    except ValueError:
+        pass
+    lines = [line for line in stripped.splitlines() if line.strip()]
+    if len(lines) < 3:
+        return False
+    json_lines = sum(1 for line in lines[:-1] if _JSON_LINE_RE.fullmatch(line))  # the last may be cut
+    return json_lines >= 0.8 * (len(lines) - 1)
 
 
 def _fence_spans(text: str) -> list[tuple[int, int]]:

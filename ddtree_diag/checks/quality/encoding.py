@@ -97,13 +97,24 @@ def find_token_pieces(text: str, ctx: Context) -> list[Reason]:
         detail = f"{len(marks)} words opened by a tokenizer mark ({marks[0].group()!r}: undecoded BPE/SentencePiece)"
     else:
         byte_tokens = [m for m in _BYTE_TOKEN_RE.finditer(text) if not inside_spans(m.start(), code_spans)]
-        if len(byte_tokens) >= 3:
+        # one or two are enough where one stands glued to a word, as a decoded byte would
+        # ("line.<0x0A>Next", "print(<0x22>hi"); spaced apart they may be named, not leaked
+        glued_bytes = any(_glued_byte(text, m) for m in byte_tokens)
+        if len(byte_tokens) >= 3 or glued_bytes:
             found = byte_tokens
-            detail = f"{len(byte_tokens)} byte-fallback tokens ({byte_tokens[0].group()!r}) left undecoded"
+            detail = f"{len(byte_tokens)} byte-fallback token(s) ({byte_tokens[0].group()!r}) left undecoded"
     if not found:
         return []
     span = (found[0].start(), min(len(text), found[0].start() + EVIDENCE_CHARS))
-    return [Reason("token_pieces", detail, excerpt(text, *span), 0.75, span)]
+    weight = 0.75 if len(found) >= 3 else 0.6
+    return [Reason("token_pieces", detail, excerpt(text, *span), weight, span)]
+
+
+def _glued_byte(text: str, match: re.Match) -> bool:
+    """A byte token with a letter or digit right before or after it."""
+    before = text[match.start() - 1] if match.start() else " "
+    after = text[match.end()] if match.end() < len(text) else " "
+    return before.isalnum() or after.isalnum()
 
 
 # Text escaped once more than it should be (a proxy or server encoding a JSON string twice, or

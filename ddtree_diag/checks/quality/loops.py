@@ -96,7 +96,54 @@ def find_loops(text: str, ctx: Context) -> list[Reason]:
     best: dict[str, Reason] = {}
     for lo, hi in ctx.windows:
         best = _loops_in(text, lo, hi, ctx, ctx.code_spans, best)
+    counted = _numbered_item_loop(text, ctx, ctx.code_spans)
+    if counted is not None and ("line_loop" not in best or counted.weight > best["line_loop"].weight):
+        best["line_loop"] = counted
     return list(best.values())
+
+
+_LIST_ITEM_RE = re.compile(r"^[ \t]*(\d{1,4})[.)][ \t]+(\S[^\n]*?)[ \t]*$", re.MULTILINE)
+NUMBERED_REPEATS = 5  # the same item under this many numbers in a row
+_PLACEHOLDERS = frozenset({"tbd", "todo", "n/a", "na", "none", "-", "—", "...", "…", "[ ]", "[x]", "?"})
+
+
+def _numbered_item_loop(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    """A numbered list whose items stop changing ("3. Take breaks.\n4. Take breaks.\n…"): a loop
+    with a counter, which the back-to-back search cannot see (the number changes) and the n-gram
+    search misses where the item is short. Placeholders ("TBD", "N/A") and asked-for repetition
+    are lists, not loops."""
+    if ctx.repeat:
+        return None
+    streak: list[re.Match] = []
+    found: list[re.Match] = []
+    for match in _LIST_ITEM_RE.finditer(text):
+        if inside_spans(match.start(), code_spans):
+            continue
+        item = match.group(2).casefold()
+        follows = bool(streak) and not text[streak[-1].end() : match.start()].strip() and (
+            int(match.group(1)) == int(streak[-1].group(1)) + 1 and item == streak[-1].group(2).casefold()
+        )
+        if not follows:
+            streak = []
+        if any(ch.isalpha() for ch in item) and item.strip(".!") not in _PLACEHOLDERS:
+            streak.append(match)
+        if len(streak) > len(found):
+            found = list(streak)
+    if not found:
+        return None
+    # the item after the streak cut by the token limit counts as one more ("10. Take bre")
+    cut_after = ctx.truncated and _LIST_ITEM_RE.fullmatch(text[found[-1].end() :].strip(), 0) is not None
+    repeats = len(found) + (1 if cut_after else 0)
+    if repeats < NUMBERED_REPEATS:
+        return None
+    start, end = found[0].start(), found[-1].end()
+    return Reason(
+        "line_loop",
+        f"{found[0].group(2)[:40]!r} under {repeats} list numbers in a row",
+        excerpt(text, start, end),
+        0.75 if repeats >= 2 * NUMBERED_REPEATS else 0.65,
+        (start, end),
+    )
 
 
 def find_compression(text: str, ctx: Context) -> list[Reason]:
@@ -112,7 +159,39 @@ _DRAWING = frozenset(chr(c) for c in range(0x2500, 0x25A0)) | {"^"}
 _FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?:\n[ \t]*){19,}")
 
 
+# One letter or digit 40+ times in a row ("IIII…", "4444…"), or 40+ spaces / tabs: one token to
+# the loop search too. A word or number of its own that long is rare but exists (a 64-bit binary
+# zero, a 256-bit mask of f's), so such a run counts past 72, or past 40 where it runs into the
+# token limit; blank runs only there, or past 200 (alignment and indentation stay shorter).
+_CHAR_RUN_RE = re.compile(r"([^\W_])\1{39,}|[ \t]{40,}")
+CHAR_RUN = 72
+BLANK_RUN = 200
+
+
+def _char_run(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    for match in _CHAR_RUN_RE.finditer(text, lo, hi):
+        if inside_spans(match.start(), code_spans) or ctx.repeat:
+            continue
+        count = match.end() - match.start()
+        to_the_limit = ctx.truncated and not text[match.end():].strip()
+        blank = match.group(1) is None
+        if not (to_the_limit or count >= (BLANK_RUN if blank else CHAR_RUN)):
+            continue
+        unit = "whitespace" if blank else repr(match.group(1))
+        return Reason(
+            "token_loop",
+            f"{unit} repeated {count}× in a row" + (" up to the token limit" if to_the_limit else ""),
+            excerpt(text, max(0, match.start() - 40), match.end()),
+            0.6 if count < 120 else 0.75,
+            match.span(),
+        )
+    return None
+
+
 def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    run = _char_run(text, lo, hi, ctx, code_spans)
+    if run is not None:
+        return run
     for match in _FLOOD_RE.finditer(text, lo, hi):
         if inside_spans(match.start(), code_spans) or ctx.repeat:
             continue

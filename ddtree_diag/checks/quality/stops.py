@@ -95,6 +95,8 @@ def _premature_stop(
         cut -= 1
     last_word = tail[cut:].lower().lstrip("'’")
     after_hyphen = cut > 0 and tail[cut - 1] in "-‐"  # "Fais-le", "allons-y": a pronoun, not an article
+    # a word only where it stands apart: "C(=O)O" or "H2O" ends on no word "o"
+    glued = cut > 0 and not tail[cut - 1].isspace() and tail[cut - 1] not in "(\"“‘«¿¡"
     before_last = words[-2].lower() if len(words) >= 2 else ""
     why = None
     if end_char in UNFINISHED_END:
@@ -103,9 +105,10 @@ def _premature_stop(
         why = "a code block is never closed"
     elif CJK_CHAR_RE.match(end_char) and len(CJK_CHAR_RE.findall(tail)) >= 6 and stripped.endswith(DANGLING_CJK):
         why = f"ends on {next(p for p in DANGLING_CJK if stripped.endswith(p))!r}, which needs what follows"
-    elif last_word and not after_hyphen:
+    elif last_word and not after_hyphen and not glued and len(words) >= 2:
+        # (a one-word answer is an answer: "Au", "De", "Or" are gold, a preposition's name, a word)
         dangling, pairs = _dangling_words(words, ctx.prompt)
-        if last_word in dangling and (len(words) >= 2 or len(last_word) > 1):
+        if last_word in dangling:
             why = f"ends on the word {last_word!r}"
         elif last_word in pairs[1] and before_last in pairs[0]:
             why = f"ends on {before_last!r} {last_word!r}, a preposition and its article"
