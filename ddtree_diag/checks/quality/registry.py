@@ -35,11 +35,13 @@ REGISTRY: tuple[ReasonCode, ...] = (
                kind="an empty answer"),
     ReasonCode("premature_stop", "hard/soft", "`stop` on an unfinished sentence (`Hello,`, `Here is the code:`)",
                "stops", kind="a stop mid-sentence"),
-    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`)", "loops",
+    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`, `4444…` past "
+               "72, blanks into the token limit)", "loops",
                loop=True, kind=REPETITION),
     ReasonCode("phrase_loop", "hard", "a multi-word phrase repeated back to back", "loops",
                loop=True, kind=REPETITION),
-    ReasonCode("line_loop", "hard", "the same line (or group of lines) repeated back to back", "loops",
+    ReasonCode("line_loop", "hard", "the same line (or group of lines) repeated back to back, or under 5+ list "
+               "numbers in a row (`3. Take breaks.` `4. Take breaks.` …)", "loops",
                loop=True, kind=REPETITION),
     ReasonCode("repeated_ngram", "hard/soft", "a phrase recurring with only a counter changing (`1. X. 2. X. 3. X.`)",
                "loops", loop=True, kind=REPETITION),
@@ -84,7 +86,7 @@ REGISTRY: tuple[ReasonCode, ...] = (
                "encoding", kind="mis-decoded text"),
     ReasonCode("token_pieces", "hard",
                "tokenizer pieces left undecoded (`ĠThe Ġsky`, `▁The▁sky`, `<0x0A>`): the server returned token "
-               "strings, not text", "encoding", kind="undecoded token pieces"),
+               "strings, not text (3+, or one glued to a word)", "encoding", kind="undecoded token pieces"),
     ReasonCode("escaped_text", "hard",
                "text escaped twice: a literal `\\n` for line breaks, `\\u5929` for characters, or HTML "
                "entities (`It&#39;s`) in prose (a proxy or server encoding JSON or HTML twice)", "encoding",
