@@ -362,6 +362,20 @@ def test_a_one_word_answer_or_a_formula_is_no_premature_stop(text):
     assert "premature_stop" not in codes(text, prompt="Answer in one word or formula.", finish_reason="stop")
 
 
+def test_salad_after_a_prompt_of_content_words_only_is_judged_in_the_prompts_language():
+    """Salad keeps few function words whole, so its own words do not tell its language, and a
+    prompt like "Explain gradient descent." has no frequent word either: the one lexicon that
+    holds all of the prompt's words says which language to judge the answer in."""
+    prompt = "Explain gradient descent."
+    salad = ("Grad ient desc ent optim isat ion meth od mov es param eters nega tive gra dient unt il "
+             "lo ss stop s fall ing.")
+    verdict = assess(salad, prompt=prompt, finish_reason="stop")
+    assert verdict.garbage and "word_salad" in verdict.codes, verdict.to_dict()
+    clean = ("Gradient descent is an optimisation method that moves the parameters along the negative "
+             "of the gradient until the loss stops falling.")
+    assert not assess(clean, prompt=prompt, finish_reason="stop").garbage
+
+
 def test_bare_json_is_code_not_prose():
     package = (
         '{\n  "name": "mini-api",\n  "version": "1.0.0",\n  "main": "index.js",\n  "scripts": {\n'

@@ -148,7 +148,7 @@ def _prompt_language(prompt: str) -> str | None:
     prompt_words = [c.casefold() for c in chunks if _PLAIN_RE.fullmatch(c)]
     ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
     if not ranked or ranked[0][1] < 0.15:
-        return None
+        return _only_lexicon_holding(chunks)
     top = frozenset(lexicon.index()[ranked[0][0]]["top"])
     if any(len(w) >= 3 and w in top for w in prompt_words):
         return ranked[0][0]
@@ -163,6 +163,20 @@ def _prompt_language(prompt: str) -> str | None:
     best = max(known for known, _ in fits)
     winners = [lang for known, lang in fits if known == best]
     return winners[0] if len(winners) == 1 else None
+
+
+def _only_lexicon_holding(chunks: list[str]) -> str | None:
+    """A short prompt of content words only ("Explain recursion.", "Explain gradient descent."):
+    the one language of its script whose lexicon holds all its words of 4+ letters (2+ of them,
+    names left out), if exactly one does. One word proves nothing ("Hello" is a loanword)."""
+    longer = [c.casefold() for at, c in enumerate(chunks)
+              if len(c) >= 4 and _PLAIN_RE.fullmatch(c) and (at == 0 or c.lower() == c)]
+    if len(longer) < 2:
+        return None
+    script = lexicon.script_of_char(longer[0][0])
+    holding = [lang for lang, info in lexicon.index().items()
+               if info["script"] == script and all(w in lexicon.words(lang) for w in longer)]
+    return holding[0] if len(holding) == 1 else None
 
 
 _CHUNK_RE = re.compile(r"\S+")
