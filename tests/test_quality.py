@@ -376,6 +376,12 @@ def test_salad_after_a_prompt_of_content_words_only_is_judged_in_the_prompts_lan
     assert not assess(clean, prompt=prompt, finish_reason="stop").garbage
 
 
+def test_a_numbered_list_of_placeholders_is_no_empty_list():
+    template = "".join(f"{i}. TBD\n" for i in range(1, 9))
+    assert not assess(template, prompt="Make an agenda template.", finish_reason="stop").garbage
+    assert flagged("Steps:\nStep 1:\nStep 2:\nStep 3:\nStep 4:\nStep 5:", "empty_list", finish_reason="stop")
+
+
 def test_bare_json_is_code_not_prose():
     package = (
         '{\n  "name": "mini-api",\n  "version": "1.0.0",\n  "main": "index.js",\n  "scripts": {\n'

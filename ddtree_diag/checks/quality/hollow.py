@@ -195,11 +195,13 @@ def find_empty_counting(text: str, ctx: Context) -> list[Reason]:
             line_start = text.rfind("\n", 0, match.start()) + 1
             in_table = text[line_start : match.start()].lstrip().startswith("|")
             word = _LABEL_RE.search(between)
-            # Nothing between but punctuation, or only the run's label word right before the number.
+            # Nothing between but punctuation, or only the run's label word right before the number,
+            # on its line ("Step 2:"; "1. TBD\n2. TBD" is a list of placeholders)
             empty = _punct_only(between) or (
                 word is not None
                 and _punct_only(between[: word.start()])
                 and not between[word.end() :].strip()
+                and "\n" not in between[word.end() :]
                 and (label is None or word.group().lower() == label)
             )
             if empty and not in_table and _marker_number(match) == _marker_number(run[-1]) + 1:
