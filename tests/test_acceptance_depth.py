@@ -207,6 +207,23 @@ def test_the_engine_judges_by_its_block_size():
     assert acceptance_capped_at_depth(capped_report("engine", block_size=3, backend="engine")) == []
 
 
+def test_quiet_where_most_rounds_drafted_no_deeper():
+    """vLLM with variable-length drafting (n-gram or suffix: per_step_drafted): rounds that drafted
+    two tokens cannot accept a third, whatever num_speculative_tokens allows; rounds that drafted
+    four and never passed depth 2 are the bug."""
+    def case(repeat, drafted):
+        steps = [2] * 29 + [0]
+        return result("vllm", repeat=repeat, extras=vllm_extras(
+            [1, 0, 29, 0, 0], 4, per_step_accepted=steps, per_step_drafted=drafted))
+
+    short_drafts = run(*(case(r, [2] * 25 + [4] * 5) for r in (0, 1)))
+    assert short_drafts.results[0].spec.max_draft_depth == 2
+    assert acceptance_capped_at_depth(short_drafts) == []
+    full_drafts = run(*(case(r, [4] * 30) for r in (0, 1)))
+    assert full_drafts.results[0].spec.max_draft_depth == 4
+    assert [f.id for f in acceptance_capped_at_depth(full_drafts)] == [CAPPED]
+
+
 def test_quiet_at_the_servers_own_draft_length():
     """vLLM with num_speculative_tokens = 2: every round accepting both is a strong draft."""
     report = run(*(result("vllm", repeat=r, extras=vllm_extras([0, 1, 29], 2)) for r in (0, 1)))

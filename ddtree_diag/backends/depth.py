@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import median_low
 from typing import TYPE_CHECKING, Any
 
 from ddtree_diag.backends.dialects.base import int_list, integer
@@ -112,6 +113,11 @@ def _vllm(extras: Mapping[str, Any]) -> Depth | None:
     k = integer(stats.get("num_spec_tokens"))
     steps = int_list(stats.get("per_step_accepted"))
     if steps is not None:  # "detailed": exact per round
+        drafted = int_list(stats.get("per_step_drafted"))
+        if drafted and len(drafted) == len(steps):
+            # variable-length drafting (n-gram, suffix, adaptive): a round cannot accept past what
+            # it drafted, so the depth most rounds reach is the median draft, not num_spec_tokens
+            k = median_low(drafted) or None
         return from_lengths([n + 1 for n in steps], "response.metrics.speculative_decoding.per_step_accepted", k)
     histogram = int_list(stats.get("acceptance_histogram"))
     if histogram is None:

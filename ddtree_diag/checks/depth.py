@@ -59,7 +59,8 @@ ACCEPTANCE_CAPPED_AT_DEPTH = FindingKind(
     "acceptance-capped-at-depth", ("error",),
     f"per budget × thinking ({CAP_MIN_ROUNDS}+ rounds), the draft token at some depth k is accepted in ≥ "
     f"{CAP_ACCEPTED * 100:.0f} % of rounds ({CAP_MIN_AT_DEPTH}+) and the one at depth k + 1 in none, although the "
-    "draft reaches deeper (the server's num_speculative_tokens or /metrics positions, the engine's block size, a tree "
+    "draft reaches deeper (the server's num_speculative_tokens, or the median per_step_drafted where vLLM gives it, or "
+    "/metrics positions, the engine's block size, a tree "
     f"budget > k with a block size assumed ≥ {ASSUMED_BLOCK_DEPTH + 1}, llama.cpp's n_max): a draft-length or "
     "position bug, not a weak draft (whose curve decays smoothly)",
 )
