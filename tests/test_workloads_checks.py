@@ -225,6 +225,10 @@ def test_prefix_cache_hits_are_read_from_a_metrics_page():
     assert parse_prefix_cache_hits(page) == 128
     assert parse_prefix_cache_hits("# TYPE x counter\nx_total 3\n") is None
     assert parse_prefix_cache_hits('vllm:prefix_cache_hits_total{engine="0"} NaN\n') is None
+    # SGLang counts each finished request's cached prompt tokens
+    sglang = ('# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name="m"} 4096\n'
+              '# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{model_name="m"} 9000\n')
+    assert parse_prefix_cache_hits(sglang) == 4096
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,10 +120,14 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
     return found
 
 
+_CACHED_TOKENS = frozenset({"sglang:cached_tokens"})
+
+
 def parse_prefix_cache_hits(text: str) -> float | None:
     """Prompt tokens served from the prefix cache so far (vLLM's ``vllm:prefix_cache_hits_total``,
-    older ``gpu_prefix_cache_hits``; summed over engines), None when the page has no such counter
-    or an unusable sample. A before/after delta around one request is that request's hits."""
+    older ``gpu_prefix_cache_hits``; SGLang's ``sglang:cached_tokens_total``, counted as each request
+    finishes; summed over engines), None when the page has no such counter or an unusable sample. A
+    before/after delta around one request is that request's hits."""
     from prometheus_client.parser import text_string_to_metric_families
 
     total, seen = 0.0, False
@@ -133,7 +137,8 @@ def parse_prefix_cache_hits(text: str) -> float | None:
         return None
     for family in families:
         for sample in family.samples:
-            if sample.name.endswith("_created") or not _base_name(sample.name).endswith("prefix_cache_hits"):
+            name = _base_name(sample.name)
+            if sample.name.endswith("_created") or not (name.endswith("prefix_cache_hits") or name in _CACHED_TOKENS):
                 continue
             try:
                 value = float(sample.value)
