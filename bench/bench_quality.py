@@ -155,6 +155,15 @@ def main() -> int:
     long_mbps = long_size / best_long / 1e6
     looped = long_text[:500_000] + "The the the the the the. " * 20 + long_text[500_000:600_000]
     looped_verdict = assess(looped, prompt="Document the standard library.", finish_reason="length")
+    # Degenerate answers a broken server sends: 1 MB without a space (one letter, letters and dots,
+    # CJK, literal \n escapes); every check must stay linear in them (no regex or look-back that
+    # rescans a line per match)
+    degenerate = {}
+    for unit in ("a", "a.b", "\u4e00", "\\n", "&amp;", "x@"):
+        text = unit * (1_000_000 // len(unit))
+        start = time.process_time()
+        verdict = assess(text, prompt="Say something.", finish_reason="length")
+        degenerate[unit] = (len(text.encode("utf-8")) / (time.process_time() - start) / 1e6, verdict.garbage)
 
     print(f"corpus: {len(garbled)} garbled, {len(clean)} clean ({size / 1024:.0f} KiB)")
     print(
@@ -171,6 +180,9 @@ def main() -> int:
         f"  same text with a loop planted mid-way: {'garbage' if looped_verdict.garbage else 'clean'} "
         f"{looped_verdict.codes}"
     )
+    shown = [f"{unit!r} {mbps:.1f} MB/s ({'garbage' if garbage else 'clean'})"
+             for unit, (mbps, garbage) in degenerate.items()]
+    print("  degenerate 1 MB answers: " + ", ".join(shown))
     print(
         f"throughput, corpus:       {corpus_mbps:.1f} MB/s  ({per_answer_us:.0f} µs per answer, "
         f"{len(rows) * passes / best:.0f} answers/s; mean answer {size / len(rows):.0f} B: "

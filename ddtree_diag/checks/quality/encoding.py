@@ -3,6 +3,7 @@ undecoded."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans, line_at
@@ -111,10 +112,11 @@ def find_token_pieces(text: str, ctx: Context) -> list[Reason]:
 
 
 def _glued_byte(text: str, match: re.Match) -> bool:
-    """A byte token with a letter or digit right before or after it."""
+    """A byte token with an ASCII letter or digit right before or after it (CJK prose has no
+    spaces, so a byte token named there touches its words anyway)."""
     before = text[match.start() - 1] if match.start() else " "
     after = text[match.end()] if match.end() < len(text) else " "
-    return before.isalnum() or after.isalnum()
+    return any(ch.isascii() and ch.isalnum() for ch in (before, after))
 
 
 # Text escaped once more than it should be (a proxy or server encoding a JSON string twice, or
@@ -141,11 +143,19 @@ def find_escaped_text(text: str, ctx: Context) -> list[Reason]:
         return []
     code_spans = ctx.code_spans
 
-    def outside(pattern: re.Pattern) -> list[re.Match]:
-        found = pattern.finditer(text)
-        return [m for m in found if not (inside_spans(m.start(), code_spans) or _quoted(text, m.start()))]
+    def outside(pattern: re.Pattern, needed: int) -> list[re.Match]:
+        """Up to ``needed`` matches outside code and literals, from the first ``_CANDIDATES``
+        (each look reads its line: on one long line, every match would make it quadratic)."""
+        found = []
+        for m in itertools.islice(pattern.finditer(text), _CANDIDATES):
+            if not (inside_spans(m.start(), code_spans) or _quoted(text, m.start())):
+                found.append(m)
+                if len(found) >= needed:
+                    break
+        return found
 
-    newlines, characters, entities = outside(_LITERAL_NEWLINE_RE), outside(_UNICODE_ESCAPE_RE), outside(_HTML_ENTITY_RE)
+    newlines = outside(_LITERAL_NEWLINE_RE, max(3, text.count("\n") + 1))
+    characters, entities = outside(_UNICODE_ESCAPE_RE, 3), outside(_HTML_ENTITY_RE, 2)
     if len(newlines) >= 3 and len(newlines) > text.count("\n"):  # more escaped line breaks than real ones
         found, what = newlines, "line breaks written as a literal backslash-n"
     elif len(characters) >= 3:
@@ -155,10 +165,11 @@ def find_escaped_text(text: str, ctx: Context) -> list[Reason]:
     else:
         return []
     span = (found[0].start(), min(len(text), found[0].start() + EVIDENCE_CHARS))
-    detail = f"{len(found)} {what} ({found[0].group()!r}): the text was escaped twice on its way"
+    detail = f"{len(found)} or more {what} ({found[0].group()!r}): the text was escaped twice on its way"
     return [Reason("escaped_text", detail, excerpt(text, *span), 0.7, span)]
 
 
+_CANDIDATES = 200  # escapes looked at per kind: enough to tell, and a bound on the work
 _QUOTE_RE = re.compile(r"(?<![\\\w])['\"]|['\"](?!\w)")  # quote marks, not escaped ones or apostrophes
 
 

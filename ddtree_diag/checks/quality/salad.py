@@ -30,10 +30,11 @@ from ddtree_diag.records import Reason
 
 _WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 # Not prose: URLs and addresses, LaTeX ($...$, \\command), markup tags, code-ish joins (name(, =).
-_URL_RE = re.compile(r"\S*(?:://|www\.|@)\S*")
+# (anchored at a chunk's start: from every position of a long chunk it would scan the rest of it)
+_URL_RE = re.compile(r"(?<!\S)\S*?(?:://|www\.|@)\S*")
 _SKIP_RE = re.compile(
     _URL_RE.pattern + r"|\$\$.+?\$\$|\$[^$\n]+\$|\\[A-Za-z]+|</?[A-Za-z][^<>\n]{0,200}>|&[a-z]+;"
-    r"|[^\W\d_]+(?=[(=_./\\:]\S)|(?m:^[ \t]*\$ .*$)",
+    r"|(?<![^\W\d_])[^\W\d_]+(?=[(=_./\\:]\S)|(?m:^[ \t]*\$ .*$)",
     re.DOTALL,
 )
 WINDOW = 30
@@ -115,6 +116,9 @@ def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | 
     prompt_lang = _prompt_language(prompt)
     if prompt_lang is not None and lexicon.index()[prompt_lang]["script"] == lexicon.script_of_char(words[0][0]):
         return [prompt_lang] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else [])
+    guess = _only_lexicon_holding([chunk.strip(_EDGE) for chunk in prompt.split()]) if prompt_lang is None else None
+    if guess is not None and _covers_about_best(guess, words):
+        return [guess]
     return None
 
 
@@ -148,7 +152,7 @@ def _prompt_language(prompt: str) -> str | None:
     prompt_words = [c.casefold() for c in chunks if _PLAIN_RE.fullmatch(c)]
     ranked = lexicon.identify(prompt_words) if len(prompt_words) >= 3 else []
     if not ranked or ranked[0][1] < 0.15:
-        return _only_lexicon_holding(chunks)
+        return None
     top = frozenset(lexicon.index()[ranked[0][0]]["top"])
     if any(len(w) >= 3 and w in top for w in prompt_words):
         return ranked[0][0]
@@ -163,6 +167,19 @@ def _prompt_language(prompt: str) -> str | None:
     best = max(known for known, _ in fits)
     winners = [lang for known, lang in fits if known == best]
     return winners[0] if len(winners) == 1 else None
+
+
+def _covers_about_best(lang: str, words: list[str]) -> bool:
+    """Whether ``lang``'s lexicon holds about as many of the answer's distinct words as the best of
+    its script does: a guess from a few prompt words ("Describe paella valenciana." is held by
+    Spanish alone) must not judge an English answer as Spanish."""
+    script = lexicon.index()[lang]["script"]
+    if lexicon.script_of_char(words[0][0]) != script:
+        return False
+    distinct = set(words)
+    held = {other: len(distinct & lexicon.words(other)) / len(distinct)
+            for other, info in lexicon.index().items() if info["script"] == script}
+    return held[lang] >= max(held.values()) - 0.05
 
 
 def _only_lexicon_holding(chunks: list[str]) -> str | None:
@@ -321,6 +338,7 @@ def find_word_salad(text: str, ctx: Context) -> list[Reason]:
 # words ("the", "is", "of"), a compound or a long technical word into none or few.
 _RUN_RE = re.compile(r"(?<![#@\w])[^\W\d_]{25,}(?!\w)")
 _LONGEST_WORD = 20
+_SPLIT_LETTERS = 400  # of a longer run only its head is split: it tells as well, in bounded time
 
 
 def find_run_together(text: str, ctx: Context) -> list[Reason]:
@@ -337,7 +355,7 @@ def find_run_together(text: str, ctx: Context) -> list[Reason]:
     langs = list(dict.fromkeys([*langs, *filter(None, [_prompt_language(ctx.prompt)]), "en"]))
     found: list[tuple[re.Match, list[str]]] = []
     for run in sorted(runs, key=lambda m: -len(m.group()))[:8]:
-        words = _split_run(run.group().casefold(), langs)
+        words = _split_run(run.group()[:_SPLIT_LETTERS].casefold(), langs)
         if words:
             found.append((run, words))
     letters = sum(len(run.group()) for run, _ in found)
