@@ -79,7 +79,8 @@ def overrun(budget: int | None, spec: Any) -> str | None:
     ``spec`` is a ``records.SpecMetrics``. At budget 0 any drafted or accepted draft token is too
     many. At budget N a round can commit at most N accepted tokens plus its bonus, whatever the
     tree's shape; drafted counts are not compared there (a block draft may propose more tokens
-    than the tree keeps). Rounds a server counts one off (the prefill's token) are allowed for."""
+    than the tree keeps). Rounds a server counts one off (the prefill's token) are allowed for, and
+    a mean whose rounds are not given is not judged."""
     if budget is None or spec is None or getattr(spec, "server_wide", False):
         return None
     drafted, accepted = spec.draft_tokens or 0, spec.accepted_tokens or 0
@@ -89,10 +90,9 @@ def overrun(budget: int | None, spec: Any) -> str | None:
     if longest > budget + 1:
         return f"budget {budget} sent, yet a round committed {longest} tokens (at most {budget + 1} possible)"
     mean, rounds = spec.mean_acceptance_length, spec.decode_rounds
-    if mean is not None and mean > budget + 1:
-        # the excess in tokens, where the rounds are known: two or more cannot be a count one off
-        excess = (mean - budget - 1) * rounds if rounds else None
-        if (excess is not None and excess >= 2) or (excess is None and mean >= budget + 1.5):
-            return (f"budget {budget} sent, yet {mean:.2f} tokens were committed per round "
-                    f"(at most {budget + 1} possible)")
+    # the excess in tokens, where the rounds are known: two or more cannot be a count one off (a
+    # mean without its rounds may be a 2-token answer over one counted round)
+    if mean is not None and rounds and (mean - budget - 1) * rounds >= 2:
+        return (f"budget {budget} sent, yet {mean:.2f} tokens were committed per round "
+                f"(at most {budget + 1} possible)")
     return None

@@ -109,6 +109,23 @@ def test_a_url_baseline_that_speculates_is_no_baseline(tmp_path):
     assert item.title == "The lossless baseline speculates"
 
 
+def test_a_budget_that_is_only_a_label_is_never_not_honoured(healthy):
+    """vLLM and SGLang fix the draft at start: a matrix's budget is the run's label there, sent to
+    nobody; the engine's chain mode drafts its block whatever the budget."""
+    run = altered(healthy)
+    for r in run.results:
+        r.spec.decode_rounds, r.spec.mean_acceptance_length = 10, r.case.tree_budget + 3.0
+    assert [f.id for f in findings.budget_not_honoured(run)] == ["budget-not-honoured"]  # ddtree: sent
+    for dialect, mode in [("vllm", None), ("sglang", None), ("openai", None), ("engine", "chain")]:
+        for r in run.results:
+            r.dialect = dialect
+            r.extras = {"mode": mode} if mode else {}
+        assert findings.budget_not_honoured(run) == [], dialect
+    for r in run.results:
+        r.extras = {"mode": "tree"}
+    assert findings.budget_not_honoured(run)  # the engine's tree mode takes the budget
+
+
 @pytest.mark.parametrize(
     ("budget", "numbers", "overrun"),
     [
@@ -118,8 +135,8 @@ def test_a_url_baseline_that_speculates_is_no_baseline(tmp_path):
         (0, {"decode_rounds": 20, "mean_acceptance_length": 2.4}, "2.40 tokens were committed per round"),
         (2, {"decode_rounds": 10, "mean_acceptance_length": 3.9}, "at most 3 possible"),
         (2, {"decode_rounds": 10, "mean_acceptance_length": 3.1}, None),  # one token over: a count one off
-        (2, {"mean_acceptance_length": 3.4}, None),
-        (2, {"mean_acceptance_length": 3.6}, "3.60 tokens"),
+        (2, {"mean_acceptance_length": 3.6}, None),  # no rounds: a short answer over one counted round
+        (0, {"mean_acceptance_length": 2.0}, None),
         (4, {"acceptance_lengths": [1, 5, 6]}, "a round committed 6 tokens"),
         (4, {"acceptance_lengths": [1, 5, 5], "draft_tokens": 300, "decode_rounds": 3}, None),  # block drafts
         (None, {"draft_tokens": 30, "accepted_tokens": 12}, None),  # nothing sent: the server's own

@@ -322,8 +322,8 @@ def test_control_chars(text):
     [
         ("The answer is " + "4" * 90, "length"),  # a digit: one token to the loop search
         ("I" * 160, "length"),
-        ("The answer is " + "0" * 50, "length"),  # shorter, but it runs into the token limit
-        ("Paris is the capital of France." + " " * 60, "length"),  # blanks up to the limit
+        ("The answer is " + "0" * 70, "length"),  # it runs into the token limit
+        ("Paris is the capital of France." + " " * 80, "length"),  # blanks up to the limit
         ("DNS maps names to addresses." + "\t" * 250 + "It also caches.", "stop"),  # a long blank run
     ],
 )
@@ -339,6 +339,10 @@ def test_one_letter_digit_or_blank_flooding_is_a_token_loop(text, finish):
         ("Aaaaaaaaaaaaaaaaaaaah! That was a scary film.", "How was the film?"),
         ("| name | value |\n|------|-------|\n| a" + " " * 30 + "| 1 |", "A table please."),
         ("Scream: " + "A" * 80, "Write the letter A eighty times in a row."),  # asked for
+        ("A googol is 1" + "0" * 100 + ", a one followed by a hundred zeros.", "What is a googol?"),
+        ("The mask is 0x" + "F" * 128 + ".", "A 512-bit all-ones mask?"),
+        ("The mRNA ends in a poly(A) tail: " + "A" * 80 + ".", "Show an mRNA poly(A) tail."),
+        ("Step one: indent the block by" + " " * 48 + "four spaces.", "Explain indentation."),
     ],
 )
 def test_long_numbers_masks_and_asked_for_runs_are_no_flood(text, prompt):
@@ -352,6 +356,16 @@ def test_a_numbered_list_whose_item_stops_changing_is_a_loop():
     assert "under 8 list numbers in a row" in next(r.detail for r in verdict.reasons if r.code == "line_loop")
     fine = "1. Make a schedule.\n2. Take breaks.\n3. Take breaks.\n4. Sleep well.\n5. Eat well."
     assert "line_loop" not in codes(fine, prompt="Write a list of study tips.", finish_reason="stop")
+    # lists that repeat an item on purpose, and end
+    for prompt, item, times in [("Give me a knitting pattern.", "Knit across.", 6),
+                                ("Plan my lunches for a week.", "Chicken and rice", 7),
+                                ("A tabata workout?", "20 s burpees, 10 s rest", 8),
+                                ("Answer key for the quiz?", "Yes", 6)]:
+        listed = "".join(f"{i}. {item}\n" for i in range(1, times + 1)) + "Enjoy!"
+        assert not assess(listed, prompt=prompt, finish_reason="stop").garbage, (item, assess(listed).to_dict())
+    # and a long stretch is a loop even where the answer ends
+    stuck = "".join(f"{i}. Take a short break.\n" for i in range(1, 15)) + "Good luck!"
+    assert flagged(stuck, "line_loop", prompt="Study tips?", finish_reason="stop")
     asked = "".join(f"{i}. I will not talk in class.\n" for i in range(1, 11))
     assert not assess(asked, prompt="Write 'I will not talk in class' 10 times, numbered.",
                       finish_reason="stop").garbage
@@ -374,6 +388,11 @@ def test_salad_after_a_prompt_of_content_words_only_is_judged_in_the_prompts_lan
     clean = ("Gradient descent is an optimisation method that moves the parameters along the negative "
              "of the gradient until the loss stops falling.")
     assert not assess(clean, prompt=prompt, finish_reason="stop").garbage
+    # a prompt whose few words one foreign lexicon holds alone (Spanish: "paella valenciana") does
+    # not make a terse English answer Spanish: English holds far more of the answer's words
+    terse = ("short grain rice, chicken thighs, rabbit pieces, flat green beans, white butter beans, saffron "
+             "threads, rosemary sprigs, sweet paprika, grated tomato, olive oil, salt water.")
+    assert not assess(terse, prompt="Describe paella valenciana.", finish_reason="stop").garbage
 
 
 def test_a_numbered_list_of_placeholders_is_no_empty_list():
@@ -426,6 +445,8 @@ def test_undecoded_tokenizer_pieces(text):
     ("Raw pieces look like `ĠThe Ġsky Ġis`, `▁The▁sky▁is` or `<0x0A><0x0A><0x0A>`: decode them first.",
      "Why does my output look odd?"),  # quoted as code
     ("In llama.cpp logs a newline shows as <0x0A> and a quote as <0x22> .", "What do odd log lines mean?"),
+    # CJK prose has no spaces: a byte token named there touches its words anyway
+    ("换行符在日志里显示为<0x0A>，引号显示为<0x22>。", "日志里这些奇怪的符号是什么意思？"),
 ])
 def test_tokenizer_marks_as_letters_bars_or_the_topic_are_fine(text, prompt):
     assert "token_pieces" not in codes(text, prompt=prompt, finish_reason="stop")

@@ -114,9 +114,10 @@ def _vllm(extras: Mapping[str, Any]) -> Depth | None:
     steps = int_list(stats.get("per_step_accepted"))
     if steps is not None:  # "detailed": exact per round
         drafted = int_list(stats.get("per_step_drafted"))
-        if drafted and len(drafted) == len(steps):
+        if drafted and len(drafted) == len(steps) and len(set(drafted)) > 1:
             # variable-length drafting (n-gram, suffix, adaptive): a round cannot accept past what
             # it drafted, so the depth most rounds reach is the median draft, not num_spec_tokens
+            # (a fixed draft shorter than num_spec_tokens keeps it: that is the bug to see)
             k = median_low(drafted) or None
         return from_lengths([n + 1 for n in steps], "response.metrics.speculative_decoding.per_step_accepted", k)
     histogram = int_list(stats.get("acceptance_histogram"))

@@ -374,25 +374,38 @@ BUDGET_NOT_HONOURED = FindingKind(
 )
 
 
+def _budget_sent(result: ProbeResult) -> bool:
+    """Whether the case's budget reached the server as a per-request setting: not where it is only
+    the run's label (vLLM, SGLang, plain OpenAI fix the draft at start), nor for the engine's chain
+    mode (its depth is the draft block's, whatever the budget)."""
+    from ddtree_diag.backends.dialects import REGISTRY
+
+    if result.dialect == "engine":
+        return (result.extras or {}).get("mode") != "chain"
+    dialect = REGISTRY.get(result.dialect or "")
+    return dialect is not None and dialect.sends_budget
+
+
 @rule(BUDGET_NOT_HONOURED)
 def budget_not_honoured(report: RunReport) -> list[Finding]:
     """The server ignores the per-request budget: every budget's row then measured the server's
     own draft setting, and a budget0 baseline compared speculation with speculation."""
     hits, cases = [], []
     for r in report.ok_results:
-        why = overrun(r.case.tree_budget, r.spec)
+        why = overrun(r.case.tree_budget, r.spec) if _budget_sent(r) else None
         if why is not None:
             hits.append(f"{r.case_id}: {why}")
             cases.append(r.case_id)
     speculated = [
-        r for r in report.results if r.baseline is not None and r.baseline.detail.startswith(BASELINE_SPECULATED)
+        r for r in report.results
+        if r.baseline is not None and (r.baseline.detail or "").startswith(BASELINE_SPECULATED)
     ]
     if speculated:
         hits.append(f"the baseline speculated for {ids_of(speculated)}")
     baseline_cases = [r.case_id for r in speculated]
     if not hits:
         return []
-    dialect = str(report.target.get("dialect") or "")
+    dialect = str((report.target or {}).get("dialect") or "")
     known = (
         " llama.cpp's server compiles its per-request speculative.n_max out (the draft length is "
         "--draft-max at start), so only builds that restore it can sweep per request."

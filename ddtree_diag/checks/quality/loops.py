@@ -102,46 +102,54 @@ def find_loops(text: str, ctx: Context) -> list[Reason]:
     return list(best.values())
 
 
-_LIST_ITEM_RE = re.compile(r"^[ \t]*(\d{1,4})[.)][ \t]+(\S[^\n]*?)[ \t]*$", re.MULTILINE)
-NUMBERED_REPEATS = 5  # the same item under this many numbers in a row
+_LIST_ITEM_RE = re.compile(r"^[ \t]*(\d{1,4})[.)][ \t]+([^\n]*)$", re.MULTILINE)
+# The same item under this many numbers in a row where the list runs into the token limit (a loop
+# that never ended), or this many anywhere: knitting rows, meal plans, tabata rounds and answer keys
+# repeat an item a few times on purpose.
+NUMBERED_REPEATS_TO_LIMIT = 5
+NUMBERED_REPEATS = 12
 _PLACEHOLDERS = frozenset({"tbd", "todo", "n/a", "na", "none", "-", "—", "...", "…", "[ ]", "[x]", "?"})
 
 
 def _numbered_item_loop(text: str, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
-    """A numbered list whose items stop changing ("3. Take breaks.\n4. Take breaks.\n…"): a loop
-    with a counter, which the back-to-back search cannot see (the number changes) and the n-gram
-    search misses where the item is short. Placeholders ("TBD", "N/A") and asked-for repetition
-    are lists, not loops."""
+    """A numbered list whose items stop changing ("3. Take breaks.\n4. Take breaks.\n…") up to
+    the token limit, or for a long stretch: a loop with a counter, which the back-to-back search
+    cannot see (the number changes) and the n-gram search misses where the item is short.
+    Placeholders ("TBD", "N/A") and asked-for repetition are lists, not loops."""
     if ctx.repeat:
         return None
-    streak: list[re.Match] = []
-    found: list[re.Match] = []
+    streak: list[tuple[int, str, int, int]] = []  # (number, item, start, end)
+    found: list[tuple[int, str, int, int]] = []
     for match in _LIST_ITEM_RE.finditer(text):
         if inside_spans(match.start(), code_spans):
             continue
-        item = match.group(2).casefold()
-        follows = bool(streak) and not text[streak[-1].end() : match.start()].strip() and (
-            int(match.group(1)) == int(streak[-1].group(1)) + 1 and item == streak[-1].group(2).casefold()
+        item = match.group(2).strip().casefold()
+        entry = (int(match.group(1)), item, match.start(), match.end())
+        follows = bool(streak) and not text[streak[-1][3] : match.start()].strip() and (
+            entry[0] == streak[-1][0] + 1 and item == streak[-1][1]
         )
         if not follows:
             streak = []
         if any(ch.isalpha() for ch in item) and item.strip(".!") not in _PLACEHOLDERS:
-            streak.append(match)
+            streak.append(entry)
         if len(streak) > len(found):
             found = list(streak)
     if not found:
         return None
-    # the item after the streak cut by the token limit counts as one more ("10. Take bre")
-    cut_after = ctx.truncated and _LIST_ITEM_RE.fullmatch(text[found[-1].end() :].strip(), 0) is not None
-    repeats = len(found) + (1 if cut_after else 0)
-    if repeats < NUMBERED_REPEATS:
+    rest = text[found[-1][3] :].strip()
+    # what follows the streak is nothing, or one more item cut by the token limit ("10. Take bre")
+    to_the_limit = ctx.truncated and (not rest or (_LIST_ITEM_RE.fullmatch(rest) is not None and "\n" not in rest))
+    repeats = len(found) + (1 if to_the_limit and rest else 0)
+    wordy = len(found[0][1].split()) >= 2
+    if not ((to_the_limit and repeats >= NUMBERED_REPEATS_TO_LIMIT) or (wordy and repeats >= NUMBERED_REPEATS)):
         return None
-    start, end = found[0].start(), found[-1].end()
+    start, end = found[0][2], found[-1][3]
     return Reason(
         "line_loop",
-        f"{found[0].group(2)[:40]!r} under {repeats} list numbers in a row",
+        f"{text[start:end].splitlines()[0].strip()[:48]!r}: the item under {repeats} list numbers in a row"
+        + (" up to the token limit" if to_the_limit else ""),
         excerpt(text, start, end),
-        0.75 if repeats >= 2 * NUMBERED_REPEATS else 0.65,
+        0.75 if repeats >= 2 * NUMBERED_REPEATS_TO_LIMIT else 0.65,
         (start, end),
     )
 
@@ -159,23 +167,25 @@ _DRAWING = frozenset(chr(c) for c in range(0x2500, 0x25A0)) | {"^"}
 _FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?:\n[ \t]*){19,}")
 
 
-# One letter or digit 40+ times in a row ("IIII…", "4444…"), or 40+ spaces / tabs: one token to
-# the loop search too. A word or number of its own that long is rare but exists (a 64-bit binary
-# zero, a 256-bit mask of f's), so such a run counts past 72, or past 40 where it runs into the
-# token limit; blank runs only there, or past 200 (alignment and indentation stay shorter).
-_CHAR_RUN_RE = re.compile(r"([^\W_])\1{39,}|[ \t]{40,}")
-CHAR_RUN = 72
-BLANK_RUN = 200
+# One letter or digit 64+ times in a row ("IIII…", "4444…"), or 64+ spaces / tabs, running into
+# the token limit: one token to the loop search too. Elsewhere a run that long can be meant (a
+# googol written out, a 128-bit mask, a poly(A) tail, an aligned table), so only past 200.
+_CHAR_RUN_RE = re.compile(r"([^\W_])\1{63,}|[ \t]{64,}")
+RUN_ANYWHERE = 200
 
 
 def _char_run(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
+    if ctx.repeat:
+        return None
+    content_end = len(text.rstrip()) if ctx.truncated else -1
     for match in _CHAR_RUN_RE.finditer(text, lo, hi):
-        if inside_spans(match.start(), code_spans) or ctx.repeat:
+        if inside_spans(match.start(), code_spans):
             continue
         count = match.end() - match.start()
-        to_the_limit = ctx.truncated and not text[match.end():].strip()
         blank = match.group(1) is None
-        if not (to_the_limit or count >= (BLANK_RUN if blank else CHAR_RUN)):
+        # a blank run is what is left at the end; a letter's or digit's reaches it
+        to_the_limit = ctx.truncated and (match.start() >= content_end if blank else match.end() >= content_end)
+        if not (to_the_limit or count >= RUN_ANYWHERE):
             continue
         unit = "whitespace" if blank else repr(match.group(1))
         return Reason(
@@ -380,9 +390,12 @@ def _repeated_ngram(text, lo, segment, ids, names, ctx, code_spans) -> Reason | 
         return None
     weight = 0.35
     reaches_end = ctx.truncated and hits[-1] + 2 * size >= n
-    if counter_loop and count >= 5 and (coverage >= 0.7 or (coverage >= 0.6 and reaches_end)):
+    # a list that ends after a few equal items can be meant (workout rounds, knitting rows); one
+    # that runs into the token limit, or on and on, is a loop
+    meant = not reaches_end and count < 12
+    if counter_loop and count >= 5 and (coverage >= 0.7 or (coverage >= 0.6 and reaches_end)) and not meant:
         weight = 0.6
-    if counter_loop and coverage >= 0.85 and count >= 8:
+    if counter_loop and coverage >= 0.85 and count >= 8 and not meant:
         weight = 0.7
     if not counter_loop:
         weight = 0.2
