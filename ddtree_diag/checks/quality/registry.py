@@ -35,13 +35,14 @@ REGISTRY: tuple[ReasonCode, ...] = (
                kind="an empty answer"),
     ReasonCode("premature_stop", "hard/soft", "`stop` on an unfinished sentence (`Hello,`, `Here is the code:`)",
                "stops", kind="a stop mid-sentence"),
-    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`, `4444…` past "
-               "72, blanks into the token limit)", "loops",
+    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`; one letter, "
+               "digit or blank 64+ times into the token limit, or 200+)", "loops",
                loop=True, kind=REPETITION),
     ReasonCode("phrase_loop", "hard", "a multi-word phrase repeated back to back", "loops",
                loop=True, kind=REPETITION),
-    ReasonCode("line_loop", "hard", "the same line (or group of lines) repeated back to back, or under 5+ list "
-               "numbers in a row (`3. Take breaks.` `4. Take breaks.` …)", "loops",
+    ReasonCode("line_loop", "hard", "the same line (or group of lines) repeated back to back, or one item under "
+               "list numbers in a row (`3. Take breaks.` `4. Take breaks.` …) into the token limit (5+) or 12+",
+               "loops",
                loop=True, kind=REPETITION),
     ReasonCode("repeated_ngram", "hard/soft", "a phrase recurring with only a counter changing (`1. X. 2. X. 3. X.`)",
                "loops", loop=True, kind=REPETITION),
