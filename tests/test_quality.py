@@ -320,9 +320,9 @@ def test_control_chars(text):
 @pytest.mark.parametrize(
     ("text", "finish"),
     [
-        ("The answer is " + "4" * 90, "length"),  # a digit: one token to the loop search
+        ("The answer is " + "4" * 130, "length"),  # a digit: one token to the loop search
         ("I" * 160, "length"),
-        ("The answer is " + "0" * 70, "length"),  # it runs into the token limit
+        ("The answer is " + "0" * 130, "length"),  # it runs into the token limit
         ("Paris is the capital of France." + " " * 80, "length"),  # blanks up to the limit
         ("DNS maps names to addresses." + "\t" * 250 + "It also caches.", "stop"),  # a long blank run
     ],
@@ -347,6 +347,11 @@ def test_one_letter_digit_or_blank_flooding_is_a_token_loop(text, finish):
 )
 def test_long_numbers_masks_and_asked_for_runs_are_no_flood(text, prompt):
     assert "token_loop" not in codes(text, prompt=prompt, finish_reason="stop")
+
+
+def test_a_number_written_out_up_to_the_token_limit_is_no_flood():
+    text = "Sure! A googol written out in full is:\n\n1" + "0" * 100
+    assert "token_loop" not in codes(text, prompt="Write out a googol in full.", finish_reason="length")
 
 
 def test_a_numbered_list_whose_item_stops_changing_is_a_loop():
@@ -401,6 +406,15 @@ def test_a_numbered_list_of_placeholders_is_no_empty_list():
     assert flagged("Steps:\nStep 1:\nStep 2:\nStep 3:\nStep 4:\nStep 5:", "empty_list", finish_reason="stop")
 
 
+def test_a_terse_list_of_jargon_after_a_short_prompt_is_no_salad():
+    """A language guessed from a short prompt's lexicon ("Outline flamenco guitar.") is a guess:
+    whole unknown words may be the answer's jargon, so only pieces and glued words count."""
+    jargon = ("- Origins: Andalusia, Romani communities\n- Techniques: rasgueado, picado, alzapua, tremolo, golpe\n"
+              "- Forms: solea, bulerias, alegrias, seguiriyas, tangos, fandangos\n- Guitars: cypress body, low action, "
+              "golpeador tap plates\n- Masters: Paco de Lucia, Sabicas, Tomatito, Vicente Amigo")
+    assert not assess(jargon, prompt="Outline flamenco guitar.", finish_reason="stop").garbage
+
+
 def test_bare_json_is_code_not_prose():
     package = (
         '{\n  "name": "mini-api",\n  "version": "1.0.0",\n  "main": "index.js",\n  "scripts": {\n'
@@ -447,6 +461,8 @@ def test_undecoded_tokenizer_pieces(text):
     ("In llama.cpp logs a newline shows as <0x0A> and a quote as <0x22> .", "What do odd log lines mean?"),
     # CJK prose has no spaces: a byte token named there touches its words anyway
     ("换行符在日志里显示为<0x0A>，引号显示为<0x22>。", "日志里这些奇怪的符号是什么意思？"),
+    ("Examples: <0x00>, <0x0A>, and <0xFF>; the first ids are <0x00>..<0x02>.", "List a few byte tokens."),
+    ("It is 13<0x0A> in the vocab listing format id<token>.", "Which token id is the newline?"),
 ])
 def test_tokenizer_marks_as_letters_bars_or_the_topic_are_fine(text, prompt):
     assert "token_pieces" not in codes(text, prompt=prompt, finish_reason="stop")

@@ -76,7 +76,11 @@ def _mojibake_without_ftfy(text: str) -> list[Reason]:
 _BPE_MARK_RE = re.compile(r"[\u0120\u010a\u2581](?=[A-Za-z0-9\u0120\u010a\u2581(\[\"'])")
 _OPEN = "-'’\"“«([{/"  # what may stand right before a word (Maltese "mill-Ġermanja", "(Ċensu)")
 _BYTE_TOKEN_RE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
-_PIECES_PROMPT_RE = re.compile(r"[\u0120\u010a\u2581]|<0x[0-9A-Fa-f]{2}>|\btokeni[sz]", re.IGNORECASE)
+_PIECES_PROMPT_RE = re.compile(
+    r"[\u0120\u010a\u2581]|<0x[0-9A-Fa-f]{2}>|\btokeni[sz]|\bbyte.?(?:token|fallback|level)|\btoken ids?\b|"
+    r"\bvocab|sentencepiece|\bbpe\b",
+    re.IGNORECASE,
+)
 
 
 def find_token_pieces(text: str, ctx: Context) -> list[Reason]:

@@ -172,6 +172,7 @@ _FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?
 # googol written out, a 128-bit mask, a poly(A) tail, an aligned table), so only past 200.
 _CHAR_RUN_RE = re.compile(r"([^\W_])\1{63,}|[ \t]{64,}")
 RUN_ANYWHERE = 200
+DIGITS_TO_LIMIT = 120
 
 
 def _char_run(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int, int]]) -> Reason | None:
@@ -183,8 +184,11 @@ def _char_run(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[
             continue
         count = match.end() - match.start()
         blank = match.group(1) is None
-        # a blank run is what is left at the end; a letter's or digit's reaches it
+        # a blank run is what is left at the end; a letter's or digit's reaches it (a digit's from
+        # DIGITS_TO_LIMIT: a number written out in full may be cut there, "10^100 = 1000…")
         to_the_limit = ctx.truncated and (match.start() >= content_end if blank else match.end() >= content_end)
+        if to_the_limit and not blank and match.group(1).isdigit() and count < DIGITS_TO_LIMIT:
+            to_the_limit = False
         if not (to_the_limit or count >= RUN_ANYWHERE):
             continue
         unit = "whitespace" if blank else repr(match.group(1))

@@ -35,8 +35,8 @@ REGISTRY: tuple[ReasonCode, ...] = (
                kind="an empty answer"),
     ReasonCode("premature_stop", "hard/soft", "`stop` on an unfinished sentence (`Hello,`, `Here is the code:`)",
                "stops", kind="a stop mid-sentence"),
-    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`; one letter, "
-               "digit or blank 64+ times into the token limit, or 200+)", "loops",
+    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`; one letter or "
+               "blank 64+ times into the token limit, a digit 120+, or any 200+)", "loops",
                loop=True, kind=REPETITION),
     ReasonCode("phrase_loop", "hard", "a multi-word phrase repeated back to back", "loops",
                loop=True, kind=REPETITION),

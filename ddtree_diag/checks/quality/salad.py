@@ -66,7 +66,10 @@ def _no_vowel(word: str) -> bool:
 
 
 class _Lookup:
-    """Known / unknown / glued for the words of one text, against one or two languages."""
+    """Known / unknown / glued for the words of one text, against one or two languages
+    (``guessed``: the language is a guess from the prompt's lexicon, not from frequent words)."""
+
+    guessed = False
 
     def __init__(self, langs: list[str]) -> None:
         self.lexicons = [lexicon.words(lang) for lang in langs]
@@ -118,7 +121,7 @@ def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | 
         return [prompt_lang] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else [])
     guess = _only_lexicon_holding([chunk.strip(_EDGE) for chunk in prompt.split()]) if prompt_lang is None else None
     if guess is not None and _covers_about_best(guess, words):
-        return [guess]
+        return [guess, _GUESSED]
     return None
 
 
@@ -167,6 +170,9 @@ def _prompt_language(prompt: str) -> str | None:
     best = max(known for known, _ in fits)
     winners = [lang for known, lang in fits if known == best]
     return winners[0] if len(winners) == 1 else None
+
+
+_GUESSED = "?"  # marks a language list _language guessed from the prompt's lexicon alone
 
 
 def _covers_about_best(lang: str, words: list[str]) -> bool:
@@ -237,12 +243,14 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_l
     langs = _language(words, prompt, any_language)
     if langs is None:
         return None
-    langs = _best_covered(langs, words)
+    guessed = _GUESSED in langs
+    langs = _best_covered([lang for lang in langs if lang != _GUESSED], words)
     script = lexicon.index()[langs[0]]["script"]
     checked = [c for c in checked if lexicon.script_of_char(c[0][0]) == script]  # "α" in English: maths
     if len(checked) < _MIN_WORDS:
         return None
     lookup = _Lookup(langs)
+    lookup.guessed = guessed
     flags = [lookup.flag(w) for w, _, _ in checked]
     # A word split in two ("fa zer", "ten ha"): an unknown piece that, joined to its neighbour
     # across one space, makes a known word of 5+ letters. Counted like a glued word.
@@ -305,7 +313,9 @@ def find_word_salad(text: str, ctx: Context) -> list[Reason]:
     rate_unknown = max(0.12, 2 * (1 - info["coverage"]))
     short, unknown, window, start, end, glued = _worst_window(flags, checked, WINDOW)
     many_short = short >= max(3, 3 * rate_short * window) and unknown >= max(5, 0.2 * window, 2 * rate_unknown * window)
-    mostly_unknown = unknown >= max(8, 0.5 * window, 3 * rate_unknown * window)
+    # judged in a language guessed from a few prompt words, unknown whole words may be the answer's
+    # jargon (a list of flamenco forms): only pieces and glued words count then
+    mostly_unknown = unknown >= max(8, 0.5 * window, 3 * rate_unknown * window) and not lookup.guessed
     # Words glued to a function word ("ofthe", "muttaolla") are rare in any clean text.
     many_glued = glued >= 3 and unknown >= max(4, 0.15 * window)
     weight = 0.6
