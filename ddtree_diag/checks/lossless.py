@@ -241,7 +241,7 @@ def compare_result(result: ProbeResult, baseline: ProbeResult, spec: BaselineSpe
     speculated = overrun(AR_BUDGET, baseline.spec)
     if speculated is not None:  # speculation against speculation proves nothing
         record.verdict = ERROR
-        record.detail = f"{BASELINE_SPECULATED} ({speculated.removeprefix('budget 0 sent, yet ')}): " + (
+        record.detail = f"{BASELINE_SPECULATED} ({speculated}): " + (
             "the server does not honour a per-request budget; use --baseline url:URL (a server "
             "without a draft) or --baseline engine" if spec.mode == "budget0" else "it is no non-speculative run"
         )

@@ -89,9 +89,9 @@ class Engine:
         as torch runs them."""
         from ddtree_diag.engine.fast.graphs import blas_plan, blas_switchable
 
-        plan = blas_plan(self.dtype)
         if self.decode_path not in ("fast", "fast-compile") or self.device.type != "cuda":
             return None
+        plan = blas_plan(self.dtype)
         if plan is None:
             return "torch's default (fp32: the eager path's GEMMs)"
         if plan == "auto" and not blas_switchable():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 
 from ddtree_diag.checks.quality import lexicon
 from ddtree_diag.checks.quality.context import Context, excerpt, inside_spans, merge_spans
@@ -69,9 +70,8 @@ class _Lookup:
     """Known / unknown / glued for the words of one text, against one or two languages
     (``guessed``: the language is a guess from the prompt's lexicon, not from frequent words)."""
 
-    guessed = False
-
-    def __init__(self, langs: list[str]) -> None:
+    def __init__(self, langs: list[str], guessed: bool = False) -> None:
+        self.guessed = guessed
         self.lexicons = [lexicon.words(lang) for lang in langs]
         self.function = frozenset(w for lang in langs for w in lexicon.index()[lang]["top"][:100])
         self.compounding = any(lang in _COMPOUNDING for lang in langs)
@@ -101,9 +101,10 @@ class _Lookup:
         return 1
 
 
-def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | None:
-    """The answer's language(s) from its own frequent words; when it has too few (salad keeps
-    few function words whole), the prompt's, unless the prompt asks for another language.
+def _language(words: list[str], prompt: str, any_language: bool) -> tuple[list[str], bool] | None:
+    """(The answer's language(s), guessed) from its own frequent words; when it has too few (salad
+    keeps few function words whole), the prompt's, unless the prompt asks for another language;
+    ``guessed`` where only the prompt's lexicon named it (``_only_lexicon_holding``).
 
     A language we hold no list for shares short words with some that we do ("na", "ya", "la"):
     the answer is only judged as language L when some of L's frequent words of 4+ letters occur
@@ -113,15 +114,15 @@ def _language(words: list[str], prompt: str, any_language: bool) -> list[str] | 
         top = frozenset(lexicon.index()[ranked[0][0]]["top"])
         long_hits = len({w for w in words if len(w) >= 4 and w in top})
         if long_hits >= 2 or ranked[0][1] >= 0.33:
-            return [ranked[0][0]] + [lang for lang, share in ranked[1:2] if share >= 0.7 * ranked[0][1]]
+            return [ranked[0][0]] + [lang for lang, share in ranked[1:2] if share >= 0.7 * ranked[0][1]], False
     if any_language:
         return None
     prompt_lang = _prompt_language(prompt)
     if prompt_lang is not None and lexicon.index()[prompt_lang]["script"] == lexicon.script_of_char(words[0][0]):
-        return [prompt_lang] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else [])
+        return [prompt_lang] + ([ranked[0][0]] if ranked and ranked[0][1] >= 0.05 else []), False
     guess = _only_lexicon_holding([chunk.strip(_EDGE) for chunk in prompt.split()]) if prompt_lang is None else None
     if guess is not None and _covers_about_best(guess, words):
-        return [guess, _GUESSED]
+        return [guess], True
     return None
 
 
@@ -140,8 +141,7 @@ def _best_covered(langs: list[str], words: list[str]) -> list[str]:
     if not candidates:
         return langs
 
-    distinct = set(words)
-    held = {lang: len(distinct & lexicon.words(lang)) / len(distinct) for lang in (*langs, *candidates)}
+    held = _held((*langs, *candidates), words)
     best = max(candidates, key=held.__getitem__)
     return [best] if held[best] >= max(held[lang] for lang in langs) + _COVERAGE_MARGIN else langs
 
@@ -159,10 +159,7 @@ def _prompt_language(prompt: str) -> str | None:
     top = frozenset(lexicon.index()[ranked[0][0]]["top"])
     if any(len(w) >= 3 and w in top for w in prompt_words):
         return ranked[0][0]
-    # Words of 3+ letters, without names (capitalised past the first word): a loanword list
-    # holds "Roma" and "Kano" in many languages.
-    longer = [c.casefold() for at, c in enumerate(chunks)
-              if len(c) >= 3 and _PLAIN_RE.fullmatch(c) and (at == 0 or c.lower() == c)]
+    longer = _content_words(chunks, 3)
     counts = [(sum(1 for w in longer if w in lexicon.words(lang)), lang) for lang, share in ranked[:6] if share >= 0.15]
     fits = [(known, lang) for known, lang in counts if known >= 2 and 3 * known >= 2 * len(longer)]
     if not fits:
@@ -172,7 +169,17 @@ def _prompt_language(prompt: str) -> str | None:
     return winners[0] if len(winners) == 1 else None
 
 
-_GUESSED = "?"  # marks a language list _language guessed from the prompt's lexicon alone
+def _held(langs: Iterable[str], words: list[str]) -> dict[str, float]:
+    """Each language's share of the distinct ``words`` its lexicon holds."""
+    distinct = set(words)
+    return {lang: len(distinct & lexicon.words(lang)) / len(distinct) for lang in langs}
+
+
+def _content_words(chunks: list[str], min_letters: int) -> list[str]:
+    """A prompt's plain words of ``min_letters``+ letters, case-folded, without names (capitalised
+    past the first word): a loanword list holds "Roma" and "Kano" in many languages."""
+    return [c.casefold() for at, c in enumerate(chunks)
+            if len(c) >= min_letters and _PLAIN_RE.fullmatch(c) and (at == 0 or c.lower() == c)]
 
 
 def _covers_about_best(lang: str, words: list[str]) -> bool:
@@ -182,9 +189,7 @@ def _covers_about_best(lang: str, words: list[str]) -> bool:
     script = lexicon.index()[lang]["script"]
     if lexicon.script_of_char(words[0][0]) != script:
         return False
-    distinct = set(words)
-    held = {other: len(distinct & lexicon.words(other)) / len(distinct)
-            for other, info in lexicon.index().items() if info["script"] == script}
+    held = _held([other for other, info in lexicon.index().items() if info["script"] == script], words)
     return held[lang] >= max(held.values()) - 0.05
 
 
@@ -192,8 +197,7 @@ def _only_lexicon_holding(chunks: list[str]) -> str | None:
     """A short prompt of content words only ("Explain recursion.", "Explain gradient descent."):
     the one language of its script whose lexicon holds all its words of 4+ letters (2+ of them,
     names left out), if exactly one does. One word proves nothing ("Hello" is a loanword)."""
-    longer = [c.casefold() for at, c in enumerate(chunks)
-              if len(c) >= 4 and _PLAIN_RE.fullmatch(c) and (at == 0 or c.lower() == c)]
+    longer = _content_words(chunks, 4)
     if len(longer) < 2:
         return None
     script = lexicon.script_of_char(longer[0][0])
@@ -240,17 +244,16 @@ def salad_stats(text: str, prompt: str, code_spans: list[tuple[int, int]], any_l
     if len(checked) < _MIN_WORDS:
         return None
     words = [w for w, _, _ in checked]
-    langs = _language(words, prompt, any_language)
-    if langs is None:
+    found = _language(words, prompt, any_language)
+    if found is None:
         return None
-    guessed = _GUESSED in langs
-    langs = _best_covered([lang for lang in langs if lang != _GUESSED], words)
+    langs, guessed = found
+    langs = _best_covered(langs, words)
     script = lexicon.index()[langs[0]]["script"]
     checked = [c for c in checked if lexicon.script_of_char(c[0][0]) == script]  # "α" in English: maths
     if len(checked) < _MIN_WORDS:
         return None
-    lookup = _Lookup(langs)
-    lookup.guessed = guessed
+    lookup = _Lookup(langs, guessed)
     flags = [lookup.flag(w) for w, _, _ in checked]
     # A word split in two ("fa zer", "ten ha"): an unknown piece that, joined to its neighbour
     # across one space, makes a known word of 5+ letters. Counted like a glued word.
