@@ -2,8 +2,8 @@
 memory-efficient SDPA with the additive bias, transpose back) against the split-key Triton kernel
 (``triton_attention``), 8B shape (32 query heads, 8 KV heads, head_dim 128, bf16), per verify
 bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; at several plans
-(TARGET_PROGRAMS / BLOCK_N / MIN_SPLIT_BLOCKS). Also checks the kernel against SDPA on the same
-inputs (bf16 steps).
+(TARGET_PROGRAMS / BLOCK_N / MIN_SPLIT_BLOCKS / STAGES / WIDE_WARPS / BALANCED_SPLITS). Also
+checks the kernel against SDPA on the same inputs (bf16 steps).
 
     python -m bench.attention_kernel_speed [--start 176] [--rows 1,17,65,257] [--shape 27b]
 
@@ -27,13 +27,13 @@ from ddtree_diag.engine.tree import ancestor_mask
 
 LAYERS, REPLAYS = 36, 20
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
-PLAN_NAMES = ("TARGET_PROGRAMS", "BLOCK_N", "MIN_SPLIT_BLOCKS", "STAGES", "WIDE_WARPS")
+PLAN_NAMES = ("TARGET_PROGRAMS", "BLOCK_N", "MIN_SPLIT_BLOCKS", "STAGES", "WIDE_WARPS", "BALANCED_SPLITS")
 DEFAULT = tuple(getattr(triton_attention, name) for name in PLAN_NAMES)
-PLANS = [(128, 32, 1, 3, 8), (256, 32, 1, 3, 8), (256, 32, 2, 3, 8), (256, 32, 4, 3, 8), (256, 32, 2, 2, 8)]
+# the last field: key splits over the window's slots (0) or over the keys a query block sees (1)
+PLANS = [(256, 32, 2, 3, 4, 0), (256, 32, 2, 3, 4, 1), (512, 32, 1, 3, 4, 1), (1024, 32, 1, 3, 4, 1)]
 SHAPES = {  # layers, query heads, KV heads, head_dim; plans
     "8b": (36, 32, 8, 128, PLANS),
-    "27b": (16, 24, 4, 256, [(256, 32, 2, 3, 8), (256, 32, 2, 3, 4), (256, 32, 2, 2, 4), (256, 32, 2, 1, 4),
-                             (512, 32, 2, 2, 4), (256, 32, 1, 2, 4)]),
+    "27b": (16, 24, 4, 256, [*PLANS, (256, 32, 2, 2, 4, 1)]),
 }
 
 

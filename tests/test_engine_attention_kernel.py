@@ -122,6 +122,25 @@ def test_kernel_bf16_within_one_step(attention, shape):
     assert ((got.float() - want).abs() <= step).all()
 
 
+@pytest.mark.parametrize("balanced", [True, False])
+def test_splits_over_a_window_far_wider_than_the_keys(attention, monkeypatch, balanced):
+    """Early in an attention window the keys a query block sees (committed slots, tree rows up to
+    its last) fill a small part of it: the splits share those keys (BALANCED_SPLITS), or the
+    window's slots with the tail ones empty. Either way every visible key is counted once."""
+    monkeypatch.setattr(attention, "BALANCED_SPLITS", balanced)
+    heads, kv_heads, rows, nodes, start, head_dim = 4, 2, 40, 33, 45, 16
+    window = 512  # 85 slots of keys; junk past them that no row may see
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, rows, heads, head_dim, generator=gen).transpose(1, 2)
+    cache_k = torch.randn(1, kv_heads, window, head_dim, generator=gen)
+    cache_v = torch.randn(1, kv_heads, window, head_dim, generator=gen)
+    anc = tree_anc(rows, nodes, random.Random(5))
+    splits = attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[1]
+    assert splits > 3  # so that, split by the window, most splits would be past the last key
+    got = run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.3)
+    torch.testing.assert_close(got, reference(q, cache_k, cache_v, anc, start, window, 0.3), rtol=1e-5, atol=1e-5)
+
+
 def test_several_key_tiles_per_split_and_a_head_dim_not_a_power_of_two(attention, monkeypatch):
     """Fewer programs wanted: each split loops over several key tiles, the last one partial."""
     # the 8B's budget-16 verify (16 query blocks): 4 splits of 2 key tiles, not 8 of one

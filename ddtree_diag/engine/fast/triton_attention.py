@@ -67,6 +67,9 @@ COMBINE_ROWS = 16
 # 27B shape (head dim 256) on the H100, us per layer at 1 / 32 / 80 / 272 rows: 8 warps 9.6 / 14.1 /
 # 20.4 / 53.8, 4 warps 9.1 / 14.8 / 17.5 / 47.0 (``bench.attention_kernel_speed --shape 27b``)
 STAGES, WIDE_WARPS = 3, 4
+# Tree mode: the key splits share the keys a query block can see (the committed slots and the tree
+# rows up to its last), read from the device's committed count, instead of the window's slots.
+BALANCED_SPLITS = True
 
 
 @triton.jit
@@ -76,7 +79,7 @@ def _split_kernel(
     q_head_stride, q_row_stride, k_head_stride, k_slot_stride, v_head_stride, v_slot_stride,
     mask_row_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, MASKED: tl.constexpr,
+    UPCAST: tl.constexpr, MASKED: tl.constexpr, BALANCED: tl.constexpr,
 ):
     """MASKED False: the tree rule, mask_ptr = anc [rows, rows] bytes, start_ptr the committed
     count. MASKED True: slot n visible to row i iff mask[i, n] (bytes, row stride 0 for one row
@@ -99,13 +102,21 @@ def _split_kernel(
         hi = tl.minimum(lo + split_len, window)
     else:
         start = tl.load(start_ptr).to(tl.int32)
-        # This split's keys, cut at the block's last tree row: a row's ancestors come before it, so a
-        # tree slot past every row of the block is visible to none of them (budget 256: a block of 64
-        # rows of one query head reads on average half the tree's slots).
+        # The keys the block can see, cut at its last tree row: a row's ancestors come before it, so
+        # a tree slot past every row of the block is visible to none of them (budget 256: a block of
+        # 64 rows of one query head reads on average half the tree's slots).
         first = block * BLOCK_M
         last = tl.minimum(first + BLOCK_M, group_rows) - 1
         last_row = tl.where(first // rows == last // rows, last % rows, rows - 1)  # rows of two heads: all
-        hi = tl.minimum(tl.minimum(lo + split_len, window), start + last_row + 1)
+        end = tl.minimum(window, start + last_row + 1)
+        if BALANCED:
+            # the splits share those keys, not the window's slots: the window's tail past the last
+            # row is empty, so window-wide splits would leave the last ones idle and the first long
+            share = tl.cdiv(tl.cdiv(end, BLOCK_N), splits) * BLOCK_N
+            lo = split * share
+            hi = tl.minimum(lo + share, end)
+        else:
+            hi = tl.minimum(lo + split_len, end)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -277,7 +288,7 @@ def _attention(
         stride(q, 1), stride(q, 2), stride(cache_k, 1), cache_k.stride(2), stride(cache_v, 1), cache_v.stride(2),
         mask_row_stride,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST, MASKED=masked,
-        num_warps=4 if block_d <= 128 else WIDE_WARPS, num_stages=STAGES,
+        BALANCED=BALANCED_SPLITS, num_warps=4 if block_d <= 128 else WIDE_WARPS, num_stages=STAGES,
     )
     launch(
         _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),
