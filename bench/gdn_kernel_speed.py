@@ -1,7 +1,8 @@
 """The two ends of a Gated DeltaNet verify round alone on a GPU: the tree-row conv and the commit,
 PyTorch (as ``layers.linear_attention_rows`` and ``FastDecoder._commit`` run them today) against
 the Triton kernels in ``triton_gdn_state``, per row count, each captured in a CUDA graph and
-replayed (device time per layer call; a Qwen3.6-27B round runs 48 such layers). Shape: one
+replayed (device time per layer call; a Qwen3.6-27B round runs 48 such layers), and the commit of
+all 48 layers in one launch, as the decoder runs it. Shape: one
 Qwen3.6-27B Gated DeltaNet layer (16 key heads, 48 value heads, head dims 128, conv width 4) in
 bf16. Also prints each kernel's worst difference from PyTorch.
 
@@ -61,8 +62,8 @@ def inputs(rows: int, generator: torch.Generator) -> dict:
 
 
 def time_rows(rows: int, generator: torch.Generator) -> list[float]:
-    """[conv PyTorch us, conv kernel us, conv max diff, commit
-    PyTorch us, commit kernel us, commit max diff]."""
+    """[conv PyTorch us, conv kernel us, conv max diff, commit PyTorch us, commit kernel us, commit
+    max diff, the LAYERS layers' commit in one launch us]."""
     x = inputs(rows, generator)
     kept = torch.empty(rows, CHANNELS, dtype=torch.bfloat16, device="cuda")
 
@@ -99,7 +100,17 @@ def time_rows(rows: int, generator: torch.Generator) -> list[float]:
     commit_diff = float((ours[0] - theirs[0]).abs().max())
     commit_diff = max(commit_diff, float((ours[1].float() - theirs[1].float()).abs().max()))
     commit_times = [graph_ms(lambda: commit_pytorch(*theirs)) * 1000, graph_ms(lambda: commit_kernel(*ours)) * 1000]
-    return [*conv_times, conv_diff, *commit_times, commit_diff]
+
+    # the decoder's form: every layer's buffers are slices of one stack, one launch commits them all
+    def stack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[None].repeat(LAYERS, *([1] * tensor.dim()))
+
+    stacked = [stack(x[name]) for name in ("state", "conv_state", "keys", "updates", "path_decay")] + [stack(kept)]
+
+    def commit_stacked():
+        triton_gdn_state.commit_states(*stacked, x["parents"], x["path"], x["count"], x["ok"])
+
+    return [*conv_times, conv_diff, *commit_times, commit_diff, graph_ms(commit_stacked) * 1000]
 
 
 # tiles the sweep tries: conv (block_n, block_c, warps), commit (block_k, block_v, warps)
@@ -136,13 +147,14 @@ def main() -> int:
     print(f"gdn_kernel_speed: {torch.cuda.get_device_name()}, us per layer call (CUDA graph replays);")
     print(f"x{LAYERS}: a 27B round's {LAYERS} Gated DeltaNet layers, in ms")
     head = f"{'rows':>5} | {'conv torch':>10} {'kernel':>8} {'x48 saved':>9} {'max diff':>9}"
-    print(head + f" | {'commit torch':>12} {'kernel':>8} {'x48 saved':>9} {'max diff':>9}")
+    print(head + f" | {'commit torch':>12} {'kernel':>8} {'x48 saved':>9} {'max diff':>9} | {'x48 one launch':>14}")
     for rows in [int(r) for r in args.rows.split(",")]:
-        conv_t, conv_k, conv_d, commit_t, commit_k, commit_d = time_rows(rows, generator)
+        conv_t, conv_k, conv_d, commit_t, commit_k, commit_d, commit_all = time_rows(rows, generator)
         conv_saved, commit_saved = (conv_t - conv_k) * LAYERS / 1000, (commit_t - commit_k) * LAYERS / 1000
         print(
             f"{rows:>5} | {conv_t:>10.1f} {conv_k:>8.1f} {conv_saved:>9.2f} {conv_d:>9.2e}"
             f" | {commit_t:>12.1f} {commit_k:>8.1f} {commit_saved:>9.2f} {commit_d:>9.2e}"
+            f" | {commit_all:>11.1f} us (x48 launches {commit_k * LAYERS:.1f})"
         )
     if args.sweep:
         print("tiles, us per layer call:")

@@ -236,6 +236,45 @@ def test_commit_states_full_head_size():
     assert torch.equal(on_device["conv_state"].cpu(), window_tail(inputs, 8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_commit_of_stacked_layers_equals_each_layer_alone(dtype):
+    """The decoder commits every layer in one launch (each tensor a stack [layers, ...]): each
+    layer's state and conv window must come out as that layer's own commit leaves them, from its
+    own keys, updates, decays and inputs (a layer offset wrong by one would read a neighbour's),
+    and a round that is not ok must leave every layer as it was."""
+    layers, n = 3, 11
+    per_layer = [commit_inputs(n, "bushy", 3, heads=2, dk=48, dv=40, channels=70, dtype=dtype) for _ in range(layers)]
+    parents = per_layer[0]["parents"]  # one round: the tree is every layer's, the values are not
+    generator = torch.Generator().manual_seed(5)
+    for layer_inputs in per_layer[1:]:
+        for name in ("state", "conv_state", "keys", "updates", "inputs"):
+            value = layer_inputs[name]
+            layer_inputs[name] = torch.randn(value.shape, generator=generator).to(value.dtype)
+        layer_inputs["path_decay"] = layer_inputs["path_decay"] * torch.rand(1, generator=generator)
+    names = ("state", "conv_state", "keys", "updates", "path_decay", "inputs")
+    stacked = {name: torch.stack([x[name] for x in per_layer]).to(DEVICE) for name in names}
+    path = accepted_path(parents, n - 1)
+    for ok in (True, False):
+        state, conv_state = stacked["state"].clone(), stacked["conv_state"].clone()
+        triton_gdn_state.commit_states(
+            state, conv_state, stacked["keys"], stacked["updates"], stacked["path_decay"], stacked["inputs"],
+            parents.to(DEVICE), *path, torch.tensor(ok, device=DEVICE),
+        )
+        for layer, x in enumerate(per_layer):
+            alone = {name: x[name].to(DEVICE).clone() for name in names}
+            triton_gdn_state.commit_states(
+                alone["state"], alone["conv_state"], alone["keys"], alone["updates"], alone["path_decay"],
+                alone["inputs"], parents.to(DEVICE), *path, torch.tensor(ok, device=DEVICE),
+            )
+            assert torch.equal(state[layer], alone["state"]), (ok, layer)
+            assert torch.equal(conv_state[layer], alone["conv_state"]), (ok, layer)
+            if not ok:
+                assert torch.equal(state[layer].cpu(), x["state"])
+                assert torch.equal(conv_state[layer].cpu(), x["conv_state"])
+        if ok:  # and each layer moved (the layers differ, so a shared read would show)
+            assert not torch.equal(state[0], state[1]) and not torch.equal(state.cpu(), stacked["state"].cpu())
+
+
 @pytest.mark.parametrize("history", [1, 2, 5])
 def test_commit_keeps_a_conv_state_of_any_width(history):
     """A conv state narrower or wider than K-1 columns: the commit leaves the last ``history``

@@ -274,7 +274,7 @@ def test_hybrid_fast_decode_with_the_gdn_kernels_equals_the_pytorch_layers(solve
     assert state_module is not None
     state_calls = []
     for name in ("conv_rows", "commit_states"):
-        record_calls(monkeypatch, state_module, name, lambda *_, _name=name, **__: state_calls.append(_name))
+        record_calls(monkeypatch, state_module, name, lambda *a, _n=name, **_: state_calls.append((_n, a[0].dim())))
     # only the Gated DeltaNet kernels under the interpreter: the others have their own decode tests
     monkeypatch.setenv("DDTREE_DIAG_TREE_KERNEL", "off")
     monkeypatch.setenv("DDTREE_DIAG_ATTENTION_KERNEL", "off")
@@ -298,7 +298,38 @@ def test_hybrid_fast_decode_with_the_gdn_kernels_equals_the_pytorch_layers(solve
     assert 1 in rows and max(rows) > 1, solver  # AR rows and tree rows both went through it
     # the decoder bounds the paths (no host sync to count them inside a CUDA graph)
     assert all(max_path == 4 for n, max_path in solver if n > 1), solver
-    assert {"conv_rows", "commit_states"} == set(state_calls)
+    # the commit moves every Gated DeltaNet layer's state at once: a stack [layers, heads, dk, dv]
+    assert {("conv_rows", 2), ("commit_states", 4)} == set(state_calls)
+
+
+def test_hybrid_layers_unlike_each_other_commit_one_at_a_time(solver, monkeypatch, tmp_path):
+    """Where the Gated DeltaNet layers' buffers differ in shape (none of today's checkpoints), no
+    stack holds them: each layer's commit is its own launch, with the same tokens."""
+    from ddtree_diag.engine.fast.decoder import FastDecoder
+
+    state_module = kernels._triton_gdn_state()
+    commits = []
+    record_calls(monkeypatch, state_module, "commit_states", lambda *a, **_: commits.append(a[0].dim()))
+    monkeypatch.setenv("DDTREE_DIAG_TREE_KERNEL", "off")
+    monkeypatch.setenv("DDTREE_DIAG_ATTENTION_KERNEL", "off")
+    target = fx.make_hybrid_target(tmp_path / "target", kind="qwen3_5", pattern="LLAL")
+    draft = fx.make_draft(tmp_path / "draft", block_size=4, layer_ids=(0, 2), layers=1)
+    engine = load_engine(target, draft, device=DEVICE, dtype="fp32")
+    engine.use_path("fast")
+    stacked = engine.generate_ids(PROMPTS[0], tree_budget=8, max_tokens=TOKENS, stop_token_ids=[])
+    assert commits and set(commits) == {4}
+    shapes = FastDecoder._linear_shapes
+
+    def unlike(self, index, rows=0):  # a stand-in difference: the shapes stay, the comparison sees them differ
+        return {**shapes(self, index, rows), "layer": (index,)}
+
+    monkeypatch.setattr(FastDecoder, "_linear_shapes", unlike)
+    engine.decoder("fast").max_len = 0  # the buffers are allocated again
+    commits.clear()
+    alone = engine.generate_ids(PROMPTS[0], tree_budget=8, max_tokens=TOKENS, stop_token_ids=[])
+    assert commits and set(commits) == {3}
+    assert len(commits) == len(engine.target.linear_layers) * len(alone.acceptance_lengths)  # each layer, each round
+    assert alone.token_ids == stacked.token_ids and alone.acceptance_lengths == stacked.acceptance_lengths
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

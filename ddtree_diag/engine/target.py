@@ -197,7 +197,11 @@ class KVCache:
         committed tokens in order. ``length`` is not advanced (see ``advance``)."""
         start = self.length if start is None else start
         dst = start + torch.arange(keep.shape[0], device=keep.device)
-        src = start + keep
+        self.move(start + keep, dst)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Slots ``src`` (int64, on the cache's device) are copied to slots ``dst``, every layer:
+        what ``compact`` does, with the slots already worked out (the fast path's accept walk)."""
         self.k.index_copy_(3, dst, self.k.index_select(3, src))
         self.v.index_copy_(3, dst, self.v.index_select(3, src))
 

@@ -246,6 +246,12 @@ class FastDecoder:
         self.root = torch.zeros(1, **long)
         self.depth_limit = torch.zeros((), **long)
         self.result: dict[int, torch.Tensor] = {}
+        # the accept walk's output (``_commit``): the accepted row at each depth, how many, and the
+        # target cache slots to move (from, to)
+        self.accepted = {
+            "keep": torch.zeros(self.block, **long), "count": torch.zeros(1, **long),
+            "slots": torch.zeros(2 * self.block, **long),
+        }
         if self.draft is not None:
             dc = self.draft.config
             shape = (dc.num_hidden_layers, 1, dc.num_key_value_heads, self.max_len, dc.dim_per_head)
@@ -260,17 +266,43 @@ class FastDecoder:
         self.outputs: dict[int, dict[str, torch.Tensor]] = {}
         # Hybrid targets: each Gated DeltaNet layer's committed recurrent state and conv window,
         # and per verify shape what the parallel solve leaves for commit (static buffers).
+        # Where the layers are alike (every checkpoint so far), each layer's buffer is a slice of
+        # one stack of all layers' (``committed_stack``, ``parts_stack``), so that the commit
+        # moves every layer's state in one launch.
         self.linear_state: dict[int, torch.Tensor] = {}
         self.linear_conv: dict[int, torch.Tensor] = {}
         self.linear_parts: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
-        for index in t.linear_layers:
-            module = t.layers[index].linear_attn
-            self.linear_state[index] = torch.zeros(
-                module.num_v_heads, module.head_k_dim, module.head_v_dim, device=dev, dtype=torch.float32
-            )
-            self.linear_conv[index] = torch.zeros(
-                module.conv1d.weight.shape[0], module.conv_kernel_size - 1, device=dev, dtype=t.dtype
-            )
+        self.committed_stack: dict[str, torch.Tensor] | None = None
+        self.parts_stack: dict[int, dict[str, torch.Tensor]] = {}
+        shapes = [self._linear_shapes(index) for index in t.linear_layers]
+        self.linear_alike = len({tuple(shape.items()) for shape in shapes}) == 1
+        if self.linear_alike:
+            shape = shapes[0]
+            stack = self.committed_stack = self._stacked(shape, {"state": torch.float32, "conv": t.dtype})
+            for position, index in enumerate(t.linear_layers):
+                self.linear_state[index] = stack["state"][position]
+                self.linear_conv[index] = stack["conv"][position]
+        else:
+            for index in t.linear_layers:
+                shape = self._linear_shapes(index)
+                self.linear_state[index] = torch.zeros(shape["state"], device=dev, dtype=torch.float32)
+                self.linear_conv[index] = torch.zeros(shape["conv"], device=dev, dtype=t.dtype)
+
+    def _linear_shapes(self, index: int, rows: int = 0) -> dict[str, tuple[int, ...]]:
+        """A Gated DeltaNet layer's buffer shapes: its committed recurrent state and conv
+        window, and for ``rows`` verify rows what the parallel solve keeps for the commit."""
+        module = self.target.layers[index].linear_attn
+        heads, dk, dv = module.num_v_heads, module.head_k_dim, module.head_v_dim
+        channels = module.conv1d.weight.shape[0]
+        return {
+            "state": (heads, dk, dv), "conv": (channels, module.conv_kernel_size - 1), "keys": (heads, rows, dk),
+            "updates": (heads, rows, dv), "path_decay": (heads, rows), "inputs": (rows, channels),
+        }
+
+    def _stacked(self, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
+        """Zeroed [Gated DeltaNet layers, *shape] buffers, one per name in ``dtypes``."""
+        layers = len(self.target.linear_layers)
+        return {name: torch.zeros((layers, *shapes[name]), device=self.device, dtype=dtypes[name]) for name in dtypes}
 
     def _tree_buffers(self, padded: int) -> dict[str, torch.Tensor]:
         if padded not in self.trees:
@@ -292,15 +324,18 @@ class FastDecoder:
             }
             self.result[padded] = torch.zeros(3 + 2 * self.block, **long)
             self.linear_parts[padded] = {}
-            for index in t.linear_layers:
-                module = t.layers[index].linear_attn
-                heads, fp32 = module.num_v_heads, dict(device=self.device, dtype=torch.float32)
-                self.linear_parts[padded][index] = {
-                    "keys": torch.zeros(heads, padded, module.head_k_dim, **fp32),
-                    "updates": torch.zeros(heads, padded, module.head_v_dim, **fp32),
-                    "path_decay": torch.zeros(heads, padded, **fp32),
-                    "inputs": torch.zeros(padded, module.conv1d.weight.shape[0], device=self.device, dtype=t.dtype),
-                }
+            dtypes = {"keys": torch.float32, "updates": torch.float32, "path_decay": torch.float32, "inputs": t.dtype}
+            if self.linear_alike and t.linear_layers:
+                shape = self._linear_shapes(t.linear_layers[0], padded)
+                stack = self.parts_stack[padded] = self._stacked(shape, dtypes)
+                for position, index in enumerate(t.linear_layers):
+                    self.linear_parts[padded][index] = {name: stack[name][position] for name in dtypes}
+            else:
+                for index in t.linear_layers:
+                    shape = self._linear_shapes(index, padded)
+                    self.linear_parts[padded][index] = {
+                        name: torch.zeros(shape[name], device=self.device, dtype=dtypes[name]) for name in dtypes
+                    }
         return self.trees[padded]
 
     def _stage(self, key: tuple, fn: Callable[[], None]) -> Stage:
@@ -715,26 +750,33 @@ class FastDecoder:
         """Accept walk on ``choice`` (the target's token per row), compact the target cache, queue
         the kept rows' features for the draft, advance; all guarded by the tree's ``exact``."""
         tree, out = self.trees[padded], self.outputs[padded]
-        block = self.block
-        choice, tokens, parents, depths = tree["choice"], tree["tokens"], tree["parents"], tree["depths"]
-        rows = torch.arange(padded, device=self.device)
-        compat = (tokens == choice[parents.clamp(min=0)]) & tree["valid"]
-        compat = compat | (rows == 0)
-        accepted = ~(tree["anc"] & ~compat[None, :]).any(dim=-1)
-        keep_all = torch.zeros(block + 1, dtype=torch.long, device=self.device)
-        keep_all.scatter_(0, torch.where(accepted, depths, block), rows)  # row at its depth; rest to a dump slot
-        keep = keep_all[:block]
-        count = accepted.sum()
-        bonus = choice[keep.gather(0, (count - 1)[None])]
-        ok = tree["exact"]
+        block, ok, parents = self.block, tree["exact"], tree["parents"]
+        keep, count, slots = self.accepted["keep"], self.accepted["count"], self.accepted["slots"]
+        with_context = self.draft is not None and bool(self.feature_layers)
+        walk = kernels.accept_kernel(tree["tokens"])
+        if walk is not None:  # the walk and the round's counters in one kernel
+            walk.accept(
+                tree["tokens"], tree["choice"], parents, tree["valid"], tree["depths"], ok, self.start, self.root,
+                self.ctx_len if with_context else None, self.pending_count if with_context else None,
+                keep, count, slots, self.result[padded],
+            )
+        else:
+            self._accept_walk(padded, with_context)
         # not ok: every row stays where it is (the round is redone with the host tree)
-        self.target.kv.compact(torch.where(ok, keep, self.slot_index[:block]), start=self.start)
-        if self.draft is not None and self.feature_layers:
-            self.ctx_len.add_(torch.where(ok, self.pending_count, 0))
+        self.target.kv.move(slots[:block], slots[block:])
+        if with_context:
             self.pending.copy_(torch.where(ok, out["features"][keep], self.pending))
-            self.pending_count.copy_(torch.where(ok, count, self.pending_count))
         if self.linear_state:
-            last = keep.gather(0, (count - 1)[None])  # the deepest accepted row
+            state_kernels = kernels.gdn_state_kernels(next(iter(self.linear_state.values())))
+            committed, stack = self.committed_stack, self.parts_stack.get(padded)
+            if state_kernels is not None and committed is not None and stack is not None:
+                # every layer's state and conv window after the path's last row, one kernel
+                state_kernels.commit_states(
+                    committed["state"], committed["conv"], stack["keys"], stack["updates"], stack["path_decay"],
+                    stack["inputs"], parents, keep, count, ok,
+                )
+                return
+            last = keep.gather(0, count - 1)  # the deepest accepted row
             repeats = ahead.Repeats()
             for index, state in self.linear_state.items():
                 if repeats.skip(self.target.layers[index]):
@@ -744,7 +786,7 @@ class FastDecoder:
                 if state_kernels is not None:  # the state and conv window after `last`, one kernel
                     state_kernels.commit_states(
                         state, self.linear_conv[index], kept["keys"], kept["updates"], kept["path_decay"],
-                        kept["inputs"], parents, keep, count.reshape(1), ok,
+                        kept["inputs"], parents, keep, count, ok,
                     )
                     continue
                 parts = gdn.ParallelParts(kept["keys"], kept["updates"], kept["path_decay"], tree["anc"], state)
@@ -752,6 +794,29 @@ class FastDecoder:
                 new_conv = gdn.conv_tail(kept["inputs"], parents, self.linear_conv[index], last)
                 state.copy_(torch.where(ok, new_state, state))
                 self.linear_conv[index].copy_(torch.where(ok, new_conv, self.linear_conv[index]))
+
+    def _accept_walk(self, padded: int, with_context: bool) -> None:
+        """The accept walk in PyTorch ops, as ``triton_accept`` does it in one kernel: ``accepted``'s
+        keep / count / slots, the host's result row, and (only where the tree is exact) the
+        committed count, root and draft context counters advanced."""
+        tree, block = self.trees[padded], self.block
+        choice, tokens, parents, depths = tree["choice"], tree["tokens"], tree["parents"], tree["depths"]
+        ok = tree["exact"]
+        rows = torch.arange(padded, device=self.device)
+        compat = (tokens == choice[parents.clamp(min=0)]) & tree["valid"]
+        compat = compat | (rows == 0)
+        accepted = ~(tree["anc"] & ~compat[None, :]).any(dim=-1)
+        keep_all = torch.zeros(block + 1, dtype=torch.long, device=self.device)
+        keep_all.scatter_(0, torch.where(accepted, depths, block), rows)  # row at its depth; rest to a dump slot
+        keep = self.accepted["keep"].copy_(keep_all[:block])
+        count = accepted.sum()
+        self.accepted["count"].copy_(count.reshape(1))
+        bonus = choice[keep.gather(0, (count - 1)[None])]
+        in_order = self.slot_index[:block]
+        self.accepted["slots"].copy_(self.start + torch.cat([torch.where(ok, keep, in_order), in_order]))
+        if with_context:
+            self.ctx_len.add_(torch.where(ok, self.pending_count, 0))
+            self.pending_count.copy_(torch.where(ok, count, self.pending_count))
         self.start.add_(torch.where(ok, count, 0))
         self.root.copy_(torch.where(ok, bonus, self.root))
         self.result[padded].copy_(torch.cat([ok.long()[None], count[None], bonus, keep, tokens[keep]]))

@@ -92,6 +92,10 @@ def _triton_argmax():
     return _kernel_module("triton_argmax")
 
 
+def _triton_accept():
+    return _kernel_module("triton_accept")
+
+
 def switched_off(variable: str) -> bool:
     """Whether the environment turns a fast-path feature off (``DDTREE_DIAG_<NAME>_KERNEL=off`` for
     one kernel, ``DDTREE_DIAG_COMPILE_AHEAD=off``)."""
@@ -202,6 +206,14 @@ def argmax_kernel(logits: torch.Tensor):
     if 0 in logits.shape or logits.shape[1] >= 2**31 - 1:  # indices are int32 in the kernel
         return None
     return _triton_argmax()
+
+
+def accept_kernel(tokens: torch.Tensor):
+    """The accept walk kernel's module when a verify round's tree (``tokens`` [rows] int64) is
+    walked by it at commit, else None (``FastDecoder._accept_walk``'s PyTorch ops run)."""
+    if switched_off("DDTREE_DIAG_ACCEPT_KERNEL") or _use(tokens, (torch.long,)) is None:
+        return None
+    return _triton_accept()
 
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
