@@ -36,6 +36,10 @@ takes seconds per call at the tree tests' shapes, which would slow every other k
 So does the greedy choice of a verify round (``argmax``: ``triton_argmax``, chunks of a row on
 many thread blocks, then a merge per row, where PyTorch's reduce runs one block per row);
 ``DDTREE_DIAG_ARGMAX_KERNEL=off`` turns off that one alone.
+
+So does the commit's accept walk with the round's counters and result row (``triton_accept``: one
+program, where ``FastDecoder._accept_walk`` runs ~35 tiny kernels); ``DDTREE_DIAG_ACCEPT_KERNEL=off``
+turns off that one alone.
 """
 
 from __future__ import annotations
