@@ -101,7 +101,8 @@ def run_walk(walk, tree: dict, block: int, exact: bool, with_context: bool) -> d
     return {name: value.tolist() for name, value in state.items()}
 
 
-SHAPES = [(1, 1, 16), (17, 17, 16), (24, 17, 4), (65, 60, 16), (257, 230, 16)]  # rows, tree nodes, block
+# rows, tree nodes, block: AR, chain-like, a shallow block, budgets 64, 256 and 1024
+SHAPES = [(1, 1, 16), (17, 17, 16), (24, 17, 4), (65, 60, 16), (257, 230, 16), (1025, 1000, 16)]
 
 
 @pytest.mark.parametrize(("rows", "nodes", "block"), SHAPES)

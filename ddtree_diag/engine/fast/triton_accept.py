@@ -61,7 +61,15 @@ def _accept_kernel(
     bonus = tl.load(choice_ptr + last)
     kept_tokens = tl.load(tokens_ptr + keep)
     exact = tl.load(exact_ptr) != 0
+    # The counters this program moves are read, then (after the barrier) written: every warp must
+    # read the old values before any warp writes a new one (the interpreter runs one thread and
+    # cannot show the race; a GPU's warps run apart between barriers).
     start = tl.load(start_ptr)
+    old_root = tl.load(root_ptr)
+    if HAS_DRAFT:
+        pending = tl.load(pending_count_ptr)
+        ctx_len = tl.load(ctx_len_ptr)
+    tl.debug_barrier()
     in_block = level < block
     tl.store(keep_ptr + level, keep, mask=in_block)
     tl.store(count_ptr, count)
@@ -73,10 +81,9 @@ def _accept_kernel(
     tl.store(result_ptr + 3 + level, keep, mask=in_block)
     tl.store(result_ptr + 3 + block + level, kept_tokens, mask=in_block)
     tl.store(start_ptr, start + tl.where(exact, count, 0))
-    tl.store(root_ptr, tl.where(exact, bonus, tl.load(root_ptr)))
+    tl.store(root_ptr, tl.where(exact, bonus, old_root))
     if HAS_DRAFT:
-        pending = tl.load(pending_count_ptr)
-        tl.store(ctx_len_ptr, tl.load(ctx_len_ptr) + tl.where(exact, pending, 0))
+        tl.store(ctx_len_ptr, ctx_len + tl.where(exact, pending, 0))
         tl.store(pending_count_ptr, tl.where(exact, count, pending))
 
 
@@ -104,12 +111,14 @@ def accept(
     rows, block = tokens.shape[0], keep.shape[0]
     assert slots.shape == (2 * block,) and result.shape == (3 + 2 * block,) and count.shape == (1,)
     has_draft = ctx_len is not None and pending_count is not None
+    block_rows = max(16, triton.next_power_of_2(rows))
     launch(
         _accept_kernel, (1,),
         tokens, choice, parents, valid.view(torch.int8), depths, exact.reshape(1).view(torch.int8),
         start, root, ctx_len if has_draft else start, pending_count if has_draft else start,
         keep, count, slots, result,
         rows, block,
-        BLOCK_R=max(16, triton.next_power_of_2(rows)), BLOCK_D=max(16, triton.next_power_of_2(block)),
-        HAS_DRAFT=has_draft, num_warps=4,
+        BLOCK_R=block_rows, BLOCK_D=max(16, triton.next_power_of_2(block)),
+        # the [depth, row] tile that gathers the path: ~64 values a thread (a budget of 1024 on 16 warps)
+        HAS_DRAFT=has_draft, num_warps=min(16, max(4, block_rows // 128)),
     )
