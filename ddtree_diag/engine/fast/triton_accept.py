@@ -53,10 +53,11 @@ def _accept_kernel(
         at = tl.where(live, parent, -1)
     count = tl.sum(accepted.to(tl.int64), axis=0)
     depth = tl.load(depths_ptr + row, mask=inside, other=-1)
-    # the path by depth: one accepted row a depth (the tree's siblings hold distinct tokens)
+    # the path by depth: one accepted row a depth (the tree's siblings hold distinct tokens); a max,
+    # not a sum, so that a malformed tree could never point past the rows
     level = tl.arange(0, BLOCK_D)
     on_level = accepted[None, :] & (depth[None, :] == level[:, None])
-    keep = tl.sum(tl.where(on_level, row[None, :], 0), axis=1).to(tl.int64)
+    keep = tl.max(tl.where(on_level, row[None, :], 0), axis=1).to(tl.int64)
     last = tl.sum(tl.where(level == count - 1, keep, 0), axis=0)
     bonus = tl.load(choice_ptr + last)
     kept_tokens = tl.load(tokens_ptr + keep)
