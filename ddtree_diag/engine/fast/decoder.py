@@ -54,6 +54,7 @@ of this.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -269,24 +270,11 @@ class FastDecoder:
         # Where the layers are alike (every checkpoint so far), each layer's buffer is a slice of
         # one stack of all layers' (``committed_stack``, ``parts_stack``), so that the commit
         # moves every layer's state in one launch.
-        self.linear_state: dict[int, torch.Tensor] = {}
-        self.linear_conv: dict[int, torch.Tensor] = {}
         self.linear_parts: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
-        self.committed_stack: dict[str, torch.Tensor] | None = None
         self.parts_stack: dict[int, dict[str, torch.Tensor]] = {}
-        shapes = [self._linear_shapes(index) for index in t.linear_layers]
-        self.linear_alike = len({tuple(shape.items()) for shape in shapes}) == 1
-        if self.linear_alike:
-            shape = shapes[0]
-            stack = self.committed_stack = self._stacked(shape, {"state": torch.float32, "conv": t.dtype})
-            for position, index in enumerate(t.linear_layers):
-                self.linear_state[index] = stack["state"][position]
-                self.linear_conv[index] = stack["conv"][position]
-        else:
-            for index in t.linear_layers:
-                shape = self._linear_shapes(index)
-                self.linear_state[index] = torch.zeros(shape["state"], device=dev, dtype=torch.float32)
-                self.linear_conv[index] = torch.zeros(shape["conv"], device=dev, dtype=t.dtype)
+        self.committed_stack, committed = self._linear_buffers(0, {"state": torch.float32, "conv": t.dtype})
+        self.linear_state = {index: buffers["state"] for index, buffers in committed.items()}
+        self.linear_conv = {index: buffers["conv"] for index, buffers in committed.items()}
 
     def _linear_shapes(self, index: int, rows: int = 0) -> dict[str, tuple[int, ...]]:
         """A Gated DeltaNet layer's buffer shapes: its committed recurrent state and conv
@@ -299,10 +287,22 @@ class FastDecoder:
             "updates": (heads, rows, dv), "path_decay": (heads, rows), "inputs": (rows, channels),
         }
 
-    def _stacked(self, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
-        """Zeroed [Gated DeltaNet layers, *shape] buffers, one per name in ``dtypes``."""
-        layers = len(self.target.linear_layers)
-        return {name: torch.zeros((layers, *shapes[name]), device=self.device, dtype=dtypes[name]) for name in dtypes}
+    def _linear_buffers(
+        self, rows: int, dtypes: dict[str, torch.dtype]
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[int, dict[str, torch.Tensor]]]:
+        """Each Gated DeltaNet layer's zeroed buffers named in ``dtypes`` (shapes: ``_linear_shapes``
+        for ``rows``), layer index -> name -> tensor; where the layers are alike, slices of one stack
+        [layers, ...] per name, returned first (else None: each layer's are its own)."""
+        layers = self.target.linear_layers
+        shapes = [self._linear_shapes(index, rows) for index in layers]
+        zeros = functools.partial(torch.zeros, device=self.device)
+        if not layers or any(shape != shapes[0] for shape in shapes):
+            return None, {
+                index: {name: zeros(shape[name], dtype=dtype) for name, dtype in dtypes.items()}
+                for index, shape in zip(layers, shapes, strict=True)
+            }
+        stack = {name: zeros((len(layers), *shapes[0][name]), dtype=dtype) for name, dtype in dtypes.items()}
+        return stack, {index: {name: stack[name][position] for name in dtypes} for position, index in enumerate(layers)}
 
     def _tree_buffers(self, padded: int) -> dict[str, torch.Tensor]:
         if padded not in self.trees:
@@ -323,19 +323,10 @@ class FastDecoder:
                 "features": torch.zeros(padded, max(feats, 1), device=self.device, dtype=t.dtype),
             }
             self.result[padded] = torch.zeros(3 + 2 * self.block, **long)
-            self.linear_parts[padded] = {}
             dtypes = {"keys": torch.float32, "updates": torch.float32, "path_decay": torch.float32, "inputs": t.dtype}
-            if self.linear_alike and t.linear_layers:
-                shape = self._linear_shapes(t.linear_layers[0], padded)
-                stack = self.parts_stack[padded] = self._stacked(shape, dtypes)
-                for position, index in enumerate(t.linear_layers):
-                    self.linear_parts[padded][index] = {name: stack[name][position] for name in dtypes}
-            else:
-                for index in t.linear_layers:
-                    shape = self._linear_shapes(index, padded)
-                    self.linear_parts[padded][index] = {
-                        name: torch.zeros(shape[name], device=self.device, dtype=dtypes[name]) for name in dtypes
-                    }
+            stack, self.linear_parts[padded] = self._linear_buffers(padded, dtypes)
+            if stack is not None:
+                self.parts_stack[padded] = stack
         return self.trees[padded]
 
     def _stage(self, key: tuple, fn: Callable[[], None]) -> Stage:
@@ -768,9 +759,10 @@ class FastDecoder:
             self.pending.copy_(torch.where(ok, out["features"][keep], self.pending))
         if self.linear_state:
             state_kernels = kernels.gdn_state_kernels(next(iter(self.linear_state.values())))
-            committed, stack = self.committed_stack, self.parts_stack.get(padded)
-            if state_kernels is not None and committed is not None and stack is not None:
+            stack = self.parts_stack.get(padded)  # there where the committed state is stacked too
+            if state_kernels is not None and stack is not None:
                 # every layer's state and conv window after the path's last row, one kernel
+                committed = self.committed_stack
                 state_kernels.commit_states(
                     committed["state"], committed["conv"], stack["keys"], stack["updates"], stack["path_decay"],
                     stack["inputs"], parents, keep, count, ok,
