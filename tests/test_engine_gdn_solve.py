@@ -328,7 +328,9 @@ def test_hybrid_layers_unlike_each_other_commit_one_at_a_time(solver, monkeypatc
     commits.clear()
     alone = engine.generate_ids(PROMPTS[0], tree_budget=8, max_tokens=TOKENS, stop_token_ids=[])
     assert commits and set(commits) == {3}
-    assert len(commits) == len(engine.target.linear_layers) * len(alone.acceptance_lengths)  # each layer, each round
+    layers, rounds = len(engine.target.linear_layers), len(alone.acceptance_lengths)
+    # one launch per layer: each round on the CPU; on a GPU each CUDA graph's capture, replayed after
+    assert len(commits) % layers == 0 and (DEVICE != "cpu" or len(commits) == layers * rounds)
     assert alone.token_ids == stacked.token_ids and alone.acceptance_lengths == stacked.acceptance_lengths
 
 

@@ -68,8 +68,10 @@ COMBINE_ROWS = 16
 # 20.4 / 53.8, 4 warps 9.1 / 14.8 / 17.5 / 47.0 (``bench.attention_kernel_speed --shape 27b``)
 STAGES, WIDE_WARPS = 3, 4
 # Tree mode: the key splits share the keys a query block can see (the committed slots and the tree
-# rows up to its last), read from the device's committed count, instead of the window's slots.
-BALANCED_SPLITS = True
+# rows up to its last), read from the device's committed count, instead of the window's slots. Off:
+# on the H100 it lost at 257 rows (us per layer, 8B 26.6 -> 31.6, 27B 87.0 -> 90.0) and cost the
+# 8B's budget-256 verify ~0.15 ms (``bench.attention_kernel_speed``).
+BALANCED_SPLITS = False
 
 
 @triton.jit
