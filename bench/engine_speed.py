@@ -3,9 +3,10 @@
 Prints, per shape and decode path (eager = the readable reference loop, fast = engine/fast:
 static caches, device tree/accept, CUDA graphs on a GPU), ms per decode round with the stage
 breakdown (draft, tree, verify, commit), tok/s and TTFT for AR and tree budgets 16/64/256 at
-block size 16, plus the memory-bandwidth bound of one target forward (weight bytes / 4.8 TB/s,
-H200 HBM3e) and verify's share of it. Random weights: acceptance is ~1 token per round, so every
-round verifies a full tree — this is the cost of a round, not a speedup.
+block size 16, plus the memory-bandwidth bound of one target forward (weight bytes / the card's
+HBM bandwidth: 4.8 TB/s on an H200, 3.35 on an H100) and verify's share of it. Random weights:
+acceptance is ~1 token per round, so every round verifies a full tree — this is the cost of a
+round, not a speedup.
 
     python -m bench.engine_speed                 # CUDA: 0.6b and 8b, bf16 (~5 min on an H200)
     python -m bench.engine_speed --small         # CPU smoke run: a small shape, fp32
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bench.graph_timing import device_bandwidth
 from ddtree_diag.engine.divergence import first_divergence
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
 from ddtree_diag.engine.generate import DECODE_PATHS, Engine
@@ -45,7 +47,6 @@ SHAPES = {
 LINEAR = {"qwen3.6-27b": (16, 48, 128, 128, 4), "hybrid-small": (4, 8, 32, 32, 4)}
 # The draft of a hybrid shape (z-lab's Qwen3.6-27B DFlash: 32/8 heads of 128; a sliding layer)
 DRAFT_HEADS = {"qwen3.6-27b": (32, 8, 128), "hybrid-small": (4, 2, 64)}
-HBM_BYTES_PER_S = 4.8e12  # H200
 WARMUP_TOKENS = 24  # per config before the timed run (small runs: the whole run, shapes fully warm)
 LINES: list[str] = []
 COMPILES: list[tuple[str, float]] = []  # (kernel, seconds) of every Triton compile seen, in order
@@ -365,13 +366,14 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
     engine = build(shape, args.device, dtype, args.block_size, args.draft_layers)
     built = time.perf_counter() - started
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.target.hf.parameters())
-    bound_ms = 1000 * weight_bytes / HBM_BYTES_PER_S
+    bytes_per_s, bandwidth = device_bandwidth(args.device)
+    bound_ms = 1000 * weight_bytes / bytes_per_s
     params = sum(p.numel() for p in engine.target.hf.parameters()) / 1e9
     kind = "hybrid Gated-DeltaNet " if engine.target.hybrid else ""
     say(f"\n== {shape}-shaped random {kind}target ({params:.2f}B params, {weight_bytes / 2**30:.2f} GiB), "
         f"{args.draft_layers}-layer draft, block {args.block_size}, {args.dtype} on {args.device} "
         f"(built in {built:.1f}s)")
-    say(f"bandwidth bound of one target forward: {weight_bytes / 1e9:.2f} GB / 4.8 TB/s = {bound_ms:.2f} ms "
+    say(f"bandwidth bound of one target forward: {weight_bytes / 1e9:.2f} GB / ({bandwidth}) = {bound_ms:.2f} ms "
         "(verify 'bw%' = this / verify ms)")
     gen = torch.Generator().manual_seed(1)
     vocab = engine.target.config.vocab_size

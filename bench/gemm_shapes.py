@@ -1,7 +1,7 @@
 """Skinny bf16 GEMMs of a decode round: cuBLAS (F.linear) against a simple Triton skinny GEMM.
 
 The verify batch is 1-257 rows (budget + 1) against weights of 4096-24576 columns: memory bound, so the
-figure is the share of the weight-read bandwidth (4.8 TB/s on an H200) each reaches. Timed in
+figure is the share of the weight-read bandwidth (the card's HBM bandwidth: 4.8 TB/s on an H200) each reaches. Timed in
 CUDA graphs (launch cost excluded, as in the decode stages). Usage:
 ``python -m bench.gemm_shapes [--rows 1,17,65,257]``; other modes: ``--layouts`` (weight stored
 [out, in] or [in, out]), ``--orientations`` (x @ w or its transposed product), ``--backends``
@@ -20,10 +20,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from bench.graph_timing import needs_cuda
+from bench.graph_timing import device_bandwidth, needs_cuda
 from ddtree_diag.engine.fast.graphs import blas_library
 
-HBM = 4.8e12
 # (name, in, out) of the Qwen3-8B shape's projections (fused q|k|v and gate|up) and lm_head
 SHAPES_8B = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
              ("lm_head", 4096, 151936)]
@@ -130,7 +129,7 @@ def main() -> int:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         for m in [int(r) for r in args.rows.split(",")]:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ideal_us = 1e6 * (w.numel() * 2) / HBM
+            ideal_us = 1e6 * (w.numel() * 2) / device_bandwidth()[0]
             cublas = timed_us(lambda x=x, w=w: F.linear(x, w))
             best = None
             block_m = min(64, max(16, 1 << (m - 1).bit_length()))
@@ -160,7 +159,7 @@ def layouts(rows: list[int]) -> int:
     for name, k, n in SHAPES_8B:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         w_t = w.t().contiguous()
-        ideal_us = 1e6 * (w.numel() * 2) / HBM
+        ideal_us = 1e6 * (w.numel() * 2) / device_bandwidth()[0]
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             stored = timed_us(lambda x=x, w=w: F.linear(x, w))

@@ -35,6 +35,32 @@ def graph_us(calls: list[Callable[[], object]], replays: int) -> float:
     return start.elapsed_time(end) * 1000 / (replays * len(calls))
 
 
+# HBM bandwidth by card (TB/s, the vendor's figure): the floors the benches print are the card's own.
+# Checked in order: a name holding another comes first ("GH200" before "H200", "H100 PCIe" before
+# the SXM part's plain "H100", "H200" before "H20").
+HBM_TB_PER_S = (("GH200", 4.0), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35),
+                ("H800", 3.35), ("H20", 4.0), ("B200", 8.0), ("A100-SXM4-80GB", 2.039),
+                ("A100 80GB PCIe", 1.935), ("A100", 1.555), ("L40S", 0.864), ("L4", 0.3))
+ASSUMED_TB_PER_S = 4.8  # a card not listed: an H200's, and the benches say it was assumed
+
+
+def hbm_tb_per_s(device_name: str) -> tuple[float, bool]:
+    """(TB/s, known) for a CUDA device's name; an unlisted card gets ``ASSUMED_TB_PER_S``."""
+    for part, tb_per_s in HBM_TB_PER_S:
+        if part in device_name:
+            return tb_per_s, True
+    return ASSUMED_TB_PER_S, False
+
+
+def device_bandwidth(device: str | torch.device = "cuda") -> tuple[float, str]:
+    """(bytes/s, a label such as "3.35 TB/s, H100") of the device the bench runs on."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return ASSUMED_TB_PER_S * 1e12, f"{ASSUMED_TB_PER_S} TB/s, assumed (no GPU)"
+    name = torch.cuda.get_device_name(device)
+    tb_per_s, known = hbm_tb_per_s(name)
+    return tb_per_s * 1e12, f"{tb_per_s} TB/s, {name}" + ("" if known else " (not listed: assumed)")
+
+
 def needs_cuda(bench: str) -> None:
     """One line and exit status 2 where there is no CUDA device: these benches time GPU kernels
     only (no interpreter smoke run), and a traceback from CUDA's lazy init says less."""
@@ -52,8 +78,11 @@ def kernel_bench_args(description: str, shapes_help: str, warm_help: str) -> arg
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--shapes", default=None, help=shapes_help)
     parser.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="HBM TB/s for the floor (H200: 4.8)")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="HBM TB/s for the floor (default: the card's own, e.g. H200 4.8, H100 3.35)")
     parser.add_argument("--warm", action="store_true", help=warm_help)
     args = parser.parse_args()
     args.dtype = DTYPES[args.dtype]
+    if args.bandwidth is None:
+        args.bandwidth = device_bandwidth()[0] / 1e12
     return args

@@ -70,3 +70,17 @@ def test_a_gpu_only_bench_without_cuda_says_so_in_one_line(bench):
                           timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"{bench}: needs a CUDA GPU (it times GPU kernels); none here"]
+
+
+@pytest.mark.parametrize("name, tb_per_s, known", [
+    ("NVIDIA H200", 4.8, True), ("NVIDIA H100 80GB HBM3", 3.35, True), ("NVIDIA H100 PCIe", 2.0, True),
+    ("NVIDIA H100 NVL", 3.9, True), ("NVIDIA GH200 480GB", 4.0, True), ("NVIDIA A100-SXM4-40GB", 1.555, True),
+    ("Some Future Card", 4.8, False),
+])
+def test_a_bench_floor_uses_the_cards_own_bandwidth(name, tb_per_s, known):
+    """The weight-read floors the benches print are the card's: an H100's 3.35 TB/s, not an H200's
+    4.8 (a card no row names gets the H200's and says so)."""
+    pytest.importorskip("torch")
+    from bench.graph_timing import hbm_tb_per_s
+
+    assert hbm_tb_per_s(name) == (tb_per_s, known)
