@@ -125,11 +125,12 @@ def main() -> int:
         return layouts([int(r) for r in args.rows.split(",")])
     print(f"{'gemm':>8} {'rows':>5} {'cublas us':>10} {'bw%':>5} {'triton us':>10} {'bw%':>5} "
           f"{'config':>22} {'maxdiff':>8}")
+    hbm = device_bandwidth()[0]
     for name, k, n in SHAPES_8B:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         for m in [int(r) for r in args.rows.split(",")]:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ideal_us = 1e6 * (w.numel() * 2) / device_bandwidth()[0]
+            ideal_us = 1e6 * (w.numel() * 2) / hbm
             cublas = timed_us(lambda x=x, w=w: F.linear(x, w))
             best = None
             block_m = min(64, max(16, 1 << (m - 1).bit_length()))
@@ -156,10 +157,11 @@ def layouts(rows: list[int]) -> int:
     against the same values stored [in, out] (an "NN" GEMM, other kernels to pick; the layout the
     engine gives them on CUDA, ``layers.store_column_major``)."""
     print(f"{'gemm':>8} {'rows':>5} {'[out,in] us':>12} {'bw%':>5} {'[in,out] us':>12} {'bw%':>5} {'same':>5}")
+    hbm = device_bandwidth()[0]
     for name, k, n in SHAPES_8B:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         w_t = w.t().contiguous()
-        ideal_us = 1e6 * (w.numel() * 2) / device_bandwidth()[0]
+        ideal_us = 1e6 * (w.numel() * 2) / hbm
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             stored = timed_us(lambda x=x, w=w: F.linear(x, w))

@@ -758,6 +758,7 @@ class FastDecoder:
         if with_context:
             self.pending.copy_(torch.where(ok, out["features"][keep], self.pending))
         if self.linear_state:
+            # one decision for every layer: their states share a device and dtype (fp32)
             state_kernels = kernels.gdn_state_kernels(next(iter(self.linear_state.values())))
             stack = self.parts_stack.get(padded)  # there where the committed state is stacked too
             if state_kernels is not None and stack is not None:
@@ -774,7 +775,6 @@ class FastDecoder:
                 if repeats.skip(self.target.layers[index]):
                     continue
                 kept = self.linear_parts[padded][index]
-                state_kernels = kernels.gdn_state_kernels(state)
                 if state_kernels is not None:  # the state and conv window after `last`, one kernel
                     state_kernels.commit_states(
                         state, self.linear_conv[index], kept["keys"], kept["updates"], kept["path_decay"],
