@@ -37,10 +37,10 @@ def graph_us(calls: list[Callable[[], object]], replays: int) -> float:
 
 # HBM bandwidth by card (TB/s, the vendor's figure): the floors the benches print are the card's own.
 # Checked in order: a name holding another comes first ("GH200" before "H200", "H100 PCIe" before
-# the SXM part's plain "H100", "H200" before "H20").
+# the SXM part's plain "H100", "H200" before "H20", "L40" (and L40S) before "L4").
 HBM_TB_PER_S = (("GH200", 4.0), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35),
                 ("H800", 3.35), ("H20", 4.0), ("B200", 8.0), ("A100-SXM4-80GB", 2.039),
-                ("A100 80GB PCIe", 1.935), ("A100", 1.555), ("L40S", 0.864), ("L4", 0.3))
+                ("A100 80GB PCIe", 1.935), ("A100", 1.555), ("L40", 0.864), ("L4", 0.3))
 ASSUMED_TB_PER_S = 4.8  # a card not listed: an H200's, and the benches say it was assumed
 
 
