@@ -1,15 +1,15 @@
 """Verify attention alone on a GPU: the SDPA path (``FastDecoder._target_forward``: GQA reshape,
 memory-efficient SDPA with the additive bias, transpose back) against the split-key Triton kernel
 (``triton_attention``), 8B shape (32 query heads, 8 KV heads, head_dim 128, bf16), per verify
-bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; at several plans
-(TARGET_PROGRAMS / BLOCK_N / MIN_SPLIT_BLOCKS / STAGES / WIDE_WARPS / BALANCED_SPLITS). Also
-checks the kernel against SDPA on the same inputs (bf16 steps).
+bucket, each as 36 calls (one per layer) captured in a CUDA graph and replayed; at its default
+plan and at plans that override some of the module's settings (``NARROW_PLANS``, ``WIDE_PLANS``).
+Also checks the kernel against SDPA on the same inputs (bf16 steps).
 
     python -m bench.attention_kernel_speed [--start 176] [--rows 1,17,65,257] [--shape 27b]
 
 ``--shape 27b``: Qwen3.6-27B's attention layers instead (24 query heads, 4 KV heads, head_dim 256,
-16 layers), with plans aiming for more programs (its 32-row query blocks of 6 heads x 257 rows
-are 196 programs before any key split).
+16 layers), with the wide heads' plans (its 32-row query blocks of 6 heads x 257 rows are 196
+programs before any key split).
 """
 
 from __future__ import annotations
@@ -27,14 +27,26 @@ from ddtree_diag.engine.tree import ancestor_mask
 
 LAYERS, REPLAYS = 36, 20
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
-PLAN_NAMES = ("TARGET_PROGRAMS", "BLOCK_N", "MIN_SPLIT_BLOCKS", "STAGES", "WIDE_WARPS", "BALANCED_SPLITS")
-DEFAULT = tuple(getattr(triton_attention, name) for name in PLAN_NAMES)
-# the last field: key splits over the window's slots (0) or over the keys a query block sees (1)
-PLANS = [(256, 32, 2, 3, 4, 0), (256, 32, 2, 3, 4, 1), (512, 32, 1, 3, 4, 1), (1024, 32, 1, 3, 4, 1)]
+# Plans as overrides of the module's settings ({} = its defaults). BALANCED_SPLITS: key splits over
+# the keys a query block sees, not the window's slots. A TARGET_PROGRAMS below the query blocks'
+# count leaves one split (the program writes the output, no combine: budget 256 at both shapes).
+NARROW_PLANS = [
+    {}, {"TARGET_PROGRAMS": 128}, {"TARGET_PROGRAMS": 128, "BLOCK_N": 64, "MIN_SPLIT_BLOCKS": 1},
+    {"BLOCK_N": 64, "MIN_SPLIT_BLOCKS": 1}, {"NARROW_BLOCK_M": 32}, {"STAGES": 2}, {"BALANCED_SPLITS": True},
+]
+WIDE_PLANS = [
+    {}, {"WIDE_TARGET_PROGRAMS": 256}, {"WIDE_STAGES": 3}, {"WIDE_ONE_SPLIT_BLOCK_N": 32}, {"WIDE_WARPS": 8},
+    {"WIDE_BLOCK_M": 64, "WIDE_WARPS": 8}, {"BALANCED_SPLITS": True, "WIDE_TARGET_PROGRAMS": 256},
+]
 SHAPES = {  # layers, query heads, KV heads, head_dim; plans
-    "8b": (36, 32, 8, 128, PLANS),
-    "27b": (16, 24, 4, 256, [*PLANS, (256, 32, 2, 2, 4, 1)]),
+    "8b": (36, 32, 8, 128, NARROW_PLANS),
+    "27b": (16, 24, 4, 256, WIDE_PLANS),
 }
+PLANS = NARROW_PLANS
+
+
+def plan_name(plan: dict) -> str:
+    return ",".join(f"{name}={value}" for name, value in plan.items()) or "default"
 
 
 def layers_us(fn) -> float:
@@ -53,14 +65,21 @@ def main() -> None:
     LAYERS, HEADS, KV_HEADS, HEAD_DIM, PLANS = SHAPES[args.shape]
     start = args.start
     print(f"{torch.cuda.get_device_name()}  start={start}  (us per layer call)")
-    names = "  ".join(f"{'k@' + '/'.join(map(str, plan)):>8}" for plan in PLANS)
-    print(f"rows  window  {'sdpa':>8}  {names}  max bf16 steps")
-    for rows in (int(r) for r in args.rows.split(",")):
-        print(measure(rows, start, torch.device("cuda"), torch.bfloat16))
+    rows_list = [int(r) for r in args.rows.split(",")]
+    table = {}  # plan name -> us per layer at each row count
+    for rows in rows_list:
+        window, times, steps = measure(rows, start, torch.device("cuda"), torch.bfloat16)
+        print(f"{rows} rows, window {window}: max bf16 steps from exact {steps}")
+        for name, us in times.items():
+            table.setdefault(name, []).append(us)
+    print(f"\n{'us per layer call at rows':<58}" + "".join(f"{rows:>9}" for rows in rows_list))
+    for name, cells in table.items():
+        print(f"{name:<58}" + "".join(f"{us:9.2f}" for us in cells))
 
 
-def measure(rows: int, start: int, dev: torch.device, dtype: torch.dtype) -> str:
-    """One table line: the verify bucket of ``rows`` rows after ``start`` committed slots."""
+def measure(rows: int, start: int, dev: torch.device, dtype: torch.dtype) -> tuple[int, dict[str, float], str]:
+    """The verify bucket of ``rows`` rows after ``start`` committed slots: its window, us per layer
+    call of SDPA and of the kernel at each plan, and the bf16 steps of each from exact attention."""
     window = attention_window(start + rows, 1 << 16)
     rep = HEADS // KV_HEADS
     gen = torch.Generator(device=dev).manual_seed(rows)
@@ -91,16 +110,20 @@ def measure(rows: int, start: int, dev: torch.device, dtype: torch.dtype) -> str
     unit = exact.abs().clamp(min=1.0) * 2**-7
     steps = ((kernel().float() - exact).abs() / unit).max().item()
     sdpa_steps = ((sdpa().float() - exact).abs() / unit).max().item()
-    times = [layers_us(sdpa)]
+    times = {"sdpa": layers_us(sdpa)}
     for plan in PLANS:
-        for name, value in zip(PLAN_NAMES, plan, strict=True):
+        saved = {name: getattr(triton_attention, name) for name in plan}
+        for name, value in plan.items():
             setattr(triton_attention, name, value)
-        times.append(layers_us(kernel))
-    for name, value in zip(PLAN_NAMES, DEFAULT, strict=True):
-        setattr(triton_attention, name, value)
-    cells = "  ".join(f"{t:8.2f}" for t in times)
-    return f"{rows:4d}  {window:6d}  {cells}  kernel {steps:.2f} / sdpa {sdpa_steps:.2f}"
-
+        try:
+            times["kernel " + plan_name(plan)] = layers_us(kernel)
+        except Exception as exc:  # e.g. a plan past the card's shared memory: the sweep goes on
+            print(f"plan {plan_name(plan)}: {type(exc).__name__}: {str(exc)[:120]}")
+            times["kernel " + plan_name(plan)] = float("nan")
+        finally:
+            for name, value in saved.items():
+                setattr(triton_attention, name, value)
+    return window, times, f"kernel {steps:.2f} / sdpa {sdpa_steps:.2f}"
 
 if __name__ == "__main__":
     main()

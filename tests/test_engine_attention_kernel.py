@@ -41,7 +41,9 @@ def attention(monkeypatch):
 
     record_calls(monkeypatch, module, "tree_attention", count("calls"))
     record_calls(monkeypatch, module, "masked_attention", count("masked_calls"))
-    monkeypatch.setattr(module, "TARGET_PROGRAMS", 256)  # the GPU's split counts (the interpreter aims for 1)
+    # the GPU's split counts (the interpreter aims for 1)
+    monkeypatch.setattr(module, "TARGET_PROGRAMS", 256)
+    monkeypatch.setattr(module, "WIDE_TARGET_PROGRAMS", 128)
     return module
 
 
@@ -135,7 +137,7 @@ def test_splits_over_a_window_far_wider_than_the_keys(attention, monkeypatch, ba
     cache_k = torch.randn(1, kv_heads, window, head_dim, generator=gen)
     cache_v = torch.randn(1, kv_heads, window, head_dim, generator=gen)
     anc = tree_anc(rows, nodes, random.Random(5))
-    splits = attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[1]
+    splits = attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[2]
     assert splits > 3  # so that, split by the window, most splits would be past the last key
     got = run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.3)
     torch.testing.assert_close(got, reference(q, cache_k, cache_v, anc, start, window, 0.3), rtol=1e-5, atol=1e-5)
@@ -144,21 +146,56 @@ def test_splits_over_a_window_far_wider_than_the_keys(attention, monkeypatch, ba
 def test_several_key_tiles_per_split_and_a_head_dim_not_a_power_of_two(attention, monkeypatch):
     """Fewer programs wanted: each split loops over several key tiles, the last one partial."""
     # the 8B's budget-16 verify (16 query blocks): 4 splits of 2 key tiles, not 8 of one
-    assert attention.plan(rows=32, rep=4, kv_heads=8, window=256) == (64, 4, 64)
+    assert attention.plan(rows=32, rep=4, kv_heads=8, window=256) == (64, 32, 4, 64)
     monkeypatch.setattr(attention, "TARGET_PROGRAMS", 2)
-    assert attention.plan(rows=9, rep=2, kv_heads=1, window=192)[1:] == (2, 96)
+    assert attention.plan(rows=9, rep=2, kv_heads=1, window=192)[2:] == (2, 96)
     q, cache_k, cache_v, anc, window = case(2, 1, 9, 6, 150, 24, torch.float32, seed=3)
     got = run_kernel(attention, q, cache_k, cache_v, anc, 150, window, 0.2)
     torch.testing.assert_close(got, reference(q, cache_k, cache_v, anc, 150, window, 0.2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_split_writes_the_output_itself(attention, monkeypatch, masked):
+    """Where the query blocks alone fill the grid (budget 256) there is one key split: its program
+    normalises and writes the output (no fp32 partials, no combine launch), the same as splits
+    merged by the combine. The prefix (75) ends inside a key tile, and the tree spans several."""
+    heads, kv_heads, rows, nodes, start, head_dim = 4, 2, 70, 61, 75, 16
+    q, cache_k, cache_v, anc, window = case(heads, kv_heads, rows, nodes, start, head_dim, torch.float32, seed=8)
+    if masked:  # the draft's mode: a boolean mask per row, here the same visibility as the tree rule
+        mask = (torch.arange(window) < start).unsqueeze(0).expand(rows, window).clone()
+        mask.index_copy_(1, start + torch.arange(rows), anc)
+        run = lambda: attention.masked_attention(  # noqa: E731
+            q.to(DEVICE), cache_k.to(DEVICE), cache_v.to(DEVICE), mask.to(DEVICE), window, 0.3).cpu()
+    else:
+        run = lambda: run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.3)  # noqa: E731
+    got = {}
+    for target_programs in (1, 256):
+        monkeypatch.setattr(attention, "TARGET_PROGRAMS", target_programs)
+        splits = attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[2]
+        launches = ahead.record_launches(lambda t=target_programs: got.__setitem__(t, run()))
+        kernels_launched = [signature[0] for signature in launches]
+        if target_programs == 1:
+            assert splits == 1 and kernels_launched == ["_split_kernel"]
+        else:
+            assert splits > 1 and kernels_launched == ["_split_kernel", "_combine_kernel"]
+    want = reference(q, cache_k, cache_v, anc, start, window, 0.3)
+    torch.testing.assert_close(got[1], want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[256], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_heads_of_256_dims_in_32_row_query_blocks(attention, dtype):
-    """Qwen3.6-27B's attention heads are 256 wide: the kernel takes them in 32-row query blocks."""
+@pytest.mark.parametrize("start", [40, 150])
+def test_heads_of_256_dims_in_32_row_query_blocks(attention, dtype, start):
+    """Qwen3.6-27B's attention heads are 256 wide: the kernel takes them in 32-row query blocks, on
+    their own plan: one split of 64-key tiles where the query blocks fill the grid (budget 256, and
+    here at 40 committed slots), splits of 32-key tiles where they do not (150)."""
     assert attention.plan(rows=32, rep=6, kv_heads=4, window=256, head_dim=256)[0] == 32
-    q, cache_k, cache_v, anc, window = case(6, 1, 9, 7, 40, 256, dtype, seed=11)
-    got = run_kernel(attention, q, cache_k, cache_v, anc, 40, window, 256**-0.5)
-    want = reference(q.float(), cache_k.float(), cache_v.float(), anc, 40, window, 256**-0.5)
+    assert attention.plan(rows=257, rep=6, kv_heads=4, window=768, head_dim=256) == (32, 64, 1, 768)
+    q, cache_k, cache_v, anc, window = case(6, 1, 9, 7, start, 256, dtype, seed=11)
+    tiles_and_splits = attention.plan(9, 6, 1, window, 256)[1:3]
+    assert tiles_and_splits == ((64, 1) if start == 40 else (32, 3))
+    got = run_kernel(attention, q, cache_k, cache_v, anc, start, window, 256**-0.5)
+    want = reference(q.float(), cache_k.float(), cache_v.float(), anc, start, window, 256**-0.5)
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     else:
@@ -287,7 +324,7 @@ def test_masked_kernel_equals_sdpa_with_the_same_mask(attention, shape, dtype):
     shared, band = draft_masks(rows, window, context, band=24)
     assert not torch.equal(band, shared.expand(rows, window))  # the band cuts some context
     # several key splits (the interpreter's default is one; the fixture asks for the GPU's count)
-    assert attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[1] > 1
+    assert attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[2] > 1
     scale = head_dim**-0.5
     for mask in (shared, band):
         got = run_masked(attention, q, cache_k, cache_v, mask, window, scale)
@@ -306,7 +343,7 @@ def test_a_shared_mask_equals_it_repeated_per_row_and_a_row_that_sees_nothing_is
     monkeypatch.setattr(attention, "TARGET_PROGRAMS", 4)  # few programs: splits of several key tiles
     heads, kv_heads, rows, window = 4, 2, 6, 150
     q, cache_k, cache_v = draft_case(heads, kv_heads, rows, window, 16, torch.float32, seed=7)
-    assert attention.plan(rows, 2, kv_heads, window, 16)[1:] == (2, 96)
+    assert attention.plan(rows, 2, kv_heads, window, 16)[2:] == (2, 96)
     gen = torch.Generator().manual_seed(8)
     shared = torch.rand(1, window, generator=gen) < 0.6
     repeated = shared.expand(rows, window).contiguous()

@@ -12,7 +12,13 @@ card, ~14 us per layer for a few hundred keys. Here the keys are split too:
   (fp32 partials).
 - ``_combine_kernel``: one program per (KV head, 16 group rows) merges the splits' partials and writes
   the output in the model dtype straight into the [rows, heads * head_dim] layout o_proj reads
-  (no transpose copy).
+  (no transpose copy). Where the plan makes one split (``plan``), the split kernel normalises and
+  writes that output itself: no partials, no second launch.
+
+A program takes its keys in two loops: the committed slots, which every row sees (no ancestor
+bytes read, no per-row mask), then the tree slots with the ancestor mask. At budget 256 the
+committed slots are most of a block's keys; on the H100 the 8B's 257-row verify attention went
+from 26.5 to 18.1 us a layer with the loop split (``bench/attention_kernel_speed.py``).
 
 The visibility rule is the SDPA path's mask (``FastDecoder._target_forward``): key slot j is
 visible to tree row i when j < start (committed) or start <= j < start + rows and anc[i, j - start]
@@ -67,25 +73,75 @@ COMBINE_ROWS = 16
 # 27B shape (head dim 256) on the H100, us per layer at 1 / 32 / 80 / 272 rows: 8 warps 9.6 / 14.1 /
 # 20.4 / 53.8, 4 warps 9.1 / 14.8 / 17.5 / 47.0 (``bench.attention_kernel_speed --shape 27b``)
 STAGES, WIDE_WARPS = 3, 4
+# Heads wider than 128 (Qwen3.6-27B's 256) on their own plan: 2 pipeline stages, programs aimed at
+# 128, and where that leaves one key split (budget 256: 196 query blocks of 32 rows) key tiles of
+# 64. On the H100, 27B shape, 300 committed slots, us per layer at 1 / 17 / 65 / 257 rows: the
+# narrow heads' plan 13.27 / 20.23 / 24.10 / 50.17; 2 stages and 128 programs 12.92 / 19.93 / 21.89
+# / 46.41; with the wider tile where one split 41.08 at 257. The 8B's heads lost with either
+# change (at 257 rows 18.05 us against 23.92 for one split, 32.33 for one split of 64-key tiles).
+WIDE_STAGES, WIDE_TARGET_PROGRAMS, WIDE_ONE_SPLIT_BLOCK_N = 2, (1 if UPCAST else 128), 64
 # Tree mode: the key splits share the keys a query block can see (the committed slots and the tree
 # rows up to its last), read from the device's committed count, instead of the window's slots. Off:
 # on the H100 it lost at 257 rows (us per layer, 8B 26.6 -> 31.6, 27B 87.0 -> 90.0) and cost the
 # 8B's budget-256 verify ~0.15 ms (``bench.attention_kernel_speed``).
 BALANCED_SPLITS = False
+# Query rows a program takes at most, for heads of up to 128 dims and for wider ones.
+NARROW_BLOCK_M, WIDE_BLOCK_M = 64, 32
+
+
+@triton.jit
+def _key_tile(
+    q, k_base, v_base, n, n_ok, visible, m_i, l_i, acc, d, d_ok, scale, k_slot_stride, v_slot_stride,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One tile of keys ``n`` folded into the rows' online softmax (max m_i, sum l_i, acc); scores
+    not ``visible`` count as -inf."""
+    k = tl.load(k_base + n[:, None] * k_slot_stride + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:  # the interpreter: the same products of the same values, in fp32 (see UPCAST)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # a row with nothing visible yet keeps max -inf: subtract 0 there (exp(-inf) = 0, no NaN)
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - shift[:, None])
+    alpha = tl.exp(m_i - shift)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_base + n[:, None] * v_slot_stride + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        pv = tl.dot(_rounded(p, v.dtype), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _store_rows(out_ptr, acc, total, m, m_ok, d, d_ok, rows, heads, rep, kv, head_dim):
+    """Group rows ``m`` of KV head ``kv``, normalised by their sums, into out [rows, heads *
+    head_dim] (the layout o_proj reads): group row m is query head kv * rep + m // rows of tree row
+    m % rows. A row that saw no key gives 0 (the grid's spare rows; a tree row sees itself, a
+    masked-mode row may see nothing)."""
+    o = acc / tl.where(total > 0, total, 1.0)[:, None]
+    head = kv * rep + m // rows
+    row = m % rows
+    tl.store(out_ptr + (row * heads + head)[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, start_ptr, part_o_ptr, part_ml_ptr,
-    rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
+    q_ptr, k_ptr, v_ptr, mask_ptr, start_ptr, part_o_ptr, part_ml_ptr, out_ptr,
+    rows, heads, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
     q_head_stride, q_row_stride, k_head_stride, k_slot_stride, v_head_stride, v_slot_stride,
     mask_row_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, MASKED: tl.constexpr, BALANCED: tl.constexpr,
+    UPCAST: tl.constexpr, MASKED: tl.constexpr, BALANCED: tl.constexpr, DIRECT: tl.constexpr,
 ):
     """MASKED False: the tree rule, mask_ptr = anc [rows, rows] bytes, start_ptr the committed
     count. MASKED True: slot n visible to row i iff mask[i, n] (bytes, row stride 0 for one row
-    shared by all), keys [0, window) uncut; start_ptr is not read."""
+    shared by all), keys [0, window) uncut; start_ptr is not read. DIRECT (one split): the
+    program writes its rows' output itself; otherwise fp32 partials for the combine."""
     kv = tl.program_id(0) // q_blocks
     block = tl.program_id(0) % q_blocks
     split = tl.program_id(1)
@@ -99,9 +155,23 @@ def _split_kernel(
         q_ptr + head[:, None] * q_head_stride + row[:, None] * q_row_stride + d[None, :],
         mask=m_ok[:, None] & d_ok[None, :], other=0.0,
     )
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    k_base = k_ptr + kv * k_head_stride
+    v_base = v_ptr + kv * v_head_stride
     lo = split * split_len
     if MASKED:  # a mask can let any row see any slot: no cut
         hi = tl.minimum(lo + split_len, window)
+        for n0 in range(lo, hi, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < hi
+            seen = tl.load(
+                mask_ptr + row[:, None] * mask_row_stride + n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0,
+            )
+            visible = (seen != 0) & n_ok[None, :] & m_ok[:, None]
+            m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, visible, m_i, l_i, acc, d, d_ok, scale,
+                                      k_slot_stride, v_slot_stride, PRECISION, UPCAST)
     else:
         start = tl.load(start_ptr).to(tl.int32)
         # The keys the block can see, cut at its last tree row: a row's ancestors come before it, so
@@ -119,51 +189,35 @@ def _split_kernel(
             hi = tl.minimum(lo + share, end)
         else:
             hi = tl.minimum(lo + split_len, end)
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    k_base = k_ptr + kv * k_head_stride
-    v_base = v_ptr + kv * v_head_stride
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < hi
-        k = tl.load(k_base + n[:, None] * k_slot_stride + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:  # the interpreter: the same products of the same values, in fp32 (see UPCAST)
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        if MASKED:
-            seen = tl.load(
-                mask_ptr + row[:, None] * mask_row_stride + n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0,
-            )
-            visible = (seen != 0) & n_ok[None, :] & m_ok[:, None]
-        else:
-            # committed slots are visible to every row; a tree slot only to the rows anc says
-            tree = (n >= start) & n_ok
+        # Committed slots are visible to every row: their tiles read no ancestor bytes and mask
+        # only the keys past the committed ones (at 257 rows most of a block's keys are these). So
+        # is a one-row tree's slot (a row sees itself): AR rounds take no tree tile.
+        shared = tl.where(rows == 1, start + 1, start)
+        shared_hi = tl.minimum(hi, shared)
+        for n0 in range(lo, shared_hi, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < shared_hi
+            m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, n_ok[None, :], m_i, l_i, acc, d, d_ok, scale,
+                                      k_slot_stride, v_slot_stride, PRECISION, UPCAST)
+        # tree slots: visible to the rows whose ancestors (or themselves) anc says they are
+        for n0 in range(tl.maximum(lo, shared), hi, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < hi
             anc = tl.load(
                 mask_ptr + row[:, None] * mask_row_stride + (n - start)[None, :],
-                mask=m_ok[:, None] & tree[None, :], other=0,
+                mask=m_ok[:, None] & n_ok[None, :], other=0,
             )
-            visible = ((n < start)[None, :] | (anc != 0)) & n_ok[None, :] & m_ok[:, None]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # a row with nothing visible yet keeps max -inf: subtract 0 there (exp(-inf) = 0, no NaN)
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - shift[:, None])
-        alpha = tl.exp(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + n[:, None] * v_slot_stride + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:
-            pv = tl.dot(_rounded(p, v.dtype), v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    # partials: [kv, group_rows, splits, head_dim] and [kv, group_rows, splits, 2] (max, sum)
-    at = (kv * group_rows + m) * splits + split
-    tl.store(part_o_ptr + at[:, None] * head_dim + d[None, :], acc, mask=m_ok[:, None] & d_ok[None, :])
-    tl.store(part_ml_ptr + at * 2, m_i, mask=m_ok)
-    tl.store(part_ml_ptr + at * 2 + 1, l_i, mask=m_ok)
+            visible = (anc != 0) & n_ok[None, :] & m_ok[:, None]
+            m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, visible, m_i, l_i, acc, d, d_ok, scale,
+                                      k_slot_stride, v_slot_stride, PRECISION, UPCAST)
+    if DIRECT:
+        _store_rows(out_ptr, acc, l_i, m, m_ok, d, d_ok, rows, heads, rep, kv, head_dim)
+    else:
+        # partials: [kv, group_rows, splits, head_dim] and [kv, group_rows, splits, 2] (max, sum)
+        at = (kv * group_rows + m) * splits + split
+        tl.store(part_o_ptr + at[:, None] * head_dim + d[None, :], acc, mask=m_ok[:, None] & d_ok[None, :])
+        tl.store(part_ml_ptr + at * 2, m_i, mask=m_ok)
+        tl.store(part_ml_ptr + at * 2 + 1, l_i, mask=m_ok)
 
 
 @triton.jit
@@ -193,28 +247,28 @@ def _combine_kernel(
         total = total * old_w + l_s * w
         acc = acc * old_w[:, None] + o_s * w[:, None]
         top = new
-    # a row that sees no key gives 0 (the grid's spare rows; a tree row sees itself, a masked-mode
-    # row may see nothing)
-    o = acc / tl.where(total > 0, total, 1.0)[:, None]
-    # out [rows, heads * head_dim]: group row m is query head kv * rep + m // rows of tree row m % rows
-    head = kv * rep + m // rows
-    row = m % rows
-    tl.store(out_ptr + (row * heads + head)[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & d_ok[None, :])
+    _store_rows(out_ptr, acc, total, m, m_ok, d, d_ok, rows, heads, rep, kv, head_dim)
 
 
-def plan(rows: int, rep: int, kv_heads: int, window: int, head_dim: int = 128) -> tuple[int, int, int]:
-    """(BLOCK_M, splits, split_len) for a shape: query blocks of up to 64 group rows (32 for heads
-    wider than 128: a program's fp32 accumulator is BLOCK_M x head_dim; at least 16, tl.dot's
-    minimum), and as many key splits of at least MIN_SPLIT_BLOCKS BLOCK_N-key tiles as bring the
-    grid to about TARGET_PROGRAMS (few when the query blocks alone nearly fill it, budget 256)."""
+def plan(rows: int, rep: int, kv_heads: int, window: int, head_dim: int = 128) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, splits, split_len) for a shape: query blocks of up to NARROW_BLOCK_M
+    group rows (WIDE_BLOCK_M for heads wider than 128: a program's fp32 accumulator is BLOCK_M x
+    head_dim; at least 16, tl.dot's minimum), and as many key splits of at least MIN_SPLIT_BLOCKS
+    BLOCK_N-key tiles as bring the grid to about TARGET_PROGRAMS (WIDE_TARGET_PROGRAMS; few when
+    the query blocks alone nearly fill it, budget 256). One split: the program writes the output
+    itself, and wide heads take WIDE_ONE_SPLIT_BLOCK_N keys a tile."""
+    wide = head_dim > 128
     group_rows = rep * rows
-    block_m = min(64 if head_dim <= 128 else 32, max(16, triton.next_power_of_2(group_rows)))
+    block_m = min(WIDE_BLOCK_M if wide else NARROW_BLOCK_M, max(16, triton.next_power_of_2(group_rows)))
     programs = kv_heads * triton.cdiv(group_rows, block_m)
     key_blocks = triton.cdiv(window, BLOCK_N)
-    splits = max(1, min(key_blocks // MIN_SPLIT_BLOCKS, triton.cdiv(TARGET_PROGRAMS, programs)))
+    target = WIDE_TARGET_PROGRAMS if wide else TARGET_PROGRAMS
+    splits = max(1, min(key_blocks // MIN_SPLIT_BLOCKS, triton.cdiv(target, programs)))
+    if splits == 1:
+        block_n = WIDE_ONE_SPLIT_BLOCK_N if wide else BLOCK_N
+        return block_m, block_n, 1, triton.cdiv(window, block_n) * block_n
     split_len = triton.cdiv(key_blocks, splits) * BLOCK_N
-    return block_m, triton.cdiv(window, split_len), split_len
+    return block_m, BLOCK_N, triton.cdiv(window, split_len), split_len
 
 
 def tree_attention(
@@ -276,25 +330,30 @@ def _attention(
     kv_heads = cache_k.shape[1]
     rep = heads // kv_heads
     group_rows = rep * rows
-    block_m, splits, split_len = plan(rows, rep, kv_heads, window, head_dim)
+    block_m, block_n, splits, split_len = plan(rows, rep, kv_heads, window, head_dim)
     q_blocks = triton.cdiv(group_rows, block_m)
-    part_o = torch.empty(kv_heads * group_rows * splits * head_dim, device=q.device, dtype=torch.float32)
-    part_ml = torch.empty(kv_heads * group_rows * splits * 2, device=q.device, dtype=torch.float32)
     out = torch.empty(1, rows, heads * head_dim, device=q.device, dtype=q.dtype)
+    direct = splits == 1  # the split kernel normalises and writes out itself: no partials, no combine
+    parts = 1 if direct else kv_heads * group_rows * splits  # (one element: never a null pointer)
+    part_o = torch.empty(parts * head_dim, device=q.device, dtype=torch.float32)
+    part_ml = torch.empty(parts * 2, device=q.device, dtype=torch.float32)
     block_d = max(16, triton.next_power_of_2(head_dim))
+    wide = head_dim > 128
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is unused for bf16 operands
     launch(
         _split_kernel, (kv_heads * q_blocks, splits),
-        q, cache_k, cache_v, mask, start, part_o, part_ml,
-        rows, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
+        q, cache_k, cache_v, mask, start, part_o, part_ml, out,
+        rows, heads, rep, group_rows, q_blocks, window, split_len, splits, head_dim, scale,
         stride(q, 1), stride(q, 2), stride(cache_k, 1), cache_k.stride(2), stride(cache_v, 1), cache_v.stride(2),
         mask_row_stride,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST, MASKED=masked,
-        BALANCED=BALANCED_SPLITS, num_warps=4 if block_d <= 128 else WIDE_WARPS, num_stages=STAGES,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PRECISION=precision, UPCAST=UPCAST, MASKED=masked,
+        BALANCED=BALANCED_SPLITS, DIRECT=direct, num_warps=WIDE_WARPS if wide else 4,
+        num_stages=WIDE_STAGES if wide else STAGES,
     )
-    launch(
-        _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),
-        part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
-        BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, num_warps=4,
-    )
+    if not direct:
+        launch(
+            _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),
+            part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
+            BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, num_warps=4,
+        )
     return out
