@@ -161,17 +161,10 @@ def _split_kernel(
     k_base = k_ptr + kv * k_head_stride
     v_base = v_ptr + kv * v_head_stride
     lo = split * split_len
-    if MASKED:  # a mask can let any row see any slot: no cut
+    if MASKED:  # a mask can let any row see any slot: no cut, and no slot every row sees
         hi = tl.minimum(lo + split_len, window)
-        for n0 in range(lo, hi, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < hi
-            seen = tl.load(
-                mask_ptr + row[:, None] * mask_row_stride + n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0,
-            )
-            visible = (seen != 0) & n_ok[None, :] & m_ok[:, None]
-            m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, visible, m_i, l_i, acc, d, d_ok, scale,
-                                      k_slot_stride, v_slot_stride, PRECISION, UPCAST)
+        shared_hi = lo
+        mask_first = 0  # the mask's column of slot 0
     else:
         start = tl.load(start_ptr).to(tl.int32)
         # The keys the block can see, cut at its last tree row: a row's ancestors come before it, so
@@ -192,24 +185,24 @@ def _split_kernel(
         # Committed slots are visible to every row: their tiles read no ancestor bytes and mask
         # only the keys past the committed ones (at 257 rows most of a block's keys are these). So
         # is a one-row tree's slot (a row sees itself): AR rounds take no tree tile.
-        shared = tl.where(rows == 1, start + 1, start)
-        shared_hi = tl.minimum(hi, shared)
-        for n0 in range(lo, shared_hi, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < shared_hi
-            m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, n_ok[None, :], m_i, l_i, acc, d, d_ok, scale,
-                                      k_slot_stride, v_slot_stride, PRECISION, UPCAST)
-        # tree slots: visible to the rows whose ancestors (or themselves) anc says they are
-        for n0 in range(tl.maximum(lo, shared), hi, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = n < hi
-            anc = tl.load(
-                mask_ptr + row[:, None] * mask_row_stride + (n - start)[None, :],
-                mask=m_ok[:, None] & n_ok[None, :], other=0,
-            )
-            visible = (anc != 0) & n_ok[None, :] & m_ok[:, None]
-            m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, visible, m_i, l_i, acc, d, d_ok, scale,
-                                      k_slot_stride, v_slot_stride, PRECISION, UPCAST)
+        shared_hi = tl.minimum(hi, tl.where(rows == 1, start + 1, start))
+        mask_first = start  # anc's column of slot start (the first tree row)
+    for n0 in range(lo, shared_hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < shared_hi
+        m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, n_ok[None, :], m_i, l_i, acc, d, d_ok, scale,
+                                  k_slot_stride, v_slot_stride, PRECISION, UPCAST)
+    # the rest: visible to the rows the mask says (anc: their ancestors and themselves)
+    for n0 in range(tl.maximum(lo, shared_hi), hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        seen = tl.load(
+            mask_ptr + row[:, None] * mask_row_stride + (n - mask_first)[None, :],
+            mask=m_ok[:, None] & n_ok[None, :], other=0,
+        )
+        visible = (seen != 0) & n_ok[None, :] & m_ok[:, None]
+        m_i, l_i, acc = _key_tile(q, k_base, v_base, n, n_ok, visible, m_i, l_i, acc, d, d_ok, scale,
+                                  k_slot_stride, v_slot_stride, PRECISION, UPCAST)
     if DIRECT:
         _store_rows(out_ptr, acc, l_i, m, m_ok, d, d_ok, rows, heads, rep, kv, head_dim)
     else:
