@@ -34,3 +34,23 @@ def test_probe_help_keeps_the_types_of_options_that_take_a_value():
     stream = next(line for line in out.splitlines() if "--no-stream" in line)
     assert "<" not in stream.split("--no-stream", 1)[1].split("Stream", 1)[0]
     assert any("--timeout" in line and ("<float>" in line or "FLOAT" in line) for line in out.splitlines())
+
+
+def test_the_dialect_help_names_every_registered_dialect():
+    from ddtree_diag.backends.dialects import DIALECTS
+    from ddtree_diag.commands.options import DIALECT_NAMES
+
+    assert DIALECT_NAMES == DIALECTS
+
+
+@pytest.mark.e2e
+def test_the_top_level_help_loads_no_records_dialects_or_report_files():
+    # `ddtree-diag --help` must stay fast: the records' dataclasses, the dialect registry and the
+    # report-file helpers are loaded by the commands that use them, not by the CLI's import.
+    code = ("import sys\nimport ddtree_diag.cli\n"
+            "heavy = ('ddtree_diag.records', 'ddtree_diag.backends', 'ddtree_diag.output.reportfile', 'torch', 'httpx')\n"
+            "print([m for m in heavy if m in sys.modules])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]"

@@ -10,7 +10,6 @@ import typer
 
 from ddtree_diag.commands.options import DEBUG, NO_COLOR
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
-from ddtree_diag.output.reportfile import check_writable, dump_json, is_stdout, write_output
 
 if TYPE_CHECKING:
     from ddtree_diag.records import FleetReport, RunReport
@@ -66,7 +65,7 @@ def rerender(paths: str | list[str], fmt: str, *, output: str | None = None, no_
     """Render a saved run or fleet as it was judged (its gate, findings and baseline are kept, not
     recomputed; ``merge`` joins several into one fleet, whose cross-target verdict is computed).
     Returns the run's exit code."""
-    from ddtree_diag.output.reportfile import load_any
+    from ddtree_diag.output.reportfile import check_writable, load_any
     from ddtree_diag.records import FleetReport
 
     if fmt not in FORMATS:
@@ -106,6 +105,8 @@ def _merged(loaded: list[tuple[str, RunReport | FleetReport]]) -> FleetReport:
 
 
 def _emit(text: str, output: str | None) -> None:
+    from ddtree_diag.output.reportfile import write_output
+
     if output:
         write_output(output, text)
     else:
@@ -115,6 +116,7 @@ def _emit(text: str, output: str | None) -> None:
 def _render_run(report: RunReport, fmt: str, *, output: str | None, no_color: bool) -> int:
     from ddtree_diag.orchestrator import exit_code_for
     from ddtree_diag.output import junit, markdown
+    from ddtree_diag.output.reportfile import write_output
 
     code = exit_code_for(report)
     if fmt == "table":
@@ -144,6 +146,7 @@ def _render_run(report: RunReport, fmt: str, *, output: str | None, no_color: bo
 def _render_fleet(report: FleetReport, fmt: str, *, output: str | None, no_color: bool, detail: bool) -> int:
     from ddtree_diag import fleet
     from ddtree_diag.output import fleetview
+    from ddtree_diag.output.reportfile import write_output
 
     code = fleet.exit_code_for(report)
     if fmt == "table":
@@ -186,7 +189,7 @@ def run_diff(
     from ddtree_diag.output.console import make_console
     from ddtree_diag.output.diff import RunDiff, Tolerances, diff_runs, render_diff
     from ddtree_diag.output.fleetdiff import FleetDiff, diff_fleets, render_fleet_diff
-    from ddtree_diag.output.reportfile import load_any
+    from ddtree_diag.output.reportfile import check_writable, dump_json, is_stdout, load_any, write_output
     from ddtree_diag.records import RunReport
 
     if not (acceptance_tolerance >= 0 and tps_tolerance >= 0):  # NaN fails too

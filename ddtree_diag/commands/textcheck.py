@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
 from ddtree_diag.commands.options import DEBUG
 from ddtree_diag.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from ddtree_diag.records import Verdict
+
+if TYPE_CHECKING:
+    from ddtree_diag.records import Verdict
 
 
 def register(app: typer.Typer) -> None:
