@@ -238,15 +238,17 @@ def test_the_path_table_holds_each_rows_root_path(solver, n, shape):
 def test_the_path_solve_with_a_path_table_or_shared_heads_gives_the_same_results(solver, n, shape, dtype):
     """A table given (as a verify passes it) or built by the solve itself, a program taking a key
     head's value heads together (sharing their keys' products) or one, and the prep's row tile:
-    the same arithmetic for every head. Under the interpreter bit for bit; compiled, the code's layouts (so its sums'
-    order) may differ: float rounding apart (one step of the output's dtype)."""
+    the same arithmetic for every head. Under the interpreter the table and the shared heads are bit
+    for bit (the same products of the same shapes); another prep tile changes the products' shapes,
+    whose sums a CPU's BLAS may order by shape (AVX2 OpenBLAS does), and compiled, the code's layouts
+    may differ too: there, float rounding apart (one step of the output's dtype)."""
     small = dict(method="path", max_path=n, value_heads=6, dk=16, dv=16)  # small heads: the interpreter's time
     plain, _ = solve_both(n, shape, dtype, share_heads=False, **small)
     for variant in (dict(with_paths=True), dict(share_heads=True), dict(with_paths=True, share_heads=True),
                     dict(prep_rows=16)):
         got, _ = solve_both(n, shape, dtype, **small, **variant)
         for part, want in zip(got, plain, strict=True):
-            if DEVICE == "cpu":
+            if DEVICE == "cpu" and "prep_rows" not in variant:
                 assert torch.equal(part, want), variant
             else:
                 step = 1e-5 if part.dtype == torch.float32 else 8e-3
