@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.arch import layer_windows  # noqa: E402
+from ddtree_diag.engine.divergence import first_divergence  # noqa: E402
 from ddtree_diag.engine.info import engine_info_rows  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("one_thread")]
 WINDOW = 6
 PROMPT = list(range(40, 57))  # 17 tokens: longer than the window
 MAX_TOKENS = 20
+NEAR_TIE = 1e-4  # nats: a tie to float rounding, see the test
 
 VARIANTS = {
     # Qwen2/Qwen3 slide only from max_window_layers on, and only with use_sliding_window
@@ -183,17 +185,24 @@ def test_every_budget_and_both_paths_give_hf_greedy_tokens(variant, draft, tmp_p
     # The ground truth: HF's own forward over the whole sequence (its masks and rotary, no cache):
     # each token of the eager AR decode must be its argmax there. (HF's cached decode is not one:
     # its cache slides whenever a config sets sliding_window, even where its Llama layers do not.)
+    # Random weights can tie two tokens to a rounding step, and which one wins then depends on the
+    # CPU's sum order (an AVX SIMD width breaks such a tie otherwise than AVX2): a token may lose
+    # to another by at most NEAR_TIE nats, far below any real fault's gap.
     expected = engine.generate_ids(PROMPT, tree_budget=0, max_tokens=MAX_TOKENS, stop_token_ids=[]).token_ids
     with torch.no_grad():
-        logits = engine.target.hf(torch.tensor([PROMPT + expected])).logits[0]
-    assert logits[len(PROMPT) - 1 : -1].argmax(dim=-1).tolist() == expected
+        logits = engine.target.hf(torch.tensor([PROMPT + expected])).logits[0, len(PROMPT) - 1 : -1]
+    picked = logits.gather(1, torch.tensor(expected)[:, None])[:, 0]
+    shortfall = logits.max(dim=-1).values - picked
+    assert float(shortfall.max()) <= NEAR_TIE, (shortfall.argmax().item(), float(shortfall.max()))
     previous = engine.decode_path
     try:
         for path in ("eager", "fast-nograph"):
             engine.use_path(path)
             for budget in (0, 4, 16):
                 gen = engine.generate_ids(PROMPT, tree_budget=budget, max_tokens=MAX_TOKENS, stop_token_ids=[])
-                assert gen.token_ids == expected, (path, budget)
+                divergence = first_divergence(engine.target.hf, PROMPT, expected, gen.token_ids, near_tie_gap=NEAR_TIE)
+                assert len(gen.token_ids) == len(expected), (path, budget)
+                assert divergence is None or divergence.near_tie, (path, budget, divergence.describe())
     finally:
         engine.use_path(previous)
 
