@@ -48,7 +48,8 @@ def test_the_top_level_help_loads_no_records_dialects_or_report_files():
     # `ddtree-diag --help` must stay fast: the records' dataclasses, the dialect registry and the
     # report-file helpers are loaded by the commands that use them, not by the CLI's import.
     code = ("import sys\nimport ddtree_diag.cli\n"
-            "heavy = ('ddtree_diag.records', 'ddtree_diag.backends', 'ddtree_diag.output.reportfile', 'torch', 'httpx')\n"
+            "heavy = ('ddtree_diag.records', 'ddtree_diag.backends', 'ddtree_diag.output.reportfile',\n"
+            "         'torch', 'httpx')\n"
             "print([m for m in heavy if m in sys.modules])\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
