@@ -116,7 +116,6 @@ def _emit(text: str, output: str | None) -> None:
 def _render_run(report: RunReport, fmt: str, *, output: str | None, no_color: bool) -> int:
     from ddtree_diag.orchestrator import exit_code_for
     from ddtree_diag.output import junit, markdown
-    from ddtree_diag.output.reportfile import write_output
 
     code = exit_code_for(report)
     if fmt == "table":
@@ -125,7 +124,7 @@ def _render_run(report: RunReport, fmt: str, *, output: str | None, no_color: bo
         if output:
             buffer = io.StringIO()
             render_report(make_console(buffer, no_color=True), report, code)
-            write_output(output, buffer.getvalue())
+            _emit(buffer.getvalue(), output)
         else:
             render_report(make_console(sys.stdout, no_color=no_color), report, code)
         return code
@@ -146,7 +145,6 @@ def _render_run(report: RunReport, fmt: str, *, output: str | None, no_color: bo
 def _render_fleet(report: FleetReport, fmt: str, *, output: str | None, no_color: bool, detail: bool) -> int:
     from ddtree_diag import fleet
     from ddtree_diag.output import fleetview
-    from ddtree_diag.output.reportfile import write_output
 
     code = fleet.exit_code_for(report)
     if fmt == "table":
@@ -155,7 +153,7 @@ def _render_fleet(report: FleetReport, fmt: str, *, output: str | None, no_color
         if output:
             buffer = io.StringIO()
             fleetview.render_fleet(make_console(buffer, no_color=True), report, code, detail=detail)
-            write_output(output, buffer.getvalue())
+            _emit(buffer.getvalue(), output)
         else:
             fleetview.render_fleet(make_console(sys.stdout, no_color=no_color), report, code, detail=detail)
         return code
