@@ -6,7 +6,8 @@ CUDA graphs (launch cost excluded, as in the decode stages). Usage:
 ``python -m bench.gemm_shapes [--rows 1,17,65,257]``; other modes: ``--layouts`` (weight stored
 [out, in] or [in, out]), ``--orientations`` (x @ w or its transposed product), ``--backends``
 (cuBLAS, cuBLASLt, no reduced-precision split-K, column halves), ``--inductor DEFAULT`` (cuBLAS
-against torch.compile's max-autotune GEMM).
+against torch.compile's max-autotune GEMM), ``--tunable`` (cuBLAS against PyTorch's TunableOp, which
+times cuBLAS and cuBLASLt's heuristic candidates per shape and keeps the fastest).
 """
 
 from __future__ import annotations
@@ -108,13 +109,21 @@ def main() -> int:
         help="instead: compute-bound rows (default 257): cuBLAS against what torch.compile's max-autotune picks "
         "(its Triton GEMM templates, persistent TMA ones included, and cuBLAS), at this search space",
     )
-    parser.add_argument("--shapes", default="8b,27b", help="with --inductor: which models' projections")
+    parser.add_argument(
+        "--tunable", action="store_true",
+        help="instead: cuBLAS and cuBLASLt against PyTorch's TunableOp (torch.cuda.tunable: every candidate "
+        "cuBLASLt's heuristic lists, timed per shape), its pick replayed in a CUDA graph",
+    )
+    parser.add_argument("--shapes", default="8b,27b", help="with --inductor / --tunable: which models' projections")
     args = parser.parse_args()
     needs_cuda("gemm_shapes")
     torch.manual_seed(0)
     if args.inductor:
         rows = "257" if args.rows == parser.get_default("rows") else args.rows
         return inductor([int(r) for r in rows.split(",")], args.inductor, args.shapes.split(","))
+    if args.tunable:
+        rows = "17,65,257" if args.rows == parser.get_default("rows") else args.rows
+        return tunable([int(r) for r in rows.split(",")], args.shapes.split(","))
     if args.backends:
         rows = "256,257" if args.rows == parser.get_default("rows") else args.rows
         return backends([int(r) for r in rows.split(",")])
@@ -265,6 +274,63 @@ def inductor(rows: list[int], search_space: str, shapes: list[str]) -> int:
             flop = 2 * m * k * n
             print(f"{shape:>6} {name:>8} {m:>5} {cublas:>10.1f} {flop / cublas / 1e6:>8.0f} {ours:>9.1f} "
                   f"{flop / ours / 1e6:>8.0f} {compile_s:>10.1f} {diff:>9.4f}", flush=True)
+    return 0
+
+
+def tunable(rows: list[int], shapes: list[str]) -> int:
+    """cuBLAS and cuBLASLt (each library's own heuristic pick) against TunableOp's pick for each
+    verify GEMM: TunableOp times torch's default call and each of the candidates cuBLASLt's heuristic
+    lists for the shape and keeps the fastest; the tuned GEMM is then timed like the others, in a
+    CUDA graph (so this also shows whether a capture keeps the tuned kernel: ``graph=eager``, the
+    graph's output bit-equal to the tuned eager one). ``same``: bit-equal to cuBLAS."""
+    import tempfile
+    import time
+
+    from torch.cuda import tunable as tunable_op
+
+    print(f"torch {torch.__version__}, cuBLASLt candidates in TunableOp on this build: see the kernel column",
+          flush=True)
+    scratch = tempfile.mkdtemp(prefix="tunableop-")
+    tunable_op.set_filename(f"{scratch}/results.csv")
+    if hasattr(tunable_op, "write_file_on_exit"):  # gone from newer torch
+        tunable_op.write_file_on_exit(False)
+    tunable_op.set_max_tuning_duration(200)
+    print(f"{'shape':>6} {'gemm':>8} {'rows':>5} {'cublas us':>10} {'lt us':>7} {'tuned us':>9} {'TFLOP/s':>8} "
+          f"{'tune s':>7} {'same':>5} {'graph=eager':>11}  kernel")
+    for shape, name, k, n, w_t in column_major_weights(shapes):
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            reference = x @ w_t
+            cublas = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+            with blas_library("cublaslt"):
+                lt = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+            seen = len(tunable_op.get_results())
+            tunable_op.enable(True)
+            tunable_op.tuning_enable(True)
+            try:
+                started = time.perf_counter()
+                x @ w_t
+                torch.cuda.synchronize()
+                tune_s = time.perf_counter() - started
+                tunable_op.tuning_enable(False)
+                tuned_out = x @ w_t
+                tuned = timed_us(lambda x=x, w_t=w_t: x @ w_t)
+                graph = torch.cuda.CUDAGraph()
+                static = torch.empty_like(reference)
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph):
+                    static.copy_(x @ w_t)
+                graph.replay()
+                torch.cuda.synchronize()
+                graph_same = torch.equal(static, tuned_out)
+            finally:
+                tunable_op.tuning_enable(False)
+                tunable_op.enable(False)
+            results = tunable_op.get_results()
+            kernel = " / ".join(str(r[2]) for r in results[seen:]) or "(none recorded)"
+            print(f"{shape:>6} {name:>8} {m:>5} {cublas:>10.1f} {lt:>7.1f} {tuned:>9.1f} "
+                  f"{2 * m * k * n / tuned / 1e6:>8.0f} {tune_s:>7.2f} {torch.equal(tuned_out, reference)!s:>5} "
+                  f"{graph_same!s:>11}  {kernel}", flush=True)
     return 0
 
 
