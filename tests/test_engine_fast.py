@@ -556,3 +556,38 @@ def test_a_tied_output_head_keeps_the_embeddings_layout():
     o_proj = model.model.layers[0].self_attn.o_proj.weight
     assert o_proj.stride() == (1, o_proj.shape[0])
     torch.testing.assert_close(after, before)
+
+
+@pytest.mark.parametrize("column_major", (False, True))
+def test_the_head_writes_logits_and_features_into_given_buffers(engines, column_major):
+    """A verify's logits and features go straight into its static buffers (no copy of the logits
+    after): the same values as the head computes on its own, for either weight layout, and a head
+    that is not a plain linear (here one with a forward hook) still fills the buffer."""
+    target = engines[4].target
+    head = target.hf.lm_head
+    saved = head.weight
+    if column_major:
+        fast_layers.store_column_major(head)
+    try:
+        gen = torch.Generator().manual_seed(3)
+        rows, width = 7, target.hidden_size
+        hidden = torch.randn(1, rows, width, generator=gen)
+        layers = [0, target.num_layers - 1]
+        features = {0: torch.randn(1, rows, width, generator=gen)}
+        logits, feats = target.head(hidden, dict(features), layers)
+        buffers = {"logits": torch.zeros(rows, head.out_features), "features": torch.zeros(rows, 2 * width)}
+        got_logits, got_feats = target.head(hidden, dict(features), layers, out=buffers)
+        assert got_logits is buffers["logits"] and got_feats is buffers["features"]
+        assert torch.equal(got_logits, logits) and torch.equal(got_feats, feats)
+        normed = target.inner.norm(hidden)
+        again = target.head(normed, dict(features), layers, normed=True, out=buffers)[0]
+        assert torch.equal(again, logits)
+        handle = head.register_forward_hook(lambda module, args, output: output * 2)
+        try:
+            buffers["logits"].zero_()
+            assert torch.equal(target.head(hidden, dict(features), layers, out=buffers)[0], 2 * logits)
+            assert torch.equal(buffers["logits"], 2 * logits)
+        finally:
+            handle.remove()
+    finally:
+        head.weight = saved

@@ -435,6 +435,7 @@ class FastDecoder:
         parents: torch.Tensor | None = None,
         last_only: bool = False,
         continued: bool = False,
+        outputs: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows ``tokens`` at positions start+depth, K/V written at slots start.., attention over
         the cache slots [0, window): committed slots plus the rows' ancestors (``anc``).
@@ -443,7 +444,8 @@ class FastDecoder:
         Gated DeltaNet layers (hybrid targets): ``parents`` None = the prompt, committed whole
         (chunked form, state written at once; ``continued``: from the committed state, a prompt's
         later chunk); else tree rows in one parallel solve whose parts wait in ``linear_parts``
-        for commit."""
+        for commit. ``outputs``: the verify's static logits / features, written in place
+        (``TargetModel.head``)."""
         t = self.target
         pre, post = (self._pre_attention, self._post_attention) if compiled else (
             target_pre_attention, target_post_attention,
@@ -533,8 +535,9 @@ class FastDecoder:
             if index in wanted and index != t.num_layers - 1:
                 hidden, residual = settle(hidden, residual), None
                 features[index] = hidden
-        hidden = settle(hidden, residual)
-        return t.head(hidden, features, self.feature_layers if with_features else None, last_only)
+        # the deferred residual add and the final norm in one kernel (HF's norm module runs six)
+        _, hidden = residual_norm(t.inner.norm, hidden, residual)
+        return t.head(hidden, features, self.feature_layers if with_features else None, last_only, True, outputs)
 
     def _prefill(self, prompt: torch.Tensor, with_features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The prompt's rows through the target at slots 0.. in ``prefill_chunks`` as the eager
@@ -593,12 +596,9 @@ class FastDecoder:
 
     def _verify(self, padded: int, with_features: bool, window: int) -> None:
         tree, out = self.trees[padded], self.outputs[padded]
-        logits, feats = self._target_forward(
-            tree["tokens"], tree["depths"], tree["anc"], with_features, window, parents=tree["parents"]
+        self._target_forward(
+            tree["tokens"], tree["depths"], tree["anc"], with_features, window, parents=tree["parents"], outputs=out
         )
-        out["logits"].copy_(logits)
-        if feats is not None:
-            out["features"].copy_(feats)
 
     # ---- draft --------------------------------------------------------------------------------
     def _write_context(self, features: torch.Tensor, first_slot: torch.Tensor | int) -> torch.Tensor:
