@@ -92,6 +92,7 @@ bench-kernels: install
 	$(PYTHON) -m bench.gdn_kernel_speed
 	$(PYTHON) -m bench.argmax_speed
 	$(PYTHON) -m bench.norm_kernel_speed
+	$(PYTHON) -m bench.rope_kernel_speed
 
 demo: install
 	$(BIN)/ddtree-diag demo

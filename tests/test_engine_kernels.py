@@ -249,6 +249,42 @@ def test_norm_rope_cache_equals_two_norm_ropes_and_the_cache_write(fused, dtype,
     assert fused["norm_rope_cache"] == calls
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("plan", ((1, 1), (2, 1), (4, 2), (16, 4)))
+def test_norm_rope_cache_launch_plans_give_the_same_result(dtype, plan):
+    """(row, head) pairs per program and warps (``bench/rope_kernel_speed.py`` sweeps them) change
+    only how the work is split: 7 rows of 6 query heads and 2 KV heads (a partial last tile, q's
+    pairs outnumbering k's), offset norms and a quarter of each head turned."""
+    triton_kernels = kernels._triton()
+    rows, heads, kv_heads, head_dim, rotary = 7, 6, 2, 32, 8
+    generator = torch.Generator().manual_seed(17)
+    qkv = (torch.randn(1, rows, (heads + 2 * kv_heads) * head_dim, generator=generator) * 2).to(DEVICE, dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = q.view(1, rows, heads, head_dim), k.view(1, rows, kv_heads, head_dim), v.view(1, rows, kv_heads, head_dim)
+    angles = torch.arange(9, 9 + rows, dtype=torch.float32)[:, None] * torch.rand(rotary // 2, generator=generator)
+    cos, sin = (torch.cat([angles, angles], dim=-1).cos().to(DEVICE, dtype),
+                torch.cat([angles, angles], dim=-1).sin().to(DEVICE, dtype))
+    weight = (torch.randn(head_dim, generator=generator) * 0.2).to(DEVICE, dtype)
+    start = torch.tensor(4, device=DEVICE)
+    results = []
+    for chosen in (None, plan):
+        cache_k = torch.zeros(1, kv_heads, 16, head_dim, device=DEVICE, dtype=dtype)
+        cache_v = torch.zeros_like(cache_k)
+        out = triton_kernels.norm_rope_cache(
+            q, k, v, True, (weight, 1e-6), (weight.flip(0).contiguous(), 1e-6), cos, sin, cache_k, cache_v, start,
+            plan=chosen,
+        )
+        results.append((out, cache_k, cache_v))
+    (want_q, want_k, want_v), (got_q, got_k, got_v) = results
+    assert torch.equal(got_v, want_v) and want_v[:, :, 4 : 4 + rows].abs().sum() > 0  # v: copied as it is
+    assert not want_k[:, :, :4].any() and not want_k[:, :, 4 + rows :].any()  # only slots start..
+    if DEVICE == "cpu":  # the interpreter sums a head in one order whatever the split
+        assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    else:  # warps may change the norm's sum order
+        assert_matches(got_q, want_q)
+        assert_matches(got_k, want_k)
+
+
 def test_norm_rope_cache_declines_what_it_cannot_write(fused, monkeypatch):
     """A cache of another dtype, or the switch off: None, nothing written (the caller writes)."""
     rows, heads, kv_heads, head_dim = 3, 2, 1, 8
