@@ -680,7 +680,7 @@ class FastDecoder:
                 hidden, residual = self._post_attention(layer, hidden, out, fused, None, True)
         hidden = residual_norm(d.norm, hidden, residual)[1]
         logits = self.target.lm_head(hidden[0, 1:])
-        self.logprobs.copy_(torch.log_softmax(logits.float(), dim=-1))
+        torch.log_softmax(logits.float(), dim=-1, out=self.logprobs)  # the same kernel, no copy after
 
     # ---- tree ---------------------------------------------------------------------------------
     def _tree(self, padded: int, budget: int, mode: str) -> None:
