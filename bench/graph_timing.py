@@ -86,3 +86,21 @@ def kernel_bench_args(description: str, shapes_help: str, warm_help: str) -> arg
     if args.bandwidth is None:
         args.bandwidth = device_bandwidth()[0] / 1e12
     return args
+
+
+def print_plans(
+    kind: str, width: int, floor_us: float, default: tuple[int, int], times: dict[tuple[int, int], float],
+    units: tuple[str, str], check: str,
+) -> tuple[tuple[int, int], float]:
+    """A launch-plan sweep's line for one shape: the HBM floor, the default plan's time and every
+    plan's, fastest first (a plan (a, b) shown as "a<units[0]>/b<units[1]>"), then the best and
+    ``check`` (what the bench verified of the plans). Returns the best plan and its time."""
+    def name(plan: tuple[int, int]) -> str:
+        return f"{plan[0]}{units[0]}/{plan[1]}{units[1]}"
+
+    ranked = sorted(times.items(), key=lambda item: item[1])
+    cells = ", ".join(f"{name(plan)} {us:.2f}" for plan, us in ranked)
+    best, best_us = ranked[0]
+    print(f"{kind:>{width}} | floor {floor_us:.2f} | default {name(default)} {times[default]:.2f} | {cells}")
+    print(f"{'':>{width}} | best {name(best)} {best_us:.2f} us; {check}")
+    return best, best_us

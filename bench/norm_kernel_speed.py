@@ -30,7 +30,7 @@ if not torch.cuda.is_available():  # the smoke run: Triton's interpreter, read w
 
 import triton
 
-from bench.graph_timing import graph_us, kernel_bench_args
+from bench.graph_timing import graph_us, kernel_bench_args, print_plans
 from ddtree_diag.engine.fast import triton_kernels
 
 # (rows, cols, gated, offset): the 8B's hidden norms (Qwen3: weight after the cast), Qwen3.6-27B's
@@ -112,11 +112,8 @@ def run_shape(args, rows: int, cols: int, gated: bool, offset: bool, with_delta:
     times.setdefault(default, graph_us(calls(None), REPLAYS))
     floor = size / (args.bandwidth * 1e12) * 1e6
     kind = f"{rows}x{cols}{' gated' if gated else ''}{' +delta' if with_delta else ''}"
-    ranked = sorted(times.items(), key=lambda item: item[1])
-    cells = ", ".join(f"{r}r/{w}w {us:.2f}" for (r, w), us in ranked)
-    best, best_us = ranked[0]
-    print(f"{kind:>22} | floor {floor:.2f} | default {default[0]}r/{default[1]}w {times[default]:.2f} | {cells}")
-    print(f"{'':>22} | best {best[0]}r/{best[1]}w {best_us:.2f} us; plans' max |diff| from the default {worst:.3g}")
+    best, best_us = print_plans(kind, 22, floor, default, times, ("r", "w"),
+                                f"plans' max |diff| from the default {worst:.3g}")
     return kind, best, best_us
 
 

@@ -26,7 +26,8 @@ if not torch.cuda.is_available():  # the smoke run: Triton's interpreter, read w
 
 import triton
 
-from bench.graph_timing import graph_us, kernel_bench_args
+from bench.graph_timing import graph_us, kernel_bench_args, print_plans
+from bench.norm_kernel_speed import REPLAYS, copies_for
 from ddtree_diag.engine.fast import triton_kernels
 
 # (rows, heads, kv_heads, head_dim): the 8B's attention (Qwen3: q/k norms, full rotary) at AR, a
@@ -37,9 +38,6 @@ SHAPES = [(1, 32, 8, 128, False), (17, 32, 8, 128, False), (257, 32, 8, 128, Fal
 SMOKE_SHAPES = [(5, 4, 2, 32, False), (3, 6, 2, 64, True)]
 CAPACITY = 1024  # cache slots; the rows land at START..
 START = 300
-L2_BYTES = 128 * 2**20
-MAX_COPIES = 128
-REPLAYS = 20
 
 
 def plans(rows: int, heads: int, head_dim: int) -> list[tuple[int, int]]:
@@ -96,7 +94,7 @@ def norms_for(head_dim: int, offset: bool, device: str, dtype: torch.dtype) -> t
 def run_shape(args, rows: int, heads: int, kv_heads: int, head_dim: int, offset: bool) -> tuple[str, tuple, float]:
     dtype, device = args.dtype, "cuda"
     size = moved_bytes(rows, heads, kv_heads, head_dim, dtype)
-    copies = 1 if args.warm else max(2, min(MAX_COPIES, -(-L2_BYTES // size)))
+    copies = copies_for(size, args.warm)
     sets = [shape_inputs(rows, heads, kv_heads, head_dim, dtype, device, seed) for seed in range(copies)]
     rotary = head_dim // 4 if offset else head_dim  # Qwen3.6 turns a quarter of each head
     cos, sin = rotary_tables(rows, rotary, device, dtype)
@@ -119,11 +117,8 @@ def run_shape(args, rows: int, heads: int, kv_heads: int, head_dim: int, offset:
     times.setdefault(default, graph_us(calls(None), REPLAYS))
     floor = size / (args.bandwidth * 1e12) * 1e6
     kind = f"{rows}x{heads}x{kv_heads}x{head_dim}"
-    ranked = sorted(times.items(), key=lambda item: item[1])
-    cells = ", ".join(f"{p}p/{w}w {us:.2f}" for (p, w), us in ranked)
-    best, best_us = ranked[0]
-    print(f"{kind:>16} | floor {floor:.2f} | default {default[0]}p/{default[1]}w {times[default]:.2f} | {cells}")
-    print(f"{'':>16} | best {best[0]}p/{best[1]}w {best_us:.2f} us; every plan bit-equal to the default: {same}")
+    best, best_us = print_plans(kind, 16, floor, default, times, ("p", "w"),
+                                f"every plan bit-equal to the default: {same}")
     return kind, best, best_us
 
 
