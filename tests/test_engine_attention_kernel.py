@@ -184,6 +184,24 @@ def test_one_split_writes_the_output_itself(attention, monkeypatch, masked):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_combine_gives_the_same_bits_however_many_splits_it_loads_at_once(attention, monkeypatch, dtype):
+    """The combine may issue 2 or 4 splits' loads before merging them: it merges them in the same
+    order, and the splits past the last (7 here: not a multiple of either) read as empty, so the
+    output is bit for bit the one-at-a-time merge's."""
+    heads, kv_heads, rows, nodes, start, head_dim = 4, 2, 5, 5, 430, 32
+    q, cache_k, cache_v, anc, window = case(heads, kv_heads, rows, nodes, start, head_dim, dtype, seed=21)
+    assert attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[2] == 7
+    got = {}
+    for unroll in (1, 2, 4):
+        monkeypatch.setattr(attention, "COMBINE_UNROLL", unroll)
+        got[unroll] = run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.25)
+    assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[4])
+    want = reference(q.float(), cache_k.float(), cache_v.float(), anc, start, window, 0.25)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got[1].float(), want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("start", [40, 150])
 def test_heads_of_256_dims_in_32_row_query_blocks(attention, dtype, start):
     """Qwen3.6-27B's attention heads are 256 wide: the kernel takes them in 32-row query blocks, on

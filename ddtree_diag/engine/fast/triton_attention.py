@@ -69,6 +69,8 @@ TARGET_PROGRAMS = 1 if UPCAST else 256
 MIN_SPLIT_BLOCKS = 2
 # Group rows per combine program (8B budget 16: 8 KV heads x 8 = 64 programs).
 COMBINE_ROWS = 16
+# Splits whose partials the combine loads before merging them (1, 2 or 4; the same bits either way).
+COMBINE_UNROLL = 1
 # The split kernel's software pipeline depth (Triton's default) and warps for heads wider than 128.
 # 27B shape (head dim 256) on the H100, us per layer at 1 / 32 / 80 / 272 rows: 8 warps 9.6 / 14.1 /
 # 20.4 / 53.8, 4 warps 9.1 / 14.8 / 17.5 / 47.0 (``bench.attention_kernel_speed --shape 27b``)
@@ -214,9 +216,31 @@ def _split_kernel(
 
 
 @triton.jit
+def _load_split(part_o_ptr, part_ml_ptr, at, split, splits, m_ok, d, d_ok, head_dim):
+    """One split's partials for the combine's rows; a split past the last reads as empty."""
+    ok = m_ok & (tl.zeros_like(at) + split < splits)  # (a tensor: the interpreter's split is an int)
+    m_s = tl.load(part_ml_ptr + (at + split) * 2, mask=ok, other=float("-inf"))
+    l_s = tl.load(part_ml_ptr + (at + split) * 2 + 1, mask=ok, other=0.0)
+    o_s = tl.load(part_o_ptr + (at + split)[:, None] * head_dim + d[None, :], mask=ok[:, None] & d_ok[None, :],
+                  other=0.0)
+    return m_s, l_s, o_s
+
+
+@triton.jit
+def _merge_split(top, total, acc, m_s, l_s, o_s):
+    """One more step of the online softmax over the splits. An empty split (max -inf, sum 0) leaves
+    (top, total, acc) bit for bit as they were: its weight is exp(-inf) = 0, theirs exp(0) = 1."""
+    new = tl.maximum(top, m_s)
+    shift = tl.where(new == float("-inf"), 0.0, new)
+    old_w = tl.exp(top - shift)
+    w = tl.exp(m_s - shift)
+    return new, total * old_w + l_s * w, acc * old_w[:, None] + o_s * w[:, None]
+
+
+@triton.jit
 def _combine_kernel(
     part_o_ptr, part_ml_ptr, out_ptr, rows, heads, rep, group_rows, splits, head_dim,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
 ):
     kv = tl.program_id(0)
     m = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows of the KV head's group
@@ -227,19 +251,22 @@ def _combine_kernel(
     total = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
     at = (kv * group_rows + m) * splits
-    # the splits merged as one more online softmax (an empty split has max -inf and weighs 0)
-    for split in range(0, splits):
-        m_s = tl.load(part_ml_ptr + (at + split) * 2, mask=m_ok, other=float("-inf"))
-        l_s = tl.load(part_ml_ptr + (at + split) * 2 + 1, mask=m_ok, other=0.0)
-        o_s = tl.load(part_o_ptr + (at + split)[:, None] * head_dim + d[None, :], mask=m_ok[:, None] & d_ok[None, :],
-                      other=0.0)
-        new = tl.maximum(top, m_s)
-        shift = tl.where(new == float("-inf"), 0.0, new)
-        old_w = tl.exp(top - shift)
-        w = tl.exp(m_s - shift)
-        total = total * old_w + l_s * w
-        acc = acc * old_w[:, None] + o_s * w[:, None]
-        top = new
+    # the splits merged in order as one more online softmax (an empty split has max -inf and weighs
+    # 0); UNROLL splits' loads are issued before the first of them is merged, so that a decode
+    # step's many small splits wait on memory together rather than one after another
+    for base in range(0, splits, UNROLL):
+        m_0, l_0, o_0 = _load_split(part_o_ptr, part_ml_ptr, at, base, splits, m_ok, d, d_ok, head_dim)
+        if UNROLL >= 2:
+            m_1, l_1, o_1 = _load_split(part_o_ptr, part_ml_ptr, at, base + 1, splits, m_ok, d, d_ok, head_dim)
+        if UNROLL >= 4:
+            m_2, l_2, o_2 = _load_split(part_o_ptr, part_ml_ptr, at, base + 2, splits, m_ok, d, d_ok, head_dim)
+            m_3, l_3, o_3 = _load_split(part_o_ptr, part_ml_ptr, at, base + 3, splits, m_ok, d, d_ok, head_dim)
+        top, total, acc = _merge_split(top, total, acc, m_0, l_0, o_0)
+        if UNROLL >= 2:
+            top, total, acc = _merge_split(top, total, acc, m_1, l_1, o_1)
+        if UNROLL >= 4:
+            top, total, acc = _merge_split(top, total, acc, m_2, l_2, o_2)
+            top, total, acc = _merge_split(top, total, acc, m_3, l_3, o_3)
     _store_rows(out_ptr, acc, total, m, m_ok, d, d_ok, rows, heads, rep, kv, head_dim)
 
 
@@ -347,6 +374,6 @@ def _attention(
         launch(
             _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),
             part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
-            BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, num_warps=4,
+            BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, UNROLL=COMBINE_UNROLL, num_warps=4,
         )
     return out
