@@ -69,8 +69,9 @@ TARGET_PROGRAMS = 1 if UPCAST else 256
 MIN_SPLIT_BLOCKS = 2
 # Group rows per combine program (8B budget 16: 8 KV heads x 8 = 64 programs).
 COMBINE_ROWS = 16
-# Splits whose partials the combine loads before merging them (1, 2 or 4; the same bits either way).
-COMBINE_UNROLL = 1
+# Splits whose partials the combine loads before merging them (1, 2 or 4; the same bits either way),
+# and its warps.
+COMBINE_UNROLL, COMBINE_WARPS = 1, 4
 # The split kernel's software pipeline depth (Triton's default) and warps for heads wider than 128.
 # 27B shape (head dim 256) on the H100, us per layer at 1 / 32 / 80 / 272 rows: 8 warps 9.6 / 14.1 /
 # 20.4 / 53.8, 4 warps 9.1 / 14.8 / 17.5 / 47.0 (``bench.attention_kernel_speed --shape 27b``)
@@ -374,6 +375,6 @@ def _attention(
         launch(
             _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),
             part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
-            BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, UNROLL=COMBINE_UNROLL, num_warps=4,
+            BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, UNROLL=COMBINE_UNROLL, num_warps=COMBINE_WARPS,
         )
     return out
