@@ -30,22 +30,21 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 # Plans as overrides of the module's settings ({} = its defaults). BALANCED_SPLITS: key splits over
 # the keys a query block sees, not the window's slots. A TARGET_PROGRAMS below the query blocks'
 # count leaves one split (the program writes the output, no combine: budget 256 at both shapes).
-# COMBINE_UNROLL: splits whose partials the combine loads before merging them; COMBINE_ROWS: group
-# rows a combine program merges (fewer: more programs for a decode step's few rows).
+# COMBINE_*: the combine's group rows a program, warps, and splits loaded before they are merged
+# (WIDE_COMBINE_* for heads wider than 128); the first of these plans is the one before the default.
 COMBINE_PLANS = [
-    {"COMBINE_UNROLL": 1}, {"COMBINE_UNROLL": 2}, {"COMBINE_UNROLL": 4}, {"COMBINE_ROWS": 8},
-    {"COMBINE_ROWS": 4, "COMBINE_WARPS": 2}, {"COMBINE_ROWS": 8, "COMBINE_UNROLL": 2},
-    {"COMBINE_ROWS": 4, "COMBINE_WARPS": 2, "COMBINE_UNROLL": 4},
+    {"ROWS": 16, "WARPS": 4, "UNROLL": 1}, {"ROWS": 16, "WARPS": 4, "UNROLL": 4}, {"ROWS": 8, "WARPS": 4, "UNROLL": 2},
+    {"ROWS": 4, "WARPS": 2, "UNROLL": 1}, {"ROWS": 4, "WARPS": 2, "UNROLL": 4}, {"ROWS": 2, "WARPS": 1, "UNROLL": 4},
 ]
 NARROW_PLANS = [
     {}, {"TARGET_PROGRAMS": 128}, {"TARGET_PROGRAMS": 128, "BLOCK_N": 64, "MIN_SPLIT_BLOCKS": 1},
     {"BLOCK_N": 64, "MIN_SPLIT_BLOCKS": 1}, {"NARROW_BLOCK_M": 32}, {"STAGES": 2}, {"BALANCED_SPLITS": True},
-    *COMBINE_PLANS,
+    *({f"COMBINE_{name}": value for name, value in plan.items()} for plan in COMBINE_PLANS),
 ]
 WIDE_PLANS = [
     {}, {"WIDE_TARGET_PROGRAMS": 256}, {"WIDE_STAGES": 3}, {"WIDE_ONE_SPLIT_BLOCK_N": 32}, {"WIDE_WARPS": 8},
     {"WIDE_BLOCK_M": 64, "WIDE_WARPS": 8}, {"BALANCED_SPLITS": True, "WIDE_TARGET_PROGRAMS": 256},
-    *COMBINE_PLANS,
+    *({f"WIDE_COMBINE_{name}": value for name, value in plan.items()} for plan in COMBINE_PLANS),
 ]
 SHAPES = {  # layers, query heads, KV heads, head_dim; plans
     "8b": (36, 32, 8, 128, NARROW_PLANS),

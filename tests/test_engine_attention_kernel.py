@@ -184,21 +184,27 @@ def test_one_split_writes_the_output_itself(attention, monkeypatch, masked):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_combine_gives_the_same_bits_however_many_splits_it_loads_at_once(attention, monkeypatch, dtype):
-    """The combine may issue 2 or 4 splits' loads before merging them: it merges them in the same
-    order, and the splits past the last (7 here: not a multiple of either) read as empty, so the
-    output is bit for bit the one-at-a-time merge's."""
-    heads, kv_heads, rows, nodes, start, head_dim = 4, 2, 5, 5, 430, 32
+@pytest.mark.parametrize("head_dim", [32, 256])
+def test_the_combine_gives_the_same_bits_under_every_plan(attention, monkeypatch, dtype, head_dim):
+    """The combine's plan (group rows a program, splits loaded before they are merged) changes
+    neither the merge order nor any element's arithmetic: the splits past the last (7 splits here:
+    not a multiple of 2 or 4) read as empty, and the output is bit for bit the one-row-block,
+    one-split-at-a-time merge's. Heads wider than 128 take the WIDE_ settings."""
+    heads, kv_heads, rows, nodes, start = 4, 2, 5, 5, 430
     q, cache_k, cache_v, anc, window = case(heads, kv_heads, rows, nodes, start, head_dim, dtype, seed=21)
+    if head_dim > 128:
+        monkeypatch.setattr(attention, "WIDE_TARGET_PROGRAMS", 256)  # the narrow heads' split count
     assert attention.plan(rows, heads // kv_heads, kv_heads, window, head_dim)[2] == 7
-    got = {}
-    for unroll in (1, 2, 4):
-        monkeypatch.setattr(attention, "COMBINE_UNROLL", unroll)
-        got[unroll] = run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.25)
-    assert torch.equal(got[1], got[2]) and torch.equal(got[1], got[4])
+    prefix = "WIDE_" if head_dim > 128 else ""
+    got = []
+    for combine_rows, unroll in ((16, 1), (16, 2), (4, 4), (2, 4)):
+        monkeypatch.setattr(attention, f"{prefix}COMBINE_ROWS", combine_rows)
+        monkeypatch.setattr(attention, f"{prefix}COMBINE_UNROLL", unroll)
+        got.append(run_kernel(attention, q, cache_k, cache_v, anc, start, window, 0.25))
+    assert all(torch.equal(got[0], other) for other in got[1:])
     want = reference(q.float(), cache_k.float(), cache_v.float(), anc, start, window, 0.25)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(got[1].float(), want, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(got[0].float(), want, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

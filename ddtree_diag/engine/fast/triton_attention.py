@@ -67,11 +67,15 @@ TARGET_PROGRAMS = 1 if UPCAST else 256
 # the combine merges twice as many partials (8B, us per layer: 12.2 -> 11.4 at 32 rows, 7.0 -> 6.5
 # for AR; ``bench/attention_kernel_speed.py``).
 MIN_SPLIT_BLOCKS = 2
-# Group rows per combine program (8B budget 16: 8 KV heads x 8 = 64 programs).
-COMBINE_ROWS = 16
-# Splits whose partials the combine loads before merging them (1, 2 or 4; the same bits either way),
-# and its warps.
-COMBINE_UNROLL, COMBINE_WARPS = 1, 4
+# The combine's plan: group rows a program, its warps, and how many splits' partials it loads before
+# merging them (1, 2 or 4; the same bits either way: the merge order and each element's arithmetic
+# do not change). Few rows a program and four splits' loads in flight suit the decode steps' short
+# merges. On the H100, 8B shape, 300 committed slots, us per layer at 1 / 17 / 65 rows
+# (``bench.attention_kernel_speed``): 16 rows, 4 warps, one split at a time 7.56 / 12.08 / 14.04;
+# 4 rows, 2 warps, four splits 6.98 / 9.22 / 12.12 (8B rounds at budgets 16 / 64: 8.17 -> 8.06, 8.51
+# -> 8.40 ms). Heads wider than 128 keep the plan they were timed with.
+COMBINE_ROWS, COMBINE_WARPS, COMBINE_UNROLL = 4, 2, 4
+WIDE_COMBINE_ROWS, WIDE_COMBINE_WARPS, WIDE_COMBINE_UNROLL = 16, 4, 1
 # The split kernel's software pipeline depth (Triton's default) and warps for heads wider than 128.
 # 27B shape (head dim 256) on the H100, us per layer at 1 / 32 / 80 / 272 rows: 8 warps 9.6 / 14.1 /
 # 20.4 / 53.8, 4 warps 9.1 / 14.8 / 17.5 / 47.0 (``bench.attention_kernel_speed --shape 27b``)
@@ -372,9 +376,13 @@ def _attention(
         num_stages=WIDE_STAGES if wide else STAGES,
     )
     if not direct:
+        combine_rows, combine_warps, unroll = (
+            (WIDE_COMBINE_ROWS, WIDE_COMBINE_WARPS, WIDE_COMBINE_UNROLL) if wide
+            else (COMBINE_ROWS, COMBINE_WARPS, COMBINE_UNROLL)
+        )
         launch(
-            _combine_kernel, (kv_heads, triton.cdiv(group_rows, COMBINE_ROWS)),
+            _combine_kernel, (kv_heads, triton.cdiv(group_rows, combine_rows)),
             part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
-            BLOCK_R=COMBINE_ROWS, BLOCK_D=block_d, UNROLL=COMBINE_UNROLL, num_warps=COMBINE_WARPS,
+            BLOCK_R=combine_rows, BLOCK_D=block_d, UNROLL=unroll, num_warps=combine_warps,
         )
     return out
