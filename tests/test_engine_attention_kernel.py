@@ -207,6 +207,14 @@ def test_the_combine_gives_the_same_bits_under_every_plan(attention, monkeypatch
     torch.testing.assert_close(got[0].float(), want, rtol=tolerance, atol=tolerance)
 
 
+def test_a_combine_unroll_that_would_skip_splits_is_refused(attention, monkeypatch):
+    """The combine steps UNROLL splits at a time and loads at most four: 3 would skip splits."""
+    monkeypatch.setattr(attention, "COMBINE_UNROLL", 3)
+    q, cache_k, cache_v, anc, window = case(4, 2, 5, 5, 430, 32, torch.float32, seed=21)
+    with pytest.raises(ValueError, match="unroll 3"):
+        run_kernel(attention, q, cache_k, cache_v, anc, 430, window, 0.25)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("start", [40, 150])
 def test_heads_of_256_dims_in_32_row_query_blocks(attention, dtype, start):

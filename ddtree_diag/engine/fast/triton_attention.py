@@ -10,10 +10,10 @@ card, ~14 us per layer for a few hundred keys. Here the keys are split too:
   for query head kv * rep + r and tree row i, as the SDPA path's ``reshape`` lays them out) and
   one slice of the keys, and writes the slice's unnormalised output with its running max and sum
   (fp32 partials).
-- ``_combine_kernel``: one program per (KV head, 16 group rows) merges the splits' partials and writes
-  the output in the model dtype straight into the [rows, heads * head_dim] layout o_proj reads
-  (no transpose copy). Where the plan makes one split (``plan``), the split kernel normalises and
-  writes that output itself: no partials, no second launch.
+- ``_combine_kernel``: one program per (KV head, ``COMBINE_ROWS`` group rows) merges the splits'
+  partials and writes the output in the model dtype straight into the [rows, heads * head_dim]
+  layout o_proj reads (no transpose copy). Where the plan makes one split (``plan``), the split
+  kernel normalises and writes that output itself: no partials, no second launch.
 
 A program takes its keys in two loops: the committed slots, which every row sees (no ancestor
 bytes read, no per-row mask), then the tree slots with the ancestor mask. At budget 256 the
@@ -380,6 +380,8 @@ def _attention(
             (WIDE_COMBINE_ROWS, WIDE_COMBINE_WARPS, WIDE_COMBINE_UNROLL) if wide
             else (COMBINE_ROWS, COMBINE_WARPS, COMBINE_UNROLL)
         )
+        if unroll not in (1, 2, 4):  # the kernel steps by UNROLL and loads at most 4: 3 would skip splits
+            raise ValueError(f"combine unroll {unroll}: 1, 2 or 4")
         launch(
             _combine_kernel, (kv_heads, triton.cdiv(group_rows, combine_rows)),
             part_o, part_ml, out, rows, heads, rep, group_rows, splits, head_dim,
