@@ -516,11 +516,13 @@ class TargetModel:
         feats = None
         if feature_layers:
             parts = [features[i] for i in feature_layers]
-            if out is not None and out["features"].shape == (rows.shape[1], len(parts) * hidden.shape[-1]):
+            if out is None:
+                feats = torch.cat(parts, dim=-1)[0]
+            elif out["features"].shape == (hidden.shape[1], len(parts) * hidden.shape[-1]):
                 feats = out["features"]
                 torch.cat(parts, dim=-1, out=feats[None])
-            else:
-                feats = torch.cat(parts, dim=-1)[0]
+            else:  # as the logits: a buffer of another shape is still filled (or refused by copy_)
+                feats = out["features"].copy_(torch.cat(parts, dim=-1)[0])
         return logits, feats
 
     def commit(self, keep: list[int]) -> None:

@@ -537,7 +537,9 @@ class FastDecoder:
                 features[index] = hidden
         # the deferred residual add and the final norm in one kernel (HF's norm module runs six)
         _, hidden = residual_norm(t.inner.norm, hidden, residual)
-        return t.head(hidden, features, self.feature_layers if with_features else None, last_only, True, outputs)
+        return t.head(
+            hidden, features, self.feature_layers if with_features else None, last_only, normed=True, out=outputs
+        )
 
     def _prefill(self, prompt: torch.Tensor, with_features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The prompt's rows through the target at slots 0.. in ``prefill_chunks`` as the eager

@@ -36,7 +36,8 @@ def _rounded(x, dtype: tl.constexpr):
 
 
 # Each program takes a tile of about TILE elements: one row of a wide hidden state, or several
-# narrow rows (a small model, or the heads of q/k), so tiny shapes are not thousands of programs.
+# narrow rows (a small model), so tiny shapes are not thousands of programs (the q/k heads have
+# their own plan: ``rope_plan``).
 TILE = 4096
 
 
