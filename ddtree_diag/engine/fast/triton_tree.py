@@ -2,11 +2,14 @@
 
 The tensor build (``tree.build_tree_tensors``) reproduces the heap's order with sorts, pointer
 doubling and a proof pass: ~300 tiny kernels per round (1.2-2.5 ms on the H200). Here a single
-program runs the heap loop itself. The frontier is an array indexed by push order (entry i is the
-i-th push), so the heap's key (path score desc, push order asc) is one block reduction over
-(live, score, index) that carries the winner's fields along (on CUDA; under the interpreter, four
-plain ones). That is exact by construction: no proof pass and no host fallback. One program, a
-fixed grid and no host reads, so it is captured in the tree stage's CUDA graph like the rest.
+program runs the heap loop itself. The frontier is an array of ``budget`` slots whose entries keep
+their push order, so the heap's key (path score desc, push order asc) is one block reduction over
+(live, score, order) that carries the winner's fields along (on CUDA; under the interpreter, four
+plain ones). A pop's next sibling takes the popped slot and its first child the next free one, so
+``budget`` slots hold every push the pops can still reach (a frontier indexed by push order needed
+``2 * budget + 1``: four times the slots at budget 256, and four warps to reduce them). That is
+exact by construction: no proof pass and no host fallback. One program, a fixed grid and no host
+reads, so it is captured in the tree stage's CUDA graph like the rest.
 
 Imported only where Triton is (``kernels.tree_kernel``); on CPU tensors it runs under Triton's
 interpreter (the tests).
@@ -26,12 +29,12 @@ FIELD = 1 << 21
 
 
 @triton.jit
-def _first_best(score_a, slot_a, base_a, meta_a, live_a, score_b, slot_b, base_b, meta_b, live_b):
+def _first_best(score_a, order_a, base_a, meta_a, live_a, score_b, order_b, base_b, meta_b, live_b):
     """The heap's pick of two entries: a live one over a dead one, then the larger score, then the
     earlier push (a total order on live entries, so the reduction's tree shape does not matter;
     scores are sums of log-softmax values, never NaN)."""
-    take_a = (live_a != 0) & ((live_b == 0) | (score_a > score_b) | ((score_a == score_b) & (slot_a < slot_b)))
-    return (tl.where(take_a, score_a, score_b), tl.where(take_a, slot_a, slot_b), tl.where(take_a, base_a, base_b),
+    take_a = (live_a != 0) & ((live_b == 0) | (score_a > score_b) | ((score_a == score_b) & (order_a < order_b)))
+    return (tl.where(take_a, score_a, score_b), tl.where(take_a, order_a, order_b), tl.where(take_a, base_a, base_b),
             tl.where(take_a, meta_a, meta_b), tl.where(take_a, live_a, live_b))
 
 
@@ -48,30 +51,32 @@ def _build_tree_kernel(
     # depths 1..limit may hold nodes (the decoder's depth limit, a device scalar)
     limit = tl.minimum(tl.load(limit_ptr).to(tl.int32), max_depth)
     neg_inf = float("-inf")
-    # The frontier, one entry per push. ``score``: the entry's path score (float64 sums in the
+    # The frontier, one entry a slot. ``score``: the entry's path score (float64 sums in the
     # heap's order, so bit-identical to it); ``base``: its parent's path score (a sibling's score
-    # is base + the next rank's value, as the heap forms it); ``meta``: parent, depth, rank.
-    # ``live``: pushed and not yet popped (a score of -inf can be live, so it is not the marker).
+    # is base + the next rank's value, as the heap forms it); ``meta``: parent, depth, rank;
+    # ``order``: its push index (the heap's tie rule); ``live``: pushed and not yet popped (a
+    # score of -inf can be live, so it is not the marker).
     first = tl.load(values_ptr).to(tl.float64)  # depth 1, rank 0: 0.0 + value, as the heap pushes it
     score = tl.where(slot == 0, first + 0.0, neg_inf)
     base = tl.zeros([FRONTIER], dtype=tl.float64)
     meta = tl.where(slot == 0, 1 * FIELD, 0).to(tl.int64)  # parent 0 (the root), depth 1, rank 0
     live = ((slot == 0) & (limit >= 1)).to(tl.int32)
+    order = slot * 0  # the first entry is push 0; a dead slot's order is never looked at
     pushes = limit * 0 + 1  # entries pushed so far (an int32 tensor, as the loop carries it)
+    tail = limit * 0 + 1  # the next free slot
     count = limit * 0
     for i in range(0, budget):
         # pop: the largest score among live entries, ties to the entry pushed first
         if ONE_REDUCTION:  # one reduction carries the winner's fields along: one cross-warp round trip
-            best, pick, parent_score, packed, found = tl.reduce((score, slot, base, meta, live), 0, _first_best)
+            best, pick, parent_score, packed, found = tl.reduce((score, order, base, meta, live), 0, _first_best)
             found = found != 0  # False once the frontier is empty (a tree smaller than budget)
-            hit = (slot == pick) & found
         else:  # four plain ones (Triton's interpreter runs a custom reduction ~10x slower)
             best = tl.max(tl.where(live != 0, score, neg_inf), axis=0)
-            pick = tl.min(tl.where((live != 0) & (score == best), slot, FRONTIER), axis=0)
-            found = pick < FRONTIER
-            hit = slot == pick
-            parent_score = tl.sum(tl.where(hit, base, 0.0), axis=0)
-            packed = tl.sum(tl.where(hit, meta, 0), axis=0)
+            pick = tl.min(tl.where((live != 0) & (score == best), order, 2**30), axis=0)
+            found = pick < 2**30
+            parent_score = tl.sum(tl.where((live != 0) & (order == pick), base, 0.0), axis=0)
+            packed = tl.sum(tl.where((live != 0) & (order == pick), meta, 0), axis=0)
+        hit = (live != 0) & (order == pick) & found  # push indices are unique: one live slot
         rank = (packed % FIELD).to(tl.int32)
         depth = ((packed // FIELD) % FIELD).to(tl.int32)
         parent = (packed // FIELD) // FIELD  # (FIELD * FIELD would be a constant past int32)
@@ -83,24 +88,29 @@ def _build_tree_kernel(
         tl.store(depths_ptr + i, tl.where(found, depth, 0).to(tl.int64))
         tl.store(valid_ptr + i, found.to(tl.int8))
         count += found.to(tl.int32)
-        # push the next sibling (same parent, rank + 1), then the first child (rank 0, one deeper):
-        # the heap's order, so push order = index here too
-        sibling = found & (rank + 1 < top_k)
+        # push the next sibling (same parent, rank + 1) into the popped slot, then the first child
+        # (rank 0, one deeper) into the next free one: the heap's push order. The last pop pushes
+        # nothing (no pop would read it), which keeps ``budget`` slots enough.
+        more = found & (i + 1 < budget)
+        sibling = more & (rank + 1 < top_k)
         value = tl.load(values_ptr + (depth - 1) * top_k + rank + 1, mask=sibling, other=0.0).to(tl.float64)
-        at = sibling & (slot == pushes)
+        at = sibling & hit
         score = tl.where(at, parent_score + value, score)
         base = tl.where(at, parent_score, base)
         meta = tl.where(at, packed + 1, meta)  # same parent and depth, rank + 1
+        order = tl.where(at, pushes, order)
         live = tl.where(at, 1, live)
         pushes += sibling.to(tl.int32)
-        child = found & (depth < limit)
+        child = more & (depth < limit)
         value = tl.load(values_ptr + depth * top_k, mask=child, other=0.0).to(tl.float64)
-        at = child & (slot == pushes)
+        at = child & (slot == tail)
         score = tl.where(at, best + value, score)
         base = tl.where(at, best, base)
         meta = tl.where(at, (node * FIELD + depth + 1) * FIELD, meta)
+        order = tl.where(at, pushes, order)
         live = tl.where(at, 1, live)
         pushes += child.to(tl.int32)
+        tail += child.to(tl.int32)
     tl.store(count_ptr, count.to(tl.int64))
 
 
@@ -129,8 +139,8 @@ def build_tree(
     valid = torch.empty(budget, dtype=torch.bool, device=device)
     count = torch.empty((), dtype=torch.long, device=device)
     if budget > 0 and max_depth > 0:
-        # at most 1 + 2 * budget pushes (the first entry, then a sibling and a child per pop)
-        frontier = max(16, triton.next_power_of_2(2 * budget + 1))
+        # slots: the first entry's, then one a child pushed by the first budget - 1 pops
+        frontier = max(16, triton.next_power_of_2(budget))
         launch(
             _build_tree_kernel, (1,),
             values.float().contiguous(), ids.contiguous(), depth_limit.reshape(1),
