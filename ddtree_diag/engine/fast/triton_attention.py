@@ -73,9 +73,11 @@ MIN_SPLIT_BLOCKS = 2
 # merges. On the H100, 8B shape, 300 committed slots, us per layer at 1 / 17 / 65 rows
 # (``bench.attention_kernel_speed``): 16 rows, 4 warps, one split at a time 7.56 / 12.08 / 14.04;
 # 4 rows, 2 warps, four splits 6.98 / 9.22 / 12.12 (8B rounds at budgets 16 / 64: 8.17 -> 8.06, 8.51
-# -> 8.40 ms). Heads wider than 128 keep the plan they were timed with.
+# -> 8.40 ms). Heads wider than 128, 27B shape, same card and bench: the old plan 11.03 / 19.77 /
+# 21.35; 4 rows, 2 warps, four splits 8.50 / 12.94 / 18.84; 2 rows, 1 warp, four splits 8.07 / 13.14
+# / 18.85, the least summed over the three.
 COMBINE_ROWS, COMBINE_WARPS, COMBINE_UNROLL = 4, 2, 4
-WIDE_COMBINE_ROWS, WIDE_COMBINE_WARPS, WIDE_COMBINE_UNROLL = 16, 4, 1
+WIDE_COMBINE_ROWS, WIDE_COMBINE_WARPS, WIDE_COMBINE_UNROLL = 2, 1, 4
 # The split kernel's software pipeline depth (Triton's default) and warps for heads wider than 128.
 # 27B shape (head dim 256) on the H100, us per layer at 1 / 32 / 80 / 272 rows: 8 warps 9.6 / 14.1 /
 # 20.4 / 53.8, 4 warps 9.1 / 14.8 / 17.5 / 47.0 (``bench.attention_kernel_speed --shape 27b``)
