@@ -70,13 +70,14 @@ def _build_tree_kernel(
         if ONE_REDUCTION:  # one reduction carries the winner's fields along: one cross-warp round trip
             best, pick, parent_score, packed, found = tl.reduce((score, order, base, meta, live), 0, _first_best)
             found = found != 0  # False once the frontier is empty (a tree smaller than budget)
+            hit = (live != 0) & (order == pick)  # push indices are unique: one live slot, or none
         else:  # four plain ones (Triton's interpreter runs a custom reduction ~10x slower)
             best = tl.max(tl.where(live != 0, score, neg_inf), axis=0)
             pick = tl.min(tl.where((live != 0) & (score == best), order, 2**30), axis=0)
             found = pick < 2**30
-            parent_score = tl.sum(tl.where((live != 0) & (order == pick), base, 0.0), axis=0)
-            packed = tl.sum(tl.where((live != 0) & (order == pick), meta, 0), axis=0)
-        hit = (live != 0) & (order == pick) & found  # push indices are unique: one live slot
+            hit = (live != 0) & (order == pick)
+            parent_score = tl.sum(tl.where(hit, base, 0.0), axis=0)
+            packed = tl.sum(tl.where(hit, meta, 0), axis=0)
         rank = (packed % FIELD).to(tl.int32)
         depth = ((packed // FIELD) % FIELD).to(tl.int32)
         parent = (packed // FIELD) // FIELD  # (FIELD * FIELD would be a constant past int32)
