@@ -141,6 +141,49 @@ def test_every_depth_limit_and_an_empty_tree(tree_kernel):
     assert int(built["count"]) == 0 and not built["valid"].any() and not built["tokens"].any()
 
 
+def _scribbled_rows(rows: int) -> dict[str, torch.Tensor]:
+    """Tree buffers holding what neither writer leaves anywhere: each must write every element."""
+    long = dict(dtype=torch.long, device=DEVICE)
+    return {
+        "tokens": torch.full((rows,), 77, **long), "parents": torch.full((rows,), 55, **long),
+        "depths": torch.full((rows,), 33, **long), "valid": torch.ones(rows, dtype=torch.bool, device=DEVICE),
+        "anc": torch.ones(rows, rows, dtype=torch.bool, device=DEVICE),
+    }
+
+
+def test_the_tree_rows_kernel_writes_what_the_torch_ops_write(tree_kernel):
+    """The verify's tree buffers from the draft nodes in one launch == the torch ops': heap trees
+    (whole, cut by the depth limit, into budget + 1 rows and into more), the decoder's chain cut
+    by the depth limit or not, and invalid nodes among valid ones with parent fields that are no
+    rows or that name one (a valid node hangs below an invalid one: its ancestors stop there)."""
+    module = kernels.tree_kernel(torch.device(DEVICE))
+    root = torch.tensor([9], device=DEVICE)
+    cases = []
+    logprobs = bf16_logprobs(9, 3.0, vocab=64)
+    for budget, depth, extra_rows in ((16, 15, 0), (16, 3, 5), (64, 15, 0), (5, 1, 2)):
+        built = fast_tree.build_tree_kernel(logprobs.to(DEVICE), budget, torch.tensor(depth, device=DEVICE))
+        cases.append(([built[name] for name in ("tokens", "parents", "depths", "valid")], budget + 1 + extra_rows))
+    chain_rows = torch.arange(1, 16, device=DEVICE)
+    for cut in (6, 15):  # 15: the deepest row's walk takes every one of the 15 steps
+        cases.append(([torch.arange(100, 115, device=DEVICE), chain_rows - 1, chain_rows, chain_rows <= cut], 16))
+    parents = torch.tensor([0, 1, 1, 0, 4, 99, 5, 3, 3, 8, 5, 9], device=DEVICE)
+    depths = torch.tensor([1, 2, 2, 1, 2, 40, 3, 3, 0, 4, 3, 5], device=DEVICE)
+    valid = torch.tensor([1, 1, 1, 1, 1, 0, 1, 1, 0, 1, 0, 1], dtype=torch.bool, device=DEVICE)
+    cases.append(([torch.arange(500, 512, device=DEVICE), parents, depths, valid], 20))
+    for nodes, rows in cases:
+        want, got = _scribbled_rows(rows), _scribbled_rows(rows)
+        fast_tree.write_tree_rows(want, root, *nodes, 15)
+        module.write_tree_rows(got, root, *nodes, 15)
+        for name in want:
+            assert torch.equal(got[name], want[name]), (name, rows)
+        valid_rows = got["valid"].nonzero().flatten()
+        if nodes[2] is not depths:  # consistent depths: a row sees its depth's count of ancestors, and itself
+            assert got["anc"][valid_rows].sum(1).tolist() == (got["depths"][valid_rows] + 1).tolist()
+    assert got["anc"][12].nonzero().flatten().tolist() == [9, 12]  # node 11 below invalid node 8
+    with pytest.raises(ValueError, match="do not fit"):
+        module.write_tree_rows(_scribbled_rows(12), root, *nodes, 15)
+
+
 def test_tree_kernel_follows_the_kernel_setting(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("DDTREE_DIAG_TREE_KERNEL", raising=False)

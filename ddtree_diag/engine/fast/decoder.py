@@ -91,10 +91,10 @@ from ddtree_diag.engine.fast.layers import (
     target_pre_attention,
 )
 from ddtree_diag.engine.fast.tree import (
-    ancestors_from_parents,
     build_tree_kernel,
     build_tree_tensors,
     tree_node_count,
+    write_tree_rows,
 )
 from ddtree_diag.engine.grammar import GrammarState
 from ddtree_diag.engine.target import attend_with_sinks, prefill_chunks, prefill_in_chunks, sink_bias
@@ -688,6 +688,7 @@ class FastDecoder:
     def _tree(self, padded: int, budget: int, mode: str) -> None:
         tree = self._tree_buffers(padded)
         exact = torch.ones((), dtype=torch.bool, device=self.device)
+        tree_kernel = kernels.tree_kernel(self.device)
         if mode == "chain":
             depth_rows = torch.arange(1, self.block, device=self.device)
             tokens, parents, depths = kernels.argmax(self.logprobs), depth_rows - 1, depth_rows
@@ -696,20 +697,15 @@ class FastDecoder:
             # one Triton program running the heap (exact: ``exact`` is always True) where the
             # kernels run, else the tensor build (~300 small kernels, proven or sent to the host)
             builder = self._build_tree or build_tree_tensors
-            if kernels.tree_kernel(self.device) is not None:
+            if tree_kernel is not None:
                 builder = build_tree_kernel
             built = builder(self.logprobs, budget, self.depth_limit)
             tokens, parents, depths, valid = built["tokens"], built["parents"], built["depths"], built["valid"]
             exact = built["exact"]
-        pad = padded - 1 - tokens.shape[0]
-        long = dict(dtype=torch.long, device=self.device)
-        zero, none = torch.zeros(pad, **long), torch.full((pad,), -1, **long)
-        tree["tokens"].copy_(torch.cat([self.root, torch.where(valid, tokens, 0), zero]))
-        tree["parents"].copy_(torch.cat([torch.full((1,), -1, **long), torch.where(valid, parents, -1), none]))
-        tree["depths"].copy_(torch.cat([torch.zeros(1, **long), torch.where(valid, depths, 0), zero]))
-        tree["valid"].copy_(torch.cat([torch.ones(1, dtype=torch.bool, device=self.device), valid, zero.bool()]))
-        tree["anc"].copy_(ancestors_from_parents(tree["parents"], self.block - 1))
         tree["exact"].copy_(exact)
+        # one launch where the kernels run (not ~35 small kernels), else the same rows in torch ops
+        write = tree_kernel.write_tree_rows if tree_kernel is not None else write_tree_rows
+        write(tree, self.root, tokens, parents, depths, valid, self.block - 1)
 
     def _host_tree(self, padded: int, budget: int, depth: int, root: int) -> None:
         """Exact fallback: ``tree.build_tree`` on the host, written into the static buffers."""

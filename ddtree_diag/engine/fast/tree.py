@@ -248,6 +248,25 @@ def build_tree_kernel(depth_logprobs: torch.Tensor, budget: int, depth_limit: to
     return kernels.tree_kernel(device).build_tree(values, ids, budget, limit)
 
 
+def write_tree_rows(
+    tree: dict[str, torch.Tensor], root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+    depths: torch.Tensor, valid: torch.Tensor, depth: int,
+) -> None:
+    """A verify's tree buffers (``tree``: ``tokens``, ``parents``, ``depths`` [rows], ``valid``,
+    ``anc`` [rows, rows]) from the root token and the draft nodes ([nodes] each, nodes < rows; a
+    node's parent is a row: 0 the root, i + 1 node i): row 0 the root, row i + 1 node i where it is
+    valid, the rest empty (token 0, no parent, depth 0, not valid; ``anc`` self only). The Triton
+    kernel ``triton_tree.write_tree_rows`` writes the same in one launch."""
+    pad = tree["tokens"].shape[0] - 1 - tokens.shape[0]
+    long = dict(dtype=torch.long, device=tokens.device)
+    zero, none = torch.zeros(pad, **long), torch.full((pad,), -1, **long)
+    tree["tokens"].copy_(torch.cat([root, torch.where(valid, tokens, 0), zero]))
+    tree["parents"].copy_(torch.cat([torch.full((1,), -1, **long), torch.where(valid, parents, -1), none]))
+    tree["depths"].copy_(torch.cat([torch.zeros(1, **long), torch.where(valid, depths, 0), zero]))
+    tree["valid"].copy_(torch.cat([torch.ones(1, dtype=torch.bool, device=tokens.device), valid, zero.bool()]))
+    tree["anc"].copy_(ancestors_from_parents(tree["parents"], depth))
+
+
 def ancestors_from_parents(parents: torch.Tensor, depth: int) -> torch.Tensor:
     """[T, T] bool ancestor-or-self mask from parent indices (-1: none) of a tree at most ``depth``
     deep, with no host sync. Pointer doubling: after step s a row holds its ancestors less than 2**s

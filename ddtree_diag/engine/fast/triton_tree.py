@@ -163,3 +163,62 @@ def build_tree(
         "count": count,
         "exact": torch.ones((), dtype=torch.bool, device=device),
     }
+
+
+@triton.jit
+def _tree_rows_kernel(
+    root_ptr, tokens_ptr, parents_ptr, depths_ptr, valid_ptr,
+    out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_valid_ptr, anc_ptr,
+    nodes, rows,
+    BLOCK: tl.constexpr, DEPTH: tl.constexpr,
+):
+    """Row ``r`` of a verify's tree buffers: r = 0 the root, r = 1..nodes draft node r - 1 where
+    it is valid (else, and past the nodes, an empty row: token 0, no parent, depth 0, not valid),
+    and its ancestor-or-self row of ``anc``, walked up the nodes' parents (at most DEPTH steps)."""
+    r = tl.program_id(0)
+    node = r - 1
+    inside = (node >= 0) & (node < nodes)
+    valid = tl.load(valid_ptr + node, mask=inside, other=0) != 0
+    token = tl.where(valid, tl.load(tokens_ptr + node, mask=inside, other=0), 0)
+    parent = tl.where(valid, tl.load(parents_ptr + node, mask=inside, other=-1), -1)
+    depth = tl.where(valid, tl.load(depths_ptr + node, mask=inside, other=0), 0)
+    is_root = r == 0
+    tl.store(out_tokens_ptr + r, tl.where(is_root, tl.load(root_ptr), token))
+    tl.store(out_parents_ptr + r, tl.where(is_root, -1, parent))
+    tl.store(out_depths_ptr + r, tl.where(is_root, 0, depth))
+    tl.store(out_valid_ptr + r, (is_root | valid).to(tl.int8))
+    lanes = tl.arange(0, BLOCK)
+    seen = lanes == r
+    up = tl.where(is_root, -1, parent).to(tl.int64)
+    for _ in range(DEPTH):  # a row's parent is an earlier row; -1 (none) matches no lane
+        seen = seen | (lanes == up)
+        above = up - 1  # the node of row ``up``; the root's (row 0) is -1: no parent
+        known = (above >= 0) & (above < nodes)
+        above_valid = tl.load(valid_ptr + above, mask=known, other=0) != 0
+        up = tl.where(known & above_valid, tl.load(parents_ptr + above, mask=known, other=-1), -1)
+    tl.store(anc_ptr + r.to(tl.int64) * rows + lanes, seen.to(tl.int8), mask=lanes < rows)
+
+
+def write_tree_rows(
+    tree: dict[str, torch.Tensor], root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+    depths: torch.Tensor, valid: torch.Tensor, depth: int,
+) -> None:
+    """Fill a verify's tree buffers (``tree``: ``tokens``, ``parents``, ``depths`` [rows] int64,
+    ``valid`` [rows] bool, ``anc`` [rows, rows] bool) from the root token (a 1-element tensor) and
+    the draft nodes (``tokens``, ``parents``, ``depths`` int64 and ``valid`` bool, [nodes], nodes <
+    rows; a node's parent is a row: 0 the root, i + 1 node i) in one launch: what the decoder's
+    torch ops write (the rows past the nodes empty, ``anc`` by ``tree.ancestors_from_parents``
+    over at most ``depth`` levels) in some 35 small kernels."""
+    rows, nodes = tree["tokens"].shape[0], tokens.shape[0]
+    if nodes >= rows:
+        raise ValueError(f"{nodes} draft nodes do not fit {rows} rows with the root")
+    anc = tree["anc"]
+    if not anc.is_contiguous() or anc.shape != (rows, rows):
+        raise ValueError(f"anc {tuple(anc.shape)} is not a contiguous [{rows}, {rows}] buffer")
+    launch(
+        _tree_rows_kernel, (rows,),
+        root, tokens.contiguous(), parents.contiguous(), depths.contiguous(), valid.contiguous().view(torch.int8),
+        tree["tokens"], tree["parents"], tree["depths"], tree["valid"].view(torch.int8), anc.view(torch.int8),
+        nodes, rows,
+        BLOCK=max(16, triton.next_power_of_2(rows)), DEPTH=max(depth, 0), num_warps=1,
+    )
