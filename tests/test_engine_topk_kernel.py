@@ -144,6 +144,27 @@ def test_what_the_dispatch_leaves_to_torch(topk, monkeypatch):
         assert kernels.topk_kernel(rows, 16) is None
 
 
+def test_past_the_kernels_k_the_keys_come_from_one_launch(topk, monkeypatch):
+    """Where the ranking is left to ``torch.topk`` (k past TOPK_KERNEL_MAX_K: budget 256), the
+    keys kernel forms its keys: the torch path's keys exactly (blocks of the kernel, a last one
+    partly past the row, -0.0 and 0.0, exact levels, -inf), hence the same top k, bits and all."""
+    rows = hard_rows(2 * topk.KEYS_BLOCK + 37, 9)
+    assert torch.equal(topk.ranked_keys(rows), fast_tree.ranked_keys(rows))
+    strided = torch.cat([rows, rows], dim=1)[:, 5 : 5 + 300]  # rows a row stride apart, not vocab
+    assert torch.equal(topk.ranked_keys(strided), fast_tree.ranked_keys(strided))
+    calls = []
+    record_calls(monkeypatch, topk, "ranked_keys", lambda values: calls.append(tuple(values.shape)))
+    k = kernels.TOPK_KERNEL_MAX_K + 36
+    values, ids = fast_tree.ranked_top_k(rows[:, :300], k)
+    assert calls == [(4, 300)]
+    want_values, want_ids = torch_top_k(rows[:, :300], k, monkeypatch)
+    assert calls == [(4, 300)]  # the switched-off call formed its keys in torch
+    assert torch.equal(ids, want_ids) and torch.equal(values.view(torch.int32), want_values.view(torch.int32))
+    assert kernels.topk_keys_kernel(rows) is topk and kernels.topk_keys_kernel(rows.double()) is None
+    monkeypatch.setenv("DDTREE_DIAG_TOPK_KERNEL", "off")
+    assert kernels.topk_keys_kernel(rows) is None
+
+
 def test_off_switch_runs_torch(topk, monkeypatch):
     calls = []
     record_calls(monkeypatch, topk, "ranked_top_k", lambda *args, **_: calls.append(args))

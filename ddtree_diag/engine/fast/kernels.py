@@ -180,21 +180,29 @@ def gdn_state_kernels(x: torch.Tensor, activation: str | None = "silu"):
 TOPK_KERNEL_MAX_K = 64
 
 
-def topk_kernel(values: torch.Tensor, k: int):
-    """The top-k kernel's module when ``tree.ranked_top_k(values, k)`` runs through it, else None
-    (``torch.topk`` on int64 keys runs)."""
+def topk_keys_kernel(values: torch.Tensor):
+    """The top-k kernel's module when ``tree.ranked_top_k``'s int64 keys for ``values`` are formed
+    by it (``ranked_keys``: where ``topk_kernel`` leaves the ranking to ``torch.topk``), else None."""
     setting = os.environ.get("DDTREE_DIAG_TOPK_KERNEL", "").strip().lower()
     if setting == "off" or _use(values) is None or values.dtype != torch.float32:
         return None
     if not values.is_cuda and setting != "on":
         return None  # the interpreter: only where asked for (the module docstring says why)
-    if values.dim() != 2 or values.stride(-1) != 1 or values.shape[0] == 0:
+    if values.dim() != 2 or values.stride(-1) != 1 or values.shape[0] == 0 or values.shape[1] >= 2**31:
+        return None
+    return _triton_topk()
+
+
+def topk_kernel(values: torch.Tensor, k: int):
+    """The top-k kernel's module when ``tree.ranked_top_k(values, k)`` runs through it, else None
+    (``torch.topk`` on int64 keys runs)."""
+    if topk_keys_kernel(values) is None:
         return None
     # Up to TOPK_KERNEL_MAX_K only: on an H200 the kernel wins at k = 16 / 64 (0.045 / 0.091 ms
     # against torch's 0.187 / 0.196) but barely at 256 (0.160 / 0.213), where its sorting networks
     # take seconds to compile on a cold Triton cache (a budget-256 first request: 12.9 s against
     # 0.4 s). Indices are int32 in the kernel.
-    if not 1 <= k <= min(values.shape[1], TOPK_KERNEL_MAX_K) or values.shape[1] >= 2**31:
+    if not 1 <= k <= min(values.shape[1], TOPK_KERNEL_MAX_K):
         return None
     return _triton_topk()
 

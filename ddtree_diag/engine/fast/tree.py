@@ -35,13 +35,21 @@ def ranked_top_k(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     kernel = kernels.topk_kernel(values, k)
     if kernel is not None:
         return kernel.ranked_top_k(values, k)
+    keys_kernel = kernels.topk_keys_kernel(values)  # k past the Triton top-k: its keys, in one launch
+    keys = keys_kernel.ranked_keys(values) if keys_kernel is not None else ranked_keys(values)
+    ids = torch.topk(keys, k, dim=-1, sorted=True).indices
+    return values.gather(-1, ids), ids
+
+
+def ranked_keys(values: torch.Tensor) -> torch.Tensor:
+    """Unique int64 sort keys of ``values`` [..., vocab]: the float's order-preserving bits (-0.0
+    made 0.0) in the high 32 bits, the inverted index in the low ones, so a descending order of the
+    keys is a stable descending sort of the values."""
     bits = (values.float() + 0.0).contiguous().view(torch.int32).long()  # + 0.0: -0.0 ties 0.0, as in sort
     ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # float order as signed ints
     # inverted index (vocab-1-index, not 2**32-1-index: a constant over int32 breaks Triton codegen)
     inverted = values.shape[-1] - 1 - torch.arange(values.shape[-1], device=values.device)
-    keys = ordered * (1 << 32) + inverted
-    ids = torch.topk(keys, k, dim=-1, sorted=True).indices
-    return values.gather(-1, ids), ids
+    return ordered * (1 << 32) + inverted
 
 
 # Up to this many elements, a sort is done by counting comparisons (one [n, n] compare and a sum)
