@@ -143,12 +143,18 @@ def test_every_kernel_a_request_launches_builds_for_sm90(can_build, monkeypatch,
     engine = load_engine(target, draft, device="cpu", dtype="bf16")
     turn_kernels_on(monkeypatch, on=("DDTREE_DIAG_TOPK_KERNEL",))
     specs: set[tuple] = set()
-    for request in (dict(tree_budget=8, max_tokens=6), dict(tree_budget=8, max_tokens=6, temperature=0.8, seed=1)):
+    requests = [dict(tree_budget=8, max_tokens=6), dict(tree_budget=8, max_tokens=6, temperature=0.8, seed=1)]
+    if target_kind == "dense":  # a top-k past the Triton top-k's k: its keys kernel, then torch.topk
+        requests.append(dict(tree_budget=kernels.TOPK_KERNEL_MAX_K + 36, max_tokens=6))
+    for request in requests:
         if "seed" in request:  # the path solve with a key head's value heads in one program, as at 257 rows
             monkeypatch.setattr(kernels._triton_gdn(), "SHARE_HEADS_FROM", 0)
         specs |= launches_of_a_request(monkeypatch, engine, **request)
     names = {spec[1] for spec in specs}
-    assert {"_rms_norm_kernel", "_build_tree_kernel", "_top_k_pass", "_argmax_chunk_kernel"} <= names, names
+    assert {"_rms_norm_kernel", "_build_tree_kernel", "_tree_rows_kernel", "_top_k_pass",
+            "_argmax_chunk_kernel"} <= names, names
+    if target_kind == "dense":
+        assert "_keys_kernel" in names, names
     if target_kind != "dense":
         assert {"_conv_rows_kernel", "_path_prep_kernel", "_path_solve_kernel", "_commit_kernel"} <= names, names
     ordered = sorted(specs, key=repr)
