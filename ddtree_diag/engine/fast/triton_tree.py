@@ -11,6 +11,9 @@ plain ones). A pop's next sibling takes the popped slot and its first child the 
 exact by construction: no proof pass and no host fallback. One program, a fixed grid and no host
 reads, so it is captured in the tree stage's CUDA graph like the rest.
 
+A second kernel (``write_tree_rows``) turns the built nodes into the verify's rows: the root, the
+nodes, empty padding rows and the ancestor mask, one program a row.
+
 Imported only where Triton is (``kernels.tree_kernel``); on CPU tensors it runs under Triton's
 interpreter (the tests).
 """
