@@ -109,6 +109,16 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def solver(monkeypatch):
+    """The Gated DeltaNet solve kernel on (CPU tensors too), its calls recorded: a list of the (row
+    count, max_path) it is called with (``tests.support.gdn_solve``, the ``test_engine_gdn_*``
+    modules)."""
+    from tests.support.gdn_solve import record_solves
+
+    return record_solves(monkeypatch)
+
+
 # ---------------------------------------------------------------------------------------------
 # Kind markers (see the module docstring)
 

@@ -17,16 +17,10 @@ from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.fast import kernels  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 from tests.support.engine_fixtures import PROMPTS  # noqa: E402
-from tests.support.gdn_solve import TOKENS, record_solves, solve_both  # noqa: E402
+from tests.support.gdn_solve import TOKENS, solve_both  # noqa: E402
 from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
 
 pytestmark = MARKS
-
-
-@pytest.fixture
-def solver(monkeypatch):
-    """The solve kernel on, its calls recorded (``record_solves``)."""
-    return record_solves(monkeypatch)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])

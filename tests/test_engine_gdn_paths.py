@@ -15,16 +15,10 @@ pytest.importorskip("triton")
 
 from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
-from tests.support.gdn_solve import CASES, random_parents, record_solves, solve_both  # noqa: E402
+from tests.support.gdn_solve import CASES, random_parents, solve_both  # noqa: E402
 from tests.support.kernel_tests import DEVICE, MARKS, record_calls  # noqa: E402
 
 pytestmark = MARKS
-
-
-@pytest.fixture
-def solver(monkeypatch):
-    """The solve kernel on, its calls recorded (``record_solves``)."""
-    return record_solves(monkeypatch)
 
 
 def test_the_path_solve_takes_paths_up_to_its_limit_and_the_blocked_solve_the_rest(solver, monkeypatch):

@@ -21,16 +21,10 @@ import torch.nn.functional as F  # noqa: E402
 from ddtree_diag.engine import gdn  # noqa: E402
 from ddtree_diag.engine.fast import kernels  # noqa: E402
 from ddtree_diag.engine.tree import ancestor_mask  # noqa: E402
-from tests.support.gdn_solve import CASES, record_solves, solve_both  # noqa: E402
+from tests.support.gdn_solve import CASES, solve_both  # noqa: E402
 from tests.support.kernel_tests import DEVICE, MARKS  # noqa: E402
 
 pytestmark = MARKS
-
-
-@pytest.fixture
-def solver(monkeypatch):
-    """The solve kernel on, its calls recorded (``record_solves``)."""
-    return record_solves(monkeypatch)
 
 
 # one row: the one-row kernel whatever the method; a 130-row chain is past the path solve's limit

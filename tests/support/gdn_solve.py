@@ -18,7 +18,7 @@ TOKENS = 10  # per decode: every norm runs under the interpreter too, ~1 s a tok
 
 def record_solves(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int | None]]:
     """The solve kernel on (CPU tensors too) for a test; returns a list of the (row count,
-    max_path) it is called with (each test module's ``solver`` fixture)."""
+    max_path) it is called with (the ``solver`` fixture in conftest)."""
     turn_kernels_on(monkeypatch, "DDTREE_DIAG_GDN_KERNEL")
     module = kernels._triton_gdn()
     assert module is not None, "triton is installed but the solve kernel did not import"

@@ -209,9 +209,9 @@ def write_tree_rows(
     """Fill a verify's tree buffers (``tree``: ``tokens``, ``parents``, ``depths`` [rows] int64,
     ``valid`` [rows] bool, ``anc`` [rows, rows] bool) from the root token (a 1-element tensor) and
     the draft nodes (``tokens``, ``parents``, ``depths`` int64 and ``valid`` bool, [nodes], nodes <
-    rows; a node's parent is a row: 0 the root, i + 1 node i) in one launch: what the decoder's
-    torch ops write (the rows past the nodes empty, ``anc`` by ``tree.ancestors_from_parents``
-    over at most ``depth`` levels) in some 35 small kernels."""
+    rows; a node's parent is a row: 0 the root, i + 1 node i) in one launch: what
+    ``fast_tree.write_tree_rows`` writes in some 35 small torch kernels (``anc`` over at most
+    ``depth`` levels)."""
     rows, nodes = tree["tokens"].shape[0], tokens.shape[0]
     if nodes >= rows:
         raise ValueError(f"{nodes} draft nodes do not fit {rows} rows with the root")
