@@ -30,6 +30,7 @@ import torch
 from bench.graph_timing import device_bandwidth
 from ddtree_diag.engine.divergence import first_divergence
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig
+from ddtree_diag.engine.fast.ahead import start_workers
 from ddtree_diag.engine.generate import DECODE_PATHS, Engine
 from ddtree_diag.engine.target import TargetModel
 
@@ -92,6 +93,7 @@ def target_model(shape: str) -> torch.nn.Module:
 def build(shape: str, device: str, dtype: torch.dtype, block_size: int, draft_layers: int) -> Engine:
     hidden, layers, heads, kv_heads, head_dim, inter, vocab, _tied = SHAPES[shape]
     draft_heads, draft_kv_heads, draft_head_dim = DRAFT_HEADS.get(shape, (heads, kv_heads, head_dim))
+    start_workers(device, dtype)  # as load_engine does before the weights load (engine/fast/ahead.py)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build directly in the target dtype (8B in fp32 would not be cheap)
     try:
@@ -162,8 +164,9 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
             say(f"  (first request, budget {budget}: no compile-ahead pass: one ran for these stages before)")
         elif ahead:  # the kernels compiled in parallel before the stages ran (engine/fast/ahead.py)
             failed = f"; {ahead['error']}" if "error" in ahead else ""
+            where = f" in {ahead['compiled_in']}" if "compiled_in" in ahead else ""
             say(f"  (first request, budget {budget}: compiled ahead {ahead['kernels']} kernels of "
-                f"{ahead['launches']} launches in {ahead['seconds']:.1f} s{failed})")
+                f"{ahead['launches']} launches{where} in {ahead['seconds']:.1f} s{failed})")
         for stage, choice in first.extras.get("blas_choices", {}).items():  # measured at capture (graphs.Stage)
             if stage in blas_said:
                 continue

@@ -2,9 +2,10 @@
 compiling the kernels ahead (``engine/fast/ahead.py``).
 
 Each row is its own process (``bench.engine_speed``, fast path, a few tokens a budget): "cold"
-with a new empty ``TRITON_CACHE_DIR`` and ``DDTREE_DIAG_CACHE``; "warm" a second process on the
-directories the "cold, ahead" one left (Triton's compiled kernels, the compile markers). Seconds
-of the first request per budget (AR first), and what the compile-ahead pass did.
+with a new empty ``TRITON_CACHE_DIR`` and ``DDTREE_DIAG_CACHE``, compiling each kernel at its first
+launch, or ahead in threads, or ahead in the compile workers (the default on a cold cache); "warm"
+a second process on the directories the last cold one left (Triton's compiled kernels, the compile
+markers). Seconds of the first request per budget (AR first), and what the compile-ahead pass did.
 
     python -m bench.first_request [--shapes 8b,qwen3.6-27b] [--budgets 16,64]
 
@@ -22,18 +23,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-RUNS = (  # (row, compile ahead on, fresh directories)
-    ("cold, one kernel at a time", False, True),
-    ("cold, compiled ahead", True, True),
-    ("warm (second process)", True, False),
+RUNS = (  # (row, DDTREE_DIAG_COMPILE_AHEAD, fresh directories)
+    ("cold, one kernel at a time", "off", True),
+    ("cold, ahead in threads", "threads", True),
+    ("cold, ahead in processes", "on", True),
+    ("warm (second process)", "on", False),
 )
 
 
-def run_once(shape: str, budgets: str, ahead: bool, cache: Path, extra: list[str]) -> list[dict]:
+def run_once(shape: str, budgets: str, ahead: str, cache: Path, extra: list[str]) -> list[dict]:
     """One ``engine_speed`` process; its records (one per budget, AR first)."""
     with tempfile.TemporaryDirectory() as out:
         env = dict(os.environ, OUT=out, TRITON_CACHE_DIR=str(cache / "triton"), DDTREE_DIAG_CACHE=str(cache / "tool"))
-        env["DDTREE_DIAG_COMPILE_AHEAD"] = "on" if ahead else "off"
+        env["DDTREE_DIAG_COMPILE_AHEAD"] = ahead
         command = [
             sys.executable, "-m", "bench.engine_speed", "--shapes", shape, "--paths", "fast", "--no-profile",
             "--budgets", budgets, "--new-tokens", "16", *extra,
@@ -52,7 +54,8 @@ def describe(record: dict) -> str:
     if ahead.get("skipped"):
         return f"{record['first_request_s']:.1f} (pass skipped)"
     note = f"; {ahead['error']}" if ahead.get("error") else ""
-    return f"{record['first_request_s']:.1f} (pass {ahead['seconds']:.1f} s, {ahead['kernels']} kernels{note})"
+    where = f" in {ahead['compiled_in']}" if ahead.get("compiled_in") else ""
+    return f"{record['first_request_s']:.1f} (pass {ahead['seconds']:.1f} s, {ahead['kernels']} kernels{where}{note})"
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ is a GPU measurement (``bench.engine_speed``'s first-request column on a cold Tr
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E4
 from ddtree_diag.engine import load_engine  # noqa: E402
 from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
-from tests.support.kernel_tests import DEVICE, MARKS, turn_kernels_on  # noqa: E402
+from tests.support.kernel_tests import DEVICE, MARKS, needs_async_compile, turn_kernels_on  # noqa: E402
 
 pytestmark = MARKS
 
@@ -203,13 +204,6 @@ def test_a_launch_signature_says_what_triton_specializes_on():
         assert ahead.launch_signature(Kernel(), (fake[8:], fake[1:], *args[2:]), {"BLOCK": 16}) == signature
 
 
-def needs_async_compile() -> None:
-    import triton
-
-    if not hasattr(triton, "AsyncCompileMode"):
-        pytest.skip(f"triton {triton.__version__} has no AsyncCompileMode")
-
-
 def test_a_size_one_dims_stride_goes_to_kernels_as_zero():
     """Only index 0 of a size-1 dim is read, so its stride is free: 0 on a real and a fake tensor
     alike (their own strides may differ: a one-token reshape), other dims' strides as they are."""
@@ -259,27 +253,37 @@ def test_a_pass_that_compiled_its_kernels_is_not_run_again(monkeypatch, tmp_path
     assert report.error is None and not report.skipped and ran[-1] == "f"
 
 
+@pytest.mark.parametrize("where", ["threads", "processes"])
 @pytest.mark.parametrize(("hybrid", "temperature"), ((False, 0.0), (True, 0.8)), ids=("dense", "hybrid-sampled"))
-def test_after_a_real_pass_the_rounds_compile_nothing(kernels_on, tmp_path, monkeypatch, hybrid, temperature):
-    """On a GPU, the real pass (thread pool, ``AsyncCompileMode``): every kernel the request then
-    launches was compiled in it. Triton calls its JIT cache hook before each compile; after the
-    pass, no launch may call it."""
+def test_after_a_real_pass_the_rounds_compile_nothing(kernels_on, tmp_path, monkeypatch, hybrid, temperature, where):
+    """On a GPU, the real pass (a thread pool, ``AsyncCompileMode``; or the compile workers, whose
+    kernels the pass then loads here): every kernel the request then launches was compiled in it.
+    After the pass nothing is added to Triton's on-disk cache, and Triton does not call its JIT
+    cache hook (which it calls before each compile or load from that cache) for any launch."""
     if DEVICE != "cuda":
         pytest.skip("under the interpreter nothing compiles")
     needs_async_compile()
     from triton import knobs
 
     monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "cache"))  # no marker: the pass runs
+    triton_cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_cache))  # a cold cache: the pass compiles all
     if hybrid:
         target = fx.make_hybrid_target(tmp_path / "t", pattern="LLALLA")
         draft = fx.make_draft(tmp_path / "d", block_size=4, layer_ids=(1, 4), layers=1)
     else:
         target, draft = fx.make_target(tmp_path / "t"), fx.make_draft(tmp_path / "d", block_size=4)
+    ahead.stop_workers()
+    if where == "threads":
+        monkeypatch.setenv("DDTREE_DIAG_COMPILE_AHEAD", "threads")
     engine = load_engine(target, draft, device=DEVICE, dtype="bf16")
+    # on a cold cache, loading the engine started the workers (unless told to keep to threads)
+    assert (ahead._WORKERS.pool is not None) == (where == "processes")
     engine.use_path("fast")
     engine.decoder("fast").compile_ahead = True
     compiles: list[tuple[str, bool]] = []  # (kernel, inside the pass)
     in_pass = [False]
+    cached_after_pass: list[set[Path]] = []
     real_pass = ahead.compile_ahead
 
     def marked(*args, **kwargs):
@@ -288,6 +292,7 @@ def test_after_a_real_pass_the_rounds_compile_nothing(kernels_on, tmp_path, monk
             return real_pass(*args, **kwargs)
         finally:
             in_pass[0] = False
+            cached_after_pass.append(set(triton_cache.rglob("*")))
 
     def hook(*, fn, **_):
         compiles.append((fn.name, in_pass[0]))
@@ -295,13 +300,18 @@ def test_after_a_real_pass_the_rounds_compile_nothing(kernels_on, tmp_path, monk
 
     monkeypatch.setattr(ahead, "compile_ahead", marked)
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", hook)
-    # a prompt of its own length class and a budget no other test uses: new stages, a pass
-    result = engine.generate_ids(fx.PROMPTS[0] * 3, tree_budget=6, max_tokens=9, stop_token_ids=[],
-                                 temperature=temperature, seed=5)
+    try:
+        # a prompt of its own length class and a budget no other test uses: new stages, a pass
+        result = engine.generate_ids(fx.PROMPTS[0] * 3, tree_budget=6, max_tokens=9, stop_token_ids=[],
+                                     temperature=temperature, seed=5)
+    finally:
+        ahead.stop_workers()
     report = result.extras["compile_ahead"]
-    assert "error" not in report and report["kernels"] > 0, report
+    assert "error" not in report and report["kernels"] > 0 and report["compiled_in"] == where, report
+    added = set(triton_cache.rglob("*")) - cached_after_pass[-1]
+    assert not added, f"built after the pass: {sorted(path.name for path in added)}"
     after = [name for name, inside in compiles if not inside]
-    assert not after, f"compiled at their first launch, after the pass: {after}"
+    assert not after, f"compiled (or loaded from the disk cache) at their first launch, after the pass: {after}"
 
 
 def test_an_op_without_a_fake_kernel_abandons_the_pass_without_logging_a_traceback():

@@ -174,6 +174,11 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
     kwargs = hf_kwargs(gguf_name)
     config = target_config(directory, gguf_name)
     check_supported(config)
+    chosen = decode_path or os.environ.get("DDTREE_DIAG_DECODE")
+    if chosen in (None, "fast"):  # the path that compiles its kernels ahead; their workers start now
+        from ddtree_diag.engine.fast.ahead import start_workers
+
+        start_workers(torch_device, torch_dtype)
     try:
         model, loading = AutoModelForCausalLM.from_pretrained(
             directory, dtype=torch_dtype, output_loading_info=True, **kwargs
@@ -216,7 +221,6 @@ def _load(directory: Path, gguf_name: str | None, target: str | Path, draft: str
     )
     # An explicit path wins; else DDTREE_DIAG_DECODE=eager|fast|fast-nograph|fast-compile; else
     # the device's default (fast on CUDA, eager on CPU).
-    chosen = decode_path or os.environ.get("DDTREE_DIAG_DECODE")
     if chosen:
         try:
             engine.use_path(chosen)

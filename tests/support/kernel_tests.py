@@ -36,6 +36,14 @@ def skip_without_gpu() -> None:
         pytest.skip("compiled Triton kernels need CUDA")
 
 
+def needs_async_compile() -> None:
+    """Skip where this Triton cannot compile in a thread pool (the compile-ahead pass's threads)."""
+    import triton
+
+    if not hasattr(triton, "AsyncCompileMode"):
+        pytest.skip(f"triton {triton.__version__} has no AsyncCompileMode")
+
+
 def turn_kernels_on(monkeypatch: pytest.MonkeyPatch, *cleared: str, on: tuple[str, ...] = ()) -> None:
     """The fused kernels on for the test (CPU tensors too, under the interpreter): the per-kernel
     switches in ``cleared`` unset, those in ``on`` set to ``on``; skipped without a device."""

@@ -22,6 +22,19 @@ allow_non_fake_inputs=True)`` would run on real memory, the pass skips (``_RealW
 its result's shape is its target's. Attributes the stages set (a lazily moved table) are put back
 afterwards; a test checks every buffer of the decoder after a pass.
 
+In threads the compiles share the GIL (Triton's code generation is Python, and its compiler passes
+hold the GIL while they run): 16 threads got 2.6x over one, and the pass was most of a cold first
+request (2.5-2.9 s of 4-5 s on the 27B shape). So where compile workers run (``start_workers``,
+called as the weights start to load, while there is time to hide their torch import), each launch
+becomes a compile in a worker process instead: Triton's JIT hook hands over the launch's
+specialization (``JITFunction.preload``'s serialized form) in place of compiling it here; the
+worker builds it, and its launcher, into Triton's on-disk cache for the parent's GPU without
+touching a GPU itself (no CUDA context: ``_TargetOnly``). The real launches then load the kernels
+from that cache. Workers are started only where no pass has left a marker for this Triton cache
+and these kernels (a cold cache: a fresh machine or container, a new release), and stop after a
+while idle; elsewhere the pass runs in threads. ``DDTREE_DIAG_COMPILE_AHEAD=threads`` keeps it
+in threads.
+
 It is only ever a speed-up: a kernel the pass did not reach, or whose real arguments specialize
 otherwise, compiles at its first launch as before, and a pass that fails is reported and ignored.
 ``launch`` costs one context-variable read per launch outside a pass (launches inside CUDA graphs
@@ -30,14 +43,18 @@ are not Python calls at all).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import hashlib
+import importlib
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,17 +178,20 @@ def _stand_in_class() -> type:
 @dataclass
 class AheadReport:
     """What a ``compile_ahead`` pass did: Triton launches it saw, distinct kernels among them,
-    its wall time (the fake pass and every compile), and why it stopped early, if it did;
-    ``skipped``: no pass ran, one already had for these stages and this Triton cache."""
+    where they compiled ("processes" or "threads"), its wall time (the fake pass and every
+    compile), and why it stopped early, if it did; ``skipped``: no pass ran, one already had for
+    these stages and this Triton cache."""
 
     launches: int = 0
     kernels: int = 0
     seconds: float = 0.0
     error: str | None = None
     skipped: bool = False
+    compiled_in: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"launches": self.launches, "kernels": self.kernels, "seconds": round(self.seconds, 3)}
+        out |= {"compiled_in": self.compiled_in} if self.compiled_in else {}
         return out | ({"error": self.error} if self.error else {}) | ({"skipped": True} if self.skipped else {})
 
 
@@ -202,7 +222,8 @@ def compile_ahead(
     identity: str | None = None,
 ) -> AheadReport:
     """Compile the Triton kernels that ``stage_fns`` launch, in parallel, without running them (see
-    the module docstring). Returns what it did; it never raises (on any error the stages compile
+    the module docstring): in the compile workers where ``start_workers`` started them, else in
+    ``workers`` threads. Returns what it did; it never raises (on any error the stages compile
     their kernels at their first launch, as without it).
 
     ``identity``: what makes these stages' kernels (the caller's stage keys, model and dtype). A
@@ -220,18 +241,17 @@ def compile_ahead(
     except OSError:  # an unreadable cache: run the pass
         marker = None
     try:
-        import triton
-
-        mode_class = getattr(triton, "AsyncCompileMode", None)
-        if mode_class is None:
-            report.error = f"triton {triton.__version__} has no AsyncCompileMode"
-            return report
-        workers = workers or min(16, os.cpu_count() or 1)
-        recorder = _Pass(dry=True, warm=True)
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="triton-compile")
-        with pool, _with_launchers(mode_class)(pool):  # the mode's exit waits for every compile
-            _fake_pass(stage_fns, keep, recorder)
-        report.launches, report.kernels = len(recorder.launches), len(set(recorder.launches))
+        pool = _WORKERS.take()
+        if pool is not None:
+            try:
+                _compile_in_processes(stage_fns, keep, pool, report)
+            except BrokenExecutor:  # a worker died: later passes run in threads
+                _WORKERS.stop()
+                raise
+            finally:
+                _WORKERS.release()
+        else:
+            _compile_in_threads(stage_fns, keep, workers or min(16, os.cpu_count() or 1), report)
     except Exception as exc:  # only ever a speed-up: the real run compiles what is missing
         report.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
     finally:
@@ -245,18 +265,277 @@ def compile_ahead(
     return report
 
 
+def _compile_in_threads(stage_fns: Iterable[Callable[[], None]], keep: Iterable[object], workers: int,
+                        report: AheadReport) -> None:
+    """The pass with each launch's compile in a thread pool (Triton's ``AsyncCompileMode``)."""
+    import triton
+
+    mode_class = getattr(triton, "AsyncCompileMode", None)
+    if mode_class is None:
+        report.error = f"triton {triton.__version__} has no AsyncCompileMode"
+        return
+    recorder = _Pass(dry=True, warm=True)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="triton-compile")
+    with pool, _with_launchers(mode_class)(pool):  # the mode's exit waits for every compile
+        _fake_pass(stage_fns, keep, recorder)
+    report.launches, report.kernels = len(recorder.launches), len(set(recorder.launches))
+    report.compiled_in = "threads"
+
+
+def _compile_in_processes(stage_fns: Iterable[Callable[[], None]], keep: Iterable[object],
+                          pool: ProcessPoolExecutor, report: AheadReport) -> None:
+    """The pass with each launch's compile sent to a worker process: Triton's JIT cache hook, which
+    it calls before each compile, gets the launch's serialized specialization, submits it and
+    tells Triton not to compile here. Waits for every compile and loads each kernel; the first
+    failure is the error."""
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    target = driver.active.get_current_target()
+    job = _Job(
+        target=(target.backend, target.arch, target.warp_size),
+        # what Triton's cache keys and compiler read from the environment, as it is here now
+        environment={name: value for name, value in os.environ.items() if name.startswith("TRITON_")}
+        | {"TRITON_CACHE_DIR": _triton_cache_dir()},
+    )
+    compiles: dict[Future, tuple[Any, str]] = {}  # -> (the kernel, its specialization)
+    submitted: set[str] = set()
+
+    def hand_over(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool:
+        specialization = compile["specialization_data"]
+        if specialization not in submitted:
+            submitted.add(specialization)
+            future = pool.submit(_compile_in_worker, job, fn.module, fn.name, specialization)
+            compiles[future] = (fn.jit_function, specialization)
+        return True  # compiled: not here
+
+    recorder = _Pass(dry=True, warm=True)
+    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hand_over
+    try:
+        _fake_pass(stage_fns, keep, recorder)
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+        # As each compile ends, its kernel is loaded here from Triton's cache into the kernel's
+        # own (as the threads' compiles are): the first real launch then finds it in memory.
+        failures = []
+        for future in as_completed(compiles):
+            failures.append(_failure(future))
+            if failures[-1] is None:
+                kernel, specialization = compiles[future]
+                with contextlib.suppress(Exception):  # else it loads (or compiles) at its first launch
+                    kernel.preload(specialization)
+    report.launches, report.kernels = len(recorder.launches), len(set(recorder.launches))
+    report.compiled_in = "processes"
+    report.error = next((failure for failure in failures if failure), None)
+
+
+def _failure(future: Future) -> str | None:
+    try:
+        return future.result()
+    except BrokenExecutor:
+        raise
+    except Exception as exc:  # a job that did not pickle, say
+        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+# ---- compile workers --------------------------------------------------------------------------
+
+WORKERS_IDLE_S = 120.0  # workers unused this long stop (a later pass runs in threads)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a worker needs besides the launch: the parent's GPU target and Triton environment."""
+
+    target: tuple[str, int, int]
+    environment: dict[str, str]
+
+
+class _TargetOnly:
+    """The Triton driver a compile worker makes active: device 0 of the parent's GPU target. It is
+    all ``JITFunction.preload`` and ``triton.compile`` ask of a driver, and the worker builds
+    kernels for that GPU without initialising CUDA (no context, no device memory)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def set_current_device(self, device: int) -> None:
+        pass
+
+    def get_current_stream(self, device: int) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+
+def _worker_started() -> None:
+    """A compile worker's initializer: the imports every job needs, done before the first job."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    import triton.compiler  # noqa: F401
+
+    for path in sorted(Path(__file__).parent.glob("triton_*.py")):  # the modules that define kernels
+        importlib.import_module(f"{__package__}.{path.stem}")
+
+
+def _compile_in_worker(job: _Job, module: str, name: str, specialization: str) -> str | None:
+    """In a worker: compile one launch (``JITFunction.preload`` of its serialized specialization)
+    into Triton's on-disk cache, with its launcher. None, or what went wrong."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    for variable in [variable for variable in os.environ if variable.startswith("TRITON_")]:
+        if variable not in job.environment:
+            del os.environ[variable]
+    os.environ.update(job.environment)
+    driver.set_active(_TargetOnly(GPUTarget(*job.target)))
+    try:
+        kernel: Any = importlib.import_module(module)
+        for part in name.split("."):
+            kernel = getattr(kernel, part)
+        compiled = kernel.preload(specialization)
+    except Exception as exc:
+        return f"{name}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    # the launcher's C module (Triton builds it with gcc, cached on disk) where Triton has one;
+    # else Triton builds it at the first launch
+    with contextlib.suppress(Exception):
+        _launcher_class(job.target[0])(compiled.src, compiled.metadata)
+    return None
+
+
+@functools.cache
+def _launcher_class(backend: str) -> Any:
+    from triton.backends import backends
+
+    return backends[backend].driver().launcher_cls
+
+
+class _Workers:
+    """The compile worker processes of this process: started by ``start``, taken by one pass at a
+    time, stopped after ``WORKERS_IDLE_S`` unused."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pool: ProcessPoolExecutor | None = None
+        self.busy = False
+        self.timer: threading.Timer | None = None
+
+    def start(self, workers: int) -> bool:
+        import multiprocessing
+
+        with self.lock:
+            if self.pool is not None:
+                return True
+            # spawned, not forked: the parent may have CUDA initialised, which a fork cannot keep
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_worker_started)
+            ignore = threading.current_thread() is threading.main_thread()
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+            try:  # one no-op job per worker starts them all now (a spawned child keeps SIGINT ignored)
+                for _ in range(workers):
+                    pool.submit(time.sleep, 0.05)
+            finally:
+                if ignore:
+                    signal.signal(signal.SIGINT, previous)
+            self.pool = pool
+            self._arm()
+            return True
+
+    def take(self) -> ProcessPoolExecutor | None:
+        with self.lock:
+            if self.pool is None or self.busy:
+                return None
+            self.busy = True
+            if self.timer is not None:
+                self.timer.cancel()
+            return self.pool
+
+    def release(self) -> None:
+        with self.lock:
+            self.busy = False
+            self._arm()
+
+    def stop(self) -> None:
+        with self.lock:
+            pool, self.pool = self.pool, None
+            if self.timer is not None:
+                self.timer.cancel()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _arm(self) -> None:
+        if self.pool is None:
+            return
+        self.timer = threading.Timer(WORKERS_IDLE_S, self._stop_if_idle)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _stop_if_idle(self) -> None:
+        if not self.busy:
+            self.stop()
+
+
+_WORKERS = _Workers()
+
+
+def start_workers(device: Any, dtype: Any, workers: int | None = None) -> bool:
+    """Start the compile workers (in the background; returns at once) where a pass will likely
+    need them: a CUDA device, the fused kernels on for ``dtype``, compiling ahead in processes not
+    switched off, and no pass marker yet for this Triton cache and these kernels (a cold cache).
+    Call it as the weights start to load: a worker's imports (torch, Triton) take seconds, hidden
+    there. Whether they started; never raises."""
+    try:
+        setting = os.environ.get("DDTREE_DIAG_COMPILE_AHEAD", "").strip().lower()
+        if setting in ("off", "threads") or torch.device(device).type != "cuda":
+            return False
+        from ddtree_diag.engine.fast import kernels
+
+        if not kernels.active(torch.device(device), dtype) or _markers_present():
+            return False
+        return _WORKERS.start(workers or min(16, os.cpu_count() or 1))
+    except Exception:  # only ever a speed-up
+        return False
+
+
+def stop_workers() -> None:
+    """Stop the compile workers now, if any run."""
+    _WORKERS.stop()
+
+
 def _marker(identity: str) -> Path | None:
     """The marker file of a pass over ``identity``'s kernels, or None where the parts of its key
     cannot be read (no marker: the pass always runs)."""
+    directory = _markers_dir()
+    if directory is None:
+        return None
+    return directory / hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def _markers_dir() -> Path | None:
+    """Where the markers of passes over this Triton (version, cache directory) and these kernels'
+    sources go, None where that cannot be told."""
     try:
         import triton
 
         from ddtree_diag.engine.embedded import cache_root
 
-        key = repr((identity, triton.__version__, _triton_cache_dir(), _kernel_sources_digest()))
+        key = repr((triton.__version__, _triton_cache_dir(), _kernel_sources_digest()))
     except Exception:
         return None
     return cache_root() / "compile-ahead" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _markers_present() -> bool:
+    """Whether any pass has compiled kernels of this source into this Triton cache (a warm cache:
+    later passes there are mostly skipped, and compile few kernels where they run)."""
+    directory = _markers_dir()
+    try:
+        return directory is None or any(directory.iterdir())
+    except OSError:  # none yet (or unreadable)
+        return False
 
 
 def _triton_cache_dir() -> str:

@@ -34,7 +34,8 @@ functions run eagerly, which is what the CPU tests exercise. ``torch_compile`` (
 ``fast-compile`` decode path) additionally compiles the decoder-layer halves and the tree build;
 the CPU tests run that too. Before the captures, the Triton kernels of the request's new stages
 are compiled in parallel (``ahead.compile_ahead``: the stages and the prefill run once on fake
-tensors), so a cold Triton cache costs about the slowest compile, not their sum. On CUDA the
+tensors, each launch a compile in a worker process or a thread), so a cold Triton cache costs
+about the slowest compile, not their sum. On CUDA the
 engine stores the weights transposed at load (``layers.store_models_column_major``: cuBLAS reads
 them faster at a verify's few rows), and the fused tensors here are stored so too.
 
