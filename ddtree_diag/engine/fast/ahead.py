@@ -29,8 +29,8 @@ called as the weights start to load, while there is time to hide their torch imp
 becomes a compile in a worker process instead: Triton's JIT hook hands over the launch's
 specialization (``JITFunction.preload``'s serialized form) in place of compiling it here; the
 worker builds it, and its launcher, into Triton's on-disk cache for the parent's GPU without
-touching a GPU itself (no CUDA context: ``_TargetOnly``). The real launches then load the kernels
-from that cache. Workers are started only where no pass has left a marker for this Triton cache
+touching a GPU itself (no CUDA context: ``_TargetOnly``). As each compile ends, the pass loads
+the kernel back from that cache, so the real launches find it in memory, as after threads. Workers are started only where no pass has left a marker for this Triton cache
 and these kernels (a cold cache: a fresh machine or container, a new release), and stop after a
 while idle; elsewhere the pass runs in threads. ``DDTREE_DIAG_COMPILE_AHEAD=threads`` keeps it
 in threads.
