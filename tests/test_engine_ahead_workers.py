@@ -63,6 +63,25 @@ def test_workers_do_not_start_on_a_warm_cache_and_stop_when_idle(worker_run):
     assert worker_run["stopped_when_idle"] is True
 
 
+@pytest.mark.e2e
+def test_workers_do_not_run_the_parents_script_again(tmp_path):
+    """A spawned child imports its parent's main module first; a script that loads its model at
+    the top level, unguarded, would load it again in every worker. The workers start without it."""
+    runs, script = tmp_path / "runs.txt", tmp_path / "unguarded.py"
+    script.write_text(
+        f"with open({str(runs)!r}, 'a') as out:\n"
+        "    out.write('ran\\n')\n"
+        "from ddtree_diag.engine.fast import ahead\n"
+        "ahead._WORKERS.start(1)\n"
+        "assert ahead._WORKERS.pool.submit(sum, [1, 2]).result(timeout=600) == 3\n"
+        "ahead.stop_workers()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-3:]
+    assert runs.read_text() == "ran\n"
+
+
 @pytest.mark.parametrize(
     ("device", "dtype", "setting", "markers", "expected"),
     [

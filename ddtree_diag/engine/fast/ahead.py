@@ -30,10 +30,10 @@ becomes a compile in a worker process instead: Triton's JIT hook hands over the 
 specialization (``JITFunction.preload``'s serialized form) in place of compiling it here; the
 worker builds it, and its launcher, into Triton's on-disk cache for the parent's GPU without
 touching a GPU itself (no CUDA context: ``_TargetOnly``). As each compile ends, the pass loads
-the kernel back from that cache, so the real launches find it in memory, as after threads. Workers are started only where no pass has left a marker for this Triton cache
-and these kernels (a cold cache: a fresh machine or container, a new release), and stop after a
-while idle; elsewhere the pass runs in threads. ``DDTREE_DIAG_COMPILE_AHEAD=threads`` keeps it
-in threads.
+the kernel back from that cache, so the real launches find it in memory, as after threads.
+Workers are started only where no pass has left a marker for this Triton cache and these kernels
+(a cold cache: a fresh machine or container, a new release), and stop after a while idle;
+elsewhere the pass runs in threads. ``DDTREE_DIAG_COMPILE_AHEAD=threads`` keeps it in threads.
 
 It is only ever a speed-up: a kernel the pass did not reach, or whose real arguments specialize
 otherwise, compiles at its first launch as before, and a pass that fails is reported and ignored.
@@ -51,9 +51,11 @@ import importlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -435,8 +437,9 @@ class _Workers:
             ignore = threading.current_thread() is threading.main_thread()
             previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
             try:  # one no-op job per worker starts them all now (a spawned child keeps SIGINT ignored)
-                for _ in range(workers):
-                    pool.submit(time.sleep, 0.05)
+                with _main_module_hidden():
+                    for _ in range(workers):
+                        pool.submit(time.sleep, 0.05)
             finally:
                 if ignore:
                     signal.signal(signal.SIGINT, previous)
@@ -476,6 +479,20 @@ class _Workers:
     def _stop_if_idle(self) -> None:
         if not self.busy:
             self.stop()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """While workers spawn: a spawned child imports the parent's main module first (a script's
+    unguarded top level would run again in every worker: a script that loads a model would load
+    it sixteen times). The workers need nothing of it, so the children are told of none."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 _WORKERS = _Workers()
