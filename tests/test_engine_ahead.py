@@ -279,6 +279,8 @@ def test_after_a_real_pass_the_rounds_compile_nothing(kernels_on, tmp_path, monk
     engine = load_engine(target, draft, device=DEVICE, dtype="bf16")
     # on a cold cache, loading the engine started the workers (unless told to keep to threads)
     assert (ahead._WORKERS.pool is not None) == (where == "processes")
+    for started in ahead._WORKERS.ready:  # a pass takes them once they have started
+        started.result()
     engine.use_path("fast")
     engine.decoder("fast").compile_ahead = True
     compiles: list[tuple[str, bool]] = []  # (kernel, inside the pass)

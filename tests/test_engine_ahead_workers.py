@@ -108,6 +108,19 @@ def test_workers_start_only_where_a_pass_will_need_them(monkeypatch, device, dty
     assert started == ([3] if expected else [])
 
 
+def test_a_pass_takes_the_workers_only_once_they_have_started():
+    """Workers still importing would keep a pass waiting: it runs in threads instead."""
+    from concurrent.futures import Future
+
+    workers, started = ahead._Workers(), Future()
+    workers.pool, workers.ready = object(), [started]
+    assert workers.take() is None
+    started.set_result(None)
+    assert workers.take() is workers.pool
+    assert workers.take() is None  # one pass at a time
+    workers.busy = False
+
+
 def test_markers_say_whether_a_pass_compiled_into_this_cache(monkeypatch, tmp_path):
     needs_async_compile()
     monkeypatch.setenv("DDTREE_DIAG_CACHE", str(tmp_path / "tool"))
@@ -155,6 +168,8 @@ def test_on_a_gpu_the_workers_compile_without_a_cuda_context(monkeypatch, tmp_pa
     ahead.stop_workers()
     assert ahead.start_workers("cuda", torch.bfloat16, workers=2)
     try:
+        for started in ahead._WORKERS.ready:
+            started.result()
         with torch.device("cuda"):
             report = ahead.compile_ahead([launches(torch.bfloat16)])
         assert report.error is None and report.compiled_in == "processes" and report.kernels == 3, report

@@ -53,6 +53,8 @@ def main() -> None:
     driver.set_active(ahead._TargetOnly(GPUTarget("cuda", 90, 32)))
     out: dict = {"started": ahead.start_workers("cuda", torch.bfloat16, workers=2)}
     out["started_again"] = ahead.start_workers("cuda", torch.bfloat16, workers=2)  # the same workers
+    for started in ahead._WORKERS.ready:  # (a pass takes them once they have started)
+        started.result()
     report = ahead.compile_ahead([launches(torch.bfloat16)], identity="bf16 stages")
     out["processes"] = report.as_dict()
     # one build of each kernel, the workers': were the key this process computes another, its

@@ -422,6 +422,7 @@ class _Workers:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pool: ProcessPoolExecutor | None = None
+        self.ready: list[Future] = []  # each worker's first (no-op) job: done once it has started
         self.busy = False
         self.timer: threading.Timer | None = None
 
@@ -438,8 +439,7 @@ class _Workers:
             previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
             try:  # one no-op job per worker starts them all now (a spawned child keeps SIGINT ignored)
                 with _main_module_hidden():
-                    for _ in range(workers):
-                        pool.submit(time.sleep, 0.05)
+                    self.ready = [pool.submit(time.sleep, 0.05) for _ in range(workers)]
             finally:
                 if ignore:
                     signal.signal(signal.SIGINT, previous)
@@ -448,8 +448,10 @@ class _Workers:
             return True
 
     def take(self) -> ProcessPoolExecutor | None:
+        """The workers for one pass, None where none run, another pass has them, or they are
+        still starting (their imports: then threads compile sooner than they would)."""
         with self.lock:
-            if self.pool is None or self.busy:
+            if self.pool is None or self.busy or not all(future.done() for future in self.ready):
                 return None
             self.busy = True
             if self.timer is not None:
@@ -463,7 +465,7 @@ class _Workers:
 
     def stop(self) -> None:
         with self.lock:
-            pool, self.pool = self.pool, None
+            pool, self.pool, self.ready = self.pool, None, []
             if self.timer is not None:
                 self.timer.cancel()
         if pool is not None:
