@@ -422,7 +422,7 @@ class _Workers:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pool: ProcessPoolExecutor | None = None
-        self.ready: list[Future] = []  # each worker's first (no-op) job: done once it has started
+        self.ready: list[Future] = []  # the workers' first jobs (see start)
         self.busy = False
         self.timer: threading.Timer | None = None
 
@@ -437,9 +437,12 @@ class _Workers:
                                        initializer=_worker_started)
             ignore = threading.current_thread() is threading.main_thread()
             previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
-            try:  # one no-op job per worker starts them all now (a spawned child keeps SIGINT ignored)
+            # One job per worker starts them all now (a spawned child keeps SIGINT ignored). Each
+            # takes half a second, so that the first worker up cannot run them all before the rest
+            # have started: once all are done, most workers are ready.
+            try:
                 with _main_module_hidden():
-                    self.ready = [pool.submit(time.sleep, 0.05) for _ in range(workers)]
+                    self.ready = [pool.submit(time.sleep, 0.5) for _ in range(workers)]
             finally:
                 if ignore:
                     signal.signal(signal.SIGINT, previous)
