@@ -27,10 +27,11 @@ HEALTHY_MAX_TTFT_S = 30.0
 SLOW_SECONDS_PER_TOKEN = 0.04
 SLOW_MIN_TOKENS_PER_SECOND = 50
 # gate --against: a known-good saved at 10× what the slow stand-in can reach must fail a slow run,
-# and a healthy run judged against its own saved report is given this tok/s drop (load may make
-# the second run slower, never ten times).
+# and a healthy run judged against its own saved report is allowed any tok/s drop: a stand-in's
+# few-token cases measure client tok/s over a millisecond or so, which the machine's load alone
+# moves by more than 10× (a CI run saw 8,896 → 619 tok/s). Its speed check is the slow run's.
 AGAINST_FAST_TOKENS_PER_SECOND = 10 / SLOW_SECONDS_PER_TOKEN
-AGAINST_SELF_TPS_TOLERANCE = 0.9
+AGAINST_SELF_TPS_TOLERANCE = 1.0
 # Building a 32k-token long-context prompt (filler text sized with a fake tokenizer): ~0.1 s.
 FILL_32K_MAX_S = 20.0
 # The load sweep's stand-in (tests/test_load_sweep.py): a speculative token takes 0.01 s, a budget-0
