@@ -255,7 +255,7 @@ def compile_ahead(
         else:
             _compile_in_threads(stage_fns, keep, workers or min(16, os.cpu_count() or 1), report)
     except Exception as exc:  # only ever a speed-up: the real run compiles what is missing
-        report.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        report.error = _described(exc)
     finally:
         report.seconds = time.perf_counter() - started
     if marker is not None and report.error is None:
@@ -331,13 +331,18 @@ def _compile_in_processes(stage_fns: Iterable[Callable[[], None]], keep: Iterabl
     report.error = next((failure for failure in failures if failure), None)
 
 
+def _described(exc: BaseException) -> str:
+    """An error as a report says it: its type and its message's first line."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
 def _failure(future: Future) -> str | None:
     try:
         return future.result()
     except BrokenExecutor:
         raise
     except Exception as exc:  # a job that did not pickle, say
-        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        return _described(exc)
 
 
 # ---- compile workers --------------------------------------------------------------------------
@@ -400,7 +405,7 @@ def _compile_in_worker(job: _Job, module: str, name: str, specialization: str) -
             kernel = getattr(kernel, part)
         compiled = kernel.preload(specialization)
     except Exception as exc:
-        return f"{name}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        return f"{name}: {_described(exc)}"
     # the launcher's C module (Triton builds it with gcc, cached on disk) where Triton has one;
     # else Triton builds it at the first launch
     with contextlib.suppress(Exception):
