@@ -110,6 +110,17 @@ def one_thread():
 
 
 @pytest.fixture
+def no_compile_workers():
+    """No compile workers before or after the test: a pass takes them where they run, so one test's
+    (real ones start on a GPU) would change where the next one's pass compiles."""
+    from ddtree_diag.engine.fast import ahead
+
+    ahead.stop_workers()
+    yield
+    ahead.stop_workers()
+
+
+@pytest.fixture
 def solver(monkeypatch):
     """The Gated DeltaNet solve kernel on (CPU tensors too), its calls recorded: a list of the (row
     count, max_path) it is called with (``tests.support.gdn_solve``, the ``test_engine_gdn_*``

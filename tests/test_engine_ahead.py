@@ -26,7 +26,7 @@ from ddtree_diag.engine.fast import ahead, kernels  # noqa: E402
 from tests.support import engine_fixtures as fx  # noqa: E402
 from tests.support.kernel_tests import DEVICE, MARKS, needs_async_compile, turn_kernels_on  # noqa: E402
 
-pytestmark = MARKS
+pytestmark = [*MARKS, pytest.mark.usefixtures("no_compile_workers")]
 
 
 @pytest.fixture

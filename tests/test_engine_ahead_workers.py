@@ -26,6 +26,7 @@ from ddtree_diag.engine.fast import ahead  # noqa: E402
 from tests.support.kernel_tests import needs_async_compile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("no_compile_workers")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_workers_build_the_passs_kernels_under_the_keys_this_process_computes(wo
     assert report.get("error") is None, report
     assert report["compiled_in"] == "processes" and report["kernels"] == 3
     # each kernel built once, by a worker: this process loaded it from the cache, not built it again
-    assert worker_run["cubins"] == ["_argmax_chunk_kernel", "_argmax_merge_kernel", "_rms_norm_kernel"]
+    assert worker_run["cubins"] == ["_argmax_chunk_kernel", "_argmax_merge_kernel", "_rms_norm_kernel"], worker_run
     # after the pass the kernels are in this process's memory: the same launches compile nothing
     assert worker_run["threads_same"]["compiled_in"] == "threads"
     assert worker_run["compiled_again"] == []
@@ -106,6 +107,20 @@ def test_workers_start_only_where_a_pass_will_need_them(monkeypatch, device, dty
         monkeypatch.setenv("DDTREE_DIAG_COMPILE_AHEAD", setting)
     assert ahead.start_workers(device, dtype, workers=3) is expected
     assert started == ([3] if expected else [])
+
+
+def test_a_worker_finds_the_launcher_of_the_backend_that_compiles_for_the_target():
+    """A worker builds each kernel's launcher (with Triton 3.6, a C module gcc builds) where the
+    parent would otherwise build it at the first launch, one after another. Targets name the
+    platform (``cuda``, ``hip``), Triton's backends the vendor (``nvidia``, ``amd``)."""
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+
+    assert ahead._driver_class(GPUTarget("cuda", 90, 32)) is backends["nvidia"].driver
+    if "amd" in backends:
+        assert ahead._driver_class(GPUTarget("hip", "gfx942", 64)) is backends["amd"].driver
+    with pytest.raises(RuntimeError, match="0 Triton backends"):
+        ahead._driver_class(GPUTarget("metal", 1, 32))
 
 
 def test_a_pass_takes_the_workers_only_once_they_have_started():

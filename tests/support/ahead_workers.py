@@ -27,6 +27,19 @@ def cache_entries() -> set[str]:
     return {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()} if root.exists() else set()
 
 
+def builds_differ_in() -> dict[str, list[str]]:
+    """For a kernel built more than once: the metadata fields in which its builds differ (what made
+    the parent's cache key another than a worker's)."""
+    root, builds = Path(os.environ["TRITON_CACHE_DIR"]), {}
+    for path in root.rglob("*.json") if root.exists() else ():
+        if not path.name.startswith("__grp__") and path.with_suffix(".cubin").exists():
+            builds.setdefault(path.stem, []).append(json.loads(path.read_text()))
+    return {
+        name: sorted(key for key in set().union(*metadata) if len({json.dumps(m.get(key)) for m in metadata}) > 1)
+        for name, metadata in builds.items() if len(metadata) > 1
+    }
+
+
 def launches(dtype: torch.dtype):
     """A stage function: a split argmax (two kernels) and an RMSNorm over ``dtype`` rows (made
     inside the pass: fake tensors)."""
@@ -60,6 +73,7 @@ def main() -> None:
     # one build of each kernel, the workers': were the key this process computes another, its
     # load after the pass would have built each again
     out["cubins"] = sorted(Path(name).stem for name in cache_entries() if name.endswith(".cubin"))
+    out["builds_differ_in"] = builds_differ_in()
 
     # The same launches again, in threads (the workers stopped): each kernel is already in this
     # process's memory, so Triton calls its JIT cache hook (before any compile) for none.

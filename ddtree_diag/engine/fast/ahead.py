@@ -407,17 +407,28 @@ def _compile_in_worker(job: _Job, module: str, name: str, specialization: str) -
     except Exception as exc:
         return f"{name}: {_described(exc)}"
     # the launcher's C module (Triton builds it with gcc, cached on disk) where Triton has one;
-    # else Triton builds it at the first launch
+    # else Triton builds it at the first launch, in the parent, one kernel after another
     with contextlib.suppress(Exception):
-        _launcher_class(job.target[0])(compiled.src, compiled.metadata)
+        _launcher_class(GPUTarget(*job.target))(compiled.src, compiled.metadata)
     return None
 
 
-@functools.cache
-def _launcher_class(backend: str) -> Any:
+def _driver_class(target: Any) -> type:
+    """The Triton driver class of the backend that compiles for ``target``. Backends are named
+    ``nvidia`` / ``amd`` where targets say ``cuda`` / ``hip``: Triton matches them by asking each
+    backend's compiler, as ``triton.compiler.make_backend`` does."""
     from triton.backends import backends
 
-    return backends[backend].driver().launcher_cls
+    matching = [backend.driver for backend in backends.values() if backend.compiler.supports_target(target)]
+    if len(matching) != 1:
+        raise RuntimeError(f"{len(matching)} Triton backends compile for {target}")
+    return matching[0]
+
+
+@functools.cache
+def _launcher_class(target: Any) -> Any:
+    # an instance, not the class, holds it; building one loads Triton's CUDA utilities, no context
+    return _driver_class(target)().launcher_cls
 
 
 class _Workers:
