@@ -7,7 +7,7 @@ launch, or ahead in threads, or ahead in the compile workers (the default on a c
 a second process on the directories the last cold one left (Triton's compiled kernels, the compile
 markers). Seconds of the first request per budget (AR first), and what the compile-ahead pass did.
 
-    python -m bench.first_request [--shapes 8b,qwen3.6-27b] [--budgets 16,64]
+    python -m bench.first_request [--shapes 8b,qwen3.6-27b] [--budgets 16,64] [--rows threads,processes]
 
 Without CUDA it runs the small CPU shape, where no kernel compiles and no pass runs: a smoke run of
 the bench itself.
@@ -23,12 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-RUNS = (  # (row, DDTREE_DIAG_COMPILE_AHEAD, fresh directories)
-    ("cold, one kernel at a time", "off", True),
-    ("cold, ahead in threads", "threads", True),
-    ("cold, ahead in processes", "on", True),
-    ("warm (second process)", "on", False),
-)
+RUNS = {  # name: (row, DDTREE_DIAG_COMPILE_AHEAD, fresh directories)
+    "off": ("cold, one kernel at a time", "off", True),
+    "threads": ("cold, ahead in threads", "threads", True),
+    "processes": ("cold, ahead in processes", "on", True),
+    "warm": ("warm (second process)", "on", False),
+}
 
 
 def run_once(shape: str, budgets: str, ahead: str, cache: Path, extra: list[str]) -> list[dict]:
@@ -62,7 +62,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=None, help="comma list (default 8b,qwen3.6-27b; small without CUDA)")
     parser.add_argument("--budgets", default="16,64")
+    parser.add_argument("--rows", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)} (in this order)")
     args = parser.parse_args()
+    if unknown := set(args.rows.split(",")) - set(RUNS):
+        parser.error(f"unknown rows: {', '.join(sorted(unknown))} (rows: {', '.join(RUNS)})")
     import torch
 
     cuda = torch.cuda.is_available()
@@ -74,7 +77,8 @@ def main() -> int:
     for shape in shapes:
         with tempfile.TemporaryDirectory() as scratch:
             cache = Path(scratch)
-            for row, ahead, fresh in RUNS:
+            for name in args.rows.split(","):
+                row, ahead, fresh = RUNS[name]
                 if fresh:
                     cache = Path(tempfile.mkdtemp(dir=scratch))
                 records = run_once(shape, args.budgets, ahead, cache, extra)

@@ -123,6 +123,30 @@ def test_a_worker_finds_the_launcher_of_the_backend_that_compiles_for_the_target
         ahead._driver_class(GPUTarget("metal", 1, 32))
 
 
+def _cache_keys(first: str, *flags: str) -> dict:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "tests.support.cache_keys", first, *flags], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-3:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.e2e
+def test_a_kernels_cache_key_does_not_depend_on_what_a_process_touched_first():
+    """The parent and each worker must find a kernel under one key. Triton before 3.9 let a
+    kernel's key depend on whether its helpers' keys were computed before it (emulated here with
+    ``--merge-first``, so the check holds on any Triton): the kernel modules settle every key,
+    helpers first, as they are imported."""
+    kernel_first = _cache_keys("_argmax_chunk_kernel,_first_max", "--merge-first")
+    helper_first = _cache_keys("_first_max,_argmax_chunk_kernel", "--merge-first")
+    assert kernel_first["keys"] == helper_first["keys"]
+    assert len(kernel_first["keys"]) > 20  # every kernel module's functions, keyed
+    assert kernel_first["keys"] == _cache_keys("")["keys"]  # and the keys Triton's own order gives
+    settled = kernel_first["settled"]
+    assert settled.index("_first_max") < settled.index("_argmax_chunk_kernel")
+    assert settled.index("_first_max") < settled.index("_argmax_merge_kernel")
+
+
 def test_a_pass_takes_the_workers_only_once_they_have_started():
     """Workers still importing would keep a pass waiting: it runs in threads instead."""
     from concurrent.futures import Future
@@ -170,6 +194,7 @@ def test_loading_an_engine_starts_the_workers_before_the_weights(monkeypatch, tm
     assert asked == ([("cpu", torch.float32)] if starts else [])
 
 
+@pytest.mark.e2e
 def test_on_a_gpu_the_workers_compile_without_a_cuda_context(monkeypatch, tmp_path):
     """A worker builds for the parent's GPU from its target alone: after compiling, none holds a
     CUDA context (each would cost hundreds of MiB of device memory)."""

@@ -331,6 +331,63 @@ def _compile_in_processes(stage_fns: Iterable[Callable[[], None]], keep: Iterabl
     report.error = next((failure for failure in failures if failure), None)
 
 
+def settle_cache_keys(namespace: dict[str, Any]) -> list[Any]:
+    """Compute the cache key of every Triton JIT function a kernel module defines (its
+    ``globals()``, at the end of its import) now, each after
+    those of the JIT functions it calls; returns them in that order. Triton before 3.9 merges a
+    callee's global constants into its caller's key before it computes the callee's key, so a
+    kernel whose helper's key was not yet computed gets another key than one whose was: which one
+    depended on the order in which a process first touched them. The parent and a compile worker
+    then looked for the same kernel under two keys (on the H100, the split argmax's chunk kernel
+    was built twice), and a warm process could miss what a cold one cached. Callee first is the
+    order Triton 3.9 itself keeps. Never raises: a key left out is computed at its first launch."""
+    from triton.runtime.jit import JITFunction
+
+    settled: list[Any] = []
+    seen: set[int] = set()
+
+    def settle(fn: Any) -> None:
+        if id(fn) in seen:
+            return
+        seen.add(id(fn))
+        for callee in _jit_callees(fn, JITFunction):
+            settle(callee)
+        fn.cache_key  # noqa: B018 - the property computes and keeps the key
+        settled.append(fn)
+
+    for value in list(namespace.values()):
+        if isinstance(value, JITFunction) and value.fn.__module__ == namespace["__name__"]:
+            with contextlib.suppress(Exception):
+                settle(value)
+    return settled
+
+
+def _jit_callees(fn: Any, jit_class: type) -> list[Any]:
+    """The JIT functions ``fn``'s source names: a global (``helper``) or an attribute of one
+    (``module.helper``, ``tl.max``), in source order."""
+    import ast
+
+    callees = []
+    for node in ast.walk(fn.parse()):
+        if isinstance(node, ast.Attribute):
+            path, base = [], node
+            while isinstance(base, ast.Attribute):
+                path.append(base.attr)
+                base = base.value
+            if not isinstance(base, ast.Name):
+                continue
+            value = fn.__globals__.get(base.id)
+            for name in reversed(path):
+                value = getattr(value, name, None)
+        elif isinstance(node, ast.Name):
+            value = fn.__globals__.get(node.id)
+        else:
+            continue
+        if isinstance(value, jit_class) and value is not fn:
+            callees.append(value)
+    return callees
+
+
 def _described(exc: BaseException) -> str:
     """An error as a report says it: its type and its message's first line."""
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"

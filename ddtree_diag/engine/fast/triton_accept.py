@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys
 
 
 @triton.jit
@@ -123,3 +123,6 @@ def accept(
         # the [depth, row] tile that gathers the path: ~64 values a thread (a budget of 1024 on 16 warps)
         HAS_DRAFT=has_draft, num_warps=min(16, max(4, block_rows // 128)),
     )
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys
 
 # above every index (vocab < 2**31: kernels.argmax_kernel checks); a constexpr, as Triton wants
 # module-level constants in kernels
@@ -106,3 +106,6 @@ def argmax(
         BLOCK=merge, num_warps=1 if merge <= 256 else 4,
     )
     return out
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)

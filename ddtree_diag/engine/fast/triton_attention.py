@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch, stride
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys, stride
 from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 # Triton's interpreter (the CPU tests) multiplies bf16 tl.dot operands wrongly (3.9: garbage of
@@ -390,3 +390,6 @@ def _attention(
             BLOCK_R=combine_rows, BLOCK_D=block_d, UNROLL=unroll, num_warps=combine_warps,
         )
     return out
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from ddtree_diag.engine.fast import triton_kernels
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys
 from ddtree_diag.engine.fast.triton_kernels import _normed_rows, _rounded
 
 
@@ -561,3 +561,6 @@ def path_table(ancestors: torch.Tensor, max_path: int) -> torch.Tensor:
     # entries not kept all go to the spare last column, then dropped
     table.scatter_(1, torch.where(keep, place, width), torch.where(keep, columns, -1))
     return table[:, :width].contiguous()
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)

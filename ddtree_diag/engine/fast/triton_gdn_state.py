@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys
 from ddtree_diag.engine.fast.triton_kernels import _rounded
 
 
@@ -279,3 +279,6 @@ def commit_states(
         BLOCK_J=max(16, triton.next_power_of_2(path.shape[0])), BLOCK_K=block_k, BLOCK_V=block_v, CONV_SPAN=span,
         HISTORY=history, SLOTS=triton.next_power_of_2(history), num_warps=num_warps,
     )
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch, stride
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys, stride
 
 
 @triton.jit
@@ -327,3 +327,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         flat, out, rows * width, width, stride(flat, 0), BLOCK=block, num_warps=4
     )
     return out
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)

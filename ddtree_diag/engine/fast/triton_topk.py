@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys
 
 # Entries per program in the first pass, and the most candidates one program takes in the later
 # ones (both rounded up to 2 * next_pow2(k), so every chunk pass at least halves the candidates).
@@ -163,3 +163,6 @@ def ranked_keys(values: torch.Tensor) -> torch.Tensor:
         values, keys, vocab, values.stride(0), BLOCK=KEYS_BLOCK, num_warps=4,
     )
     return keys
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)

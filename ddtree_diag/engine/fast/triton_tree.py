@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_diag.engine.fast.ahead import launch
+from ddtree_diag.engine.fast.ahead import launch, settle_cache_keys
 
 # An entry's parent node, depth and rank packed in one int64 (parent, depth and rank < 2**21):
 # one reduction reads all three back for the popped entry instead of three.
@@ -225,3 +225,6 @@ def write_tree_rows(
         nodes, rows,
         BLOCK=max(16, triton.next_power_of_2(rows)), DEPTH=max(depth, 0), num_warps=1,
     )
+
+
+settle_cache_keys(globals())  # each kernel's key as every process computes it (see there)
