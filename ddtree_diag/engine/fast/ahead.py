@@ -333,8 +333,8 @@ def _compile_in_processes(stage_fns: Iterable[Callable[[], None]], keep: Iterabl
 
 def settle_cache_keys(namespace: dict[str, Any]) -> list[Any]:
     """Compute the cache key of every Triton JIT function a kernel module defines (its
-    ``globals()``, at the end of its import) now, each after
-    those of the JIT functions it calls; returns them in that order. Triton before 3.9 merges a
+    ``globals()``, at the end of its import) now, each after those of the JIT functions it calls;
+    returns them in that order. Triton before 3.9 merges a
     callee's global constants into its caller's key before it computes the callee's key, so a
     kernel whose helper's key was not yet computed gets another key than one whose was: which one
     depended on the order in which a process first touched them. The parent and a compile worker
