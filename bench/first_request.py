@@ -64,7 +64,8 @@ def main() -> int:
     parser.add_argument("--budgets", default="16,64")
     parser.add_argument("--rows", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)} (in this order)")
     args = parser.parse_args()
-    if unknown := set(args.rows.split(",")) - set(RUNS):
+    rows = args.rows.split(",")
+    if unknown := set(rows) - set(RUNS):
         parser.error(f"unknown rows: {', '.join(sorted(unknown))} (rows: {', '.join(RUNS)})")
     import torch
 
@@ -77,7 +78,7 @@ def main() -> int:
     for shape in shapes:
         with tempfile.TemporaryDirectory() as scratch:
             cache = Path(scratch)
-            for name in args.rows.split(","):
+            for name in rows:
                 row, ahead, fresh = RUNS[name]
                 if fresh:
                     cache = Path(tempfile.mkdtemp(dir=scratch))

@@ -334,10 +334,10 @@ def _compile_in_processes(stage_fns: Iterable[Callable[[], None]], keep: Iterabl
 def settle_cache_keys(namespace: dict[str, Any]) -> list[Any]:
     """Compute the cache key of every Triton JIT function a kernel module defines (its
     ``globals()``, at the end of its import) now, each after those of the JIT functions it calls;
-    returns them in that order. Triton before 3.9 merges a
-    callee's global constants into its caller's key before it computes the callee's key, so a
-    kernel whose helper's key was not yet computed gets another key than one whose was: which one
-    depended on the order in which a process first touched them. The parent and a compile worker
+    returns them in that order. Triton before 3.9 merges a callee's global constants into its
+    caller's key before it computes the callee's key, so a kernel whose helper's key was not yet
+    computed gets another key than one whose was: which one depended on the order in which a
+    process first touched them. The parent and a compile worker
     then looked for the same kernel under two keys (on the H100, the split argmax's chunk kernel
     was built twice), and a warm process could miss what a cold one cached. Callee first is the
     order Triton 3.9 itself keeps. Never raises: a key left out is computed at its first launch."""
@@ -455,7 +455,8 @@ def _compile_in_worker(job: _Job, module: str, name: str, specialization: str) -
         if variable not in job.environment:
             del os.environ[variable]
     os.environ.update(job.environment)
-    driver.set_active(_TargetOnly(GPUTarget(*job.target)))
+    target = GPUTarget(*job.target)
+    driver.set_active(_TargetOnly(target))
     try:
         kernel: Any = importlib.import_module(module)
         for part in name.split("."):
@@ -466,7 +467,7 @@ def _compile_in_worker(job: _Job, module: str, name: str, specialization: str) -
     # the launcher's C module (Triton builds it with gcc, cached on disk) where Triton has one;
     # else Triton builds it at the first launch, in the parent, one kernel after another
     with contextlib.suppress(Exception):
-        _launcher_class(GPUTarget(*job.target))(compiled.src, compiled.metadata)
+        _launcher_class(target)(compiled.src, compiled.metadata)
     return None
 
 
