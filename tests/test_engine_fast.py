@@ -241,13 +241,20 @@ def test_unproven_tree_order_falls_back_to_the_exact_host_build(engines, monkeyp
         return built
 
     monkeypatch.setattr(fast_decoder, "build_tree_tensors", doubtful)
+    events = logged_rounds(engine.decoder("fast"), monkeypatch)
     for temperature in (0.0, 0.9):
+        events.clear()
         eager, quick = both(
             engine, prompt_ids=PROMPTS[2], tree_budget=16, temperature=temperature, seed=5,
             max_tokens=MAX_TOKENS, stop_token_ids=[],
         )
         assert_same(eager, quick, temperature)
         assert quick.extras["fast_tree_fallbacks"] == quick.decode_rounds - (quick.tree_sizes[-1] == 0)
+        # a draft launched ahead of a redone round ran on the state before it: each round's tree
+        # is built on a draft run after the redone round committed
+        trees = [i for i, event in enumerate(events) if event == "tree"]
+        assert trees and all(events[i - 1] == "draft" for i in trees), events
+        assert any(between_reads(events))  # drafts were launched ahead (and dropped)
 
 
 def test_fast_engine_reuses_buffers_across_requests_and_grows(engines):
@@ -273,18 +280,26 @@ def test_the_verify_batch_is_the_budget_and_the_root_unrounded(engines):
     assert not {32, 48} & set(decoder.trees)  # no batch rounded up to a multiple of 16
 
 
-def test_fast_attention_window_grows_with_the_context_and_changes_nothing(engines):
+def test_fast_attention_window_grows_with_the_context_and_changes_nothing(engines, monkeypatch):
     """A request whose context crosses a WINDOW boundary switches to the next window's stages
     mid-request; tokens stay equal to eager's."""
     engine = engines[4]
     decoder = engine.decoder("fast")
     prompt = [(7 * i) % 250 + 10 for i in range(fast_decoder.WINDOW - 40)]
+    windows_used = []
+    real_draft = decoder._draft
+    monkeypatch.setattr(decoder, "_draft", lambda window: windows_used.append(window) or real_draft(window))
     for budget in (0, 16):
         decoder.stages.clear()
         eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=60, stop_token_ids=[])
         assert_same(eager, quick, budget)
         windows = {key[-1] for key in decoder.stages if key[0] == "verify"}
         assert windows == {fast_decoder.WINDOW, 2 * fast_decoder.WINDOW}, windows
+    # a draft launched ahead of its round uses the window that round has, as one launched in it does
+    monkeypatch.setenv("DDTREE_DIAG_ROUND_AHEAD", "off")
+    windows_ahead, windows_used[:] = list(windows_used), []
+    run_path(engine, "fast", prompt_ids=prompt, tree_budget=16, max_tokens=60, stop_token_ids=[])
+    assert windows_ahead == windows_used and len(set(windows_used)) == 2
     assert fast_decoder.attention_window(1, 4096) == fast_decoder.WINDOW
     assert fast_decoder.attention_window(fast_decoder.WINDOW + 1, 4096) == 2 * fast_decoder.WINDOW
     assert fast_decoder.attention_window(5000, 1024) == 1024
@@ -390,6 +405,147 @@ def test_round_stages_never_read_device_values_on_the_host(engines):
             guarded(lambda: decoder.start.item())()
     finally:
         decoder.stages.clear()
+
+
+def logged_rounds(decoder, monkeypatch) -> list[str]:
+    """The order in which ``decoder`` runs its stage functions and reads each round's result:
+    "draft", "tree", "ar-tree" (the root alone), "verify", "read-start" (the copy queued), "read"
+    (the host waits for it)."""
+    events: list[str] = []
+    for name, method in (("draft", "_draft"), ("tree", "_tree"), ("ar-tree", "_ar_tree"), ("verify", "_verify")):
+        real = getattr(decoder, method)
+
+        def logged(*args, name=name, real=real):
+            events.append(name)
+            return real(*args)
+
+        monkeypatch.setattr(decoder, method, logged)
+    real_start = decoder._start_read
+
+    def start_read(padded):
+        events.append("read-start")
+        read = real_start(padded)
+
+        def wait():
+            events.append("read")
+            return read()
+
+        return wait
+
+    monkeypatch.setattr(decoder, "_start_read", start_read)
+    return events
+
+
+def between_reads(events: list[str]) -> list[list[str]]:
+    """The stages run between each round's queued copy and the host's read of it."""
+    spans, inside = [], None
+    for event in events:
+        if event == "read-start":
+            inside = []
+        elif event == "read":
+            spans.append(inside)
+            inside = None
+        elif inside is not None:
+            inside.append(event)
+    return spans
+
+
+@pytest.mark.parametrize("mode,budget", (("tree", 16), ("chain", None), ("ar", 0)))
+def test_the_next_rounds_first_stages_run_before_this_rounds_result_is_read(engines, monkeypatch, mode, budget):
+    """Round ahead: the next round's draft (AR: its tree and verify) is launched before the host
+    reads this round's result, whenever the next round's shape cannot depend on it; never run twice,
+    never for a round that does not come; the same tokens as with it switched off, and as eager."""
+    engine = engines[4]
+    decoder = engine.decoder("fast")
+    events = logged_rounds(decoder, monkeypatch)
+    ask = dict(prompt_ids=PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[])
+    for temperature in (0.0, 0.9):
+        eager = run_path(engine, "eager", temperature=temperature, seed=2, **ask)
+        runs = {}
+        for setting in ("on", "off"):
+            monkeypatch.setenv("DDTREE_DIAG_ROUND_AHEAD", setting)
+            events.clear()
+            runs[setting] = run_path(engine, "fast", temperature=temperature, seed=2, **ask), list(events)
+        monkeypatch.delenv("DDTREE_DIAG_ROUND_AHEAD")
+        (ahead, ahead_events), (plain, plain_events) = runs["on"], runs["off"]
+        assert_same(eager, ahead, (mode, temperature))
+        assert_same(plain, ahead, (mode, temperature))
+        assert not any(between_reads(plain_events))
+        spans = between_reads(ahead_events)
+        assert len(spans) == ahead.decode_rounds
+        head = ["ar-tree", "verify"] if mode == "ar" else ["draft"]
+        # whatever a round commits, the next one exists and has a full-depth draft when this many
+        # tokens are left before it (AR: the next forward exists when two are)
+        sure = 2 if mode == "ar" else 2 * decoder.block
+        emitted = 1  # the prefill's token
+        for span, committed in zip(spans, ahead.acceptance_lengths, strict=True):
+            remaining = MAX_TOKENS - emitted
+            assert span in ([], head), spans
+            if remaining >= sure:
+                assert span == head, (remaining, spans)
+            emitted += committed
+        assert spans[-1] == []  # the request ends at max_tokens: no round after the last
+        # no stage ran twice: as many drafts / verifies as the rounds without it
+        for stage in ("draft", "tree", "ar-tree", "verify"):
+            assert ahead_events.count(stage) == plain_events.count(stage), stage
+
+
+def test_no_round_is_launched_ahead_where_its_attention_window_depends_on_this_one(engines):
+    """Near a window boundary the next round's window depends on how many tokens this round
+    commits: nothing is launched ahead there; one whole-window step before, the draft is, with the
+    stages of that window."""
+    engine = engines[4]
+    decoder = engine.decoder("fast")
+    run_path(engine, "fast", prompt_ids=PROMPTS[0], tree_budget=16, max_tokens=4, stop_token_ids=[])
+    block, window = decoder.block, fast_decoder.WINDOW
+    assert decoder.max_len >= 2 * window
+    reach = 2 * block + 1
+    ran = []
+
+    class Recorded:
+        def __init__(self, name):
+            self.name = name
+
+        def run(self):
+            ran.append(self.name)
+
+    stage_sets = {w: {"draft": Recorded(w)} for w in (window, 2 * window)}
+    ar_sets = {w: {"tree": Recorded(("tree", w)), "verify": Recorded(("verify", w))} for w in (window, 2 * window)}
+    kv = decoder.target.kv
+    saved = kv.length
+    try:
+        # this round commits 1..block tokens: the next round attends over `window` slots only if
+        # it commits fewer than `block`
+        kv.length = window - reach - block + 1
+        assert decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach, False) is None
+        assert decoder._round_ahead(ar_sets, "ar", 0, 100, 0, reach, False) is not None  # AR commits 1
+        kv.length = window - reach - block
+        launched = decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach, False)
+        assert launched is not None and launched[1] == ("draft",)
+        assert ran == [("tree", window), ("verify", window), window]  # both in the first window
+    finally:
+        kv.length = saved
+
+
+def test_a_round_launched_ahead_of_a_stop_leaves_the_next_request_alone(engines, monkeypatch):
+    """A stop token ends the request after a draft (AR: a forward) was launched for a round that
+    never comes; the next requests still decode as eager does."""
+    engine = engines[4]
+    decoder = engine.decoder("fast")
+    events = logged_rounds(decoder, monkeypatch)
+    reference = engine.greedy_reference(PROMPTS[0], MAX_TOKENS, stop_ids=[])
+    for budget in (16, 0):
+        stop = reference[MAX_TOKENS // 2]
+        events.clear()
+        eager, quick = both(engine, prompt_ids=PROMPTS[0], tree_budget=budget, max_tokens=MAX_TOKENS,
+                            stop_token_ids=[stop])
+        assert_same(eager, quick, budget)
+        assert quick.finish_reason == "stop"
+        assert between_reads(events)[-1]  # the last round launched a successor that never ran on
+        for prompt in PROMPTS:
+            eager, quick = both(engine, prompt_ids=prompt, tree_budget=budget, max_tokens=MAX_TOKENS,
+                                stop_token_ids=[])
+            assert_same(eager, quick, (budget, prompt))
 
 
 @pytest.mark.gpu

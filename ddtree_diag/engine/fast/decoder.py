@@ -25,6 +25,9 @@ GPU, gpt-fast style:
   (``triton_tree``: exact by construction, never falls back).
 - Accept walk, KV compaction (``KVCache.compact``) and the next round's draft context are device
   ops; the host reads one small tensor per round (accepted count, bonus, kept nodes, their tokens).
+  Before it waits for that read, it launches the next round's first stages where their shape
+  cannot depend on it (``_round_ahead``: the draft; for AR the whole forward), so the GPU does not
+  idle while the host does a round's bookkeeping. ``DDTREE_DIAG_ROUND_AHEAD=off`` waits first.
 
 On CUDA each stage (draft, tree, verify, and the T=0 accept/commit) is captured as a CUDA graph
 once per shape, before the prefill of the first request that needs it (a capture's warm-up runs
@@ -237,6 +240,8 @@ class FastDecoder:
         if capacity <= self.max_len and t.kv.k is self._cache_k:
             return
         # a whole number of CACHE_ROUNDING slots (aligned attention masks), never less than allocated
+        if self.graphs:  # a round launched ahead at the end of the last request may still be replaying
+            torch.cuda.synchronize(self.device)
         t.reset(-(-max(capacity, t.kv.capacity) // CACHE_ROUNDING) * CACHE_ROUNDING)
         self.max_len, self._cache_k = t.kv.capacity, t.kv.k
         self.stages.clear()
@@ -248,6 +253,7 @@ class FastDecoder:
         self.root = torch.zeros(1, **long)
         self.depth_limit = torch.zeros((), **long)
         self.result: dict[int, torch.Tensor] = {}
+        self.result_host: dict[int, torch.Tensor] = {}  # where it is copied to (pinned on CUDA)
         # the accept walk's output (``_commit``): the accepted row at each depth, how many, and the
         # target cache slots to move (from, to)
         self.accepted = {
@@ -324,6 +330,9 @@ class FastDecoder:
                 "features": torch.zeros(padded, max(feats, 1), device=self.device, dtype=t.dtype),
             }
             self.result[padded] = torch.zeros(3 + 2 * self.block, **long)
+            self.result_host[padded] = torch.zeros(
+                3 + 2 * self.block, dtype=torch.long, pin_memory=self.device.type == "cuda"
+            )
             dtypes = {"keys": torch.float32, "updates": torch.float32, "path_decay": torch.float32, "inputs": t.dtype}
             stack, self.linear_parts[padded] = self._linear_buffers(padded, dtypes)
             if stack is not None:
@@ -902,7 +911,13 @@ class FastDecoder:
         record.first_token(first, last_logits[0], complete)
 
         fallbacks = 0
-        timer = StageTimer(cuda)
+        # Round ahead: while the host reads a round's result and does its bookkeeping (stop strings,
+        # streaming text, the stage timer), the GPU already runs the next round's first stages,
+        # which need nothing from the host: the draft, or for AR the whole forward. Only where the
+        # next round's shape is known before the read (see _round_ahead); not with a grammar (the
+        # host acts between the stages). ``ahead``: the launched round's timer and stage names.
+        round_ahead = grammar is None and not kernels.switched_off("DDTREE_DIAG_ROUND_AHEAD")
+        ahead: tuple[StageTimer, tuple[str, ...]] | None = None
         while not record.done:
             depth = min(self.block - 1, record.remaining - 1) if mode != "ar" else 0
             window = attention_window(t.length + reach, self.max_len)
@@ -911,25 +926,41 @@ class FastDecoder:
             else:
                 nodes = depth if mode == "chain" else tree_node_count(budget, depth, vocab)
                 stages, rows = steady[window], padded
-            timer.start()
-            if "draft" in stages:
-                self.depth_limit.fill_(depth)
-                stages["draft"].run()
-            timer.mark("draft")
-            stages["tree"].run()
-            if grammar is not None:
-                tree_tokens, tree_parents, fell_back = self._read_tree(rows, nodes, budget, depth)
-                fallbacks += fell_back
-            timer.mark("tree")
-            stages["verify"].run()  # on a GPU, the masks below are computed while it runs
+            if ahead is None:
+                timer, launched = StageTimer(cuda), ()
+                timer.start()
+            else:
+                (timer, launched), ahead = ahead, None
+            if "draft" not in launched:
+                if "draft" in stages:
+                    self.depth_limit.fill_(depth)
+                    stages["draft"].run()
+                timer.mark("draft")
+            if "tree" not in launched:
+                stages["tree"].run()
+                if grammar is not None:
+                    tree_tokens, tree_parents, fell_back = self._read_tree(rows, nodes, budget, depth)
+                    fallbacks += fell_back
+                timer.mark("tree")
             verified, sampled = nodes, nodes + 1
-            if grammar is not None:
-                verified, sampled = self._constrain(grammar, rows, tree_tokens, tree_parents)
-            timer.mark("verify")
+            if "verify" not in launched:
+                stages["verify"].run()  # on a GPU, the masks below are computed while it runs
+                if grammar is not None:
+                    verified, sampled = self._constrain(grammar, rows, tree_tokens, tree_parents)
+                timer.mark("verify")
             state = generator.get_state() if generator is not None else None
             self._finish(stages, rows, sampled, temperature, generator)
-            result = self.result[rows].tolist()  # the round's one host sync
+            timer.mark("commit")
+            read = self._start_read(rows)
+            if round_ahead:
+                ahead = self._round_ahead(
+                    steady if depth > 0 else last, mode, depth, record.remaining, request.top_logprobs, reach, cuda
+                )
+            result = read()  # the round's one host sync
             if not result[0]:  # the vectorised tree could not prove its order: redo this round exactly
+                # (the round launched ahead ran from the state before this round, which the
+                # unaccepted round left as it was: it is run again once this one is redone)
+                ahead = None
                 fallbacks += 1
                 self._host_tree(rows, budget, depth, int(self.root.item()))
                 stages["verify"].run()
@@ -948,7 +979,6 @@ class FastDecoder:
                 kept, complete = grammar.advance(new_tokens)
                 new_tokens = new_tokens[:kept]
             record.round(new_tokens, verified, logits_kept, complete)
-            timer.mark("commit")
             for stage, seconds in timer.elapsed():
                 record.add_stage_time(stage, seconds)
 
@@ -969,6 +999,69 @@ class FastDecoder:
             **({"compile_ahead": ahead_report} if ahead_report is not None else {}),
             **(grammar.extras() if grammar is not None else {}),
         })
+
+    def _start_read(self, padded: int) -> Callable[[], list[int]]:
+        """Start copying the round's result row to the host; the call returned waits for it and
+        reads it. On CUDA the copy is queued behind the round, so the host can queue more first."""
+        result, host = self.result[padded], self.result_host[padded]
+        if self.device.type != "cuda":
+            return result.tolist
+        host.copy_(result, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+
+        def read() -> list[int]:
+            copied.synchronize()
+            return host.tolist()
+
+        return read
+
+    def _round_ahead(
+        self,
+        stage_sets: dict[int, dict[str, Stage]],
+        mode: str,
+        depth: int,
+        remaining: int,
+        top_logprobs: int,
+        reach: int,
+        cuda: bool,
+    ) -> tuple[StageTimer, tuple[str, ...]] | None:
+        """Launch the next round's first stages before this round's result is read, when nothing
+        in them can depend on it: the round's shape (its depth limit and attention window) is the
+        same whatever this round commits, and they read only device state the commit leaves. That
+        is the draft of a tree / chain round (the next round's depth stays ``block - 1``), or the
+        tree and verify of an AR round (not when top log-probs are asked: the host reads this
+        round's logits after the next verify would have written them). ``stage_sets``: the
+        request's stages per window for the next round's row count. Returns the launched round's
+        timer and stage names, or None (nothing launched).
+
+        If the request ends with this round (a stop token), the launched stages ran for nothing;
+        they leave nothing the next request reads (it resets every counter and rewrites the caches
+        it uses)."""
+        most = depth + 1  # tokens this round can commit: the root's path through the tree + bonus
+        if mode == "ar":
+            if top_logprobs > 0 or remaining - most < 1:
+                return None
+            names = ("draft", "tree", "verify")
+        elif depth <= 0 or remaining - most < self.block:
+            return None
+        else:
+            names = ("draft",)
+        length = self.target.length
+        windows = {attention_window(length + committed + reach, self.max_len) for committed in (1, most)}
+        if len(windows) > 1 or (stages := stage_sets.get(windows.pop())) is None:
+            return None
+        timer = StageTimer(cuda)
+        timer.start()
+        if "draft" in stages:  # the depth limit stays: the next round has this round's depth
+            stages["draft"].run()
+        timer.mark("draft")
+        if "verify" in names:
+            stages["tree"].run()
+            timer.mark("tree")
+            stages["verify"].run()
+            timer.mark("verify")
+        return timer, names
 
     def _read_tree(self, padded: int, nodes: int, budget: int, depth: int) -> tuple[list[int], list[int], bool]:
         """A constrained round's tree on the host: (tokens, parents) of its real rows (a prefix),
