@@ -253,3 +253,30 @@ def test_streamed_text_equals_the_final_text_when_tokens_split_characters(rounds
     final = record.result().text
     assert "\ufffd" not in final and "".join(pieces) == final
     assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_a_round_decodes_its_text_once_for_the_stop_strings_and_the_stream():
+    """The output's text is the round's largest host cost on a long answer: the stop-string
+    check, the stream and the final record share one decode per output length."""
+    from ddtree_diag.engine.decode import DecodeRequest, GenerationRecorder
+
+    decoded: list[int] = []
+
+    def decode(ids):
+        decoded.append(len(ids))
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    pieces: list[str] = []
+    request = DecodeRequest(prompt_ids=[1], mode="tree", tree_budget=4, max_tokens=40, stop_ids=set(),
+                            stop=["END"], on_token=lambda ids, text: pieces.append(text) is None)
+    record = GenerationRecorder(request, decode)
+    record.first_token(ord("a"))
+    rounds = [b"bc", b"de", b"fEN", b"Dgh"]
+    for tokens in rounds:
+        record.round(list(tokens), tree_size=4)
+        if record.done:
+            break
+    assert record.finish == "stop"
+    result = record.result()
+    assert result.text == "abcdef" and "".join(pieces) == "abcdefENDgh"[: len("".join(pieces))]
+    assert decoded == [1, 3, 5, 8, 11]  # one decode per length: first token, then each round

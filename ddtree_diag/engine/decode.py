@@ -114,6 +114,7 @@ class GenerationRecorder:
         self.started = time.perf_counter()
         self.ttft = 0.0
         self._streamed = ""
+        self._text: tuple[int, str] = (-1, "")  # (output tokens, their text): decoded once per round
 
     @property
     def done(self) -> bool:
@@ -124,8 +125,12 @@ class GenerationRecorder:
         return self.request.max_tokens - len(self.output)
 
     def text(self) -> str:
-        ids = self.output[:-1] if self.output and self.output[-1] in self.request.stop_ids else self.output
-        return self.decode_text(ids)
+        # the stop-string check and the stream both want it each round: a long output's text is
+        # the round's largest host cost, so it is decoded once per length
+        if self._text[0] != len(self.output):
+            ids = self.output[:-1] if self.output and self.output[-1] in self.request.stop_ids else self.output
+            self._text = (len(self.output), self.decode_text(ids))
+        return self._text[1]
 
     def first_token(self, token: int, logits: torch.Tensor | None = None, complete: bool = False) -> None:
         """The token the prefill sampled (``logits``: its row, kept when top_logprobs are asked).

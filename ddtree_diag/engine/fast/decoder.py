@@ -239,9 +239,9 @@ class FastDecoder:
         t, dev = self.target, self.device
         if capacity <= self.max_len and t.kv.k is self._cache_k:
             return
+        if dev.type == "cuda":  # a round launched ahead at the end of the last request may still run
+            torch.cuda.synchronize(dev)
         # a whole number of CACHE_ROUNDING slots (aligned attention masks), never less than allocated
-        if self.graphs:  # a round launched ahead at the end of the last request may still be replaying
-            torch.cuda.synchronize(self.device)
         t.reset(-(-max(capacity, t.kv.capacity) // CACHE_ROUNDING) * CACHE_ROUNDING)
         self.max_len, self._cache_k = t.kv.capacity, t.kv.k
         self.stages.clear()
@@ -982,7 +982,7 @@ class FastDecoder:
             for stage, seconds in timer.elapsed():
                 record.add_stage_time(stage, seconds)
 
-        return record.result(extras={
+        generation = record.result(extras={
             "fast": True,
             # norms, q/k norm + rotary and SwiGLU as fused Triton kernels (else torch ops; on the
             # fast-compile path, wherever torch.compile's own fusion does not run)
@@ -999,6 +999,11 @@ class FastDecoder:
             **({"compile_ahead": ahead_report} if ahead_report is not None else {}),
             **(grammar.extras() if grammar is not None else {}),
         })
+        if ahead is not None and cuda:
+            # the request ended (a stop) with a round launched for nothing: it finishes here, after
+            # this request's timings were taken, not inside the next request's first token
+            torch.cuda.synchronize(self.device)
+        return generation
 
     def _start_read(self, padded: int) -> Callable[[], list[int]]:
         """Start copying the round's result row to the host; the call returned waits for it and
@@ -1037,7 +1042,8 @@ class FastDecoder:
 
         If the request ends with this round (a stop token), the launched stages ran for nothing;
         they leave nothing the next request reads (it resets every counter and rewrites the caches
-        it uses)."""
+        it uses), and ``decode`` waits for them after taking the request's timings, so that they
+        do not show in the next request's first token."""
         most = depth + 1  # tokens this round can commit: the root's path through the tree + bonus
         if mode == "ar":
             if top_logprobs > 0 or remaining - most < 1:
