@@ -517,10 +517,10 @@ def test_no_round_is_launched_ahead_where_its_attention_window_depends_on_this_o
         # this round commits 1..block tokens: the next round attends over `window` slots only if
         # it commits fewer than `block`
         kv.length = window - reach - block + 1
-        assert decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach, False) is None
-        assert decoder._round_ahead(ar_sets, "ar", 0, 100, 0, reach, False) is not None  # AR commits 1
+        assert decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach) is None
+        assert decoder._round_ahead(ar_sets, "ar", 0, 100, 0, reach) is not None  # AR commits 1
         kv.length = window - reach - block
-        launched = decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach, False)
+        launched = decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach)
         assert launched is not None and launched[1] == ("draft",)
         assert ran == [("tree", window), ("verify", window), window]  # both in the first window
     finally:

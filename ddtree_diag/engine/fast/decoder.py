@@ -954,7 +954,7 @@ class FastDecoder:
             read = self._start_read(rows)
             if round_ahead:
                 ahead = self._round_ahead(
-                    steady if depth > 0 else last, mode, depth, record.remaining, request.top_logprobs, reach, cuda
+                    steady if depth > 0 else last, mode, depth, record.remaining, request.top_logprobs, reach
                 )
             result = read()  # the round's one host sync
             if not result[0]:  # the vectorised tree could not prove its order: redo this round exactly
@@ -1029,7 +1029,6 @@ class FastDecoder:
         remaining: int,
         top_logprobs: int,
         reach: int,
-        cuda: bool,
     ) -> tuple[StageTimer, tuple[str, ...]] | None:
         """Launch the next round's first stages before this round's result is read, when nothing
         in them can depend on it: the round's shape (its depth limit and attention window) is the
@@ -1057,7 +1056,7 @@ class FastDecoder:
         windows = {attention_window(length + committed + reach, self.max_len) for committed in (1, most)}
         if len(windows) > 1 or (stages := stage_sets.get(windows.pop())) is None:
             return None
-        timer = StageTimer(cuda)
+        timer = StageTimer(self.device.type == "cuda")
         timer.start()
         if "draft" in stages:  # the depth limit stays: the next round has this round's depth
             stages["draft"].run()
