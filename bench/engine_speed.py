@@ -53,6 +53,7 @@ LINES: list[str] = []
 COMPILES: list[tuple[str, float]] = []  # (kernel, seconds) of every Triton compile seen, in order
 RECORDS: list[dict] = []
 EAGER_TOKENS: dict[tuple[str, int], list[int]] = {}
+PATH_TOKENS: dict[tuple[str, str, int], list[int]] = {}  # (shape, path, budget): the official check's
 
 
 def say(line: str = "") -> None:
@@ -187,6 +188,7 @@ def _run_budgets(engine: Engine, path: str, real_path: str, prompt: list[int], b
         key = (shape, budget)
         if path == "eager":
             EAGER_TOKENS[key] = result.token_ids
+        PATH_TOKENS[(shape, path, budget)] = result.token_ids
         reference = EAGER_TOKENS.get(key)
         peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0  # before the judging forward
         same, divergence = "-", None
@@ -277,12 +279,24 @@ def run_official(engine: Engine, prompt: list[int], args: argparse.Namespace, sh
             f"{path} {result['ms_per_round'] / ours[(path, budget)]:.1f}x" for path in args.paths
             if ours.get((path, budget))
         )
+        # its tokens against each of our paths' (fp32: must match; bf16: near-ties by the same rule)
+        sames = {}
+        for path in args.paths:
+            theirs, mine = result["tokens"], PATH_TOKENS.get((shape, path, budget))
+            if mine is None:
+                continue
+            divergence = first_divergence(engine.target.hf, prompt, theirs, mine)
+            sames[path] = "same" if divergence is None else f"@{divergence.index}{'~' if divergence.near_tie else '!'}"
+            if divergence is not None:
+                say(f"  ({path} at budget {budget} against the official code: {divergence.describe()})")
         say(f"{'official':>12} {budget if budget else 'AR':>6} {result['rounds']:>6} {result['tau']:>5.2f} "
             f"{result['ms_per_round']:>9.2f} {per.get('draft', 0):>7.2f} "
             f"{per.get('tree_build', 0) + per.get('tree_compile', 0):>7.2f} {per.get('verify', 0):>7.2f} "
             f"{per.get('commit', 0):>7.2f}  speed-up: {speedups}  (best of {len(runs)}: "
-            f"{min(spread):.1f}-{max(spread):.1f} ms)")
-        RECORDS.append({"shape": shape, "path": "official", "budget": budget, "official_runs_ms": spread, **{
+            f"{min(spread):.1f}-{max(spread):.1f} ms)  tokens: "
+            f"{', '.join(f'{path} {same}' for path, same in sames.items()) or '-'}")
+        RECORDS.append({"shape": shape, "path": "official", "budget": budget, "official_runs_ms": spread,
+                        "same_as_paths": sames, **{
             k: v for k, v in result.items() if k != "tokens"}})
     del draft
 
