@@ -96,15 +96,35 @@ class DecodeContext(Protocol):
 
     def decode_text(self, token_ids: list[int]) -> str: ...
 
+    @property
+    def harmony(self) -> bool: ...  # decode_text rewrites the whole output (not local: no anchor)
+
 
 class GenerationRecorder:
     """The bookkeeping every decoder shares: output tokens clipped at a stop token and at
     ``max_tokens``, streaming through ``on_token``, stop strings, per-round numbers, timings, and
     the final ``Generation``. ``decode_text(ids)`` turns token ids into text (the tokenizer)."""
 
-    def __init__(self, request: DecodeRequest, decode_text: Callable[[list[int]], str]) -> None:
+    # A long output's text is decoded from an anchor: the whole text of its first tokens (a whole
+    # decode, redone every RESYNC_TOKENS) plus the tail's text, decoded with CONTEXT_TOKENS before
+    # the anchor and that context's own text cut off (a tokenizer may drop a first token's space or
+    # hold a split character). Whole decodes grow with the output (8,192 tokens: 2.4 ms a round on
+    # a CPU core), the tail's do not.
+    INCREMENTAL_FROM = 256
+    RESYNC_TOKENS = 512
+    CONTEXT_TOKENS = 8
+
+    def __init__(
+        self, request: DecodeRequest, decode_text: Callable[[list[int]], str], incremental: bool = True
+    ) -> None:
+        """``incremental``: the text of a long output may be decoded from an anchor (see above);
+        False where ``decode_text`` is not local (gpt-oss's harmony rewrite reads the whole
+        output), so every text is a whole decode."""
         self.request = request
         self.decode_text = decode_text
+        self.incremental = incremental
+        # (tokens, their text by a whole decode, the text of their last CONTEXT_TOKENS alone)
+        self._anchor: tuple[int, str, str] | None = None
         self.output: list[int] = []
         self.acceptance_lengths: list[int] = []
         self.tree_sizes: list[int] = []
@@ -114,7 +134,7 @@ class GenerationRecorder:
         self.started = time.perf_counter()
         self.ttft = 0.0
         self._streamed = ""
-        self._text: tuple[int, str] = (-1, "")  # (output tokens, their text): decoded once per round
+        self._text: tuple[int, str, bool] = (-1, "", True)  # (output tokens, their text, by a whole decode)
 
     @property
     def done(self) -> bool:
@@ -124,13 +144,54 @@ class GenerationRecorder:
     def remaining(self) -> int:
         return self.request.max_tokens - len(self.output)
 
-    def text(self) -> str:
-        # the stop-string check and the stream both want it each round: a long output's text is
-        # the round's largest host cost, so it is decoded once per length
-        if self._text[0] != len(self.output):
-            ids = self.output[:-1] if self.output and self.output[-1] in self.request.stop_ids else self.output
-            self._text = (len(self.output), self.decode_text(ids))
-        return self._text[1]
+    def text(self, exact: bool = False) -> str:
+        """The output's text (a stop token at its end left out). The stop-string check and the
+        stream both want it each round, so it is decoded once per output length; a long output's
+        from its anchor, unless ``exact`` (a whole decode: the final text, a stop string's check)."""
+        length, text, whole = self._text
+        if length == len(self.output) and (whole or not exact):
+            return text
+        ids = self.output[:-1] if self.output and self.output[-1] in self.request.stop_ids else self.output
+        text = None if exact else self._from_anchor(ids)
+        whole = text is None
+        if text is None:
+            text = self.decode_text(ids)
+            self._resync(ids, text)
+        self._text = (len(self.output), text, whole)
+        return text
+
+    def _from_anchor(self, ids: list[int]) -> str | None:
+        """The text of ``ids`` built on the anchor, or None where a whole decode is due (a short
+        output, no anchor yet, an anchor RESYNC_TOKENS old, a tail that does not extend its
+        context's text)."""
+        anchor = self._anchor
+        if not self.incremental or anchor is None or len(ids) < self.INCREMENTAL_FROM:
+            return None
+        if not anchor[0] <= len(ids) < anchor[0] + self.RESYNC_TOKENS:
+            return None
+        return self._extend(anchor, ids)
+
+    def _extend(self, anchor: tuple[int, str, str], ids: list[int]) -> str | None:
+        count, whole, context = anchor
+        if len(ids) == count:
+            return whole
+        tail = self.decode_text(ids[count - self.CONTEXT_TOKENS :])
+        return whole + tail[len(context) :] if tail.startswith(context) else None
+
+    def _resync(self, ids: list[int], text: str) -> None:
+        """After a whole decode of a long output: if the anchor would have given another text, this
+        tokenizer's text is not local and every later text is a whole decode; else the anchor moves
+        here (not onto a character split between tokens: its context would not prefix the tail)."""
+        if not self.incremental or len(ids) < self.INCREMENTAL_FROM:
+            return
+        if self._anchor is not None and self._anchor[0] < len(ids):
+            predicted = self._extend(self._anchor, ids)
+            if predicted is not None and predicted != text:
+                self.incremental, self._anchor = False, None
+                return
+        context = self.decode_text(ids[-self.CONTEXT_TOKENS :])
+        if not context.endswith("\ufffd"):
+            self._anchor = (len(ids), text, context)
 
     def first_token(self, token: int, logits: torch.Tensor | None = None, complete: bool = False) -> None:
         """The token the prefill sampled (``logits``: its row, kept when top_logprobs are asked).
@@ -170,7 +231,9 @@ class GenerationRecorder:
         if tree_size is not None:
             self.acceptance_lengths.append(len(new_tokens))
             self.tree_sizes.append(tree_size)
-        if request.stop and finish is None and any(s in self.text() for s in request.stop):
+        # a stop string in a text built on the anchor is confirmed by a whole decode
+        if request.stop and finish is None and any(s in self.text() for s in request.stop) \
+                and any(s in self.text(exact=True) for s in request.stop):
             finish = "stop"
         if request.on_token is not None:
             delta = self._stream_delta(final=finish is not None)
@@ -184,7 +247,7 @@ class GenerationRecorder:
         """New text for the stream. A byte-level token can end inside a multi-byte character, which
         decodes as U+FFFD until the next token completes it: such a tail is held back (until the
         last round), so the streamed text always equals the final text."""
-        text = self.text()
+        text = self.text(exact=final)
         stable = text if final else text.rstrip("\ufffd")
         if not stable.startswith(self._streamed):
             stable = self._streamed  # never retract what was sent; the rest follows when stable
@@ -195,7 +258,7 @@ class GenerationRecorder:
         """The Generation record: final text cut at a stop string, timings, top log-probs."""
         request = self.request
         e2e = time.perf_counter() - self.started
-        text, finish = self.text(), self.finish or "length"
+        text, finish = self.text(exact=True), self.finish or "length"
         cuts = [text.find(s) for s in request.stop or [] if s and s in text]
         if cuts:
             text, finish = text[: min(cuts)], "stop"

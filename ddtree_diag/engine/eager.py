@@ -73,7 +73,7 @@ class EagerDecoder:
                 self.draft_cache = self.draft.new_cache(capacity)
             self.draft_cache.reset()
 
-        record = GenerationRecorder(request, self.context.decode_text)
+        record = GenerationRecorder(request, self.context.decode_text, incremental=not self.context.harmony)
         grammar = None
         if request.constraint is not None:
             grammar = GrammarState(request.constraint, request.stop_ids, target.config.vocab_size)

@@ -881,7 +881,7 @@ class FastDecoder:
         self.capturing = False
 
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-        record = GenerationRecorder(request, self.context.decode_text)
+        record = GenerationRecorder(request, self.context.decode_text, incremental=not self.context.harmony)
         grammar = None
         if request.constraint is not None:
             grammar = GrammarState(request.constraint, request.stop_ids, vocab)
