@@ -192,7 +192,8 @@ def test_sampling_is_seeded_and_stays_on_target_support(engines):
 def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypatch):
     """At T=1 with a draft whose accepted nodes are mostly later siblings (the ones a wrong tree
     mask or position would corrupt), the distribution each output token was drawn from (reported
-    as top_logprobs) must equal HF's conditional given the committed prefix."""
+    as top_logprobs, and the token's own log-prob) must equal HF's conditional given the committed
+    prefix."""
     engine = engines[8]
     prompt = PROMPTS[0]
     hf = engine.target.hf
@@ -212,7 +213,7 @@ def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypa
         return True
 
     monkeypatch.setattr(engine.decoder("eager"), "_draft_logprobs", likely_draft)
-    accepted_rounds = 0
+    accepted_rounds = outside_top = 0
     for seed in range(6):
         committed[0] = []
         gen = engine.generate_ids(
@@ -222,13 +223,19 @@ def test_every_sampled_token_comes_from_the_target_conditional(engines, monkeypa
         accepted_rounds += sum(n > 1 for n in gen.acceptance_lengths)
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + gen.token_ids])).logits[0].float()
-        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).topk(5)
+        conditional = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+        expected = conditional.topk(5)
+        # each sampled token's own log-prob, inside the top 5 or not
+        own = conditional.gather(-1, torch.tensor(gen.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(gen.token_logprobs), own, atol=1e-4, rtol=0)
+        outside_top += sum(t not in [i for i, _ in top] for t, top in zip(gen.token_ids, gen.top_logprobs, strict=True))
         for i, top in enumerate(gen.top_logprobs):
             assert [t for t, _ in top] == expected.indices[i].tolist(), (seed, i)
             torch.testing.assert_close(
                 torch.tensor([lp for _, lp in top]), expected.values[i], atol=1e-4, rtol=0
             )
     assert accepted_rounds > 5  # tree nodes were accepted, so their verify rows were used
+    assert outside_top > 0  # some sampled tokens were not among the top 5: their own log-prob is real
 
 
 @pytest.mark.parametrize("rounds", [[[0x61], [0xDB], [0xB7, 0x62]], [[0x61, 0xE2], [0x82], [0xAC], [0x21]],
@@ -280,3 +287,37 @@ def test_a_round_decodes_its_text_once_for_the_stop_strings_and_the_stream():
     result = record.result()
     assert result.text == "abcdef" and "".join(pieces) == "abcdefENDgh"[: len("".join(pieces))]
     assert decoded == [1, 3, 5, 8, 11]  # one decode per length: first token, then each round
+
+
+def test_the_recorder_keeps_top_logprobs_not_vocabulary_rows():
+    """Per round only the top-k log-probs and each chosen token's own are kept (a vocabulary-wide
+    row per output token grows by gigabytes over a long answer); rows past a stop are dropped."""
+    from ddtree_diag.engine.decode import DecodeRequest, GenerationRecorder
+
+    vocab, stop = 1000, 7
+    generator = torch.Generator().manual_seed(0)
+    request = DecodeRequest(prompt_ids=[1], mode="tree", tree_budget=4, max_tokens=50, stop_ids={stop},
+                            top_logprobs=3)
+    record = GenerationRecorder(request, lambda ids: "")
+    rows, tokens = [], []
+    first = torch.randn(vocab, generator=generator)
+    record.first_token(11, first)
+    rows.append(first)
+    tokens.append(11)
+    for round_tokens in ([12, 13], [14, 15, 16], [17, stop, 18]):  # the last round stops at its 2nd token
+        logits = torch.randn(len(round_tokens), vocab, generator=generator).to(torch.bfloat16)
+        record.round(round_tokens, tree_size=4, logits=logits)
+        rows.extend(logits)
+        tokens.extend(round_tokens)
+        assert all(part.shape[-1] == 3 for values, ids, _ in record.logprob_parts for part in (values, ids))
+    result = record.result()
+    kept = len(result.token_ids)
+    assert result.token_ids == tokens[:kept] and result.token_ids[-1] == stop
+    expected = torch.log_softmax(torch.stack(rows[:kept]).float(), dim=-1)
+    assert len(result.top_logprobs) == len(result.token_logprobs) == kept
+    for index, top in enumerate(result.top_logprobs):
+        values, ids = expected[index].topk(3)
+        assert [i for i, _ in top] == ids.tolist()
+        torch.testing.assert_close(torch.tensor([v for _, v in top]), values)
+    own = expected[torch.arange(kept), torch.tensor(tokens[:kept])]
+    torch.testing.assert_close(torch.tensor(result.token_logprobs), own)

@@ -140,6 +140,22 @@ def test_logprobs_are_returned(server):
     assert content[0]["top_logprobs"][0]["logprob"] >= content[0]["top_logprobs"][1]["logprob"]
 
 
+def test_a_sampled_token_carries_its_own_logprob(server):
+    """At T=1 a token outside the top one gets its own log-prob, below the top one's (not the top
+    one's value, nor the lowest of the top ones)."""
+    below = 0
+    for seed in range(4):
+        body = post(server, chat("hello", logprobs=True, top_logprobs=1, max_tokens=12, temperature=1.0,
+                                 seed=seed)).json()
+        for entry in body["choices"][0]["logprobs"]["content"]:
+            best = entry["top_logprobs"][0]
+            assert entry["logprob"] <= best["logprob"] + 1e-6
+            if entry["token"] != best["token"]:
+                assert entry["logprob"] < best["logprob"]
+                below += 1
+    assert below > 0
+
+
 @pytest.mark.parametrize(
     "body, raw, status, needle",
     [(None, b"{not json", 400, "invalid JSON"),

@@ -72,6 +72,7 @@ class Generation:
     tree_budget: int
     mode: str  # "ar" | "chain" | "tree"
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token, when asked
+    token_logprobs: list[float] | None = None  # each output token's own log-prob, when top_logprobs are asked
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -129,7 +130,10 @@ class GenerationRecorder:
         self.acceptance_lengths: list[int] = []
         self.tree_sizes: list[int] = []
         self.stage_times = dict.fromkeys(STAGES, 0.0)
-        self.logprob_rows: list[torch.Tensor] = []
+        # per round (top values [n, k], their ids [n, k], the chosen tokens' log-probs [n]), on the
+        # logits' device: a vocabulary-wide row per output token would grow without bound (8,192
+        # tokens at a 152k vocabulary: 5 GB)
+        self.logprob_parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.finish: str | None = None
         self.started = time.perf_counter()
         self.ttft = 0.0
@@ -198,18 +202,33 @@ class GenerationRecorder:
         ``complete``: it completed the request's grammar (the generation ends, "stop")."""
         self.ttft = time.perf_counter() - self.started
         if self.request.top_logprobs > 0 and logits is not None:
-            self.logprob_rows.append(logits)
+            self._keep_logprobs([token], logits)
         self._append([token], tree_size=None, complete=complete)
 
     def round(
         self, new_tokens: list[int], tree_size: int, logits: torch.Tensor | None = None, complete: bool = False
     ) -> None:
         """A decode round committed ``new_tokens`` (path + bonus) after verifying ``tree_size`` nodes;
-        ``logits`` [len(new_tokens), V]: the rows that chose them (kept for top_logprobs);
-        ``complete``: the last of ``new_tokens`` completed the request's grammar ("stop")."""
+        ``logits`` [len(new_tokens) or more, V]: the rows that chose them (their top log-probs
+        kept when top_logprobs are asked); ``complete``: the last of ``new_tokens`` completed the
+        request's grammar ("stop")."""
         if self.request.top_logprobs > 0 and logits is not None:
-            self.logprob_rows.extend(logits.float())
+            self._keep_logprobs(list(new_tokens), logits)
         self._append(list(new_tokens), tree_size, complete)
+
+    def _keep_logprobs(self, tokens: list[int], logits: torch.Tensor) -> None:
+        """The top ``top_logprobs`` log-probs of the rows that chose ``tokens`` and the chosen
+        tokens' own (a sampled token need not be among the top ones), queued on the logits'
+        device; read once, in ``result``."""
+        if not tokens:
+            return
+        rows = logits.reshape(-1, logits.shape[-1])[: len(tokens)]
+        logprobs = torch.log_softmax(rows, dim=-1, dtype=torch.float32)
+        values, ids = logprobs.topk(min(self.request.top_logprobs, rows.shape[-1]))
+        chosen = torch.tensor(tokens, dtype=torch.long)
+        if rows.is_cuda:  # from pinned memory: a pageable copy would wait for the queued rounds
+            chosen = chosen.pin_memory().to(rows.device, non_blocking=True)
+        self.logprob_parts.append((values, ids, logprobs.gather(-1, chosen[:, None].to(rows.device))[:, 0]))
 
     def add_stage_time(self, stage: str, seconds: float) -> None:
         self.stage_times[stage] += seconds
@@ -263,13 +282,14 @@ class GenerationRecorder:
         if cuts:
             text, finish = text[: min(cuts)], "stop"
         decode_time = e2e - self.ttft
-        top = None
-        if request.top_logprobs > 0:
-            top = []
-            for row in self.logprob_rows[: len(self.output)]:
-                values, ids = torch.log_softmax(row.float(), dim=-1).topk(request.top_logprobs)
-                top.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
         tokens = len(self.output)
+        top = chosen = None
+        if request.top_logprobs > 0:
+            top, chosen = [], []
+            if self.logprob_parts:
+                parts = zip(*self.logprob_parts, strict=True)
+                values, ids, chosen = (torch.cat(part)[:tokens].tolist() for part in parts)
+                top = [list(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
         return Generation(
             token_ids=self.output,
             text=text,
@@ -286,6 +306,7 @@ class GenerationRecorder:
             tree_budget=request.tree_budget if request.mode == "tree" else 0,
             mode=request.mode,
             top_logprobs=top,
+            token_logprobs=chosen,
             extras=extras or {},
         )
 

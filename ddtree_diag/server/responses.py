@@ -49,15 +49,19 @@ def ddtree_stats(generation: Any) -> dict[str, Any]:
 
 
 def logprobs_content(tokenizer: Any, generation: Any, count: int) -> list[dict[str, Any]] | None:
-    """OpenAI ``choices[0].logprobs.content`` from the engine's per-token top-k log-probs.
+    """OpenAI ``choices[0].logprobs.content`` from the engine's per-token log-probs: each token's
+    own and its top-k.
     Under a grammar the masked tokens' log-probs are -inf: they are no candidates, so they are
     left out of ``top_logprobs`` (and a value JSON cannot carry becomes OpenAI's -9999.0)."""
     if not generation.top_logprobs:
         return None
     content = []
-    for token_id, all_top in zip(generation.token_ids, generation.top_logprobs, strict=False):
+    own = getattr(generation, "token_logprobs", None) or [None] * len(generation.token_ids)
+    for token_id, all_top, own_value in zip(generation.token_ids, generation.top_logprobs, own, strict=False):
         top = [(tid, value) for tid, value in all_top if math.isfinite(value)]
-        chosen = dict(top).get(token_id)
+        # the token's own log-prob (a sampled token may be outside the top ones); a record
+        # without it: its value among the top ones, else the lowest of them
+        chosen = own_value if own_value is not None and math.isfinite(own_value) else dict(top).get(token_id)
         entry_token = tokenizer.decode([token_id])
         content.append({
             "token": entry_token,

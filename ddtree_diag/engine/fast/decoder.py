@@ -970,10 +970,11 @@ class FastDecoder:
                 result = self.result[rows].tolist()
                 assert result[0], "the exact host tree must be accepted"
             count, bonus = result[1], result[2]
-            keep = result[3 : 3 + count]
             new_tokens = [*result[3 + self.block + 1 : 3 + self.block + count], bonus]
             t.kv.advance(count)
-            logits_kept = self.outputs[rows]["logits"][keep] if request.top_logprobs > 0 else None
+            logits_kept = None
+            if request.top_logprobs > 0:  # indices from the device's result row: no copy from the host
+                logits_kept = self.outputs[rows]["logits"].index_select(0, self.result[rows][3 : 3 + count])
             complete = False
             if grammar is not None:
                 kept, complete = grammar.advance(new_tokens)
