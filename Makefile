@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 
-.PHONY: install test test-fast test-other-cpu fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-first-request bench-default bench-via bench-fleet bench-kernels bench-cpu-engine bench-long-prompt demo pyz clean
+.PHONY: install test test-fast test-other-cpu fuzz bench-tree lint bench-cli bench-quality bench-likelihood bench-engine bench-first-request bench-default bench-via bench-fleet bench-kernels bench-cpu-engine bench-long-prompt bench-long-output demo pyz clean
 
 install: $(BIN)/ddtree-diag
 
@@ -79,6 +79,10 @@ bench-tree: install
 # A long prompt's prefill whole or in 8k chunks: first token, peak memory, the same tokens.
 bench-long-prompt: install
 	$(PYTHON) -m bench.long_prompt
+
+# A long answer's host work per round: the output's text from an anchor or whole, what top_logprobs keep.
+bench-long-output: install
+	$(PYTHON) -m bench.long_output
 
 # The embedded default on this CPU: ms per decode round by stage, a long prompt's first token, peak RSS.
 bench-cpu-engine: install
