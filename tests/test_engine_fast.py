@@ -490,6 +490,34 @@ def test_the_next_rounds_first_stages_run_before_this_rounds_result_is_read(engi
             assert ahead_events.count(stage) == plain_events.count(stage), stage
 
 
+def test_an_ar_round_asked_for_top_logprobs_is_launched_ahead_and_keeps_its_own_row(engines, monkeypatch):
+    """AR with top log-probs (a lossless baseline's request): the next forward is launched ahead
+    too, and each token's log-probs are still those of the row that chose it: the same as eager's
+    and as with the round ahead off."""
+    engine = engines[4]
+    decoder = engine.decoder("fast")
+    events = logged_rounds(decoder, monkeypatch)
+    ask = dict(prompt_ids=PROMPTS[1], tree_budget=0, mode="ar", max_tokens=MAX_TOKENS, stop_token_ids=[],
+               top_logprobs=3)
+    for temperature in (0.0, 0.9):
+        eager = run_path(engine, "eager", temperature=temperature, seed=5, **ask)
+        runs = {}
+        for setting in ("on", "off"):
+            monkeypatch.setenv("DDTREE_DIAG_ROUND_AHEAD", setting)
+            events.clear()
+            runs[setting] = run_path(engine, "fast", temperature=temperature, seed=5, **ask), list(events)
+        monkeypatch.delenv("DDTREE_DIAG_ROUND_AHEAD")
+        (ahead, ahead_events), (plain, _) = runs["on"], runs["off"]
+        assert sum(span == ["ar-tree", "verify"] for span in between_reads(ahead_events)) >= MAX_TOKENS - 3
+        for other in (eager, plain):
+            assert_same(other, ahead, temperature)
+            ids = [[[t for t, _ in row] for row in run.top_logprobs] for run in (ahead, other)]
+            assert ids[0] == ids[1]
+            torch.testing.assert_close(torch.tensor([[v for _, v in row] for row in ahead.top_logprobs]),
+                                       torch.tensor([[v for _, v in row] for row in other.top_logprobs]))
+            torch.testing.assert_close(torch.tensor(ahead.token_logprobs), torch.tensor(other.token_logprobs))
+
+
 def test_no_round_is_launched_ahead_where_its_attention_window_depends_on_this_one(engines):
     """Near a window boundary the next round's window depends on how many tokens this round
     commits: nothing is launched ahead there; one whole-window step before, the draft is, with the
@@ -517,10 +545,10 @@ def test_no_round_is_launched_ahead_where_its_attention_window_depends_on_this_o
         # this round commits 1..block tokens: the next round attends over `window` slots only if
         # it commits fewer than `block`
         kv.length = window - reach - block + 1
-        assert decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach) is None
-        assert decoder._round_ahead(ar_sets, "ar", 0, 100, 0, reach) is not None  # AR commits 1
+        assert decoder._round_ahead(stage_sets, "tree", block - 1, 100, reach) is None
+        assert decoder._round_ahead(ar_sets, "ar", 0, 100, reach) is not None  # AR commits 1
         kv.length = window - reach - block
-        launched = decoder._round_ahead(stage_sets, "tree", block - 1, 100, 0, reach)
+        launched = decoder._round_ahead(stage_sets, "tree", block - 1, 100, reach)
         assert launched is not None and launched[1] == ("draft",)
         assert ran == [("tree", window), ("verify", window), window]  # both in the first window
     finally:

@@ -952,10 +952,13 @@ class FastDecoder:
             self._finish(stages, rows, sampled, temperature, generator)
             timer.mark("commit")
             read = self._start_read(rows)
+            ar_logits = None
             if round_ahead:
-                ahead = self._round_ahead(
-                    steady if depth > 0 else last, mode, depth, record.remaining, request.top_logprobs, reach
-                )
+                if mode == "ar" and request.top_logprobs > 0:
+                    # the next forward, launched ahead, writes these logits again: the row the host
+                    # keeps for top log-probs is copied first (on the device, in stream order)
+                    ar_logits = self.outputs[rows]["logits"][:1].clone()
+                ahead = self._round_ahead(steady if depth > 0 else last, mode, depth, record.remaining, reach)
             result = read()  # the round's one host sync
             if not result[0]:  # the vectorised tree could not prove its order: redo this round exactly
                 # (the round launched ahead ran from the state before this round, which the
@@ -972,8 +975,8 @@ class FastDecoder:
             count, bonus = result[1], result[2]
             new_tokens = [*result[3 + self.block + 1 : 3 + self.block + count], bonus]
             t.kv.advance(count)
-            logits_kept = None
-            if request.top_logprobs > 0:  # indices from the device's result row: no copy from the host
+            logits_kept = ar_logits
+            if request.top_logprobs > 0 and logits_kept is None:  # by the device's result row: no copy from the host
                 logits_kept = self.outputs[rows]["logits"].index_select(0, self.result[rows][3 : 3 + count])
             complete = False
             if grammar is not None:
@@ -1028,15 +1031,14 @@ class FastDecoder:
         mode: str,
         depth: int,
         remaining: int,
-        top_logprobs: int,
         reach: int,
     ) -> tuple[StageTimer, tuple[str, ...]] | None:
         """Launch the next round's first stages before this round's result is read, when nothing
         in them can depend on it: the round's shape (its depth limit and attention window) is the
         same whatever this round commits, and they read only device state the commit leaves. That
         is the draft of a tree / chain round (the next round's depth stays ``block - 1``), or the
-        tree and verify of an AR round (not when top log-probs are asked: the host reads this
-        round's logits after the next verify would have written them). ``stage_sets``: the
+        tree and verify of an AR round (whose logits row, where top log-probs are asked, the
+        caller copies first). ``stage_sets``: the
         request's stages per window for the next round's row count. Returns the launched round's
         timer and stage names, or None (nothing launched).
 
@@ -1046,7 +1048,7 @@ class FastDecoder:
         do not show in the next request's first token."""
         most = depth + 1  # tokens this round can commit: the root's path through the tree + bonus
         if mode == "ar":
-            if top_logprobs > 0 or remaining - most < 1:
+            if remaining - most < 1:
                 return None
             names = ("draft", "tree", "verify")
         elif depth <= 0 or remaining - most < self.block:
