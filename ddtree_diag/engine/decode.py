@@ -226,9 +226,9 @@ class GenerationRecorder:
         logprobs = torch.log_softmax(rows, dim=-1, dtype=torch.float32)
         values, ids = logprobs.topk(min(self.request.top_logprobs, rows.shape[-1]))
         chosen = torch.tensor(tokens, dtype=torch.long)
-        if rows.is_cuda:  # from pinned memory: a pageable copy would wait for the queued rounds
-            chosen = chosen.pin_memory().to(rows.device, non_blocking=True)
-        self.logprob_parts.append((values, ids, logprobs.gather(-1, chosen[:, None].to(rows.device))[:, 0]))
+        # CUDA: from pinned memory, as a pageable copy would wait for the rounds queued ahead
+        chosen = chosen.pin_memory().to(rows.device, non_blocking=True) if rows.is_cuda else chosen.to(rows.device)
+        self.logprob_parts.append((values, ids, logprobs.gather(-1, chosen[:, None])[:, 0]))
 
     def add_stage_time(self, stage: str, seconds: float) -> None:
         self.stage_times[stage] += seconds

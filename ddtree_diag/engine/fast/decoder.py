@@ -976,7 +976,7 @@ class FastDecoder:
             new_tokens = [*result[3 + self.block + 1 : 3 + self.block + count], bonus]
             t.kv.advance(count)
             logits_kept = ar_logits
-            if request.top_logprobs > 0 and logits_kept is None:  # by the device's result row: no copy from the host
+            if request.top_logprobs > 0 and logits_kept is None:  # indexed on the device: no host copy
                 logits_kept = self.outputs[rows]["logits"].index_select(0, self.result[rows][3 : 3 + count])
             complete = False
             if grammar is not None:
@@ -1037,10 +1037,9 @@ class FastDecoder:
         in them can depend on it: the round's shape (its depth limit and attention window) is the
         same whatever this round commits, and they read only device state the commit leaves. That
         is the draft of a tree / chain round (the next round's depth stays ``block - 1``), or the
-        tree and verify of an AR round (whose logits row, where top log-probs are asked, the
-        caller copies first). ``stage_sets``: the
-        request's stages per window for the next round's row count. Returns the launched round's
-        timer and stage names, or None (nothing launched).
+        tree and verify of an AR round (whose logits row, where top log-probs are asked, the caller
+        copies first). ``stage_sets``: the request's stages per window for the next round's row
+        count. Returns the launched round's timer and stage names, or None (nothing launched).
 
         If the request ends with this round (a stop token), the launched stages ran for nothing;
         they leave nothing the next request reads (it resets every counter and rewrites the caches
