@@ -116,3 +116,27 @@ def test_stripped_harmony_in_a_served_answer_is_garbage():
     verdict = assess(stripped, prompt="Say hello.", finish_reason="stop")
     assert verdict.garbage and "template_leak" in verdict.codes
     assert not assess("Hello there!", prompt="Say hello.", finish_reason="stop").garbage
+
+
+def test_a_freed_tokenizers_answer_is_not_given_to_the_next_one_at_its_address(tmp_path):
+    """Answers are kept per tokenizer object by its id, which Python reuses once an object is
+    freed: a gpt-oss tokenizer allocated where a plain one lived must still be found harmony."""
+    pytest.importorskip("transformers")
+    import gc
+    import weakref
+
+    from ddtree_diag.server import prompting
+    from tests.support import engine_fixtures as fx
+
+    harmony = fx.make_tokenizer(tmp_path / "harmony", harmony=True)
+    gone = fx.make_tokenizer(tmp_path / "plain")
+    assert not prompting.speaks_harmony(gone)
+    stale = weakref.ref(gone)
+    del gone
+    gc.collect()
+    assert stale() is None
+    # as if the plain tokenizer had lived at the gpt-oss one's address: its answer left behind
+    for question, setting in (("harmony", None), ("prefilled", True)):
+        prompting._PER_TOKENIZER[(question, id(harmony), setting)] = (stale, question == "prefilled")
+    assert prompting.speaks_harmony(harmony)
+    assert not prompting.think_prefilled(harmony, True)

@@ -9,7 +9,10 @@ them as JSON with the ``<tool_call>`` format the server parses.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ddtree_diag.errors import UsageError, one_line
@@ -67,9 +70,21 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], *, thinking: bool | N
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+# Answers per tokenizer object, keyed by its id with a weak reference beside: an id is reused once
+# its object is freed (a later tokenizer would find the freed one's answer), the reference tells.
+_PER_TOKENIZER: dict[tuple[str, int, bool | None], tuple[Any, bool]] = {}
 
-_PREFILLED: dict[tuple[int, bool | None], bool] = {}
-_HARMONY: dict[int, bool] = {}
+
+def _per_tokenizer(question: str, tokenizer: Any, setting: bool | None, answer: Callable[[], bool]) -> bool:
+    """``answer()`` for this tokenizer object and setting, computed once while the object lives."""
+    key = (question, id(tokenizer), setting)
+    found = _PER_TOKENIZER.get(key)
+    if found is not None and found[0]() is tokenizer:
+        return found[1]
+    value = answer()
+    with contextlib.suppress(TypeError):  # an object without weak references (None among them): not kept
+        _PER_TOKENIZER[key] = (weakref.ref(tokenizer), value)
+    return value
 
 
 def speaks_harmony(tokenizer: Any) -> bool:
@@ -78,23 +93,23 @@ def speaks_harmony(tokenizer: Any) -> bool:
     puts them. Once per tokenizer (its vocabulary is a dict of 200k entries built on each call)."""
     from ddtree_diag.engine.arch import speaks_harmony as vocab_speaks_harmony
 
-    key = id(tokenizer)
-    if key not in _HARMONY:
-        _HARMONY[key] = tokenizer is not None and vocab_speaks_harmony(tokenizer.get_vocab())
-    return _HARMONY[key]
+    return _per_tokenizer(
+        "harmony", tokenizer, None,
+        lambda: tokenizer is not None and vocab_speaks_harmony(tokenizer.get_vocab()),
+    )
 
 
 def think_prefilled(tokenizer: Any, thinking: bool | None) -> bool:
     """Whether the template opens the think block itself for this thinking setting (the prompt
     ends with ``<think>``), so the answer starts inside it. Templates that leave it to the model
     (Qwen3's) or never think (SmolLM2's) do not."""
-    key = (id(tokenizer), thinking)
-    if key not in _PREFILLED and speaks_harmony(tokenizer):
-        _PREFILLED[key] = False  # harmony_as_think opens its think block itself
-    if key not in _PREFILLED:
+    def answer() -> bool:
+        if speaks_harmony(tokenizer):
+            return False  # harmony_as_think opens its think block itself
         try:
             text = render_text(tokenizer, [{"role": "user", "content": "Hi"}], thinking=thinking)
         except UsageError:
             text = ""
-        _PREFILLED[key] = text.rstrip().endswith("<think>")
-    return _PREFILLED[key]
+        return text.rstrip().endswith("<think>")
+
+    return _per_tokenizer("prefilled", tokenizer, thinking, answer)
