@@ -450,6 +450,18 @@ def between_reads(events: list[str]) -> list[list[str]]:
     return spans
 
 
+def ahead_on_and_off(engine, events: list[str], monkeypatch, **ask):
+    """((generation, its logged events) with the round ahead on, the same with it off): one fast
+    run each, ``events`` the list ``logged_rounds`` fills."""
+    runs = {}
+    for setting in ("on", "off"):
+        monkeypatch.setenv("DDTREE_DIAG_ROUND_AHEAD", setting)
+        events.clear()
+        runs[setting] = run_path(engine, "fast", **ask), list(events)
+    monkeypatch.delenv("DDTREE_DIAG_ROUND_AHEAD")
+    return runs["on"], runs["off"]
+
+
 @pytest.mark.parametrize("mode,budget", (("tree", 16), ("chain", None), ("ar", 0)))
 def test_the_next_rounds_first_stages_run_before_this_rounds_result_is_read(engines, monkeypatch, mode, budget):
     """Round ahead: the next round's draft (AR: its tree and verify) is launched before the host
@@ -461,13 +473,9 @@ def test_the_next_rounds_first_stages_run_before_this_rounds_result_is_read(engi
     ask = dict(prompt_ids=PROMPTS[1], tree_budget=budget, mode=mode, max_tokens=MAX_TOKENS, stop_token_ids=[])
     for temperature in (0.0, 0.9):
         eager = run_path(engine, "eager", temperature=temperature, seed=2, **ask)
-        runs = {}
-        for setting in ("on", "off"):
-            monkeypatch.setenv("DDTREE_DIAG_ROUND_AHEAD", setting)
-            events.clear()
-            runs[setting] = run_path(engine, "fast", temperature=temperature, seed=2, **ask), list(events)
-        monkeypatch.delenv("DDTREE_DIAG_ROUND_AHEAD")
-        (ahead, ahead_events), (plain, plain_events) = runs["on"], runs["off"]
+        (ahead, ahead_events), (plain, plain_events) = ahead_on_and_off(
+            engine, events, monkeypatch, temperature=temperature, seed=2, **ask
+        )
         assert_same(eager, ahead, (mode, temperature))
         assert_same(plain, ahead, (mode, temperature))
         assert not any(between_reads(plain_events))
@@ -501,13 +509,9 @@ def test_an_ar_round_asked_for_top_logprobs_is_launched_ahead_and_keeps_its_own_
                top_logprobs=3)
     for temperature in (0.0, 0.9):
         eager = run_path(engine, "eager", temperature=temperature, seed=5, **ask)
-        runs = {}
-        for setting in ("on", "off"):
-            monkeypatch.setenv("DDTREE_DIAG_ROUND_AHEAD", setting)
-            events.clear()
-            runs[setting] = run_path(engine, "fast", temperature=temperature, seed=5, **ask), list(events)
-        monkeypatch.delenv("DDTREE_DIAG_ROUND_AHEAD")
-        (ahead, ahead_events), (plain, _) = runs["on"], runs["off"]
+        (ahead, ahead_events), (plain, _) = ahead_on_and_off(
+            engine, events, monkeypatch, temperature=temperature, seed=5, **ask
+        )
         assert sum(span == ["ar-tree", "verify"] for span in between_reads(ahead_events)) >= MAX_TOKENS - 3
         for other in (eager, plain):
             assert_same(other, ahead, temperature)

@@ -56,7 +56,7 @@ def logprobs_content(tokenizer: Any, generation: Any, count: int) -> list[dict[s
     if not generation.top_logprobs:
         return None
     content = []
-    own = getattr(generation, "token_logprobs", None) or [None] * len(generation.token_ids)
+    own = generation.token_logprobs or [None] * len(generation.token_ids)
     for token_id, all_top, own_value in zip(generation.token_ids, generation.top_logprobs, own, strict=False):
         top = [(tid, value) for tid, value in all_top if math.isfinite(value)]
         # the token's own log-prob (a sampled token may be outside the top ones); a record
