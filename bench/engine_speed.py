@@ -12,7 +12,7 @@ round, not a speedup.
     python -m bench.engine_speed --small         # CPU smoke run: a small shape, fp32
     python -m bench.engine_speed --small --profile   # + torch.profiler top ops (on by default with CUDA)
 
-With $OUT set, the printed report is also written to $OUT/engine_speed.txt (and .json).
+With $OUT set, the printed report is also written to $OUT/engine_speed-<shapes>.txt (and .json).
 """
 
 from __future__ import annotations
@@ -484,8 +484,10 @@ def main() -> int:
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "engine_speed.txt").write_text("\n".join(LINES) + "\n")
-        (Path(out) / "engine_speed.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
+        # one pair of files per shape list, so two runs into one $OUT keep both
+        stem = "engine_speed-" + "_".join(shape.strip() for shape in args.shapes)
+        (Path(out) / f"{stem}.txt").write_text("\n".join(LINES) + "\n")
+        (Path(out) / f"{stem}.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
     return 0
 
 
