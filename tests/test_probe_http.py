@@ -155,6 +155,35 @@ def test_truncated_stream_keeps_partial_text(standin, cli):
     assert record["output"].startswith("Hello! It is")
 
 
+@pytest.mark.parametrize(
+    "dialect, prompt, needle",
+    [("llamacpp", "FAIL:llamaerror", "server error in stream: Input prompt is too big compared to KV size"),
+     ("sglang", "FAIL:abort", "finish_reason 'abort'")],
+)
+def test_a_stream_the_server_cut_short_fails_the_case(standin, cli, dialect, prompt, needle):
+    """llama.cpp's mid-stream ``error:`` line (then [DONE]) and an aborted request's finish reason
+    end with HTTP 200 and part of an answer: the case fails with the server's reason, the text kept."""
+    server = standin("--dialect", dialect)
+    result, report = probe_json(cli, server.url, "--dialect", dialect, "--thinking", "off",
+                                "--prompt", prompt, "--prompt", "Say hi.")
+    assert result.code == 1, result.stderr
+    bad, good = report["results"]
+    assert bad["status"] == "http_error" and needle in bad["error"]
+    assert bad["output"].startswith("Hello! It is")
+    assert good["status"] == "ok"
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_with_two_choices_only_the_first_is_read(standin, cli, stream):
+    server = standin("--dialect", "vllm")
+    result, report = probe_json(cli, server.url, "--dialect", "vllm", "--thinking", "off", stream,
+                                "--prompt", "FAIL:n2 Say hi.")
+    assert result.code == 0, result.stderr
+    record = report["results"][0]
+    assert record["output"] == "Hello! It is nice to meet you." and record["finish_reason"] == "stop"
+    assert any("more than one choice" in note for note in record["extras"]["notes"])
+
+
 def test_json_round_trip_through_records(standin, cli, tmp_path):
     server = standin("--dialect", "ddtree")
     path = tmp_path / "run.json"

@@ -17,6 +17,7 @@ tokens per second between the first and the last token.
 from __future__ import annotations
 
 import codecs
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -700,6 +701,7 @@ class HttpBackend:
             result.status, result.error = STATUS_HTTP_ERROR, one_line(str(exc))
             return
         self._fill(result, parsed)
+        _fail_if_cut_short(result)
         timings = result.timings
         if result.completion_tokens and timings.e2e_s:
             timings.decode_tokens_per_second = result.completion_tokens / timings.e2e_s
@@ -725,16 +727,20 @@ class HttpBackend:
             far_ttft = None
             # The checked bytes go through httpx-sse's parser as a response of their own.
             checked = httpx.Response(200, headers={"content-type": "text/event-stream; charset=utf-8"},
-                                     content=self._strict_utf8(self._chunks(response, progress)))
+                                     content=error_field_as_event(self._strict_utf8(self._chunks(response, progress))))
             try:
                 for event in EventSource(checked).iter_sse():
                     progress.events += 1
                     data = event.data
-                    if data == "[DONE]":
+                    if event.event == "error":
+                        result.status = STATUS_HTTP_ERROR
+                        result.error = f"server error in stream: {_stream_error_text(data)}"
+                        break
+                    if data.strip() == "[DONE]":
                         accumulator.saw_done = True
                         break
-                    if not data.strip() and event.event in ("", "message"):
-                        continue  # an empty event (some servers send them as keep-alives)
+                    if not data.strip() or event.event not in ("", "message"):
+                        continue  # keep-alives: empty events, named ones (sse-starlette's ``ping``)
                     try:
                         chunk = jsonsafe.loads(data, what=f"stream event {progress.events}")
                     except ValueError as exc:
@@ -743,7 +749,9 @@ class HttpBackend:
                         break
                     if not isinstance(chunk, dict):
                         continue
-                    if event.event == "error" or ("error" in chunk and not chunk.get("choices")):
+                    if chunk.get("error") or chunk.get("object") == "error":
+                        # vLLM / SGLang send {"error": {...}}, old vLLM a flat error object, and
+                        # OpenRouter an error beside a choice: every one ends the answer
                         result.status = STATUS_HTTP_ERROR
                         result.error = f"server error in stream: {_stream_error(chunk)}"
                         break
@@ -783,6 +791,7 @@ class HttpBackend:
                 f"stream ended before [DONE] after {accumulator.chunks} chunks "
                 f"({len(parsed.output)} characters kept)"
             )
+        _fail_if_cut_short(result)
 
     @staticmethod
     def _fill(result: ProbeResult, parsed: dialects.ParsedResponse) -> None:
@@ -870,10 +879,73 @@ class HttpBackend:
 
 
 def _stream_error(chunk: dict[str, Any]) -> str:
-    error = chunk.get("error")
+    """The message of an error object in a stream: nested (``{"error": {...}}``) or flat."""
+    error = chunk.get("error") or chunk
     if isinstance(error, dict):
-        error = error.get("message", error)
+        error = error.get("message") or error.get("detail") or error
     return one_line(jsonsafe.displayable(str(error)), 200)
+
+
+def _stream_error_text(data: str) -> str:
+    """The message of an ``error`` event: its JSON error object's, else its text."""
+    try:
+        chunk = jsonsafe.loads(data, what="an error event")
+    except ValueError:
+        chunk = None
+    if isinstance(chunk, dict):
+        return _stream_error(chunk)
+    return one_line(jsonsafe.displayable(data.strip() or "(no message)"), 200)
+
+
+# finish reasons that say the server stopped the answer itself, not the model or max_tokens
+CUT_SHORT_REASONS = {"abort", "error", "cancelled", "canceled"}
+
+
+def _fail_if_cut_short(result: ProbeResult) -> None:
+    """An answer the server aborted (SGLang / vLLM ``abort``, OpenRouter ``error``) is no healthy
+    answer, whatever its text: the case fails with the reason."""
+    if result.status == STATUS_OK and (result.finish_reason or "").lower() in CUT_SHORT_REASONS:
+        result.status = STATUS_HTTP_ERROR
+        result.error = (f"the server ended the answer with finish_reason {result.finish_reason!r} "
+                        f"after {len(result.output)} characters")
+
+
+_LINE_END = re.compile(rb"[\r\n]")
+_ERROR_FIELD = b"error:"
+
+
+def error_field_as_event(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Pass SSE bytes on, with each line that starts ``error:`` made an ``error`` event.
+
+    llama.cpp's server reports a failure mid-stream as a line of its own field, ``error: {json}``,
+    which an SSE parser drops as an unknown field (and then sends ``[DONE]``): rewritten to
+    ``event: error`` + ``data: {json}``, the stream's loop sees it. Bytes pass at once; only a
+    chunk that ends inside a line's first six bytes waits for the next."""
+    at_line_start, pending = True, b""
+    for chunk in chunks:
+        data, pending = pending + chunk, b""
+        out, position = bytearray(), 0
+        while position < len(data):
+            if at_line_start:
+                head = data[position : position + len(_ERROR_FIELD)]
+                if head == _ERROR_FIELD:
+                    out += b"event: error\ndata:"
+                    position += len(_ERROR_FIELD)
+                elif _ERROR_FIELD.startswith(head) and position + len(head) == len(data):
+                    pending = data[position:]  # maybe "error:" cut by the chunk's end
+                    break
+                at_line_start = False
+                continue
+            end = _LINE_END.search(data, position)
+            if end is None:
+                out += data[position:]
+                break
+            out += data[position : end.end()]
+            position, at_line_start = end.end(), True
+        if out:
+            yield bytes(out)
+    if pending:
+        yield pending
 
 
 def _usable_name(name: Any) -> bool:

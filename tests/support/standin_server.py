@@ -3,7 +3,7 @@
 It replays the response shapes each server documents (see shared/DESIGN.md, "Server dialects")
 so the probe's request shaping, streaming and parsing can be tested over real HTTP on loopback
 for servers we cannot run here. Behaviour is chosen per process (``--dialect``) and per request
-(a prompt containing ``FAIL:<mode>`` triggers an error path).
+(a prompt containing ``FAIL:<mode>`` triggers an error path or an unusual shape).
 
 Fault flags (``--lossy``, ``--flaky-text``, ``--tie-gap``, ``--rounds-mismatch``, ``--acceptance-decay``,
 ``--thinking-garbage``, ``--thinking-low-acceptance``, ``--early-stop``, ``--loop``, ``--inverse-budget``,
@@ -65,6 +65,7 @@ STORY_GARBAGE = "Thinking to the 1. 1. 题目:\nuser:\n# user: 1.\n# 1. 1. 1. �
 REASONING = "The user wants a greeting."
 # What a prefix-cache hit says under --cache-changes-output (state leaking through the cache).
 CACHED_ANSWER = "Hello again! It is nice to see you."
+OTHER_CHOICE = "Bonjour mes amis"  # FAIL:n2's second choice
 LONG_PROMPT_WORDS = 1000  # --context-collapse: acceptance collapses past this many prompt words
 # A chat template's tokens around each message and the assistant's opening (usage and /tokenize).
 TEMPLATE_TOKENS_PER_MESSAGE = 3
@@ -572,8 +573,12 @@ class Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "message": message, "finish_reason": finish}
             if logprobs is not None:
                 choice["logprobs"] = {"content": logprobs}
+            choices = [choice]
+            if "FAIL:n2" in prompt:  # n = 2: a second choice, listed first
+                choices.insert(0, {"index": 1, "message": {"role": "assistant", "content": OTHER_CHOICE},
+                                   "finish_reason": "length"})
             payload = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "standin-model",
-                       "choices": [choice], "usage": usage}
+                       "choices": choices, "usage": usage}
             payload.update(extras)
             self._json(200, payload)
             return
@@ -585,10 +590,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
 
-        def send(obj) -> None:
-            data = ("data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n").encode()
+        def send_raw(data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
+
+        def send(obj) -> None:
+            send_raw(("data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n").encode())
 
         base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "standin-model"}
         send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
@@ -608,6 +615,8 @@ class Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "delta": {"content": tok}}
             if logprobs is not None:
                 choice["logprobs"] = {"content": [logprobs[i]]}
+            if "FAIL:n2" in prompt:  # n = 2: the other choice's chunks interleaved, tagged index 1
+                send({**base, "choices": [{"index": 1, "delta": {"content": OTHER_CHOICE.split()[i % 3] + " "}}]})
             send({**base, "choices": [choice]})
             time.sleep(token_seconds(body))
             if "FAIL:truncate" in prompt and i == 2:
@@ -615,6 +624,17 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 self.close_connection = True
                 return
+            if "FAIL:llamaerror" in prompt and i == 2:
+                # llama.cpp: a failure mid-stream is a line of its own ``error`` field, then [DONE]
+                send_raw(b'error: {"code": 500, "message": "Input prompt is too big compared to KV size", '
+                         b'"type": "server_error"}\n\n')
+                send("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                return
+            if "FAIL:abort" in prompt and i == 2:
+                finish = "abort"  # SGLang / vLLM: the request aborted on the server
+                break
         final = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
         include_usage = (body.get("stream_options") or {}).get("include_usage")
         if State.dialect == "llamacpp":

@@ -100,8 +100,47 @@ def text_of(content: Any) -> str:
 
 
 def reasoning_of(message: dict[str, Any]) -> str | None:
-    value = first(message, "reasoning_content", "reasoning")
-    return value if isinstance(value, str) and value else None
+    """The reasoning text: vLLM and SGLang name it ``reasoning_content``, newer vLLM and
+    OpenRouter ``reasoning``; the first that holds text (one may be sent empty beside the other)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def refusal_of(message: dict[str, Any]) -> str:
+    """OpenAI's ``refusal`` text (the model declined; ``content`` is then null)."""
+    value = message.get("refusal")
+    return value if isinstance(value, str) else ""
+
+
+def choice_zero(choices: Any) -> dict[str, Any] | None:
+    """The first choice: the one whose ``index`` is 0 (with ``n`` > 1 a stream interleaves the
+    choices' chunks, each tagged with its index), or the first one where none has an index.
+    None when this body or chunk carries only other choices."""
+    if not isinstance(choices, list):
+        return None
+    listed = [c for c in choices if isinstance(c, dict)]
+    for choice in listed:
+        if choice.get("index") == 0 and not isinstance(choice.get("index"), bool):
+            return choice
+    if listed and all(choice.get("index") is None for choice in listed):
+        return listed[0]
+    return None
+
+
+def other_choices(choices: Any) -> bool:
+    """Whether a body or chunk holds a choice other than the first (``n`` > 1)."""
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(c, dict) and isinstance(c.get("index"), int) and c["index"] > 0 for c in choices)
+
+
+# what a note says when the server answered more than one choice
+MANY_CHOICES_NOTE = ("the server answered more than one choice (n > 1): choice 0 is read; the "
+                     "usage counts may cover every choice")
+REFUSAL_NOTE = "the model refused (OpenAI's refusal field); its refusal is read as the output"
 
 
 def finish_reason_of(choice: dict[str, Any]) -> str | None:
@@ -275,14 +314,14 @@ class Dialect:
         """Parse a non-streamed chat-completion body. Raises ValueError with a one-line reason when
         the body is not a usable chat completion."""
         choices = body.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            error = body.get("error")
+        choice = choice_zero(choices)
+        error = body.get("error")
+        if choice is None or error:
             if error:  # some servers answer 200 with an error object
                 message = error.get("message", error) if isinstance(error, dict) else error
                 text = str(message).splitlines()[0][:200] if str(message) else "(empty)"
                 raise ValueError(f"server error in a 200 answer: {text}")
             raise ValueError("response has no choices[0]")
-        choice = choices[0]
         message = choice.get("message")
         if not isinstance(message, dict):
             raise ValueError("response has no choices[0].message")
@@ -294,6 +333,11 @@ class Dialect:
             finish_reason=finish_reason_of(choice),
             model=model if isinstance(model, str) else None,
         )
+        if not parsed.output and refusal_of(message):
+            parsed.output = refusal_of(message)
+            parsed.notes.append(REFUSAL_NOTE)
+        if other_choices(choices):
+            parsed.notes.append(MANY_CHOICES_NOTE)
         read_usage(parsed, body.get("usage"))
         parsed.extras = extras_of(body, choice)
         if isinstance(choice.get("logprobs"), dict):
@@ -315,9 +359,11 @@ class StreamAccumulator:
         self.output_parts: list[str] = []
         self._reasoning: list[str] = []
         self._logprobs: list[Any] = []  # per-token logprobs, chunk by chunk
+        self._refusal: list[str] = []
         self._tool_calls = ToolCallDeltas()
         self.chunks = 0
         self.saw_done = False
+        self._many_choices = False
 
     def feed(self, chunk: dict[str, Any]) -> str:
         """Add one decoded chunk; return the text it added (content or reasoning), for TTFT."""
@@ -327,14 +373,17 @@ class StreamAccumulator:
             parsed.model = chunk["model"]
         added = ""
         choices = chunk.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        self._many_choices = self._many_choices or other_choices(choices)
+        choice = choice_zero(choices) or {}
         delta = choice.get("delta") or choice.get("message") or {}
         if isinstance(delta, dict):
             content = text_of(delta.get("content"))
             reasoning = reasoning_of(delta) or ""
+            refusal = refusal_of(delta)
             self.output_parts.append(content)
             self._reasoning.append(reasoning)
-            added = content + reasoning
+            self._refusal.append(refusal)
+            added = content + reasoning + refusal
             if delta.get("tool_calls") is not None:
                 added += self._tool_calls.feed(delta["tool_calls"])  # a call's first piece is TTFT
         reason = finish_reason_of(choice)
@@ -354,6 +403,11 @@ class StreamAccumulator:
     def result(self, case: ProbeCase) -> ParsedResponse:
         parsed = self.parsed
         parsed.output = "".join(self.output_parts)
+        if not parsed.output and "".join(self._refusal):
+            parsed.output = "".join(self._refusal)
+            parsed.notes.append(REFUSAL_NOTE)
+        if self._many_choices:
+            parsed.notes.append(MANY_CHOICES_NOTE)
         parsed.reasoning = "".join(self._reasoning) or None
         parsed.tool_calls = self._tool_calls.result()
         if self._logprobs:
