@@ -126,6 +126,39 @@ def test_a_whole_answer_said_twice_after_a_blank_line():
     assert not assess(listed, prompt="Two steps, please.", finish_reason="stop").garbage
 
 
+@pytest.mark.parametrize("separator", ["\n\n", " ", "\n"])
+def test_a_sentence_said_three_times_without_its_last_separator_is_a_loop(separator):
+    sentence = "DNS translates domain names into IP addresses so computers can find each other."
+    text = separator.join([sentence] * 3)  # the last copy lacks the separator the others end with
+    code = "line_loop" if "\n" in separator else "phrase_loop"
+    assert flagged(text, code, prompt="Explain how DNS works.", finish_reason="stop"), repr(separator)
+    assert not assess(separator.join([sentence] * 2), prompt="Explain how DNS works.", finish_reason="stop").garbage
+
+
+@pytest.mark.parametrize(
+    ("text", "prompt"),
+    [
+        ("[None, None, None, None, None, None, None, None]", "What is [None] * 8?"),
+        ("The result is [True, True, True, True, True, True].", "What does [x > 0 for x in xs] give?"),
+        ("It prints ['a', 'a', 'a', 'a', 'a'].", "What does list('a' * 5) print?"),
+    ],
+)
+def test_a_literal_listing_one_word_again_is_data_not_a_loop(text, prompt):
+    assert not assess(text, prompt=prompt, finish_reason="stop").garbage, assess(text, prompt=prompt).to_dict()
+
+
+@pytest.mark.parametrize(
+    "tail",
+    ["-" * 300, "=" * 150, "*" * 200, "|---|---|\n" * 40, "| --- | --- |\n" * 30],
+)
+def test_markup_repeated_into_the_token_limit_is_a_loop(tail):
+    text = "| a | b |\n" + tail if tail.startswith("|") else "The sky is blue because of scattering.\n" + tail
+    verdict = assess(text, prompt="Why is the sky blue?", finish_reason="length")
+    assert verdict.garbage and {"token_loop", "line_loop"} & set(verdict.codes), verdict.to_dict()
+    # the same rule or border where the answer ended on its own is a drawing, not a loop
+    assert not {"token_loop", "line_loop"} & set(codes(text, prompt="Why is the sky blue?", finish_reason="stop"))
+
+
 def test_a_sentence_said_twice_where_the_reply_is_cut():
     text = "Tokyo is the capital. It is a large city with many people. It is a large city with many people."
     assert flagged(text, "phrase_loop", finish_reason="length")
@@ -162,6 +195,23 @@ def test_script_switch_without_a_prompt_uses_the_texts_own_script():
 @pytest.mark.parametrize(
     "text",
     [
+        "Docker 是一个开源的容器平台。你可以用 Docker Compose 来管理多个 container，比如 web server 和 database。",
+        "Чтобы прочитать файл в Python, используйте:\n\n```python\nwith open('data.txt', encoding='utf-8') as f:\n"
+        "    for line in f:\n        print(line.strip())\n```",
+        "解方程 $x^2 + 2x + 1 = 0$。因为 $x^2 + 2x + 1 = (x+1)^2$，所以 $x = -1$。\n\n"
+        "$$\\frac{-b \\pm \\sqrt{b^2-4ac}}{2a} = -1$$",
+        "React の useEffect フックは、コンポーネントの render 後に副作用を実行します。dependency array を渡します。",
+        "Kubernetes에서 Pod는 가장 작은 배포 단위입니다. kubectl get pods 명령으로 확인할 수 있습니다.",
+    ],
+)
+def test_without_a_prompt_an_answer_naming_code_terms_keeps_its_own_script(text):
+    # code, TeX and English terms inside a Chinese / Russian / Japanese / Korean answer are no switch
+    assert "script_mix" not in codes(text, finish_reason="stop")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
         "Hello!<|im_end|>",
         "Sure.<|im_end|>\n<|im_start|>user\nmore",
         "Hi<|endoftext|>",
@@ -170,6 +220,7 @@ def test_script_switch_without_a_prompt_uses_the_texts_own_script():
         "Hi!<|eot_id|><|start_header_id|>user<|end_header_id|>",
         "Hello<end_of_turn>\n<start_of_turn>user",
         "Hi<｜end▁of▁sentence｜>",
+        'Sure, let me look that up.[TOOL_CALLS][{"name": "search", "arguments": {"q": "weather"}}]',
     ],
 )
 def test_template_leak(text):
@@ -302,6 +353,29 @@ def test_premature_stop_needs_finish_reason_stop_to_be_hard():
     unknown = assess("Hello,")
     assert "premature_stop" in unknown.codes and not unknown.garbage
     assert assess("Hello,", finish_reason="length").codes == ["truncated"]
+
+
+def test_a_stop_inside_a_word_is_a_premature_stop():
+    prompt = "Why is the sky blue?"
+    assert flagged("The sky is blue because of Rayleigh scatt", "premature_stop", prompt=prompt, finish_reason="stop")
+    assert flagged("The sky looks blue because the molecules of the air scatter short wavelen", "premature_stop",
+                   prompt=prompt, finish_reason="stop")
+    # cut by the token limit it is only truncated; a whole last word, a name or a term is an ending
+    assert not assess("The sky is blue because of Rayleigh scatt", prompt=prompt, finish_reason="length").garbage
+    for text in ("The sky is blue because of Rayleigh scattering", "The scattering is named after Rayleigh",
+                 "Install it with pip and import numpy, then call numpy"):
+        assert "premature_stop" not in codes(text, prompt=prompt, finish_reason="stop"), text
+    # a list item may end on a short form no list holds ("repo"): soft, never garbage alone
+    listed = assess("Steps:\n- Clone the code\n- Save the file in your repo", prompt="Steps?", finish_reason="stop")
+    assert not listed.garbage
+
+
+def test_lorem_ipsum_is_no_salad():
+    text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore "
+            "et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut "
+            "aliquip ex ea commodo consequat.")
+    assert not assess(text, prompt="Give me two sentences of placeholder text.", finish_reason="stop").garbage
+    assert not assess(f"<p>{text}</p>", prompt="An HTML paragraph with filler text.", finish_reason="stop").garbage
 
 
 def test_stop_at_max_tokens_counts_as_truncation():

@@ -428,6 +428,17 @@ def function_word_stop(rng):
     return Sample(text, ask(rng, lang), "stop", note=f"{lang} {last!r}")
 
 
+def mid_word_stop(rng):
+    """Prose that stops inside a long word ("... because of Rayleigh scatt"), finish_reason stop."""
+    lang = rng.choice([lang for lang in languages() if lang not in ("zh", "ja")])
+    known = set(_words()[lang][0])
+    long_word = words(rng, lang, 1, min_len=8, content=True)[0]
+    cuts = [long_word[:k] for k in range(5, len(long_word) - 2) if long_word[:k] not in known]
+    cut = rng.choice(cuts) if cuts else long_word[:5]
+    body = prose(rng, lang, 1, 2) + " " + " ".join(words(rng, lang, rng.randint(4, 10)))
+    return Sample(body + " " + cut, ask(rng, lang), "stop", note=f"{lang} {long_word!r} -> {cut!r}")
+
+
 Generator = Callable[[random.Random], Sample]
 
 CLEAN: dict[str, Generator] = {
@@ -440,7 +451,7 @@ GARBAGE: dict[str, Generator] = {
     "punctuation run": punct_run, "counting": counting, "header+symbol": header_symbol,
     "doubled words": doubled_words, "salad": salad_prose, "salad after opening": salad_after_opening,
     "salad after code": salad_after_code, "glued/split words": glued_function_words,
-    "function-word stop": function_word_stop,
+    "function-word stop": function_word_stop, "mid-word stop": mid_word_stop,
 }
 
 

@@ -172,6 +172,10 @@ _FLOOD_RE = re.compile(r"([^\w\s\-=_*#~.`|+<>/\\\ufffd]{1,2}?)\1{15,}|\n[ \t]*(?
 # googol written out, a 128-bit mask, a poly(A) tail, an aligned table), so only past 200.
 _CHAR_RUN_RE = re.compile(r"([^\W_])\1{63,}|[ \t]{64,}")
 RUN_ANYWHERE = 200
+# A markup character ("-", "=", "*", "#", "_", "~", ".") or unit ("|---") repeated over this many
+# characters into the token limit is a loop: no rule or border is that long.
+MARKUP_TO_LIMIT = 120
+_MARKUP_RUN_RE = re.compile(r"([-=_*#~.])\1{119,}")
 DIGITS_TO_LIMIT = 120
 
 
@@ -206,6 +210,13 @@ def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int
     run = _char_run(text, lo, hi, ctx, code_spans)
     if run is not None:
         return run
+    if ctx.truncated and not ctx.repeat and hi == len(text):
+        content_end = len(text.rstrip())
+        for match in _MARKUP_RUN_RE.finditer(text, lo, hi):
+            if match.end() >= content_end and not inside_spans(match.start(), code_spans):
+                count = match.end() - match.start()
+                return Reason("token_loop", f"{match.group(1)!r} repeated {count}× in a row up to the token limit",
+                              excerpt(text, max(0, match.start() - 40), match.end()), 0.75, match.span())
     for match in _FLOOD_RE.finditer(text, lo, hi):
         if inside_spans(match.start(), code_spans) or ctx.repeat:
             continue
@@ -224,7 +235,7 @@ def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int
 
 
 _OPENER_OF = {"]": "[", ")": "(", "}": "{"}
-_LITERAL_END_RE = re.compile(r"[\s,;]*[-+]?[\d.]*\s*([\])}])")
+_LITERAL_END_RE = re.compile(r"[\s,;'\"]*[-+]?[\d.]*[\s'\"]*([\])}])")
 
 
 def _in_literal(text: str, start: int, end: int) -> bool:
@@ -267,20 +278,24 @@ def _loops_in(
         complete = -(-covered // period) if closed else repeats  # the last repeat counted whole
         if complete < 2.0:
             continue
+        if period >= 6:
+            repeats = complete  # a sentence: "A.\n\nA.\n\nA." is A said three times, not 2.9
         unit_words = sum(1 for t in unit if _is_word(names[t]))
         # A whole passage (20+ tokens, mostly words) said twice in a row is already a fault; so
         # is a sentence said twice right where the reply hits the token limit (a loop starting).
         wordy = unit_words >= period / 2
         passage = wordy and (period >= 20 or (period >= 8 and ctx.truncated and at_text_end and n - end <= 2))
-        if passage:
-            repeats = complete
         if repeats < 3.0 and not passage:
             continue
+        # A refrain that runs until the token limit is a loop, song or not.
+        runs_out = ctx.truncated and at_text_end and n - end <= 2
         if passage:
             needed = 2.0
         elif not unit_words:
             if not any(names[t].isdigit() for t in unit):
-                continue  # punctuation and markup: rules, table borders, closing braces
+                if not (runs_out and sum(len(names[t]) for t in ids[start:end]) >= MARKUP_TO_LIMIT):
+                    continue  # punctuation and markup: rules, table borders, closing braces
+                needed = 3.0  # ... unless it runs on into the token limit: "|---|---|---|…"
             # Numbers repeat legitimately (matrices, tallies), but not forever; a longer numeric
             # phrase ("2 + 2 = 4.") repeated verbatim is already odd.
             needed = 4.0 if period >= 4 else 10.0
@@ -297,11 +312,10 @@ def _loops_in(
         if starts is None:
             starts = [lo + x for x in _token_offsets(segment)]
         pos = starts[start]
-        if not unit_words and _in_literal(text, pos, starts[end - 1] + len(names[ids[end - 1]])):
-            continue  # numbers inside a bracketed literal closed on its line: [0, 0, 0, 0, 0, 0]
+        listed = not unit_words or (unit_words == 1 and any("," in names[t] and not _is_word(names[t]) for t in unit))
+        if listed and _in_literal(text, pos, starts[end - 1] + len(names[ids[end - 1]])):
+            continue  # items of a bracketed literal closed on its line: [0, 0, 0, 0], [None, None, None]
         relaxed = inside_spans(pos, code_spans) or line_at(text, pos).lstrip().startswith("|")
-        # A refrain that runs until the token limit is a loop, song or not.
-        runs_out = ctx.truncated and at_text_end and n - end <= 2
         if (relaxed or ctx.lyric) and not runs_out:
             needed = max(needed * 2, 6.0)
         if ctx.repeat:

@@ -147,12 +147,13 @@ _LANGUAGE_SCRIPTS = (
 )
 LANGUAGE_SCRIPTS_RE = [(re.compile(p, re.IGNORECASE), s) for p, s in _LANGUAGE_SCRIPTS]
 
-# Chat-template special tokens of the common families (ChatML, Llama 2/3, Gemma, Phi, GPT-OSS,
+# Chat-template special tokens of the common families (ChatML, Llama 2/3, Mistral, Gemma, Phi, GPT-OSS,
 # DeepSeek's full-width bars, SentencePiece markers).
 TEMPLATE_RE = re.compile(
     r"<\|[A-Za-z_][\w.\-]{0,40}\|>"
     r"|<｜[^｜<>\n]{1,40}｜>"
     r"|</s>|<s>(?=\s*\[INST\])|\[/?INST\]|<</?SYS>>"
+    r"|\[/?(?:TOOL_CALLS|AVAILABLE_TOOLS|TOOL_RESULTS|SYSTEM_PROMPT)\]"  # Mistral's control tokens
     r"|<(?:start|end)_of_turn>|<(?:bos|eos|unk|pad|eot)>"
     r"|<\|(?:im_start|im_end|im_sep)\b"
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from ddtree_diag.checks.quality.context import ANSWER, Context, excerpt, inside_spans, reads
@@ -98,7 +99,7 @@ def find_script_mix(text: str, ctx: Context) -> list[Reason]:
                 allowed |= scripts
         expected = "the prompt's"
     else:
-        dominant = answer_counts.most_common(1)[0][0]
+        dominant = _main_script(text, runs, ctx.code_spans)
         allowed = {dominant, "Latin"}
         if dominant in ("Kana", "Han"):
             allowed |= {"Kana", "Han"}
@@ -173,6 +174,37 @@ def find_script_mix(text: str, ctx: Context) -> list[Reason]:
         )
     )
     return out
+
+
+# A Han, kana or Hangul character carries about what three Latin letters do (a translation's
+# character counts): the main script is weighed by that, not by raw characters.
+_SYLLABIC_WEIGHT = {"Han": 3, "Kana": 3, "Hangul": 3}
+# TeX maths ($...$, $$...$$, \(...\), \[...\]): Latin letters that are notation, not language
+_MATH_RE = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$|\\\(.+?\\\)|\\\[.+?\\\]", re.DOTALL)
+
+
+def _main_script(text: str, runs: list[tuple[str, int, int]], code_spans: list[tuple[int, int]]) -> str:
+    """The script the prose is written in, with no prompt to say: code and TeX maths do not count
+    (a Russian or Chinese answer's code is Latin), and a syllabic character weighs as three
+    letters (a Chinese answer naming "Docker Compose" is still Chinese)."""
+    notation = sorted(code_spans + [m.span() for m in _MATH_RE.finditer(text)])
+    counts: Counter = Counter()
+    for script, a, b in runs:
+        if not inside_spans(a, notation):
+            counts[script] += (b - a) * _SYLLABIC_WEIGHT.get(script, 1)
+    cursor = 0
+    prose: list[str] = []
+    for a, b in notation:
+        if a >= cursor:
+            prose.append(text[cursor:a])
+            cursor = b
+    prose.append(text[cursor:])
+    latin = len("".join(prose).encode("ascii", "ignore").translate(None, NOT_ASCII_LETTERS))
+    if latin:
+        counts["Latin"] = latin
+    if not counts:  # everything is code or maths: count it all
+        return _scripts(text).most_common(1)[0][0]
+    return counts.most_common(1)[0][0]
 
 
 def _merge_runs(text: str, runs: list[tuple[str, int, int]]):
