@@ -370,6 +370,35 @@ def test_a_stop_inside_a_word_is_a_premature_stop():
     assert not listed.garbage
 
 
+@pytest.mark.parametrize(
+    ("text", "finish"),
+    [
+        ("DNS, the Domain Name System, translates human-readable names into IP addr DNS, the Domain Name System, "
+         "translates human-readable names into IP addresses so that browsers can find servers.", "stop"),
+        ("The sky is blue because of Rayleigh scat\nThe sky is blue because of Rayleigh scattering, which affects "
+         "shorter wavelengths more.", "stop"),
+        ("Sure. The sky looks blue because sunlight is scatt The sky looks blue because sunlight is scattered by "
+         "molecules in the air", "length"),
+        ("Привет! Небо голубое, потому что свет рассеив Небо голубое, потому что свет рассеивается в воздухе.", "stop"),
+    ],
+)
+def test_a_sentence_broken_off_inside_a_word_and_begun_again_is_a_restart(text, finish):
+    assert flagged(text, "restart", finish_reason=finish), assess(text, finish_reason=finish).to_dict()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "We will rock you\nWe will rock you\nWe will rock you, yeah.",  # a refrain ends where its copy does
+        "Start spreading the news: New York, New York, it is a wonderful town.",
+        "Row, row, row your boat, gently down the stream. Row, row, row your boat, gently down the stream.",
+        "```\nprint('abc def ghi jk')\nprint('abc def ghi jkl')\n```",  # code
+    ],
+)
+def test_repeats_that_end_where_their_copy_does_are_no_restart(text):
+    assert "restart" not in codes(text, finish_reason="stop")
+
+
 def test_lorem_ipsum_is_no_salad():
     text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore "
             "et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut "

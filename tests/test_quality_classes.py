@@ -33,6 +33,7 @@ GARBAGE = {
     "function-word stop": (0.9, {"premature_stop"}),
     # a cut that is itself a word ("рассказ" of "рассказывал") cannot be told: ~80 % over the bench's seeds
     "mid-word stop": (0.7, {"premature_stop"}),
+    "restart": (0.95, {"restart"}),
 }
 
 

@@ -439,6 +439,20 @@ def mid_word_stop(rng):
     return Sample(body + " " + cut, ask(rng, lang), "stop", note=f"{lang} {long_word!r} -> {cut!r}")
 
 
+def restart(rng):
+    """A sentence that breaks off inside a word and starts again, then runs on ("... into IP addr
+    DNS, the Domain ... into IP addresses so ..."): a decoder resuming from an old state."""
+    lang = rng.choice([lang for lang in languages() if lang not in ("zh", "ja")])
+    head = words(rng, lang, rng.randint(3, 8))
+    long_word = words(rng, lang, 1, min_len=7, content=True)[0]
+    sentence_text = " ".join([*head, long_word, *words(rng, lang, rng.randint(2, 6))])
+    sentence_text = sentence_text[:1].upper() + sentence_text[1:] + _END.get(lang, ".")
+    cut_at = len(" ".join(head)) + 1 + rng.randint(2, len(long_word) - 2)
+    before = prose(rng, lang, 0, 2)
+    text = (before + " " if before else "") + sentence_text[:cut_at] + rng.choice([" ", "\n", "  "]) + sentence_text
+    return Sample(text, ask(rng, lang), rng.choice(["stop", "length"]), note=f"{lang} {long_word!r}")
+
+
 Generator = Callable[[random.Random], Sample]
 
 CLEAN: dict[str, Generator] = {
@@ -451,7 +465,7 @@ GARBAGE: dict[str, Generator] = {
     "punctuation run": punct_run, "counting": counting, "header+symbol": header_symbol,
     "doubled words": doubled_words, "salad": salad_prose, "salad after opening": salad_after_opening,
     "salad after code": salad_after_code, "glued/split words": glued_function_words,
-    "function-word stop": function_word_stop, "mid-word stop": mid_word_stop,
+    "function-word stop": function_word_stop, "mid-word stop": mid_word_stop, "restart": restart,
 }
 
 

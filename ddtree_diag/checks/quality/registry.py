@@ -33,10 +33,17 @@ REPETITION = "repetition"  # the kind every loop code shares
 REGISTRY: tuple[ReasonCode, ...] = (
     ReasonCode("empty_output", "hard", "no answer, or only whitespace, punctuation or a bare list marker", "stops",
                kind="an empty answer"),
-    ReasonCode("premature_stop", "hard/soft", "`stop` on an unfinished sentence (`Hello,`, `Here is the code:`)",
+    ReasonCode("premature_stop", "hard/soft",
+               "`stop` on an unfinished sentence (`Hello,`, `Here is the code:`), or inside a word (`Rayleigh "
+               "scatt`: no word of the text's language, the start of one; soft on a list item or a 4-letter cut)",
                "stops", kind="a stop mid-sentence"),
-    ReasonCode("token_loop", "hard", "one word or character repeated back to back (`the the the the`; one letter or "
-               "blank 64+ times into the token limit, a digit 120+, or any 200+)", "loops",
+    ReasonCode("restart", "hard", "the answer breaks off inside a word and starts its sentence again "
+               "(`…into IP addr DNS, the Domain Name System, translates … into IP addresses`)", "stops",
+               kind="a restart mid-word"),
+    ReasonCode("token_loop", "hard",
+               "one word or character repeated back to back (`the the the the`; one letter or blank 64+ times into "
+               "the token limit, a digit 120+, or any 200+; a markup character or border, `-`, `=`, `\\|---\\|`, "
+               "over 120+ characters into the token limit)", "loops",
                loop=True, kind=REPETITION),
     ReasonCode("phrase_loop", "hard", "a multi-word phrase repeated back to back", "loops",
                loop=True, kind=REPETITION),
@@ -48,10 +55,13 @@ REGISTRY: tuple[ReasonCode, ...] = (
                "loops", loop=True, kind=REPETITION),
     ReasonCode("compression_ratio", "soft", "zlib finds the text far more repetitive (or noisier) than language",
                "loops", loop=True, kind=REPETITION),
-    ReasonCode("script_mix", "hard/soft", "a script the prompt does not use (CJK inside English), or homoglyphs",
+    ReasonCode("script_mix", "hard/soft", "a script the prompt does not use (CJK inside English), or homoglyphs; "
+               "without a prompt, a script other than the text's main one, read from its prose (code and TeX left "
+               "out, a Han, kana or Hangul character weighing as three letters)",
                "scripts", kind="another writing system"),
     ReasonCode("template_leak", "hard",
-               "chat-template tokens (`<\\|im_start\\|>`, `<\\|endoftext\\|>`, `</s>`, `[INST]`), or gpt-oss "
+               "chat-template tokens (`<\\|im_start\\|>`, `<\\|endoftext\\|>`, `</s>`, `[INST]`, `[TOOL_CALLS]`), "
+               "or gpt-oss "
                "channel names glued to the text once they are stripped (`assistantfinal`)", "leaks",
                kind="chat-template tokens"),
     ReasonCode("role_leak", "hard/soft",

@@ -8,7 +8,7 @@ from bisect import bisect_left
 from functools import cache
 
 from ddtree_diag.checks.quality import lexicon
-from ddtree_diag.checks.quality.context import ANSWER, EMPTY, WHOLE, Context, excerpt, reads
+from ddtree_diag.checks.quality.context import ANSWER, EMPTY, WHOLE, Context, excerpt, inside_spans, reads
 from ddtree_diag.checks.quality.patterns import (
     CJK_CHAR_RE,
     DANGLING_BY_LANGUAGE,
@@ -152,6 +152,58 @@ def _premature_stop(
     ]
 
 
+_RESTART_HEAD = 12  # characters a broken-off sentence must have before it starts again
+_SENTENCE_END_RE = re.compile(r"[.!?。！？।؟\n]")
+_RESTART_LOOKBACK = 400  # characters: a restart is looked for this far into its sentence
+
+
+@reads(ANSWER)
+def find_restart(text: str, ctx: Context) -> list[Reason]:
+    """The answer breaks off inside a word and starts its sentence again ("…into IP addr DNS, the
+    Domain Name System, translates … into IP addresses"): the second copy runs on through the word
+    the first broke off in. A refrain or a repeated line ends where its copy does, so it is never
+    this; a decoder that drops a round and resumes from an old state is."""
+    if len(text) < 30:
+        return []
+    code_spans = ctx.code_spans
+    starts = [0] + [m.end() for m in _SENTENCE_END_RE.finditer(text)]
+    for start in starts:
+        while start < len(text) and text[start].isspace():
+            start += 1
+        head = text[start : start + _RESTART_HEAD]
+        if len(head) < _RESTART_HEAD or _SENTENCE_END_RE.search(head) or inside_spans(start, code_spans):
+            continue  # a broken-off copy holds no sentence end; code is not prose
+        # where the sentence's head comes again, close behind (C-speed find: most sentences stop here)
+        resume = text.find(head, start + 1, start + _RESTART_LOOKBACK + _RESTART_HEAD)
+        while resume > 0:
+            cut = resume
+            while cut > start and text[cut - 1].isspace():
+                cut -= 1
+            first = text[start:cut]
+            after = resume + len(first)
+            if (cut < resume and first.count(" ") >= 2 and after < len(text) and _letter(text[after])
+                    and _letter(text[cut - 1]) and not _SENTENCE_END_RE.search(first)
+                    and text.startswith(first, resume)):
+                word = first.rsplit(None, 1)[-1]
+                end = after
+                while end < len(text) and _letter(text[end]):
+                    end += 1
+                return [Reason(
+                    "restart",
+                    f"breaks off inside {word + text[after:end]!r} (at {word!r}) and starts its sentence again",
+                    excerpt(text, start, min(len(text), after + 20)),
+                    0.7,
+                    (start, after),
+                )]
+            resume = text.find(head, resume + 1, start + _RESTART_LOOKBACK + _RESTART_HEAD)
+    return []
+
+
+def _letter(ch: str) -> bool:
+    """A letter or a combining mark (a Devanagari vowel sign or virama ends many a cut)."""
+    return ch.isalpha() or unicodedata.category(ch)[0] == "M"
+
+
 _LIST_ITEM_RE = re.compile(r"\s*(?:[-*+•]|\d+[.)]|[a-z][.)])\s|\s*#|\s*\|")
 
 
@@ -233,4 +285,4 @@ def _unpunctuated_prose_end(answer: str, stripped: str, ctx: Context, unknown_fi
     ]
 
 
-DETECTORS = (find_truncated, find_empty_output, find_premature_stop)
+DETECTORS = (find_truncated, find_empty_output, find_premature_stop, find_restart)
