@@ -399,6 +399,52 @@ def test_repeats_that_end_where_their_copy_does_are_no_restart(text):
     assert "restart" not in codes(text, finish_reason="stop")
 
 
+@pytest.mark.parametrize(
+    ("text", "prompt"),
+    [
+        ("During training, documents are separated by the special token <|endoftext|>. At generation time the "
+         "model stops when it produces it, token id 50256.", "How does GPT-2 know where a document ends?"),
+        ("Qwen3 writes its reasoning between <think> and </think> tags before the final answer. With thinking "
+         "off, the chat template inserts an empty <think></think> block.", "How do Qwen3 models show reasoning?"),
+        ("ChatML wraps each turn in the <|im_start|> and <|im_end|> markers.", "How do turns work here?"),
+    ],
+)
+def test_a_special_token_talked_about_in_prose_is_no_leak(text, prompt):
+    verdict = assess(text, prompt=prompt, finish_reason="stop", thinking=False)
+    assert not verdict.garbage, verdict.to_dict()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Sure, here you go.<|im_end|>\n<|im_start|>user\nThanks", "The answer is 4.<|endoftext|>The answer is",
+     "<think>\nThe user wants a greeting.\n</think>\n\nHello!", "Hi there, the token<|im_end|>"],
+)
+def test_an_emitted_special_token_is_still_a_leak(text):
+    assert assess(text, prompt="Say hi.", finish_reason="stop", thinking=False).garbage
+
+
+def test_chinese_aabb_words_are_no_stutter_but_doubled_tokens_are():
+    prompt = "用中文写一句描述周末的话。"
+    clean = "周末我们慢慢地走在湖边，看看风景，说说笑笑，天天都这样开开心心的，真是高高兴兴、快快乐乐的日子。"
+    assert not assess(clean, prompt=prompt, finish_reason="stop").garbage
+    stutter = "天天空空是是蓝蓝色色的的，因因为为光光线线散散射射。"
+    assert flagged(stutter, "doubled_words", prompt=prompt, finish_reason="stop")
+
+
+def test_drawings_and_morse_are_answers():
+    board = "```\n   |   |   \n---+---+---\n   |   |   \n---+---+---\n   |   |   \n```"
+    assert not assess(board, prompt="Draw an empty tic-tac-toe board.", finish_reason="stop").garbage
+    morse = "SOS: ... --- ...\nHELLO: .... . .-.. .-.. ---"
+    assert not assess(morse, prompt="Write SOS and HELLO in Morse code.", finish_reason="stop").garbage
+    assert flagged("Here is the list -", "premature_stop", finish_reason="stop")  # a dash that dangles
+
+
+def test_a_prompt_that_asks_to_sing_allows_its_refrain():
+    text = ("Row, row, row your boat,\nGently down the stream.\nMerrily, merrily, merrily, merrily,\n"
+            "Life is but a dream.")
+    assert not assess(text, prompt="Sing Row, Row, Row Your Boat.", finish_reason="stop").garbage
+
+
 def test_lorem_ipsum_is_no_salad():
     text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore "
             "et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut "

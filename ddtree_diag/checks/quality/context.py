@@ -74,7 +74,16 @@ def scope_of(detector: Detector) -> str:
 def has_content(answer: str) -> bool:
     """Does the answer hold anything but whitespace, punctuation or a bare list marker?"""
     stripped = answer.strip()
+    if stripped.startswith(("```", "~~~")) and _drawing(stripped):
+        return True
     return bool(stripped) and bool(HAS_CONTENT_RE.search(stripped)) and not ONLY_MARKER_RE.fullmatch(stripped)
+
+
+def _drawing(fenced: str) -> bool:
+    """A fenced block drawn in punctuation (a tic-tac-toe board, an empty grid): 3+ lines, 3+
+    kinds of mark. Hollow garbage repeats one mark a line and is not fenced."""
+    lines = [line for line in fenced.splitlines()[1:] if line.strip() and not line.lstrip().startswith(("```", "~~~"))]
+    return len(lines) >= 3 and len(set("".join(lines)) - {" ", "\t"}) >= 3
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,6 +277,25 @@ def _fence_spans(text: str) -> list[tuple[int, int]]:
     if opened is not None:
         spans.append((opened[0], len(text)))
     return spans
+
+
+_NAMING_BEFORE_RE = re.compile(
+    r"\b(?:special\s+|control\s+|stop\s+|end\s+)?(?:tokens?|tags?|markers?|delimiters?|separators?|strings?)"
+    r"\s+(?:like\s+|such\s+as\s+|called\s+|named\s+)?[\"'“‘]?\Z",
+    re.IGNORECASE,
+)
+_NAMING_AFTER_RE = re.compile(
+    r"[\"'”’]?(?:\s*(?:,|and|or|/)?\s*(?:<[^<>\s]{1,24}>|\[/?[A-Z_]{2,20}\]))*"
+    r"\s+(?:special\s+)?(?:tokens?|tags?|markers?|delimiters?|blocks?|pairs?)\b",
+    re.IGNORECASE,
+)
+
+
+def named_in_prose(text: str, start: int, end: int) -> bool:
+    """Whether the special token at text[start:end] is talked about, not emitted: "the special
+    token <|endoftext|>", "between <think> and </think> tags"."""
+    return bool(_NAMING_BEFORE_RE.search(text, max(0, start - 40), start)
+                or _NAMING_AFTER_RE.match(text, end, min(len(text), end + 60)))
 
 
 def in_inline_code(text: str, pos: int) -> bool:

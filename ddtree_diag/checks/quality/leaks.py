@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ddtree_diag.checks.quality.context import Context, excerpt, in_inline_code, inside_spans
+from ddtree_diag.checks.quality.context import Context, excerpt, in_inline_code, inside_spans, named_in_prose
 from ddtree_diag.checks.quality.patterns import FIRST_WORD_RE, ROLE_RE, TEMPLATE_RE
 from ddtree_diag.records import Reason
 
@@ -19,10 +19,11 @@ def find_template_leaks(text: str, ctx: Context) -> list[Reason]:
         in_code = inside_spans(match.start(), code_spans)
         if in_code and in_inline_code(text, match.start()):
             continue  # `<|im_end|>` in backticks is written on purpose, never a leak
-        if ctx.about_templates:
+        if ctx.about_templates or (not in_code and named_in_prose(text, *match.span())):
             if in_code:
                 continue  # asked about templates, shown in a code block: exactly right
-            detail = f"chat-template token {token!r} in prose (the prompt asks about them)"
+            why = "the prompt asks about them" if ctx.about_templates else "named as a token or tag"
+            detail = f"chat-template token {token!r} in prose ({why})"
             return [Reason("template_leak", detail, excerpt(text, *match.span()), 0.2, match.span())]
         if token == "</s>" and "<s>" in text[: match.start()]:
             continue  # HTML strikethrough, not a SentencePiece end-of-sequence

@@ -103,7 +103,7 @@ def _premature_stop(
     before_last = words[-2].lower() if len(words) >= 2 else ""
     why = None
     cut_soft = False
-    if end_char in UNFINISHED_END:
+    if end_char in UNFINISHED_END and not _MORSE_LINE_RE.fullmatch(stripped[stripped.rfind("\n") + 1 :]):
         why = f"ends on {end_char!r}"
     elif stripped.count("```") % 2 == 1:
         why = "a code block is never closed"
@@ -203,6 +203,9 @@ def _letter(ch: str) -> bool:
     """A letter or a combining mark (a Devanagari vowel sign or virama ends many a cut)."""
     return ch.isalpha() or unicodedata.category(ch)[0] == "M"
 
+
+# a line of Morse code (".... . .-.. .-.. ---"), maybe after a label: its dashes end letters
+_MORSE_LINE_RE = re.compile(r"(?:[^:\n]{1,30}:)?[ \t]*[.\-]+(?:[ \t/]+[.\-]+)+")
 
 _LIST_ITEM_RE = re.compile(r"\s*(?:[-*+•]|\d+[.)]|[a-z][.)])\s|\s*#|\s*\|")
 

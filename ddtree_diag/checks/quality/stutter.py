@@ -209,6 +209,17 @@ _HAN_DOUBLED = frozenset(
 )
 
 
+def _doubled_at(chars: str, at: int) -> bool:
+    return at >= 0 and at + 1 < len(chars) and chars[at] == chars[at + 1]
+
+
+def _aabb(chars: str, at: int) -> bool:
+    """An AABB word at ``at`` standing alone (开开心心): a stutter writes every token twice, so its
+    doubles run on (所所以以是是蓝蓝色色) where a reduplicated word has undoubled neighbours."""
+    return (_doubled_at(chars, at) and _doubled_at(chars, at + 2) and chars[at] != chars[at + 2]
+            and not _doubled_at(chars, at - 2) and not _doubled_at(chars, at + 4))
+
+
 @reads(WINDOW)
 def find_doubled_han(text: str, ctx: Context) -> list[Reason]:
     """Chinese characters or short spans said twice back to back, again and again (``所所以是蓝色
@@ -223,6 +234,9 @@ def find_doubled_han(text: str, ctx: Context) -> list[Reason]:
         han += len(chars)
         at = 0
         while at < len(chars) - 1:
+            if _aabb(chars, at):
+                at += 4  # 开开心心, 高高兴兴: a two-character word reduplicated, grammar not a stutter
+                continue
             for size in (1, 2, 3, 4):
                 unit = chars[at : at + size]
                 if at + 2 * size > len(chars) or unit != chars[at + size : at + 2 * size]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ddtree_diag.checks.quality.context import WHOLE, Context, excerpt, reads
+import re
+
+from ddtree_diag.checks.quality.context import WHOLE, Context, excerpt, named_in_prose, reads
 from ddtree_diag.checks.quality.patterns import THINK_CLOSE, THINK_OPEN
 from ddtree_diag.records import Reason
 
@@ -31,6 +33,15 @@ def unclosed_think(text: str) -> bool:
     return THINK_OPEN in text and text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
 
 
+def _all_named(text: str) -> bool:
+    """Every think tag is talked about in prose (see ``named_in_prose``)."""
+    tags = [(m.start(), m.end()) for m in _THINK_TAG_RE.finditer(text)]
+    return bool(tags) and all(named_in_prose(text, a, b) for a, b in tags)
+
+
+_THINK_TAG_RE = re.compile(re.escape(THINK_OPEN) + "|" + re.escape(THINK_CLOSE))
+
+
 @reads(WHOLE)
 def find_thinking_leaks(text: str, ctx: Context) -> list[Reason]:
     """Think tags where they do not belong (thinking off, reasoning separated, repeated), and a
@@ -43,7 +54,9 @@ def find_thinking_leaks(text: str, ctx: Context) -> list[Reason]:
     first = min(i for i in (text.find(THINK_OPEN), text.find(THINK_CLOSE)) if i >= 0)
     tag_span = (first, first + len(THINK_CLOSE))
     leak = None
-    if ctx.thinking is False:
+    if _all_named(text):
+        pass  # "between <think> and </think> tags": an answer about think tags, not a leak
+    elif ctx.thinking is False:
         leak = (f"think tags in the answer although thinking is off ({opens} open, {closes} close)", 0.8)
     elif ctx.reasoning and ctx.reasoning.strip():
         leak = ("think tags in the answer although the server returned the reasoning separately", 0.7)
