@@ -182,10 +182,17 @@ def test_replacement_character_loop():
         ("Die Hauptstadt ist Berlin, 柏林是一个城市 und sehr groß.", "Was ist die Hauptstadt Deutschlands?"),
         ("Привет! Я рад 你好 тебя видеть.", "Поздоровайся одним предложением."),
         ("Hеllo, hоw are you?", STORY_PROMPT),  # Cyrillic е and о inside Latin words
+        ("Τhe sky is blυe because of scattering.", "Why is the sky blue?"),  # Greek Τ and υ
     ],
 )
 def test_script_switch_mid_sentence(text, prompt):
     assert flagged(text, "script_mix", prompt=prompt)
+
+
+@pytest.mark.parametrize("text", ["The pressure is ρgh, and ΔH is negative.",
+                                  "Torque τ = rF sinθ, with σx the stress."])
+def test_greek_letters_of_maths_beside_latin_ones_are_no_homoglyphs(text):
+    assert "script_mix" not in codes(text, prompt="Explain the formula.", finish_reason="stop")
 
 
 def test_script_switch_without_a_prompt_uses_the_texts_own_script():

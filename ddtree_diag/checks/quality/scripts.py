@@ -41,9 +41,25 @@ def _scripts(text: str) -> Counter:
     return counts
 
 
+# Greek letters drawn like Latin ones; maths writes its Greek in the other shapes (α, ρ, Δ, σ)
+_GREEK_HOMOGLYPHS = frozenset("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧου")
+
+
 def _mixed_word(text: str, runs: list[tuple[str, int, int]]) -> str | None:
-    """A word mixing Latin and Cyrillic letters (homoglyph soup: "Hеllo" with a Cyrillic e)."""
+    """A word mixing Latin and Cyrillic letters, or Latin and Greek ones drawn alike (homoglyph
+    soup: "Hеllo" with a Cyrillic e, "Τhe" with a Greek T)."""
     for script, a, b in runs:
+        if script == "Greek":
+            if not set(text[a:b]) <= _GREEK_HOMOGLYPHS:
+                continue
+            start, end = a, b
+            while start and text[start - 1].isalpha():
+                start -= 1
+            while end < len(text) and text[end].isalpha():
+                end += 1
+            if sum(ch.isascii() for ch in text[start:end]) >= 2:
+                return text[start:end]
+            continue
         if script != "Cyrillic":
             continue
         before = text[a - 1] if a else ""
@@ -72,7 +88,8 @@ def find_script_mix(text: str, ctx: Context) -> list[Reason]:
         return [
             Reason(
                 "script_mix",
-                f"word mixes Latin and Cyrillic letters: {mixed!r}",
+                f"word mixes Latin and {'Greek' if any('Α' <= ch <= 'ω' for ch in mixed) else 'Cyrillic'} "
+                f"letters: {mixed!r}",
                 mixed,
                 0.65,
                 (at, at + len(mixed)),
