@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -304,8 +305,8 @@ def _axis_value(key: str, value: Any, where: str) -> Any:
     if key == "tree_budget":
         return parse_budget(value, where)
     if key == "temperature":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise UsageError(f"{where}: temperature must be a number >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise UsageError(f"{where}: temperature must be a finite number >= 0, got {value!r}")
         return float(value)
     return _positive_int(value, where)
 
@@ -349,6 +350,10 @@ def apply_overrides(
         chosen: dict[str, Prompt] = {}
         for index, prompt in enumerate(prompts):
             prompt_id, spec = _resolve_prompt(prompt, matrix, index, len(prompts))
+            if prompt_id in chosen and chosen[prompt_id] is not spec:
+                # two files of one name in two folders (a/q.txt, b/q.txt): both run, the second as q-2
+                taken = prompt_id
+                prompt_id = next(f"{taken}-{n}" for n in range(2, len(prompts) + 2) if f"{taken}-{n}" not in chosen)
             chosen[prompt_id] = spec
         matrix.prompts = chosen
     if fill is not None:
@@ -397,6 +402,8 @@ def _resolve_prompt(prompt: str, matrix: Matrix, index: int, count: int) -> tupl
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"--prompt {prompt}: cannot read file ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--prompt {prompt}: not UTF-8 text (byte {exc.start})") from None
         prompt_id = path.stem or f"p{index}"
         if path.suffix == ".json":
             try:

@@ -192,7 +192,7 @@ def record_stop(report: RunReport, exc: BaseException) -> None:
         stop = {"reason": "interrupted", "detail": "Ctrl-C", "exit_code": EXIT_INTERRUPTED}
     else:
         reason = getattr(exc, "stop_reason", None) or ("unreachable" if isinstance(exc, TransportError) else "error")
-        code = exc.exit_code if isinstance(exc, DiagError) else 1
+        code = exc.exit_code if isinstance(exc, DiagError) else EXIT_USAGE  # as the CLI exits on an internal error
         stop = {"reason": reason, "detail": one_line(exc) or type(exc).__name__, "exit_code": code}
     report.stopped = stop
 

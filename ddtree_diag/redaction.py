@@ -11,11 +11,17 @@ redacted where they are made, so a result in memory is already clean.
 from __future__ import annotations
 
 import base64
+import re
 import threading
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from ddtree_diag.errors import UsageError
+
 MASK = "***"
+# Below this length a secret is masked only where it stands alone: an "e" or a "1" masked inside
+# every word would mangle the report (and its own field names) without hiding anything.
+SHORT_SECRET = 8
 
 
 class Redactor:
@@ -57,12 +63,17 @@ class Redactor:
         if not self._secrets or not isinstance(text, str):
             return text
         for secret in sorted(self._secrets, key=len, reverse=True):  # longest first: no partial leftovers
-            if secret in text:
+            if secret not in text:
+                continue
+            if len(secret) >= SHORT_SECRET:
                 text = text.replace(secret, MASK)
+            else:
+                text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", MASK, text)
         return text
 
     def data(self, value: Any) -> Any:
-        """A copy of a JSON-like value with every string (keys too) redacted."""
+        """A copy of a JSON-like value with every string (keys too: a server's own objects may
+        echo a secret as a key) redacted."""
         if not self._secrets:
             return value
         if isinstance(value, str):
@@ -75,6 +86,22 @@ class Redactor:
 
 
 REDACTOR = Redactor()
+
+
+def clean_api_key(key: str | None, where: str = "--api-key") -> str | None:
+    """The key as an Authorization header can carry it: whitespace around it dropped (the newline
+    of ``echo`` or of a mounted secret file); a space, control or non-ASCII character inside it
+    is a UsageError naming its position, never the key. An empty key is no key."""
+    if key is None:
+        return None
+    key = key.strip()
+    for position, char in enumerate(key, 1):
+        if not "!" <= char <= "~":
+            kind = ("a space" if char.isspace() else "a control character" if char.isascii()
+                    else "a non-ASCII character")
+            raise UsageError(f"{where} holds {kind} at character {position}: an HTTP header cannot carry it "
+                             "(the key is not shown)")
+    return key or None
 
 
 def register(api_key: str | None = None, *urls: str | None) -> None:

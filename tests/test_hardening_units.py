@@ -17,7 +17,7 @@ from ddtree_diag.backends.http import HttpBackend, parse_size
 from ddtree_diag.backends.metrics import parse_spec_counters
 from ddtree_diag.errors import UsageError
 from ddtree_diag.records import ProbeCase
-from ddtree_diag.redaction import Redactor, url_without_password
+from ddtree_diag.redaction import Redactor, clean_api_key, url_without_password
 from tests.support.timing import DEADLINE_SLACK_S
 
 # -- jsonsafe ------------------------------------------------------------------------------------
@@ -56,6 +56,38 @@ def test_redactor_masks_keys_passwords_and_their_encodings():
     text = f"Bearer sk-abc/123 sk-abc%2F123 p@ss p%40ss Basic {basic}"
     assert redactor.text(text) == "Bearer *** *** *** *** Basic ***"
     assert redactor.data({"k sk-abc/123": ["p@ss", 3]}) == {"k ***": ["***", 3]}
+
+
+def test_a_short_secret_is_masked_only_where_it_stands_alone():
+    redactor = Redactor()
+    redactor.add("e")
+    assert redactor.text("Bearer e, key=e") == "Bearer ***, key=***"
+    assert redactor.text("Hello there, schema_version") == "Hello there, schema_version"
+    assert redactor.data({"schema_version": "e"}) == {"schema_version": "***"}
+
+
+@pytest.mark.parametrize(("raw", "clean"), [("sk-KEY\n", "sk-KEY"), ("  sk-KEY \r\n", "sk-KEY"), ("", None),
+                                            ("\n", None), (None, None)])
+def test_an_api_key_loses_the_whitespace_around_it(raw, clean):
+    assert clean_api_key(raw) == clean
+
+
+@pytest.mark.parametrize(("raw", "kind"), [("abc\nSECRET", "a space"), ("clé-SECRET", "a non-ASCII character"),
+                                           ("ab\x01SECRET", "a control character"), ("sk KEY", "a space")])
+def test_an_api_key_no_header_can_carry_is_a_usage_error_that_hides_it(raw, kind):
+    with pytest.raises(UsageError) as caught:
+        clean_api_key(raw)
+    assert kind in str(caught.value) and "SECRET" not in str(caught.value) and "KEY" not in str(caught.value)
+
+
+def test_an_internal_error_stops_the_report_with_the_code_the_cli_exits_with():
+    from ddtree_diag.errors import EXIT_USAGE
+    from ddtree_diag.orchestrator import exit_code_for, record_stop
+    from ddtree_diag.records import RunReport
+
+    report = RunReport()
+    record_stop(report, ValueError("boom"))
+    assert report.stopped["exit_code"] == EXIT_USAGE and exit_code_for(report) == EXIT_USAGE
 
 
 def test_url_is_shown_without_its_password():

@@ -86,6 +86,31 @@ def test_missing_prompt_file_is_a_usage_error(tmp_path):
         apply_overrides(Matrix(), prompts=[f"@{tmp_path / 'none.txt'}"])
 
 
+def test_a_prompt_file_that_is_not_utf8_is_a_usage_error(tmp_path):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9 au lait\n")
+    with pytest.raises(UsageError, match="not UTF-8 text"):
+        apply_overrides(Matrix(), prompts=[f"@{latin}"])
+
+
+def test_two_prompt_files_of_one_name_both_run(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "q.txt").write_text("First?")
+    (tmp_path / "b" / "q.txt").write_text("Second?")
+    matrix = apply_overrides(Matrix(), prompts=[f"@{tmp_path / 'a' / 'q.txt'}", f"@{tmp_path / 'b' / 'q.txt'}"])
+    assert {key: spec.messages[-1]["content"] for key, spec in matrix.prompts.items()} == {
+        "q": "First?", "q-2": "Second?"}
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_temperature_that_is_not_finite_and_positive_is_a_usage_error(value):
+    with pytest.raises(UsageError, match="temperature must be a finite number >= 0"):
+        apply_overrides(Matrix(), temperature=value)
+    with pytest.raises(UsageError, match="temperature must be a finite number >= 0"):
+        matrix_from_dict({"prompts": {"a": "x"}, "axes": {"temperature": [float(value)]}})
+
+
 def test_load_matrix_reports_toml_line(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text('[prompts]\nhello = "unterminated\n')

@@ -220,6 +220,20 @@ def test_api_key_is_sent_but_never_printed_or_saved(standin, cli, tmp_path):
     assert secret not in result.stdout + result.stderr + path.read_text()
 
 
+@pytest.mark.parametrize("secret", ["sk-test-SECRET-123\n", "e"])
+def test_a_key_read_with_its_newline_or_a_one_letter_key_runs_clean(standin, cli, tmp_path, secret):
+    """A key with echo's newline is sent without it; a one-letter key masks no letter of the report."""
+    server = standin("--dialect", "ddtree")
+    path = tmp_path / "r.json"
+    result = cli("probe", "--url", server.url, "--json", str(path), env={"DDTREE_DIAG_API_KEY": secret})
+    assert result.code == 0, result.stderr
+    saved = path.read_text()
+    if len(secret.strip()) > 1:
+        assert secret.strip() not in result.stdout + result.stderr + saved
+    assert '"schema_version"' in saved and cli("report", str(path)).code == 0
+    assert "Hello" in saved  # the answer's text is not mangled
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [(["--url", "ftp://x"], "bad --url"),

@@ -51,7 +51,7 @@ from ddtree_diag.records import (
     ProbeCase,
     ProbeResult,
 )
-from ddtree_diag.redaction import redact, register, url_without_password
+from ddtree_diag.redaction import clean_api_key, redact, register, url_without_password
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 << 20  # 8 MiB: a 4096-token streamed answer with top-5 logprobs is ~4 MiB
 ERROR_BODY_BYTES = 64 << 10  # of an error body only the start is shown
@@ -240,6 +240,7 @@ class HttpBackend:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        api_key = clean_api_key(api_key)
         register(api_key, url)
         if dialect != "auto" and dialect not in dialects.DIALECTS:
             raise UsageError(

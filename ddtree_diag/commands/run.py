@@ -61,6 +61,7 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool, spec: TargetSp
     from ddtree_diag.load import LoadRequest, parse_concurrency_flag
     from ddtree_diag.matrix import MatrixRequest
     from ddtree_diag.orchestrator import RunPlan
+    from ddtree_diag.redaction import clean_api_key
 
     url = spec.url if spec is not None else (flags.url or [None])[0]
     # Text that goes onto the wire must be Unicode: argv bytes that are not UTF-8 arrive as lone
@@ -72,15 +73,18 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool, spec: TargetSp
 
             raise UsageError(f"{flag} is not valid UTF-8")
     concurrency, levels = parse_concurrency_flag(flags.concurrency)
+    api_key = clean_api_key(flags.api_key)
+    if spec is not None and spec.api_key_env:
+        api_key = clean_api_key(spec.api_key, f"api_key_env {spec.api_key_env}") or api_key
     http = HttpTarget(
-        url=url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=flags.api_key,
+        url=url, via=flags.via, model=flags.model, dialect=flags.dialect, api_key=api_key,
         timeout=flags.timeout, max_response_bytes=parse_size(flags.max_response_bytes), stream=flags.stream,
         concurrency=concurrency,
     )
     baseline = flags.baseline
     if spec is not None:
         http = http.replace(
-            via=spec.via, model=spec.model, dialect=spec.dialect or "auto", api_key=spec.api_key or flags.api_key,
+            via=spec.via, model=spec.model, dialect=spec.dialect or "auto", api_key=api_key,
             timeout=spec.timeout if spec.timeout is not None else flags.timeout, stream=spec.stream is not False,
             max_response_bytes=parse_size(spec.max_response_bytes or flags.max_response_bytes),
         )

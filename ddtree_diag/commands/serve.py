@@ -89,6 +89,11 @@ def run_serve(
         raise UsageError("--max-context must be >= 2 tokens")
     if request_timeout is not None and not 0 < request_timeout < float("inf"):
         raise UsageError("--request-timeout must be a number of seconds > 0")
+    if no_draft and draft:
+        raise UsageError("--no-draft and --draft contradict each other: give one")
+    from ddtree_diag.redaction import clean_api_key
+
+    api_key = clean_api_key(api_key)
     check_port_free(host, port)
     try:
         import fastapi  # noqa: F401
