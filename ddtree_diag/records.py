@@ -8,6 +8,7 @@ Records round-trip through plain dicts (the JSON report) with ``to_dict`` / ``fr
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -463,8 +464,13 @@ class ProbeResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
         data = dict(data)
-        case_data = {k: v for k, v in data.pop("case").items() if k != "case_id"}
+        case = data.pop("case")
+        if not isinstance(case, dict):
+            raise ValueError(f"case: expected an object, got {type(case).__name__}")
+        case_data = {k: v for k, v in case.items() if k != "case_id"}
         case = ProbeCase(**_known_fields(ProbeCase, case_data))
         timings = Timings(**_known_fields(Timings, data.pop("timings", None) or {}))
         spec = SpecMetrics(**_known_fields(SpecMetrics, data.pop("spec", None) or {}))
@@ -546,10 +552,60 @@ class LoadLevel:
         return cls(**fields)
 
 
-def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """Keep only fields the dataclass knows, so newer reports still load in older code."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+def _known_fields(cls: type, data: Any) -> dict[str, Any]:
+    """Keep only fields the dataclass knows, so newer reports still load in older code; a field
+    of a plain type (text, number, flag, list, table) holding another type is a ValueError naming
+    it, so a hand-edited report fails in one line at load, not deep in the rendering."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object for {cls.__name__}, got {type(data).__name__}")
+    kinds = _field_kinds(cls)
+    out = {}
+    for key, value in data.items():
+        if key not in kinds:
+            continue
+        allowed = kinds[key]
+        if allowed is not None and not isinstance(value, allowed):
+            raise ValueError(f"{key}: expected {_kind_words(allowed)}, got {type(value).__name__} {_short(value)}")
+        out[key] = value
+    return out
+
+
+_PLAIN_KINDS: dict[str, tuple[type, ...]] = {
+    "str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "None": (type(None),),
+}
+
+
+@functools.cache
+def _field_kinds(cls: type) -> dict[str, tuple[type, ...] | None]:
+    """Each field's allowed JSON types, from its annotation; None where it is not plain (a nested
+    record, Any): those are read by their own from_dict."""
+    kinds: dict[str, tuple[type, ...] | None] = {}
+    for item in dataclasses.fields(cls):
+        allowed: tuple[type, ...] = ()
+        for part in str(item.type).split(" | "):
+            part = part.strip()
+            if part in _PLAIN_KINDS:
+                allowed += _PLAIN_KINDS[part]
+            elif part.startswith("list["):
+                allowed += (list,)
+            elif part.startswith("dict["):
+                allowed += (dict,)
+            else:
+                allowed = ()
+                break
+        kinds[item.name] = allowed or None
+    return kinds
+
+
+def _kind_words(allowed: tuple[type, ...]) -> str:
+    names = {str: "text", int: "a number", float: "a number", bool: "true/false", list: "a list", dict: "an object",
+             type(None): "null"}
+    return " or ".join(dict.fromkeys(names[kind] for kind in allowed))
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 30 else shown[:27] + "..."
 
 
 @dataclass
@@ -625,7 +681,7 @@ class RunReport:
         if version != SCHEMA_VERSION:
             raise ValueError(f"unsupported report schema_version {version!r} (expected {SCHEMA_VERSION})")
         fields = _known_fields(cls, data)
-        fields["results"] = [ProbeResult.from_dict(r) for r in data.get("results", [])]
+        fields["results"] = _each_result(data.get("results", []), "results")
         if not isinstance(fields.get("stopped"), dict):
             fields["stopped"] = None
         fields["findings"] = [Finding.from_dict(f) for f in data.get("findings") or [] if isinstance(f, dict)]
@@ -633,12 +689,26 @@ class RunReport:
         fields["gate"] = GateResult.from_dict(gate) if isinstance(gate, dict) else None
         canary = data.get("canary")
         fields["canary"] = ProbeResult.from_dict(canary) if isinstance(canary, dict) else None
-        fields["baseline_probes"] = [
-            ProbeResult.from_dict(r) for r in data.get("baseline_probes") or [] if isinstance(r, dict)
-        ]
+        fields["baseline_probes"] = _each_result([r for r in data.get("baseline_probes") or [] if isinstance(r, dict)],
+                                                 "baseline_probes")
         fields["load"] = [LoadLevel.from_dict(x) for x in data.get("load") or []
                           if isinstance(x, dict) and isinstance(x.get("concurrency"), int)]
         return cls(**fields)
+
+
+def _each_result(items: Any, where: str) -> list[ProbeResult]:
+    """Each saved result, a broken one named by its place ("results[3]: output: expected text")."""
+    if not isinstance(items, list):
+        raise ValueError(f"{where}: expected a list, got {type(items).__name__}")
+    results = []
+    for index, item in enumerate(items):
+        try:
+            results.append(ProbeResult.from_dict(item))
+        except KeyError as exc:
+            raise ValueError(f"{where}[{index}]: missing {exc}") from None
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{where}[{index}]: {exc}") from None
+    return results
 
 
 # ---------------------------------------------------------------------------------------------
