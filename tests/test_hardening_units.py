@@ -90,6 +90,24 @@ def test_an_internal_error_stops_the_report_with_the_code_the_cli_exits_with():
     assert report.stopped["exit_code"] == EXIT_USAGE and exit_code_for(report) == EXIT_USAGE
 
 
+@pytest.mark.parametrize("path", ["", "/v1", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/"])
+def test_an_endpoint_pasted_as_the_url_gives_the_base(path):
+    from ddtree_diag.backends.http import normalise_url
+
+    assert normalise_url(f"http://h:8000{path}") == "http://h:8000"
+    assert normalise_url(f"http://h:8000/proxy{path}") == "http://h:8000/proxy"
+
+
+def test_https_to_a_plain_port_says_to_try_http():
+    import httpx
+
+    from ddtree_diag.backends.http import describe_transport_error
+
+    exc = httpx.ConnectError("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)")
+    assert "does it serve plain http://?" in describe_transport_error(exc, "https://h:8000")[1]
+    assert "plain http" not in describe_transport_error(httpx.ConnectError("reset"), "https://h:8000")[1]
+
+
 def test_url_is_shown_without_its_password():
     assert url_without_password("http://alice:secret@h:8000/v1") == "http://alice:***@h:8000/v1"
     assert url_without_password("http://h:8000") == "http://h:8000"

@@ -245,7 +245,13 @@ def test_a_key_read_with_its_newline_or_a_one_letter_key_runs_clean(standin, cli
      # argv bytes that are not UTF-8 (here 0xFF) reach Python as lone surrogates
      (["--url", "http://127.0.0.1:1", "--model", "m\udcff"], "--model is not valid UTF-8"),
      (["--url", "http://127.0.0.1:1", "--api-key", "k\udcff"], "--api-key is not valid UTF-8"),
-     (["--url", "http://127.0.0.1:1", "--prompt", "p\udcff"], "--prompt is not valid UTF-8")],
+     (["--url", "http://127.0.0.1:1", "--prompt", "p\udcff"], "--prompt is not valid UTF-8"),
+     (["--url", "http://127.0.0.1:1", "--api-key", "clé-KEY"], "--api-key holds a non-ASCII character"),
+     (["--url", "http://127.0.0.1:1", "--temperature", "nan"], "finite number"),
+     (["--url", "http://127.0.0.1:0"], "port is not a number in 1-65535"),
+     (["--url", "http://127.0.0.1:1", "--json", ""], "--json needs a file path"),
+     (["--url", "http://127.0.0.1:1", "--junit", "-"], "only --json writes to stdout"),
+     (["--url", "http://127.0.0.1:1", "--junit", "same.out", "--html", "same.out"], "both write same.out")],
 )
 def test_usage_errors_are_exit_2_one_line(cli, args, needle):
     result = cli("probe", *args)

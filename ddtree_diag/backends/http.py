@@ -102,10 +102,11 @@ def normalise_url(url: str) -> str:
         raise UsageError(f"bad --url {redact(url)!r}: expected http://HOST[:PORT][/PATH]") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"bad --url {redact(url)!r}: expected http://HOST[:PORT][/PATH]")
-    if not port_ok:
+    if not port_ok or parts.port == 0:
         raise UsageError(f"bad --url {redact(url)!r}: port is not a number in 1-65535")
     path = parts.path.rstrip("/")
-    for suffix in ("/chat/completions", "/v1"):
+    # an endpoint pasted from the server's docs: the base is what comes before it
+    for suffix in ("/chat/completions", "/completions", "/models", "/v1"):
         if path.endswith(suffix):
             path = path[: -len(suffix)]
     return f"{parts.scheme}://{parts.netloc}{path}"
@@ -144,6 +145,9 @@ def describe_transport_error(exc: Exception, url: str) -> tuple[str, str]:
             return STATUS_TRANSPORT_ERROR, f"cannot resolve host {urlsplit(url).hostname!r}"
         if "refused" in lowered:
             return STATUS_TRANSPORT_ERROR, f"connection refused by {host} (is the server running?)"
+        if "ssl" in lowered and urlsplit(url).scheme == "https":
+            # a TLS handshake with a plain-HTTP port ends in EOF or a wrong version number
+            return STATUS_TRANSPORT_ERROR, f"TLS handshake with {host} failed: {text} (does it serve plain http://?)"
         return STATUS_TRANSPORT_ERROR, f"cannot connect to {host}: {text}"
     if isinstance(exc, httpx.RemoteProtocolError):
         return STATUS_TRANSPORT_ERROR, f"connection to {host} dropped: {text}"

@@ -105,10 +105,21 @@ def plan_from(flags: RunFlags, matrix: str | None, *, gate: bool, spec: TargetSp
 
 def check_outputs(flags: RunFlags) -> None:
     """Every output path must be writable before the run starts (exit 2 at once, one line)."""
+    from ddtree_diag.errors import UsageError
     from ddtree_diag.output.reportfile import check_writable
 
+    seen: dict[str, str] = {}
     for path, flag in ((flags.json_path, "--json"), (flags.junit, "--junit"), (flags.summary, "--summary"),
                        (flags.html, "--html")):
+        if path is None:
+            continue
+        if not path.strip():
+            raise UsageError(f"{flag} needs a file path (got an empty one)")
+        if path == "-" and flag != "--json":
+            raise UsageError(f"{flag} takes a file path: only --json writes to stdout (-)")
+        if path in seen:
+            raise UsageError(f"{seen[path]} and {flag} both write {path}: give each its own file")
+        seen[path] = flag
         check_writable(path, flag)
 
 
