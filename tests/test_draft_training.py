@@ -164,3 +164,37 @@ def test_a_vision_language_target_trains_a_draft_for_its_language_model(tmp_path
     assert engine.draft.config.hidden_size == fx.HIDDEN and engine.draft.config.num_target_layers == 4
     expected = engine.generate_ids([40, 41, 42], tree_budget=0, max_tokens=6, stop_token_ids=[]).token_ids
     assert engine.generate_ids([40, 41, 42], tree_budget=4, max_tokens=6, stop_token_ids=[]).token_ids == expected
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--prompts", "{tmp}/none.txt"], "--prompts {tmp}/none.txt: no such file"),
+    (["--prompts", "{tmp}/latin.txt"], "not UTF-8 text"),
+    (["--prompts", "{tmp}/empty.txt"], "no prompts in it"),
+    (["--eval-prompts", "{tmp}/none.txt"], "--eval-prompts"),
+    (["--eval-out", "{tmp}"], "--eval-out"),
+    (["--block-size", "0"], "--block-size must be >= 2"),
+    (["--steps", "-1"], "--steps must be >= 1"),
+    (["--lr", "-1"], "--lr must be a finite number > 0"),
+    (["--mask-token-id", "-5"], "--mask-token-id must be >= 0"),
+    (["--target-dir", "{tmp}/none"], "no such directory"),
+])
+def test_train_draft_flags_are_checked_before_any_model_loads(cli, tmp_path, args, needle):
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
+    (tmp_path / "empty.txt").write_text("# only a comment\n\n")
+    out = tmp_path / "draft"
+    result = cli("train-draft", "--out", str(out), *[a.format(tmp=tmp_path) for a in args])
+    assert result.code == 2 and needle.format(tmp=tmp_path) in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_layer_ids_and_a_mask_token_the_target_lacks_are_refused_before_generation():
+    from types import SimpleNamespace
+
+    from ddtree_diag.errors import UsageError
+
+    target = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=4, vocab_size=100))
+    dt.check_against_target(dt.TrainSettings(prompts_file="p", out_dir="o", target_layer_ids=[1, 3]), target)
+    with pytest.raises(UsageError, match="the target has 4 layers"):
+        dt.check_against_target(dt.TrainSettings(prompts_file="p", out_dir="o", target_layer_ids=[1, 4]), target)
+    with pytest.raises(UsageError, match="vocabulary has 100 ids"):
+        dt.check_against_target(dt.TrainSettings(prompts_file="p", out_dir="o", mask_token_id=100), target)

@@ -52,6 +52,17 @@ def register(app: typer.Typer) -> None:
 
         from ddtree_diag.engine.models import require_engine_extra
 
+        check_train_flags(
+            out=out, prompts=prompts, target_dir=target_dir, eval_prompts=eval_prompts, eval_out=eval_out,
+            data_file=data_file,
+            counts={"--block-size": (block_size, 2), "--draft-layers": (draft_layers, 1), "--steps": (steps, 1),
+                    "--batch-size": (batch_size, 1), "--anchors": (anchors, 1),
+                    "--max-new-tokens": (max_new_tokens, 1), "--gen-batch-size": (gen_batch_size, 1),
+                    "--follow-up-tokens": (follow_up_tokens, 0),
+                    "--sampled-prompts": (sampled_prompts, 0), "--max-prompts": (max_prompts, 1),
+                    "--mask-token-id": (mask_token_id, 0)},
+            rates={"--lr": (lr, False), "--weight-decay": (weight_decay, True), "--max-seconds": (max_seconds, False)},
+        )
         require_engine_extra()
         from ddtree_diag.training.draft import TrainSettings, evaluate, load_prompts, train_draft
 
@@ -73,6 +84,49 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(table, indent=1))
             if eval_out:
                 Path(eval_out).write_text(json.dumps(table, indent=1))
+
+
+def check_train_flags(*, out: str, prompts: str | None, target_dir: str | None, eval_prompts: str | None,
+                      eval_out: str | None, data_file: str | None, counts: dict[str, tuple[int | None, int]],
+                      rates: dict[str, tuple[float | None, bool]]) -> None:
+    """Everything that can be told before a model loads: one line and exit 2 at once, not an
+    error after minutes of generation (the evaluation's files are only read after training)."""
+    import math
+    from pathlib import Path
+
+    from ddtree_diag.errors import UsageError
+    from ddtree_diag.output.reportfile import check_writable
+
+    for flag, (value, least) in counts.items():
+        if value is not None and value < least:
+            raise UsageError(f"{flag} must be >= {least}, got {value}")
+    for flag, (value, zero_ok) in rates.items():
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise UsageError(f"{flag} must be a finite number {'>=' if zero_ok else '>'} 0, got {value}")
+    for flag, path in (("--prompts", prompts), ("--eval-prompts", eval_prompts)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UsageError(f"{flag} {path}: no such file") from None
+        except IsADirectoryError:
+            raise UsageError(f"{flag} {path}: a directory, not a prompts file") from None
+        except OSError as exc:
+            raise UsageError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
+        if not any(line.strip() and not line.startswith("#") for line in text.splitlines()):
+            raise UsageError(f"{flag} {path}: no prompts in it (one a line; '#' lines are comments)")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out}: a file, not a directory")
+    if target_dir is not None and not Path(target_dir).is_dir():
+        raise UsageError(f"--target-dir {target_dir}: no such directory")
+    if data_file is not None and Path(data_file).is_dir():
+        raise UsageError(f"--data-file {data_file}: a directory, not a file")
+    check_writable(eval_out, "--eval-out")
 
 
 def parse_layer_ids(text: str | None) -> list[int] | None:

@@ -596,6 +596,21 @@ def _lr_at(progress: float, settings: TrainSettings, step: int) -> float:
     return settings.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def check_against_target(settings: TrainSettings, target) -> None:
+    """Layer ids and the mask token must exist in the target: said before any generation."""
+    from ddtree_diag.engine.arch import text_config
+    from ddtree_diag.errors import UsageError
+
+    config = text_config(target.config)
+    layers = config.num_hidden_layers
+    if settings.target_layer_ids and max(settings.target_layer_ids) >= layers:
+        raise UsageError(f"--target-layers {','.join(map(str, settings.target_layer_ids))}: the target has "
+                         f"{layers} layers (ids 0-{layers - 1})")
+    if settings.mask_token_id is not None and settings.mask_token_id >= config.vocab_size:
+        raise UsageError(f"--mask-token-id {settings.mask_token_id}: the target's vocabulary has "
+                         f"{config.vocab_size} ids")
+
+
 def train_draft(settings: TrainSettings, log=print) -> dict:
     """Generate data (or reuse ``data_file``), train, save the draft to ``out_dir``; returns a summary."""
     torch.manual_seed(settings.seed)
@@ -609,6 +624,7 @@ def train_draft(settings: TrainSettings, log=print) -> dict:
 
         target_dir = str(ensure_target_dir())
     target, tokenizer = load_target(target_dir, device)
+    check_against_target(settings, target)
     out_dir = Path(settings.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
