@@ -150,6 +150,7 @@ def execute(
             report.target["matrix"] = run.matrix.source
         if run.baseline is not None:
             lossless.check_possible(run.baseline, backend)
+            check_baseline_server(run, backend)
         report.notes.extend(fill_long_prompts(run.cases, backend, on_stage))
         scorer = load_scorer(run.plan, report)
         run_cases(backend, run.cases, report, concurrency=run.plan.target.concurrency, on_result=on_result,
@@ -390,6 +391,26 @@ def load_scorer(plan: RunPlan, report: RunReport) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # The lossless baseline
+
+
+def check_baseline_server(run: PreparedRun, backend: Backend) -> None:
+    """A ``url:`` baseline is asked what it serves before the first case is sent: an unreachable
+    one, or one that refuses the key, ends the run at once (exit 3 / 2), not after every case ran."""
+    spec = run.baseline
+    if spec is None or spec.mode != "url" or not any(case.temperature == 0 for case in run.cases):
+        return
+    where = backend.baseline_target(spec.mode, spec.url, http=run.plan.request_settings,
+                                    weights=run.plan.local_weights)
+    if not isinstance(where, HttpTarget):
+        return
+    shared = backend.shared_transport()
+    probe = make_backend(where, transport=shared)
+    try:
+        probe.prepare([lossless.baseline_case(case, spec, logprobs=False) for case in run.cases[:1]])
+    except (TransportError, UsageError) as exc:
+        raise type(exc)(f"--baseline {spec.describe()}: {exc}") from None
+    finally:
+        probe.close()
 
 
 def run_baseline(report: RunReport, backend: Backend, spec: lossless.BaselineSpec, plan: RunPlan) -> list[str]:

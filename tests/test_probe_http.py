@@ -259,6 +259,15 @@ def test_usage_errors_are_exit_2_one_line(cli, args, needle):
     assert needle in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_unreachable_url_baseline_stops_the_run_before_any_case(standin, cli):
+    server = standin("--dialect", "vllm")
+    result = cli("probe", "--url", server.url, "--thinking", "off", "--baseline", "url:http://127.0.0.1:9")
+    assert result.code == 3, result.stderr
+    assert "--baseline" in result.stderr and "connection refused by 127.0.0.1:9" in result.stderr
+    # (the main server's 1-token detection request is all it got)
+    assert not [r for r in server.requests() if "messages" in r and r.get("max_tokens") != 1], "no case was sent"
+
+
 def test_bad_toml_names_the_line_and_unknown_key(cli, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[axes]\ntree_budget = [16,\n")
