@@ -55,6 +55,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+# Request fields the tool sets itself: an [extra] copy would quietly change what a case means.
+_CORE_FIELDS = {
+    "model": "pass --model",
+    "messages": "write the prompt under [prompts]",
+    "stream": "pass --stream or --no-stream",
+    "max_tokens": "use the max_tokens axis",
+    "temperature": "use the temperature axis",
+}
 _TOP_KEYS = {"name", "description", "defaults", "axes", "prompts", "extra", "gate", "baseline", "load"}
 _DEFAULT_KEYS = {"max_tokens", "temperature", "repeat", "enable_thinking", "tree_budget", "system"}
 _AXIS_KEYS = {"enable_thinking", "tree_budget", "temperature", "max_tokens", "concurrency"}
@@ -187,6 +195,9 @@ def matrix_from_dict(data: dict[str, Any], source: str = "<matrix>") -> Matrix:
     for prompt_id, spec in _table(data, "prompts", source).items():
         matrix.prompts[prompt_id] = _prompt(prompt_id, spec, system, source)
     matrix.extra = _table(data, "extra", source)
+    for key, instead in _CORE_FIELDS.items():
+        if key in matrix.extra:
+            raise UsageError(f"{source}: [extra] cannot set {key!r}: {instead}")
     matrix.gate = _table(data, "gate", source)
     matrix.baseline = _table(data, "baseline", source)
     matrix.load = _table(data, "load", source)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import itertools
+import math
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -103,12 +104,16 @@ def prepare(plan: RunPlan) -> PreparedRun:
         baseline = lossless.parse_baseline(matrix.baseline, f"{source}: baseline")
     else:
         baseline = None
+    if plan.near_tie_gap is not None and not 0 <= plan.near_tie_gap < math.inf:
+        raise UsageError(f"--near-tie-gap must be a finite number >= 0 (nats), got {plan.near_tie_gap}")
     if baseline is not None and plan.near_tie_gap is not None:
-        if plan.near_tie_gap < 0:
-            raise UsageError("--near-tie-gap must be >= 0 (nats)")
         baseline.near_tie_gap = plan.near_tie_gap
+    if baseline is None and matrix.baseline:
+        lossless.parse_baseline(matrix.baseline, f"{source}: baseline")  # checked though a probe ignores it
     notes = []
     gate_config = None
+    if matrix.gate and not plan.gate:
+        gate.parse_gate(matrix.gate, source)  # a probe ignores the [gate] table, but says when it is broken
     if plan.gate and matrix.gate:
         gate_config = gate.parse_gate(matrix.gate, source)
     elif plan.gate:

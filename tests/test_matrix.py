@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ddtree_diag.errors import UsageError
@@ -109,6 +111,25 @@ def test_a_temperature_that_is_not_finite_and_positive_is_a_usage_error(value):
         apply_overrides(Matrix(), temperature=value)
     with pytest.raises(UsageError, match="temperature must be a finite number >= 0"):
         matrix_from_dict({"prompts": {"a": "x"}, "axes": {"temperature": [float(value)]}})
+
+
+@pytest.mark.parametrize(("key", "instead"), [("stream", "--no-stream"), ("max_tokens", "max_tokens axis"),
+                                              ("model", "--model"), ("messages", "[prompts]")])
+def test_extra_cannot_redefine_what_a_case_is(key, instead):
+    with pytest.raises(UsageError, match=rf"\[extra\] cannot set '{key}'.*{re.escape(instead)}"):
+        matrix_from_dict({"prompts": {"a": "x"}, "extra": {key: 1}})
+    assert matrix_from_dict({"prompts": {"a": "x"}, "extra": {"top_p": 0.9}}).extra == {"top_p": 0.9}
+
+
+def test_a_probe_says_when_the_gate_or_baseline_table_it_ignores_is_broken(tmp_path):
+    from ddtree_diag.backends import HttpTarget
+    from ddtree_diag.orchestrator import RunPlan, prepare
+
+    for table in ('[gate]\nmin_acceptance = "high"\n', '[baseline]\nmode = "psychic"\n'):
+        path = tmp_path / "m.toml"
+        path.write_text('[prompts]\na = "hi"\n' + table)
+        with pytest.raises(UsageError):
+            prepare(RunPlan(target=HttpTarget(url="http://127.0.0.1:1"), matrix=MatrixRequest(matrix=str(path))))
 
 
 def test_load_matrix_reports_toml_line(tmp_path):
