@@ -44,7 +44,7 @@ def run_once(shape: str, budgets: str, ahead: str, cache: Path, extra: list[str]
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
             raise SystemExit(f"engine_speed failed for {shape}: {tail[0]}")
-        return json.loads((Path(out) / f"engine_speed-{shape}.json").read_text())
+        return json.loads((Path(out) / f"engine_speed-{shape.strip()}.json").read_text())
 
 
 def describe(record: dict) -> str:

@@ -61,7 +61,10 @@ _CORE_FIELDS = {
     "messages": "write the prompt under [prompts]",
     "stream": "pass --stream or --no-stream",
     "max_tokens": "use the max_tokens axis",
+    "max_completion_tokens": "use the max_tokens axis",
     "temperature": "use the temperature axis",
+    "tree_budget": "use the tree_budget axis",
+    "n": "a case reads one choice",
 }
 _TOP_KEYS = {"name", "description", "defaults", "axes", "prompts", "extra", "gate", "baseline", "load"}
 _DEFAULT_KEYS = {"max_tokens", "temperature", "repeat", "enable_thinking", "tree_budget", "system"}

@@ -108,8 +108,8 @@ def prepare(plan: RunPlan) -> PreparedRun:
         raise UsageError(f"--near-tie-gap must be a finite number >= 0 (nats), got {plan.near_tie_gap}")
     if baseline is not None and plan.near_tie_gap is not None:
         baseline.near_tie_gap = plan.near_tie_gap
-    if baseline is None and matrix.baseline:
-        lossless.parse_baseline(matrix.baseline, f"{source}: baseline")  # checked though a probe ignores it
+    if matrix.baseline and not (plan.gate and plan.baseline is None):
+        lossless.parse_baseline(matrix.baseline, f"{source}: baseline")  # checked though this run does not use it
     notes = []
     gate_config = None
     if matrix.gate and not plan.gate:

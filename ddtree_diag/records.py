@@ -564,7 +564,10 @@ def _known_fields(cls: type, data: Any) -> dict[str, Any]:
         if key not in kinds:
             continue
         allowed = kinds[key]
-        if allowed is not None and not isinstance(value, allowed):
+        if allowed is None:
+            out[key] = value
+            continue
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):  # true is no count
             raise ValueError(f"{key}: expected {_kind_words(allowed)}, got {type(value).__name__} {_short(value)}")
         out[key] = value
     return out

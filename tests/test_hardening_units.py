@@ -106,6 +106,8 @@ def test_https_to_a_plain_port_says_to_try_http():
     exc = httpx.ConnectError("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)")
     assert "does it serve plain http://?" in describe_transport_error(exc, "https://h:8000")[1]
     assert "plain http" not in describe_transport_error(httpx.ConnectError("reset"), "https://h:8000")[1]
+    certificate = httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed")
+    assert "plain http" not in describe_transport_error(certificate, "https://h:8000")[1]
 
 
 def test_url_is_shown_without_its_password():

@@ -364,11 +364,17 @@ def test_premature_stop_needs_finish_reason_stop_to_be_hard():
 
 def test_a_stop_inside_a_word_is_a_premature_stop():
     prompt = "Why is the sky blue?"
-    assert flagged("The sky is blue because of Rayleigh scatt", "premature_stop", prompt=prompt, finish_reason="stop")
-    assert flagged("The sky looks blue because the molecules of the air scatter short wavelen", "premature_stop",
-                   prompt=prompt, finish_reason="stop")
+    cut = "Sunlight holds every colour. The sky is blue because of Rayleigh scatt"
+    assert flagged(cut, "premature_stop", prompt=prompt, finish_reason="stop")
+    assert flagged("Air molecules are small. They scatter the short wavelen", "premature_stop", prompt=prompt,
+                   finish_reason="stop")
     # cut by the token limit it is only truncated; a whole last word, a name or a term is an ending
-    assert not assess("The sky is blue because of Rayleigh scatt", prompt=prompt, finish_reason="length").garbage
+    assert not assess(cut, prompt=prompt, finish_reason="length").garbage
+    # an answer that ends no sentence may end on a word the lexicon lacks ("struct"): soft, never garbage
+    for text in ("The sky is blue because of Rayleigh scatt", "We store the session data with a struct",
+                 "Das Design ist wirklich sehr markant"):
+        verdict = assess(text, prompt=prompt, finish_reason="stop")
+        assert "premature_stop" in verdict.codes and not verdict.garbage, text
     for text in ("The sky is blue because of Rayleigh scattering", "The scattering is named after Rayleigh",
                  "Install it with pip and import numpy, then call numpy"):
         assert "premature_stop" not in codes(text, prompt=prompt, finish_reason="stop"), text
@@ -414,6 +420,8 @@ def test_repeats_that_end_where_their_copy_does_are_no_restart(text):
         ("Qwen3 writes its reasoning between <think> and </think> tags before the final answer. With thinking "
          "off, the chat template inserts an empty <think></think> block.", "How do Qwen3 models show reasoning?"),
         ("ChatML wraps each turn in the <|im_start|> and <|im_end|> markers.", "How do turns work here?"),
+        ("Qwen3 starts its reasoning with the <think> tag and writes its answer after the reasoning.",
+         "How does Qwen3 reason?"),
     ],
 )
 def test_a_special_token_talked_about_in_prose_is_no_leak(text, prompt):
@@ -424,7 +432,9 @@ def test_a_special_token_talked_about_in_prose_is_no_leak(text, prompt):
 @pytest.mark.parametrize(
     "text",
     ["Sure, here you go.<|im_end|>\n<|im_start|>user\nThanks", "The answer is 4.<|endoftext|>The answer is",
-     "<think>\nThe user wants a greeting.\n</think>\n\nHello!", "Hi there, the token<|im_end|>"],
+     "<think>\nThe user wants a greeting.\n</think>\n\nHello!", "Hi there, the token<|im_end|>",
+     # a token named in prose first does not excuse a leak after it
+     "Documents end with the special token <|endoftext|>. Hope this helps!<|im_end|>\n<|im_start|>user\nmore"],
 )
 def test_an_emitted_special_token_is_still_a_leak(text):
     assert assess(text, prompt="Say hi.", finish_reason="stop", thinking=False).garbage
@@ -444,12 +454,16 @@ def test_drawings_and_morse_are_answers():
     morse = "SOS: ... --- ...\nHELLO: .... . .-.. .-.. ---"
     assert not assess(morse, prompt="Write SOS and HELLO in Morse code.", finish_reason="stop").garbage
     assert flagged("Here is the list -", "premature_stop", finish_reason="stop")  # a dash that dangles
+    assert flagged("```\n.\n,\n;\n```", "empty_output", finish_reason="stop")  # marks, no drawing
 
 
 def test_a_prompt_that_asks_to_sing_allows_its_refrain():
     text = ("Row, row, row your boat,\nGently down the stream.\nMerrily, merrily, merrily, merrily,\n"
             "Life is but a dream.")
     assert not assess(text, prompt="Sing Row, Row, Row Your Boat.", finish_reason="stop").garbage
+    # a prompt about singing, or about someone named Carol, is no song request
+    for prompt in ("Why do birds sing?", "Write a short email to Carol about the meeting."):
+        assert flagged("The reason is simply because of the", "premature_stop", prompt=prompt, finish_reason="stop")
 
 
 def test_lorem_ipsum_is_no_salad():

@@ -53,3 +53,38 @@ def test_report_and_diff_refuse_a_broken_report_in_one_line(cli, tmp_path, comma
 def test_an_intact_report_still_loads(tmp_path):
     report = load_any(saved(tmp_path, lambda d: None))
     assert report.results[0].output == "Hi."
+
+
+def test_a_fully_filled_report_written_by_the_tool_loads_back_equal(tmp_path):
+    """Every field the tool writes passes the load's type checks: counts as ints, rates as floats
+    (or ints), flags, optional fields as null, nested records."""
+    from ddtree_diag.records import (
+        BaselineComparison,
+        Finding,
+        GateCheck,
+        GateResult,
+        Reason,
+        SpecMetrics,
+        StructuredCheck,
+        Timings,
+        Verdict,
+    )
+
+    case = ProbeCase(prompt_id="p", messages=[{"role": "user", "content": "hi"}], enable_thinking=True,
+                     tree_budget=16, temperature=0.0, max_tokens=32, repeat=1)
+    result = ProbeResult(
+        case=case, output="Hi.", reasoning="think", tool_calls=[{"id": "c", "name": "f", "arguments": "{}"}],
+        cached_tokens=3, finish_reason="stop", prompt_tokens=5, completion_tokens=2, http_status=200,
+        timings=Timings(ttft_s=0.1, e2e_s=1, decode_tokens_per_second=40.5),
+        spec=SpecMetrics(mean_acceptance_length=2.5, decode_rounds=4),
+        quality=Verdict(garbage=False, score=0.0, reasons=[Reason("truncated", "cut", "", 0.0, None)]),
+        structured=StructuredCheck("json_object", True), extras={"notes": ["n"]}, findings=["f1"], seq=0,
+        baseline=BaselineComparison(mode="budget0", verdict="identical", char_index=None),
+    )
+    report = RunReport(results=[result], target={"url": "http://h"}, notes=["n"],
+                       findings=[Finding("f1", "info", "t", "e", "c", ["p"])],
+                       gate=GateResult(passed=True, checks=[GateCheck("max_garbage", True, "ok")]))
+    path = tmp_path / "full.json"
+    path.write_text(report_json(report))
+    loaded = load_any(path)
+    assert report_json(loaded) == report_json(report)

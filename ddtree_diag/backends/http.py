@@ -145,7 +145,9 @@ def describe_transport_error(exc: Exception, url: str) -> tuple[str, str]:
             return STATUS_TRANSPORT_ERROR, f"cannot resolve host {urlsplit(url).hostname!r}"
         if "refused" in lowered:
             return STATUS_TRANSPORT_ERROR, f"connection refused by {host} (is the server running?)"
-        if "ssl" in lowered and urlsplit(url).scheme == "https":
+        if urlsplit(url).scheme == "https" and any(
+            sign in lowered for sign in ("wrong_version_number", "wrong version number", "unexpected_eof",
+                                         "record layer failure", "http_request")):
             # a TLS handshake with a plain-HTTP port ends in EOF or a wrong version number
             return STATUS_TRANSPORT_ERROR, f"TLS handshake with {host} failed: {text} (does it serve plain http://?)"
         return STATUS_TRANSPORT_ERROR, f"cannot connect to {host}: {text}"

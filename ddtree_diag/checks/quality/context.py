@@ -81,9 +81,10 @@ def has_content(answer: str) -> bool:
 
 def _drawing(fenced: str) -> bool:
     """A fenced block drawn in punctuation (a tic-tac-toe board, an empty grid): 3+ lines, 3+
-    kinds of mark. Hollow garbage repeats one mark a line and is not fenced."""
+    kinds of mark, 12+ marks. Hollow garbage repeats one mark a line and is not fenced."""
     lines = [line for line in fenced.splitlines()[1:] if line.strip() and not line.lstrip().startswith(("```", "~~~"))]
-    return len(lines) >= 3 and len(set("".join(lines)) - {" ", "\t"}) >= 3
+    marks = "".join(lines).replace(" ", "").replace("\t", "")
+    return len(lines) >= 3 and len(set(marks)) >= 3 and len(marks) >= 12
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from ddtree_diag.records import Reason
 def find_template_leaks(text: str, ctx: Context) -> list[Reason]:
     """Chat-template tokens (``<|im_start|>``, ``</s>``, ``[INST]``) the prompt did not ask about."""
     code_spans = ctx.code_spans
+    talked_about: Reason | None = None  # a token named in prose; a later one may still be a leak
     for match in TEMPLATE_RE.finditer(text):
         token = match.group()
         if token in ctx.prompt:
@@ -19,12 +20,16 @@ def find_template_leaks(text: str, ctx: Context) -> list[Reason]:
         in_code = inside_spans(match.start(), code_spans)
         if in_code and in_inline_code(text, match.start()):
             continue  # `<|im_end|>` in backticks is written on purpose, never a leak
-        if ctx.about_templates or (not in_code and named_in_prose(text, *match.span())):
+        if ctx.about_templates:
             if in_code:
                 continue  # asked about templates, shown in a code block: exactly right
-            why = "the prompt asks about them" if ctx.about_templates else "named as a token or tag"
-            detail = f"chat-template token {token!r} in prose ({why})"
+            detail = f"chat-template token {token!r} in prose (the prompt asks about them)"
             return [Reason("template_leak", detail, excerpt(text, *match.span()), 0.2, match.span())]
+        if not in_code and named_in_prose(text, *match.span()):
+            if talked_about is None:
+                detail = f"chat-template token {token!r} in prose (named as a token or tag)"
+                talked_about = Reason("template_leak", detail, excerpt(text, *match.span()), 0.2, match.span())
+            continue
         if token == "</s>" and "<s>" in text[: match.start()]:
             continue  # HTML strikethrough, not a SentencePiece end-of-sequence
         count = len(TEMPLATE_RE.findall(text))
@@ -32,7 +37,7 @@ def find_template_leaks(text: str, ctx: Context) -> list[Reason]:
         weight = 0.7 if in_code else min(0.95, 0.8 + 0.03 * count)
         detail = f"chat-template token {token!r} {where} ({count} in all)"
         return [Reason("template_leak", detail, excerpt(text, *match.span()), weight, match.span())]
-    return []
+    return [talked_about] if talked_about is not None else []
 
 
 # gpt-oss's harmony format with its special tokens stripped (a server without a harmony parser,

@@ -235,7 +235,7 @@ def _flood(text: str, lo: int, hi: int, ctx: Context, code_spans: list[tuple[int
 
 
 _OPENER_OF = {"]": "[", ")": "(", "}": "{"}
-_LITERAL_END_RE = re.compile(r"[\s,;'\"]*[-+]?[\d.]*[\s'\"]*([\])}])")
+_LITERAL_END_RE = re.compile(r"[\s,;'\"]*(?:[-+]?[\d.]+[\s'\"]*)?([\])}])")  # the number needs a digit: no overlap
 
 
 def _in_literal(text: str, start: int, end: int) -> bool:
@@ -296,9 +296,10 @@ def _loops_in(
                 if not (runs_out and sum(len(names[t]) for t in ids[start:end]) >= MARKUP_TO_LIMIT):
                     continue  # punctuation and markup: rules, table borders, closing braces
                 needed = 3.0  # ... unless it runs on into the token limit: "|---|---|---|…"
-            # Numbers repeat legitimately (matrices, tallies), but not forever; a longer numeric
-            # phrase ("2 + 2 = 4.") repeated verbatim is already odd.
-            needed = 4.0 if period >= 4 else 10.0
+            else:
+                # Numbers repeat legitimately (matrices, tallies), but not forever; a longer numeric
+                # phrase ("2 + 2 = 4.") repeated verbatim is already odd.
+                needed = 4.0 if period >= 4 else 10.0
         elif all(names[t] in INTERJECTIONS for t in unit if _is_word(names[t])):
             needed = 6.0  # "ha ha ha", "no, no, no, no", "tick-tock, tick-tock"
         elif period <= 2:

@@ -206,8 +206,9 @@ INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
 LYRIC_PROMPT_RE = re.compile(
     r"\b(?:songs?|lyrics?|poems?|poetry|verses?|chants?|rhym\w*|haikus?|sonnets?|limericks?|refrains?|"
-    r"chorus(?:es)?|nursery|ballads?|raps?|anthems?|hymns?|lullab(?:y|ies)|carols?|sing|canci[oó]n\w*|"
-    r"poemas?|gedichte?|chansons?)\b"
+    r"chorus(?:es)?|nursery|ballads?|raps?|anthems?|hymns?|lullab(?:y|ies)|christmas carols?|carols|"
+    r"canci[oó]n\w*|poemas?|gedichte?|chansons?)\b"
+    r"|(?:^|[.!?]\s+)sing\b|\bsing\s+(?:me|us|along)\b"  # "Sing Row, Row...", not "Why do birds sing?"
     r"|歌|诗|詩|песн|стих",
     re.IGNORECASE,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ddtree_diag.checks.quality.context import ANSWER, Context, excerpt, inside_spans, reads
+from ddtree_diag.checks.quality.context import ANSWER, Context, excerpt, inside_spans, merge_spans, reads
 from ddtree_diag.checks.quality.patterns import (
     ASCII_PAIR_RE,
     LANGUAGE_SCRIPTS_RE,
@@ -43,20 +43,23 @@ def _scripts(text: str) -> Counter:
 
 # Greek letters drawn like Latin ones; maths writes its Greek in the other shapes (α, ρ, Δ, σ)
 _GREEK_HOMOGLYPHS = frozenset("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧου")
+_WORD_REACH = 40  # letters walked each way from a run to find its word (no word is longer)
 
 
 def _mixed_word(text: str, runs: list[tuple[str, int, int]]) -> str | None:
     """A word mixing Latin and Cyrillic letters, or Latin and Greek ones drawn alike (homoglyph
     soup: "Hеllo" with a Cyrillic e, "Τhe" with a Greek T)."""
+    checked_to = 0  # the end of the last word walked: runs inside it are not walked again
     for script, a, b in runs:
         if script == "Greek":
-            if not set(text[a:b]) <= _GREEK_HOMOGLYPHS:
+            if a < checked_to or not set(text[a:b]) <= _GREEK_HOMOGLYPHS:
                 continue
             start, end = a, b
-            while start and text[start - 1].isalpha():
+            while start > max(0, a - _WORD_REACH) and text[start - 1].isalpha():
                 start -= 1
-            while end < len(text) and text[end].isalpha():
+            while end < min(len(text), b + _WORD_REACH) and text[end].isalpha():
                 end += 1
+            checked_to = end
             if sum(ch.isascii() for ch in text[start:end]) >= 2:
                 return text[start:end]
             continue
@@ -197,14 +200,14 @@ def find_script_mix(text: str, ctx: Context) -> list[Reason]:
 # character counts): the main script is weighed by that, not by raw characters.
 _SYLLABIC_WEIGHT = {"Han": 3, "Kana": 3, "Hangul": 3}
 # TeX maths ($...$, $$...$$, \(...\), \[...\]): Latin letters that are notation, not language
-_MATH_RE = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$|\\\(.+?\\\)|\\\[.+?\\\]", re.DOTALL)
+_MATH_RE = re.compile(r"\$\$.{1,2000}?\$\$|\$[^$\n]{1,400}\$|\\\(.{1,2000}?\\\)|\\\[.{1,2000}?\\\]", re.DOTALL)
 
 
 def _main_script(text: str, runs: list[tuple[str, int, int]], code_spans: list[tuple[int, int]]) -> str:
     """The script the prose is written in, with no prompt to say: code and TeX maths do not count
     (a Russian or Chinese answer's code is Latin), and a syllabic character weighs as three
     letters (a Chinese answer naming "Docker Compose" is still Chinese)."""
-    notation = sorted(code_spans + [m.span() for m in _MATH_RE.finditer(text)])
+    notation = merge_spans(code_spans + [m.span() for m in _MATH_RE.finditer(text)])  # a fence may hold $…$
     counts: Counter = Counter()
     for script, a, b in runs:
         if not inside_spans(a, notation):

@@ -122,9 +122,12 @@ def _premature_stop(
                 why = f"ends on the word {last_word!r}"
         elif not any(ch.isupper() for ch in tail[cut:]) and (whole := _cut_word(words, last_word, stripped)):
             why = f"ends inside a word: {last_word!r} is no word, {whole!r} is"
-            # a list item or a label may end on a short form the list lacks ("- the repo"): soft
+            # Hard only where the rest of the text ends its sentences: a word the lexicon lacks
+            # ("struct", "redis") at the end of an unpunctuated short answer or a list item is a
+            # plain ending too often. A 4-letter cut or a short last line is soft as well.
             last_line = stripped[stripped.rfind("\n") + 1 :]
-            cut_soft = (len(last_word) < 5 or len(MARKED_WORDS_RE.findall(last_line)) < 6
+            punctuates = _ENDED_SENTENCE_RE.search(stripped[: len(stripped) - len(last_word)]) is not None
+            cut_soft = (not punctuates or len(last_word) < 5 or len(MARKED_WORDS_RE.findall(last_line)) < 6
                         or _LIST_ITEM_RE.match(last_line) is not None)
     if why is None:
         return _unpunctuated_prose_end(answer, stripped, ctx, unknown_finish)
@@ -152,6 +155,7 @@ def _premature_stop(
     ]
 
 
+_ENDED_SENTENCE_RE = re.compile(r"[.!?。！？।؟]\s")  # a sentence the text ended, another following
 _RESTART_HEAD = 12  # characters a broken-off sentence must have before it starts again
 _SENTENCE_END_RE = re.compile(r"[.!?。！？।؟\n]")
 _RESTART_LOOKBACK = 400  # characters: a restart is looked for this far into its sentence
@@ -228,10 +232,11 @@ def _cut_word(words: list[str], last_word: str, text: str) -> str | None:
     if not ranked or ranked[0][1] < 0.12:
         return None
     langs = [lang for lang, share in ranked[:2] if share >= 0.5 * ranked[0][1]]
+    last_word = last_word.casefold()  # the lexicon is case-folded (ß, final ς)
     if any(last_word in lexicon.words(lang) for lang in langs):
         return None
-    if text.casefold().count(last_word) > 1:
-        return None
+    if len(re.findall(rf"(?<!\w){re.escape(last_word)}(?!\w)", text.casefold())) > 1:
+        return None  # said before as a word of its own: a term
     listed = _sorted_words(langs[0])
     at = bisect_left(listed, last_word)
     while at < len(listed) and listed[at].startswith(last_word):

@@ -14,8 +14,8 @@ def split_thinking(text: str) -> tuple[str, str, int]:
     where it starts in ``text``; an unclosed block runs to the end (the answer is what precedes it)."""
     opens = text.count(THINK_OPEN)
     closes = text.count(THINK_CLOSE)
-    if not opens and not closes:
-        return text, "", 0
+    if (not opens and not closes) or _all_named(text):
+        return text, "", 0  # no tags, or only tags an answer talks about
     last_close = text.rfind(THINK_CLOSE)
     if unclosed_think(text):
         start = text.rfind(THINK_OPEN)
@@ -29,8 +29,9 @@ def split_thinking(text: str) -> tuple[str, str, int]:
 
 
 def unclosed_think(text: str) -> bool:
-    """A ``<think>`` after the last ``</think>``: a block that never closes."""
-    return THINK_OPEN in text and text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
+    """A ``<think>`` after the last ``</think>``: a block that never closes (not a tag the
+    answer only talks about)."""
+    return THINK_OPEN in text and text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE) and not _all_named(text)
 
 
 def _all_named(text: str) -> bool:
@@ -53,10 +54,10 @@ def find_thinking_leaks(text: str, ctx: Context) -> list[Reason]:
     out: list[Reason] = []
     first = min(i for i in (text.find(THINK_OPEN), text.find(THINK_CLOSE)) if i >= 0)
     tag_span = (first, first + len(THINK_CLOSE))
-    leak = None
     if _all_named(text):
-        pass  # "between <think> and </think> tags": an answer about think tags, not a leak
-    elif ctx.thinking is False:
+        return []  # "between <think> and </think> tags": an answer about think tags, not a leak
+    leak = None
+    if ctx.thinking is False:
         leak = (f"think tags in the answer although thinking is off ({opens} open, {closes} close)", 0.8)
     elif ctx.reasoning and ctx.reasoning.strip():
         leak = ("think tags in the answer although the server returned the reasoning separately", 0.7)
