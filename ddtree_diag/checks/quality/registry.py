@@ -35,7 +35,8 @@ REGISTRY: tuple[ReasonCode, ...] = (
                kind="an empty answer"),
     ReasonCode("premature_stop", "hard/soft",
                "`stop` on an unfinished sentence (`Hello,`, `Here is the code:`), or inside a word (`Rayleigh "
-               "scatt`: no word of the text's language, the start of one; soft on a list item or a 4-letter cut)",
+               "scatt`: no word of the text's language, the start of one; hard only in a text that ends its other "
+               "sentences, soft on a list item or a 4-letter cut)",
                "stops", kind="a stop mid-sentence"),
     ReasonCode("restart", "hard", "the answer breaks off inside a word and starts its sentence again "
                "(`…into IP addr DNS, the Domain Name System, translates … into IP addresses`)", "stops",
