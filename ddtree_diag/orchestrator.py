@@ -98,6 +98,13 @@ def prepare(plan: RunPlan) -> PreparedRun:
     matrix = resolve_matrix(plan.matrix)
     cases = matrix.cases()
     source = matrix.source or "<matrix>"
+    if not isinstance(plan.target, HttpTarget):
+        from ddtree_diag.budget import MAX_TREE_BUDGET
+
+        # the engine verifies budget + 1 rows with a mask of that size squared: bound it as serve does
+        over = sorted({c.tree_budget for c in cases if c.tree_budget is not None and c.tree_budget > MAX_TREE_BUDGET})
+        if over:
+            raise UsageError(f"tree budget {over[0]} is over the engine's limit {MAX_TREE_BUDGET}")
     if plan.baseline is not None:
         baseline = lossless.parse_baseline(plan.baseline)
     elif plan.gate:

@@ -131,6 +131,12 @@ def finish(specs: list[TargetSpec], source: str) -> list[TargetSpec]:
         if spec.api_key_env and os.environ.get(spec.api_key_env) is None:
             raise UsageError(f"{source}: target {spec.name!r}: api_key_env {spec.api_key_env} is not set "
                              "in the environment")
+        if spec.dialect not in (None, "auto"):
+            from ddtree_diag.backends.dialects import DIALECTS
+
+            if spec.dialect not in DIALECTS:
+                raise UsageError(f"{source}: target {spec.name!r}: unknown dialect {spec.dialect!r}; choose auto "
+                                 f"or one of {', '.join(DIALECTS)}")
     return specs
 
 

@@ -103,6 +103,7 @@ def test_repeated_url_names_targets_by_host():
     ('[[target]]\nurl = "http://a:1"\napi_key_env = "NO_SUCH_VARIABLE_FOR_FLEET"\n',
      ["NO_SUCH_VARIABLE_FOR_FLEET", "not set"]),
     ('[[target]]\nname = "a"\n', ["no url"]),
+    ('[defaults]\ndialect = "foo"\n[[target]]\nurl = "http://a:1"\n', ["unknown dialect 'foo'", "vllm"]),
     ('[[target]]\nurl = "ftp://a"\n', ["bad --url"]),
     ('[[target]]\nurl = "http://a:1"\ntimeout = "soon"\n', ["timeout must be"]),
     ('[[target]]\nurl = "http://a:1"\ndeadline = 0\n', ["deadline must be"]),

@@ -251,7 +251,8 @@ def test_a_key_read_with_its_newline_or_a_one_letter_key_runs_clean(standin, cli
      (["--url", "http://127.0.0.1:0"], "port is not a number in 1-65535"),
      (["--url", "http://127.0.0.1:1", "--json", ""], "--json needs a file path"),
      (["--url", "http://127.0.0.1:1", "--junit", "-"], "only --json writes to stdout"),
-     (["--url", "http://127.0.0.1:1", "--junit", "same.out", "--html", "same.out"], "both write same.out")],
+     (["--url", "http://127.0.0.1:1", "--junit", "same.out", "--html", "same.out"], "both write same.out"),
+     (["--engine", "--budget", "100000"], "over the engine's limit 4096")],
 )
 def test_usage_errors_are_exit_2_one_line(cli, args, needle):
     result = cli("probe", *args)
