@@ -168,13 +168,19 @@ def error_message(data: bytes, reason_phrase: str = "") -> str:
     except ValueError:
         text = data.decode("utf-8", "replace")
         return one_line(text, 200) or reason_phrase or "(empty body)"
-    if isinstance(body, dict):
-        error = body.get("error", body.get("detail", body.get("message")))
-        if isinstance(error, dict):
-            error = error.get("message", error)
-        if error is not None:
-            return one_line(jsonsafe.displayable(str(error)))
-    return one_line(jsonsafe.dumps(jsonsafe.finite(body), indent=None), 200)
+    return message_of(body) or one_line(jsonsafe.dumps(jsonsafe.finite(body), indent=None), 200)
+
+
+def message_of(body: Any) -> str | None:
+    """The message of a parsed error object, one line: OpenAI's ``{"error": {"message"}}``, a flat
+    ``{"message"}`` (older vLLM, llama.cpp's stream field) or FastAPI's ``{"detail"}``; None when
+    it holds none."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error", body.get("detail", body.get("message")))
+    if isinstance(error, dict):
+        error = error.get("message", error)
+    return None if error is None else one_line(jsonsafe.displayable(str(error)))
 
 
 def http_failure(response: httpx.Response, data: bytes, *, api_key_given: bool, url: str | None = None) -> str:
@@ -741,7 +747,7 @@ class HttpBackend:
                     data = event.data
                     if event.event == "error":
                         result.status = STATUS_HTTP_ERROR
-                        result.error = f"server error in stream: {_stream_error_text(data)}"
+                        result.error = f"server error in stream: {error_message(data.encode(), '(no message)')}"
                         break
                     if data.strip() == "[DONE]":
                         accumulator.saw_done = True
@@ -760,7 +766,8 @@ class HttpBackend:
                         # vLLM / SGLang send {"error": {...}}, old vLLM a flat error object, and
                         # OpenRouter an error beside a choice: every one ends the answer
                         result.status = STATUS_HTTP_ERROR
-                        result.error = f"server error in stream: {_stream_error(chunk)}"
+                        message = message_of(chunk) or one_line(jsonsafe.displayable(str(chunk)), 200)
+                        result.error = f"server error in stream: {message}"
                         break
                     added = accumulator.feed(chunk)
                     if added:
@@ -883,25 +890,6 @@ class HttpBackend:
 
     def close(self) -> None:
         self.client.close()  # closes a given transport too
-
-
-def _stream_error(chunk: dict[str, Any]) -> str:
-    """The message of an error object in a stream: nested (``{"error": {...}}``) or flat."""
-    error = chunk.get("error") or chunk
-    if isinstance(error, dict):
-        error = error.get("message") or error.get("detail") or error
-    return one_line(jsonsafe.displayable(str(error)), 200)
-
-
-def _stream_error_text(data: str) -> str:
-    """The message of an ``error`` event: its JSON error object's, else its text."""
-    try:
-        chunk = jsonsafe.loads(data, what="an error event")
-    except ValueError:
-        chunk = None
-    if isinstance(chunk, dict):
-        return _stream_error(chunk)
-    return one_line(jsonsafe.displayable(data.strip() or "(no message)"), 200)
 
 
 # finish reasons that say the server stopped the answer itself, not the model or max_tokens

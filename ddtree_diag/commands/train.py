@@ -96,6 +96,7 @@ def check_train_flags(*, out: str, prompts: str | None, target_dir: str | None, 
 
     from ddtree_diag.errors import UsageError
     from ddtree_diag.output.reportfile import check_writable
+    from ddtree_diag.training.prompts import load_prompts
 
     for flag, (value, least) in counts.items():
         if value is not None and value < least:
@@ -109,7 +110,7 @@ def check_train_flags(*, out: str, prompts: str | None, target_dir: str | None, 
         if path is None:
             continue
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            prompts_read = load_prompts(path)
         except FileNotFoundError:
             raise UsageError(f"{flag} {path}: no such file") from None
         except IsADirectoryError:
@@ -118,7 +119,7 @@ def check_train_flags(*, out: str, prompts: str | None, target_dir: str | None, 
             raise UsageError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
         except UnicodeDecodeError as exc:
             raise UsageError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
-        if not any(line.strip() and not line.startswith("#") for line in text.splitlines()):
+        if not prompts_read:
             raise UsageError(f"{flag} {path}: no prompts in it (one a line; '#' lines are comments)")
     if Path(out).exists() and not Path(out).is_dir():
         raise UsageError(f"--out {out}: a file, not a directory")

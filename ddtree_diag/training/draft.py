@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from ddtree_diag.engine.draft import DFlashDraft, DraftConfig, save_draft
 from ddtree_diag.engine.tree import build_tree
+from ddtree_diag.training.prompts import load_prompts
 
 # <empty_output> (id 16): a StarCoder-era Jupyter marker in SmolLM2's vocabulary that chat never
 # produces, so using its embedding as the mask token collides with no real text.
@@ -89,12 +90,6 @@ class TrainSettings:
         if self.loss_gamma is not None:
             return self.loss_gamma
         return {16: 7.0, 10: 5.0, 8: 4.0}.get(self.block_size, max(self.block_size / 2.3, 1.0))
-
-
-def load_prompts(path: str | Path) -> list[str]:
-    """One prompt per line; blank lines and lines starting with '#' are skipped."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def stop_token_ids(tokenizer) -> list[int]:

@@ -34,6 +34,12 @@ def words(lang: str) -> frozenset[str]:
 
 
 @cache
+def sorted_words(lang: str) -> tuple[str, ...]:
+    """The language's words in order, for prefix lookups (bisect)."""
+    return tuple(sorted(words(lang)))
+
+
+@cache
 def _top_words() -> tuple[dict[str, tuple[str, ...]], dict[str, list[str]]]:
     """Each frequent word with the languages it is frequent in; the languages of each script."""
     langs_of: dict[str, list[str]] = {}

@@ -54,11 +54,7 @@ def _mixed_word(text: str, runs: list[tuple[str, int, int]]) -> str | None:
         if script == "Greek":
             if a < checked_to or not set(text[a:b]) <= _GREEK_HOMOGLYPHS:
                 continue
-            start, end = a, b
-            while start > max(0, a - _WORD_REACH) and text[start - 1].isalpha():
-                start -= 1
-            while end < min(len(text), b + _WORD_REACH) and text[end].isalpha():
-                end += 1
+            start, end = _word_around(text, a, b, _WORD_REACH)
             checked_to = end
             if sum(ch.isascii() for ch in text[start:end]) >= 2:
                 return text[start:end]
@@ -68,13 +64,19 @@ def _mixed_word(text: str, runs: list[tuple[str, int, int]]) -> str | None:
         before = text[a - 1] if a else ""
         after = text[b] if b < len(text) else ""
         if (before.isascii() and before.isalpha()) or (after.isascii() and after.isalpha()):
-            start, end = a, b
-            while start and text[start - 1].isalpha():
-                start -= 1
-            while end < len(text) and text[end].isalpha():
-                end += 1
+            start, end = _word_around(text, a, b, len(text))
             return text[start:end]
     return None
+
+
+def _word_around(text: str, a: int, b: int, reach: int) -> tuple[int, int]:
+    """The span of the word holding text[a:b], walking at most ``reach`` letters each way."""
+    start, end = a, b
+    while start > max(0, a - reach) and text[start - 1].isalpha():
+        start -= 1
+    while end < min(len(text), b + reach) and text[end].isalpha():
+        end += 1
+    return start, end
 
 
 @reads(ANSWER)

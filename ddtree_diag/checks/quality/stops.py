@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import unicodedata
 from bisect import bisect_left
-from functools import cache
 
 from ddtree_diag.checks.quality import lexicon
 from ddtree_diag.checks.quality.context import ANSWER, EMPTY, WHOLE, Context, excerpt, inside_spans, reads
@@ -155,9 +154,10 @@ def _premature_stop(
     ]
 
 
-_ENDED_SENTENCE_RE = re.compile(r"[.!?。！？।؟]\s")  # a sentence the text ended, another following
+_TERMINATORS = ".!?。！？।؟"  # sentence ends in the scripts the lexicons cover, CJK and Indic included
+_ENDED_SENTENCE_RE = re.compile(rf"[{_TERMINATORS}]\s")  # a sentence the text ended, another following
+_SENTENCE_END_RE = re.compile(rf"[{_TERMINATORS}\n]")  # where a sentence (or a line) ends
 _RESTART_HEAD = 12  # characters a broken-off sentence must have before it starts again
-_SENTENCE_END_RE = re.compile(r"[.!?。！？।؟\n]")
 _RESTART_LOOKBACK = 400  # characters: a restart is looked for this far into its sentence
 
 
@@ -214,11 +214,6 @@ _MORSE_LINE_RE = re.compile(r"(?:[^:\n]{1,30}:)?[ \t]*[.\-]+(?:[ \t/]+[.\-]+)+")
 _LIST_ITEM_RE = re.compile(r"\s*(?:[-*+•]|\d+[.)]|[a-z][.)])\s|\s*#|\s*\|")
 
 
-@cache
-def _sorted_words(lang: str) -> tuple[str, ...]:
-    return tuple(sorted(lexicon.words(lang)))
-
-
 def _cut_word(words: list[str], last_word: str, text: str) -> str | None:
     """A word of the text's language that its last word is the start of, when that last word is
     none ("Rayleigh scatt", "the authorit"): the stop came inside a word. Only for prose in a
@@ -237,7 +232,7 @@ def _cut_word(words: list[str], last_word: str, text: str) -> str | None:
         return None
     if len(re.findall(rf"(?<!\w){re.escape(last_word)}(?!\w)", text.casefold())) > 1:
         return None  # said before as a word of its own: a term
-    listed = _sorted_words(langs[0])
+    listed = lexicon.sorted_words(langs[0])
     at = bisect_left(listed, last_word)
     while at < len(listed) and listed[at].startswith(last_word):
         if len(listed[at]) >= len(last_word) + 2:
