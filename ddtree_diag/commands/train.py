@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
 
         from ddtree_diag.engine.models import require_engine_extra
 
+        require_engine_extra()  # first: the zipapp has no training package at all
         check_train_flags(
             out=out, prompts=prompts, target_dir=target_dir, eval_prompts=eval_prompts, eval_out=eval_out,
             data_file=data_file,
@@ -63,7 +64,6 @@ def register(app: typer.Typer) -> None:
                     "--mask-token-id": (mask_token_id, 0)},
             rates={"--lr": (lr, False), "--weight-decay": (weight_decay, True), "--max-seconds": (max_seconds, False)},
         )
-        require_engine_extra()
         from ddtree_diag.training.draft import TrainSettings, evaluate, load_prompts, train_draft
 
         prompts_file = prompts or str(resources.files("ddtree_diag").joinpath("data", "prompts", "train.txt"))
